@@ -1,0 +1,68 @@
+"""`multibranch` command line: one entry point, one module per subcommand in `multibranch.commands`.
+
+Each command module exposes `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`.
+The CLI only parses and reports; the work is done by library functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+COMMANDS = ["demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info"]
+
+
+class UserError(Exception):
+    """An error caused by the user's input: reported as one clear message, no traceback."""
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    from multibranch.config import ConfigError
+    from multibranch.data.errors import DataError
+    from multibranch.train.checkpoint import CheckpointError
+
+    return (UserError, ConfigError, DataError, CheckpointError, FileNotFoundError, FileExistsError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from multibranch import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="multibranch",
+        description="Multi-branch Transformers (MAT, Weighted Transformer, MUTE, MUSE, Scheduled DropHead) "
+        "for translation: prepare, train, translate, evaluate.",
+    )
+    parser.add_argument("--version", action="version", version=f"multibranch {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        module = importlib.import_module(f"multibranch.commands.{name}")
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args._run(args) or 0)
+    except _user_error_types() as err:
+        print(f"multibranch {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"multibranch {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

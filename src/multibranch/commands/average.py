@@ -1,0 +1,15 @@
+"""`multibranch average` (not implemented yet)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "average (not implemented yet)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise NotImplementedError("multibranch average is not implemented yet")

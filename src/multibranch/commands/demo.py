@@ -1,0 +1,15 @@
+"""`multibranch demo` (not implemented yet)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "demo (not implemented yet)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise NotImplementedError("multibranch demo is not implemented yet")

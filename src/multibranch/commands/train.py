@@ -1,0 +1,15 @@
+"""`multibranch train` (not implemented yet)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "train (not implemented yet)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise NotImplementedError("multibranch train is not implemented yet")

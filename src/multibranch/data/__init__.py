@@ -1,0 +1,1 @@
+"""Data: reading and checking raw text, SentencePiece, binarised datasets, token batching."""

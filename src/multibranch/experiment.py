@@ -1,0 +1,76 @@
+"""An experiment = model + training + decoding config; presets carry the papers' names.
+
+Presets are YAML files in `multibranch/configs/` (one per paper configuration and size). A preset may
+name a `base` preset whose values it overrides (deep merge).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from multibranch.config import ConfigError, deep_merge, from_dict, load_yaml, parse_override, to_dict
+from multibranch.inference.config import DecodeConfig
+from multibranch.models import ModelConfig
+from multibranch.train.config import TrainConfig
+
+
+@dataclass
+class ExperimentConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_epochs=100))
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
+        return from_dict(cls, data)
+
+
+def preset_dir() -> Path:
+    return Path(str(resources.files("multibranch") / "configs"))
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in preset_dir().glob("*.yaml"))
+
+
+def load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The plain dict of preset `name` (or a YAML file path) with its `base` chain merged."""
+    path = Path(name)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = preset_dir() / f"{name}.yaml"
+        if not path.exists():
+            import difflib
+
+            close = difflib.get_close_matches(name, list_presets(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown preset {name!r}{hint}; known presets: {', '.join(list_presets())}")
+    if name in _seen:
+        raise ConfigError(f"preset {name!r} has a circular base chain: {' -> '.join(_seen + (name,))}")
+    data = load_yaml(path)
+    base = data.pop("base", None)
+    if base:
+        data = deep_merge(load_preset_dict(base, _seen + (name,)), data)
+    return data
+
+
+def resolve_config(
+    preset: str | None = None, config_file: str | None = None, overrides: list[str] | None = None
+) -> ExperimentConfig:
+    """Preset, then a config file, then `key=value` overrides, validated into an ExperimentConfig."""
+    data: dict[str, Any] = load_preset_dict(preset) if preset else {}
+    if config_file:
+        file_data = load_yaml(config_file)
+        base = file_data.pop("base", None)
+        if base:
+            data = deep_merge(data, load_preset_dict(base))
+        data = deep_merge(data, file_data)
+    for text in overrides or []:
+        data = deep_merge(data, parse_override(text))
+    return ExperimentConfig.from_dict(data)

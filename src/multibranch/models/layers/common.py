@@ -1,0 +1,64 @@
+"""Pieces every layer kind shares: residual sublayers and attention built from the model config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from multibranch.models.config import ModelConfig
+from multibranch.modules.attention import ParallelAttention
+from multibranch.modules.positions import RelativePositions
+from multibranch.modules.structured_dropout import DropHead, PathDropout
+
+AttentionRole = Literal["encoder_self", "decoder_self", "cross"]
+
+
+class Residual(nn.Module):
+    """One residual sublayer: post-norm LN(x + Drop(f(x))) or pre-norm x + Drop(f(LN(x)))."""
+
+    def __init__(self, d_model: int, norm: Literal["post", "pre"], dropout: float):
+        super().__init__()
+        self.pre_norm = norm == "pre"
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = dropout
+
+    def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.pre_norm:
+            return x + F.dropout(fn(self.norm(x)), self.dropout, self.training)
+        return self.norm(x + F.dropout(fn(x), self.dropout, self.training))
+
+
+def build_attention(
+    cfg: ModelConfig,
+    role: AttentionRole,
+    branches: int = 1,
+    heads: int | None = None,
+    merge: Literal["mean", "mean_sq"] = "mean",
+    drop_branch: PathDropout | None = None,
+    head_drop: bool = False,
+) -> ParallelAttention:
+    """An attention module with the model-wide options (attention dropout, DropHead, relative
+    positions for self-attention) applied, so every layer kind gets them the same way."""
+    heads = heads or cfg.heads
+    head_dim = cfg.d_model // heads
+    drophead = None
+    if getattr(cfg.drophead, role) and not cfg.drophead.rate.is_zero:
+        drophead = DropHead(branches * heads, cfg.drophead.rate, cfg.drophead.max_redraws)
+    relative = None
+    if cfg.relative_positions > 0 and role != "cross":
+        relative = RelativePositions(cfg.relative_positions, head_dim, cfg.share_relative_kv)
+    return ParallelAttention(
+        cfg.d_model,
+        heads,
+        branches=branches,
+        head_dim=head_dim,
+        dropout=cfg.attention_dropout,
+        merge=merge,
+        drop_branch=drop_branch,
+        head_drop=head_drop,
+        drophead=drophead,
+        relative=relative,
+    )

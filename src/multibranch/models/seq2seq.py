@@ -1,0 +1,186 @@
+"""Encoder-decoder model for every layer kind: embeddings, encoder stack, decoder stack, output layer.
+
+    src [B, S] -> encode -> EncoderOut(out [B, S, d], padding_mask [B, S])
+    prev_tokens [B, T] + EncoderOut -> decoder features [B, T, d] -> logits [B, T, V]
+
+Incremental decoding: `decode_step(tokens [B, 1], enc, state)` advances a `DecoderState`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from multibranch.models.config import ModelConfig
+from multibranch.modules.positions import LearnedPositions, SinusoidalPositions
+from multibranch.modules.state import DecoderState
+
+
+@dataclass
+class EncoderOut:
+    """Encoder output [B, S, d] and its padding mask [B, S] (True at padding)."""
+
+    out: Tensor
+    padding_mask: Tensor
+
+    def index_select(self, index: Tensor) -> EncoderOut:
+        return EncoderOut(self.out.index_select(0, index), self.padding_mask.index_select(0, index))
+
+
+class Embedder(nn.Module):
+    """Token embedding * sqrt(d) (optional) + absolute positions, then dropout."""
+
+    def __init__(self, cfg: ModelConfig, tokens: nn.Embedding):
+        super().__init__()
+        self.tokens = tokens
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
+        if cfg.positions == "sinusoidal":
+            self.positions: nn.Module | None = SinusoidalPositions(cfg.d_model, cfg.max_positions)
+        elif cfg.positions == "learned":
+            self.positions = LearnedPositions(cfg.d_model, cfg.max_positions)
+        else:
+            self.positions = None
+        self.dropout = cfg.dropout
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        """ids [B, L] -> [B, L, d]; `offset` is the position of ids[:, 0]."""
+        x = self.tokens(ids)
+        if self.scale != 1.0:
+            x = x * self.scale
+        if self.positions is not None:
+            x = x + self.positions(ids.shape[1], offset)
+        return F.dropout(x, self.dropout, self.training)
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, tokens: nn.Embedding):
+        super().__init__()
+        self.embed = Embedder(cfg, tokens)
+        self.layers = nn.ModuleList(cfg.encoder.build_encoder_layer(cfg, i) for i in range(cfg.encoder_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+        self.pad_id = cfg.pad_id
+
+    def forward(self, src: Tensor) -> EncoderOut:
+        """src [B, S] -> EncoderOut."""
+        padding_mask = src.eq(self.pad_id)  # [B, S]
+        x = self.embed(src)
+        for layer in self.layers:
+            x = layer(x, padding_mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return EncoderOut(x, padding_mask)
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, tokens: nn.Embedding):
+        super().__init__()
+        self.embed = Embedder(cfg, tokens)
+        self.layers = nn.ModuleList(cfg.decoder.build_decoder_layer(cfg, i) for i in range(cfg.decoder_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+
+    def forward(self, prev_tokens: Tensor, enc: EncoderOut, state: DecoderState | None = None) -> Tensor:
+        """prev_tokens [B, T] (the new tokens only, when `state` is given) -> features [B, T, d]."""
+        offset = state.step if state is not None else 0
+        y = self.embed(prev_tokens, offset)
+        for i, layer in enumerate(self.layers):
+            cache = state.view(f"decoder.{i}") if state is not None else None
+            y = layer(y, enc.out, enc.padding_mask, cache)
+        if self.final_norm is not None:
+            y = self.final_norm(y)
+        if state is not None:
+            state.step += prev_tokens.shape[1]
+        return y
+
+
+class Seq2SeqModel(nn.Module):
+    """Encoder-decoder Transformer of any layer kind (see ModelConfig)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.config = cfg
+        d = cfg.d_model
+        src_tokens = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
+        if cfg.share_embeddings == "all":
+            tgt_tokens = src_tokens
+        else:
+            tgt_tokens = nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
+        self.encoder = Encoder(cfg, src_tokens)
+        self.decoder = Decoder(cfg, tgt_tokens)
+        if cfg.share_embeddings == "none":
+            self.output_weight: nn.Parameter | None = nn.Parameter(torch.empty(cfg.tgt_vocab_size, d))
+        else:
+            self.output_weight = None  # tied to the decoder's token embedding
+        self.output_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Embeddings N(0, d^-1/2) with a zero padding row; every other module initialises itself
+        according to `config.init` ("xavier", fairseq-style, or "torch", PyTorch's defaults)."""
+        cfg = self.config
+        done: set[int] = set()  # modules initialised by an ancestor's own reset_parameters
+        for module in self.modules():
+            if module is self or id(module) in done:
+                continue
+            if isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=cfg.d_model**-0.5)
+                with torch.no_grad():
+                    module.weight[cfg.pad_id].zero_()
+            elif "scheme" in inspect.signature(getattr(module, "reset_parameters", len)).parameters:
+                module.reset_parameters(scheme=cfg.init)
+                done.update(id(m) for m in module.modules())
+            elif isinstance(module, nn.Linear) and cfg.init == "xavier":
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        if self.output_weight is not None:
+            nn.init.normal_(self.output_weight, std=cfg.d_model**-0.5)
+
+    # ---- output layer ----------------------------------------------------------------------------
+
+    @property
+    def output_projection(self) -> Tensor:
+        """[V, d] output embedding (tied to the decoder's input embedding unless share_embeddings='none')."""
+        return self.decoder.embed.tokens.weight if self.output_weight is None else self.output_weight
+
+    def logits(self, features: Tensor) -> Tensor:
+        """features [..., d] -> logits [..., V]."""
+        return F.linear(features, self.output_projection, self.output_bias)
+
+    # ---- full-sequence and incremental forward ---------------------------------------------------
+
+    def encode(self, src: Tensor) -> EncoderOut:
+        return self.encoder(src)
+
+    def features(self, src: Tensor, prev_tokens: Tensor) -> Tensor:
+        """Teacher-forced decoder features [B, T, d] (the trainer projects only non-pad positions)."""
+        return self.decoder(prev_tokens, self.encoder(src))
+
+    def forward(self, src: Tensor, prev_tokens: Tensor) -> Tensor:
+        """src [B, S], prev_tokens [B, T] -> logits [B, T, V]."""
+        return self.logits(self.features(src, prev_tokens))
+
+    def decode_step(self, tokens: Tensor, enc: EncoderOut, state: DecoderState) -> Tensor:
+        """One incremental step: tokens [B, 1] (the newest token of each hypothesis) -> logits [B, V] (fp32)."""
+        features = self.decoder(tokens, enc, state)  # [B, 1, d]
+        return self.logits(features[:, -1]).float()
+
+    # ---- introspection ---------------------------------------------------------------------------
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Unique parameters per component: embeddings (incl. output layer), encoder, decoder, total."""
+        seen: set[int] = set()
+        counts = {"embeddings": 0, "encoder": 0, "decoder": 0}
+        for name, param in self.named_parameters():
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            component = "embeddings" if ".embed." in name or name.startswith("output_") else name.split(".")[0]
+            counts[component] += param.numel()
+        counts["total"] = sum(counts.values())
+        return counts

@@ -1,0 +1,281 @@
+"""Parallel (multi-branch) multi-head attention, fused into one N_a*M-head attention.
+
+MAT (SEEDS-SPEC §1.1, §1.6) averages N_a independent multi-head attentions. Each branch i has its own
+W_Q^i, W_K^i, W_V^i, W_O^i, b_O^i. Stacking the branches' projections gives one projection with
+N_a*M heads; the branch average becomes part of the output projection:
+
+    out = c * sum_i s_i * (concat_j head_ij) W_O^i  +  c * sum_i s_i * b_O^i
+
+with merge constant c = 1/N_a ("mean", the paper) or 1/N_a^2 ("mean_sq", the released code) and
+s_i the drop-branch scale (1 in eval). Standard multi-head attention is N_a = 1 (c = 1, s = 1).
+
+Parameter layout (branch-major heads):
+    in_proj.weight  [3 * N_a*M*d_k, d]   rows: Q heads | K heads | V heads, head h = branch h // M
+    in_proj.bias    [3 * N_a*M*d_k]
+    out_proj.weight [d, N_a*M*d_k]       = [W_O^1 ... W_O^{N_a}] (F.linear layout)
+    out_bias        [N_a, d]             one output bias per branch
+
+Structured dropout (drop-branch, the MAT head-drop variant, DropHead) arrives as multiplicative
+scales on the head axis; per-batch scales are folded into the output weight (cheap), per-sample
+scales multiply the head outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from multibranch.modules.positions import RelativePositions
+from multibranch.modules.state import StateView
+from multibranch.modules.structured_dropout import DropHead, PathDropout
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    key_padding_mask: Tensor | None = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    dropout_p: float = 0.0,
+    relative: RelativePositions | None = None,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Scaled dot-product attention over heads.
+
+    q: [B, H, L, d_k]; k, v: [B, H, S, d_k]; key_padding_mask: [B, S] bool, True at padding.
+    `causal` lets query i (absolute position query_offset + i) see keys 0 .. query_offset + i.
+    Returns ([B, H, L, d_k], attention probabilities [B, H, L, S] if need_weights else None).
+    """
+    L, S = q.shape[-2], k.shape[-2]
+    causal = causal and not (L == 1 and query_offset == S - 1)  # a single newest query sees every key
+    if relative is None and not need_weights:
+        mask = None
+        if key_padding_mask is not None:
+            mask = ~key_padding_mask[:, None, None, :]  # [B, 1, 1, S], True = attend
+        if causal and (mask is not None or query_offset != 0 or L != S):
+            mask = _causal_mask(L, S, query_offset, q.device) if mask is None else mask & _causal_mask(
+                L, S, query_offset, q.device
+            )
+            causal = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+        return out, None
+
+    # Explicit path: relative positions (Shaw et al.) and/or returned attention weights.
+    scale = q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2))  # [B, H, L, S]
+    if relative is not None:
+        bucket = relative.bucket_index(L, S, query_offset, q.device)  # [L, S]
+        rel_logits = torch.matmul(q, relative.key_table.t())  # [B, H, L, 2k+1]
+        scores = scores + rel_logits.gather(-1, bucket.expand(*rel_logits.shape[:2], L, S))
+    scores = scores * scale
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    if causal:
+        scores = scores.masked_fill(~_causal_mask(L, S, query_offset, q.device), float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # [B, H, L, S]
+    dropped = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
+    out = torch.matmul(dropped, v)  # [B, H, L, d_k]
+    if relative is not None:
+        buckets = torch.zeros(*dropped.shape[:-1], relative.key_table.shape[0], dtype=dropped.dtype, device=q.device)
+        buckets.scatter_add_(-1, bucket.expand_as(dropped), dropped)  # [B, H, L, 2k+1]
+        out = out + torch.matmul(buckets, relative.values)
+    return out, (probs if need_weights else None)
+
+
+def _causal_mask(query_len: int, key_len: int, query_offset: int, device: torch.device) -> Tensor:
+    """[L, S] bool, True where key position <= query position."""
+    q_pos = torch.arange(query_offset, query_offset + query_len, device=device)[:, None]
+    return torch.arange(key_len, device=device)[None, :] <= q_pos
+
+
+class ParallelAttention(nn.Module):
+    """N_a branches x M heads of attention computed as one attention with N_a*M heads.
+
+    Args:
+        d_model: model width d (input and output).
+        heads: heads per branch, M.
+        branches: number of branches N_a (1 = standard multi-head attention).
+        head_dim: width of one head (default d / M).
+        dropout: attention-probability dropout.
+        merge: "mean" (c = 1/N_a) or "mean_sq" (c = 1/N_a^2, the MAT release).
+        drop_branch: MAT drop-branch (or, with `head_drop`, the per-head variant of §1.3).
+        drophead: Scheduled DropHead over all N_a*M heads.
+        relative: Shaw-style relative positions.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        branches: int = 1,
+        head_dim: int | None = None,
+        dropout: float = 0.0,
+        merge: Literal["mean", "mean_sq"] = "mean",
+        drop_branch: PathDropout | None = None,
+        head_drop: bool = False,
+        drophead: DropHead | None = None,
+        relative: RelativePositions | None = None,
+    ):
+        super().__init__()
+        if head_dim is None:
+            if d_model % heads:
+                raise ValueError(f"d_model={d_model} is not divisible by heads={heads}")
+            head_dim = d_model // heads
+        self.d_model, self.heads, self.branches, self.head_dim = d_model, heads, branches, head_dim
+        self.total_heads = branches * heads
+        self.inner_dim = self.total_heads * head_dim
+        self.dropout = dropout
+        self.merge = merge
+        self.merge_scale = 1.0 / branches if merge == "mean" else 1.0 / branches**2
+        self.in_proj = nn.Linear(d_model, 3 * self.inner_dim)
+        self.out_proj = nn.Linear(self.inner_dim, d_model, bias=False)
+        self.out_bias = nn.Parameter(torch.zeros(branches, d_model))
+        self.drop_branch = drop_branch  # paths: branches, or all heads when head_drop
+        self.head_drop = head_drop
+        self.drophead = drophead
+        self.relative = relative
+        self.reset_parameters()
+
+    def reset_parameters(self, scheme: str = "xavier") -> None:
+        """xavier: each of the Q/K/V/O blocks gets Xavier-uniform with its own fans (fairseq);
+        torch: PyTorch's Linear default (MUSE's recipe). Biases start at zero."""
+        inner = self.inner_dim
+        with torch.no_grad():
+            for block in self.in_proj.weight.split(inner, dim=0):
+                if scheme == "xavier":
+                    nn.init.xavier_uniform_(block)
+                else:
+                    nn.init.kaiming_uniform_(block, a=5**0.5)
+            if scheme == "xavier":
+                nn.init.xavier_uniform_(self.out_proj.weight)
+            else:
+                nn.init.kaiming_uniform_(self.out_proj.weight, a=1.0)
+            self.in_proj.bias.zero_()
+            self.out_bias.zero_()
+
+    # ---- pieces reusable by other layers (MUSE shares V with its convolution) -------------------
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention projections: x [B, L, d] -> q, k, v each [B, H, L, d_k] (H = N_a*M)."""
+        B, L, _ = x.shape
+        qkv = F.linear(x, self.in_proj.weight, self.in_proj.bias)  # [B, L, 3*H*d_k]
+        qkv = qkv.view(B, L, 3, self.total_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [3, B, H, L, d_k]
+        return qkv[0], qkv[1], qkv[2]
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """x [B, L, d] -> q [B, H, L, d_k]."""
+        B, L, _ = x.shape
+        w, b = self.in_proj.weight[: self.inner_dim], self.in_proj.bias[: self.inner_dim]
+        return F.linear(x, w, b).view(B, L, self.total_heads, self.head_dim).transpose(1, 2)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """memory [B, S, d] -> k, v each [B, H, S, d_k]."""
+        B, S, _ = memory.shape
+        w, b = self.in_proj.weight[self.inner_dim :], self.in_proj.bias[self.inner_dim :]
+        kv = F.linear(memory, w, b).view(B, S, 2, self.total_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return kv[0], kv[1]
+
+    def head_scales(self, batch_size: int, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
+        """Structured-dropout scales: (per head [1 or B, H], per branch bias scale [1 or B, N_a])."""
+        head_scale, branch_scale = None, None
+        if self.drop_branch is not None:
+            path_scale = self.drop_branch(batch_size, device)
+            if path_scale is not None:
+                if self.head_drop:  # §1.3: one bit per head, bias untouched
+                    head_scale = path_scale
+                else:
+                    branch_scale = path_scale  # [1 or B, N_a]
+                    head_scale = path_scale.repeat_interleave(self.heads, dim=1)  # [1 or B, H]
+        if self.drophead is not None:
+            dh = self.drophead(batch_size, device)  # [B, H]
+            if dh is not None:
+                head_scale = dh if head_scale is None else head_scale * dh
+        return head_scale, branch_scale
+
+    def merge_heads(self, heads: Tensor, head_scale: Tensor | None = None, branch_scale: Tensor | None = None) -> Tensor:
+        """heads [B, L, H*d_k] -> [B, L, d]: scaled, branch-averaged output projection."""
+        weight = self.out_proj.weight  # [d, H*d_k]
+        c = self.merge_scale
+        if head_scale is not None and head_scale.shape[0] == 1:  # per-batch: fold into the weight
+            weight = weight * head_scale.repeat_interleave(self.head_dim, dim=1)  # [d, H*d_k]
+        elif head_scale is not None:  # per-sample: scale the head outputs
+            B, L, _ = heads.shape
+            heads = (heads.view(B, L, self.total_heads, self.head_dim) * head_scale[:, None, :, None]).view(B, L, -1)
+        if branch_scale is None:
+            bias = self.out_bias.sum(0) if self.branches > 1 else self.out_bias[0]  # [d]
+        else:
+            bias = branch_scale @ self.out_bias  # [1 or B, d]
+        if c != 1.0:
+            weight, bias = weight * c, bias * c
+        if bias.dim() == 2 and bias.shape[0] > 1:  # per-sample bias
+            return F.linear(heads, weight) + bias[:, None, :]
+        return F.linear(heads, weight, bias.reshape(-1))
+
+    # ---- the module ------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        cache: StateView | None = None,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """Attention of queries x [B, L, d] over x (self) or `memory` [B, S, d] (cross).
+
+        key_padding_mask: [B, S] bool, True at padding. `cache` (incremental decoding): for
+        self-attention the keys/values of earlier steps are appended to; for cross-attention the
+        projected memory is computed once and reused. Returns [B, L, d] (and weights if asked).
+        """
+        B, L, _ = x.shape
+        query_offset = 0
+        if memory is None:
+            q, k, v = self.project_qkv(x)  # [B, H, L, d_k] each
+            if cache is not None:
+                past_k = cache.get("k")
+                if past_k is not None:
+                    query_offset = past_k.shape[2]
+                    k = torch.cat([past_k, k], dim=2)
+                    v = torch.cat([cache.get("v"), v], dim=2)
+                cache.set("k", k)
+                cache.set("v", v)
+        else:
+            q = self.project_q(x)
+            k = cache.get("k") if cache is not None else None
+            if k is None:
+                k, v = self.project_kv(memory)
+                if cache is not None:
+                    cache.set("k", k, static=True)
+                    cache.set("v", v, static=True)
+            else:
+                v = cache.get("v")
+        head_scale, branch_scale = self.head_scales(B, x.device)
+        if branch_scale is not None and branch_scale.shape[0] == 1 and not bool(branch_scale.any()):
+            out = x.new_zeros(B, L, self.d_model)  # every branch dropped: the sublayer outputs zero
+            return (out, None) if need_weights else out
+        heads, weights = attend(
+            q,
+            k,
+            v,
+            key_padding_mask=key_padding_mask,
+            causal=causal,
+            query_offset=query_offset,
+            dropout_p=self.dropout if self.training else 0.0,
+            relative=self.relative,
+            need_weights=need_weights,
+        )
+        heads = heads.transpose(1, 2).reshape(B, L, self.inner_dim)  # [B, L, H*d_k]
+        out = self.merge_heads(heads, head_scale, branch_scale)
+        return (out, weights) if need_weights else out
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, branches={self.branches}, heads={self.heads}, head_dim={self.head_dim}, "
+            f"merge={self.merge}, dropout={self.dropout}"
+        )

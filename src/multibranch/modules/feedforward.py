@@ -1,0 +1,86 @@
+"""Position-wise feed-forward network, optionally as N_f parallel branches (MAT §1.4).
+
+N_f branches see the same input, so they are one wide FFN: fc1 stacks the branches' W_1 ([N_f*d_h, d]);
+fc2 stacks their W_2 ([d, N_f*d_h]); each branch keeps its own output bias. The branch average and
+drop-branch act on the hidden blocks exactly as in `ParallelAttention`:
+
+    FFN(x) = c * sum_i s_i * (W_2^i act(W_1^i x + b_1^i) + b_2^i)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from multibranch.modules.structured_dropout import PathDropout
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
+class FeedForward(nn.Module):
+    """W_2 act(W_1 x + b_1) + b_2, with `branches` parallel copies averaged (c = 1/N_f or 1/N_f^2)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        hidden_dim: int,
+        activation: str = "relu",
+        activation_dropout: float = 0.0,
+        branches: int = 1,
+        merge: Literal["mean", "mean_sq"] = "mean",
+        drop_branch: PathDropout | None = None,
+    ):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; known: {sorted(ACTIVATIONS)}")
+        self.d_model, self.hidden_dim, self.branches = d_model, hidden_dim, branches
+        self.activation = ACTIVATIONS[activation]
+        self.activation_dropout = activation_dropout
+        self.merge_scale = 1.0 / branches if merge == "mean" else 1.0 / branches**2
+        self.fc1 = nn.Linear(d_model, branches * hidden_dim)
+        self.fc2 = nn.Linear(branches * hidden_dim, d_model, bias=False)
+        self.fc2_bias = nn.Parameter(torch.zeros(branches, d_model))
+        self.drop_branch = drop_branch
+        self.reset_parameters()
+
+    def reset_parameters(self, scheme: str = "xavier") -> None:
+        with torch.no_grad():
+            for layer in (self.fc1, self.fc2):
+                if scheme == "xavier":
+                    for block in layer.weight.split(self.hidden_dim, dim=0 if layer is self.fc1 else 1):
+                        nn.init.xavier_uniform_(block)
+                else:
+                    nn.init.kaiming_uniform_(layer.weight, a=5**0.5)
+            if scheme == "xavier":
+                self.fc1.bias.zero_()
+                self.fc2_bias.zero_()
+            else:
+                bound = self.d_model**-0.5
+                nn.init.uniform_(self.fc1.bias, -bound, bound)
+                nn.init.uniform_(self.fc2_bias, -self.hidden_dim**-0.5, self.hidden_dim**-0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [B, L, d] -> [B, L, d]."""
+        scale = self.drop_branch(x.shape[0], x.device) if self.drop_branch is not None else None
+        if scale is not None and scale.shape[0] == 1 and not bool(scale.any()):
+            return torch.zeros_like(x)  # every branch dropped: the sublayer outputs zero
+        h = self.activation(self.fc1(x))  # [B, L, N_f*d_h]
+        if self.activation_dropout > 0:
+            h = F.dropout(h, self.activation_dropout, self.training)
+        weight, c = self.fc2.weight, self.merge_scale
+        if scale is None:
+            bias = self.fc2_bias[0] if self.branches == 1 else self.fc2_bias.sum(0)  # [d]
+        elif scale.shape[0] == 1:  # per-batch mask: fold into fc2's columns
+            weight = weight * scale.repeat_interleave(self.hidden_dim, dim=1)
+            bias = (scale @ self.fc2_bias)[0]
+        else:  # per-sample mask: scale the hidden blocks
+            B, L, _ = h.shape
+            h = (h.view(B, L, self.branches, self.hidden_dim) * scale[:, None, :, None]).view(B, L, -1)
+            out = F.linear(h, weight * c if c != 1.0 else weight)
+            return out + c * (scale @ self.fc2_bias)[:, None, :]
+        if c != 1.0:
+            weight, bias = weight * c, bias * c
+        return F.linear(h, weight, bias)

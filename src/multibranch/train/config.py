@@ -1,0 +1,60 @@
+"""Training settings: batching, optimisation, schedules, stopping, validation, checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from multibranch.config import ConfigError
+from multibranch.schedules import LRConfig
+
+
+@dataclass
+class TrainConfig:
+    """Everything `multibranch train` needs beyond the model and the data.
+
+    Batches hold at most `max_tokens` padded tokens (source or target side, whichever is larger);
+    gradients of `update_freq` batches are accumulated per update. Training stops at the first of
+    `max_steps` updates, `max_epochs` epochs, `max_minutes` minutes, or `patience` validations
+    without improvement of `best_metric`.
+    """
+
+    seed: int = 1
+    max_tokens: int = 4096
+    max_sentences: int | None = None
+    update_freq: int = 1
+    lr: LRConfig = field(default_factory=LRConfig)
+    betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+    label_smoothing: float = 0.1
+    label_smoothing_kind: Literal["fairseq", "onmt"] = "fairseq"
+    max_steps: int | None = None
+    max_epochs: int | None = None
+    max_minutes: float | None = None
+    patience: int | None = None
+    best_metric: Literal["bleu", "loss"] = "bleu"
+    valid_every: int = 1000
+    valid_bleu: bool = True
+    valid_max_sentences: int | None = None
+    keep_last: int = 5
+    log_every: int = 50
+    amp: Literal["none", "bf16", "fp16"] = "none"
+    threads: int | None = None
+    deterministic: bool = False
+
+    def validate(self) -> None:
+        if self.max_tokens < 1 or self.update_freq < 1:
+            raise ConfigError("max_tokens and update_freq must be >= 1")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
+        if self.max_steps is None and self.max_epochs is None and self.max_minutes is None:
+            raise ConfigError("set at least one of max_steps, max_epochs, max_minutes")
+
+
+# Fields that may change between a run and its resumption without invalidating it.
+RESUMABLE_CHANGES = frozenset(
+    {"max_steps", "max_epochs", "max_minutes", "patience", "valid_every", "valid_bleu", "valid_max_sentences",
+     "keep_last", "log_every", "threads"}
+)

@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny configs, deterministic torch, the Multi30k location."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+MULTI30K_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+
+def multi30k_dir() -> Path | None:
+    """The Multi30k corpus: $MULTIBRANCH_MULTI30K, else ../shared/data/multi30k beside the checkout."""
+    path = Path(os.environ.get("MULTIBRANCH_MULTI30K", MULTI30K_DEFAULT))
+    return path if (path / "train.en").is_file() else None
+
+
+@pytest.fixture
+def multi30k() -> Path:
+    path = multi30k_dir()
+    if path is None:
+        pytest.skip("Multi30k not found: set MULTIBRANCH_MULTI30K to a directory with train/val/test_2016_flickr.{en,de}")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_determinism():
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def tiny_model_dict(**overrides) -> dict:
+    """A tiny model config as a plain dict (d=32, 4 heads, 2+2 layers, vocab 40)."""
+    cfg = {
+        "d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2,
+        "dropout": 0.1, "src_vocab_size": 40, "tgt_vocab_size": 40,
+    }
+    cfg.update(overrides)
+    return cfg
