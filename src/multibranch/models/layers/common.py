@@ -36,6 +36,7 @@ def build_attention(
     role: AttentionRole,
     branches: int = 1,
     heads: int | None = None,
+    head_dim: int | None = None,
     merge: Literal["mean", "mean_sq"] = "mean",
     drop_branch: PathDropout | None = None,
     head_drop: bool = False,
@@ -43,7 +44,7 @@ def build_attention(
     """An attention module with the model-wide options (attention dropout, DropHead, relative
     positions for self-attention) applied, so every layer kind gets them the same way."""
     heads = heads or cfg.heads
-    head_dim = cfg.d_model // heads
+    head_dim = head_dim or cfg.d_model // heads
     drophead = None
     if getattr(cfg.drophead, role) and not cfg.drophead.rate.is_zero:
         drophead = DropHead(branches * heads, cfg.drophead.rate, cfg.drophead.max_redraws)

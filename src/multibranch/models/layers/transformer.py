@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from multibranch.config import ConfigError
 from multibranch.models.config import LayerConfig, ModelConfig
-from multibranch.models.layers.common import Residual, build_attention
+from multibranch.models.layers.common import AttentionRole, Residual, build_attention
+from multibranch.modules.attention import ParallelAttention
 from multibranch.modules.feedforward import FeedForward
 from multibranch.modules.state import StateView
 from multibranch.modules.structured_dropout import PathDropout
@@ -35,6 +36,8 @@ class TransformerLayerConfig(LayerConfig):
     drop_branch_granularity: "batch" (one mask per call, the released code) or "sample".
     branch_merge: "mean" (1/N, the paper) or "mean_sq" (1/N^2, the released code), §7.1.
     head_drop: §1.3 variant - drop individual heads of every branch with rate rho instead of branches.
+    heads / head_dim: per-branch head count and head width (default model.heads, d_model / heads);
+      a folded MAT (§1.6) is one branch of N_a*M heads of width d/M.
     """
 
     kind: str = "transformer"
@@ -45,10 +48,19 @@ class TransformerLayerConfig(LayerConfig):
     drop_branch_granularity: Literal["batch", "sample"] = "batch"
     branch_merge: Literal["mean", "mean_sq"] = "mean"
     head_drop: bool = False
+    heads: int | None = None
+    head_dim: int | None = None
 
     def validate(self) -> None:
         if self.attention_branches < 1 or self.ffn_branches < 1:
             raise ConfigError("attention_branches and ffn_branches must be >= 1")
+
+    def attention(self, cfg: ModelConfig, role: AttentionRole) -> ParallelAttention:
+        heads = self.heads or cfg.heads
+        return build_attention(
+            cfg, role, self.attention_branches, heads=heads, head_dim=self.head_dim, merge=self.branch_merge,
+            drop_branch=self.attention_dropout(heads), head_drop=self.head_drop,
+        )
 
     def attention_dropout(self, heads: int) -> PathDropout | None:
         if self.drop_branch.is_zero:
@@ -79,10 +91,7 @@ class TransformerLayerConfig(LayerConfig):
 class TransformerEncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: TransformerLayerConfig):
         super().__init__()
-        self.self_attn = build_attention(
-            cfg, "encoder_self", layer.attention_branches, merge=layer.branch_merge,
-            drop_branch=layer.attention_dropout(cfg.heads), head_drop=layer.head_drop,
-        )
+        self.self_attn = layer.attention(cfg, "encoder_self")
         self.self_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
         self.ffn = layer.ffn(cfg)
         self.ffn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
@@ -96,15 +105,9 @@ class TransformerEncoderLayer(nn.Module):
 class TransformerDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: TransformerLayerConfig):
         super().__init__()
-        self.self_attn = build_attention(
-            cfg, "decoder_self", layer.attention_branches, merge=layer.branch_merge,
-            drop_branch=layer.attention_dropout(cfg.heads), head_drop=layer.head_drop,
-        )
+        self.self_attn = layer.attention(cfg, "decoder_self")
         self.self_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
-        self.cross_attn = build_attention(
-            cfg, "cross", layer.attention_branches, merge=layer.branch_merge,
-            drop_branch=layer.attention_dropout(cfg.heads), head_drop=layer.head_drop,
-        )
+        self.cross_attn = layer.attention(cfg, "cross")
         self.cross_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
         self.ffn = layer.ffn(cfg)
         self.ffn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
