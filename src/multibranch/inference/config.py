@@ -10,11 +10,18 @@ from multibranch.config import ConfigError
 
 @dataclass
 class DecodeConfig:
-    """Beam search / greedy decoding.
+    """Beam search / greedy decoding (fairseq semantics; beam = 1 is greedy).
 
-    length_penalty_kind: "fairseq" (score / len^alpha) or "gnmt" (score / ((5 + len) / 6)^alpha).
-    Maximum output length: max_len_a * source_length + max_len_b.
-    batch_tokens: source tokens per translation batch (longest-first batching).
+    length_penalty_kind: "fairseq" (score / len^alpha) or "gnmt" (score / ((5 + len) / 6)^alpha),
+      alpha = length_penalty; len counts the output tokens *including* EOS (as fairseq does).
+    Maximum output length (tokens before EOS): floor(max_len_a * source_length + max_len_b), where
+      source_length counts the source tokens including its EOS; capped by the model's positional
+      limit when it has learned positions. EOS is forbidden before min_len output tokens.
+    nbest: hypotheses returned per sentence (<= beam).
+    batch_tokens: padded source tokens x beam per translation batch (longest-first batching);
+      batch_size: sentences per batch.
+    max_input_tokens: source tokens (including EOS) kept per line, longer lines are truncated
+      (None: only the model's positional limit applies).
     """
 
     beam: int = 5
@@ -26,9 +33,18 @@ class DecodeConfig:
     nbest: int = 1
     batch_tokens: int = 4096
     batch_size: int = 128
+    max_input_tokens: int | None = None
 
     def validate(self) -> None:
         if self.beam < 1:
             raise ConfigError(f"beam={self.beam} must be >= 1")
         if not 1 <= self.nbest <= self.beam:
             raise ConfigError(f"nbest={self.nbest} must be between 1 and beam={self.beam}")
+        if self.max_len_a < 0:
+            raise ConfigError(f"max_len_a={self.max_len_a} must be >= 0")
+        if self.min_len < 0:
+            raise ConfigError(f"min_len={self.min_len} must be >= 0")
+        if self.batch_tokens < 1 or self.batch_size < 1:
+            raise ConfigError(f"batch_tokens={self.batch_tokens} and batch_size={self.batch_size} must be >= 1")
+        if self.max_input_tokens is not None and self.max_input_tokens < 2:
+            raise ConfigError(f"max_input_tokens={self.max_input_tokens} must be >= 2 (one token plus EOS)")

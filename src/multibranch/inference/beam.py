@@ -1,0 +1,295 @@
+"""Beam search and greedy decoding with fairseq's semantics, batch-first, on the decoder's KV cache.
+
+Beam search keeps `beam` live hypotheses per sentence in one [sentences * beam] batch. Each step:
+
+1. `model.decode_step` -> logits [b*K, V]; pad and bos logits are masked to -inf before an fp32
+   log_softmax (so they are never generated). EOS is masked (without renormalising) before
+   `min_len` output tokens, and it is the only choice once a sentence reaches its maximum length.
+2. Every live hypothesis extends by every token; the 2K best candidates per sentence are kept
+   (at step 0 all K hypotheses are identical, so only the first one is expanded).
+3. A candidate ending in EOS among the top K candidates is a finished hypothesis. A sentence is
+   done when it has K finished hypotheses (fairseq's rule: no search for better, longer ones) or
+   reaches its maximum length, where every live hypothesis is forced to end with EOS.
+4. The K best candidates *not* ending in EOS continue. Done sentences leave the batch
+   (`EncoderOut.index_select` + `DecoderState.reorder`), so late steps only compute the rest;
+   otherwise hypotheses are reordered within their sentence (`reorder_within_sentences`).
+
+Finished scores are normalised by a length penalty (`length_penalty`); raw cumulative
+log-probabilities rank candidates during the search. `beam == 1` runs `greedy_search`, which takes
+the argmax without candidate bookkeeping and returns exactly what the beam search would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import torch
+from torch import Tensor
+
+from multibranch.modules.state import DecoderState
+
+if TYPE_CHECKING:
+    from multibranch.inference.config import DecodeConfig
+    from multibranch.models.seq2seq import EncoderOut
+
+LengthPenaltyKind = Literal["fairseq", "gnmt"]
+NEG_INF = float("-inf")
+
+
+class Decodable(Protocol):
+    """What the search needs from a model (Seq2SeqModel, or a scripted fake in tests)."""
+
+    config: object  # pad_id, bos_id, eos_id, positions, max_positions
+
+    def encode(self, src: Tensor) -> EncoderOut: ...
+
+    def decode_step(self, tokens: Tensor, enc: EncoderOut, state: DecoderState) -> Tensor: ...
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation: tokens without EOS, length-normalised score, and the
+    log-probability of every output token (including the final EOS, so len = len(tokens) + 1)."""
+
+    tokens: list[int]
+    score: float
+    positional_scores: list[float]
+
+
+def length_penalty(length: int, alpha: float, kind: LengthPenaltyKind = "fairseq") -> float:
+    """Divisor of a finished hypothesis' log-probability; `length` counts the tokens including EOS.
+
+    fairseq: len^alpha.  gnmt (Wu et al. 2016, OpenNMT): ((5 + len) / 6)^alpha.  alpha = 0 -> 1.
+    """
+    if kind == "fairseq":
+        return float(length) ** alpha
+    if kind == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    raise ValueError(f"unknown length penalty kind {kind!r} (expected 'fairseq' or 'gnmt')")
+
+
+def max_output_lengths(model: Decodable, src: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
+    """Per sentence, the most output tokens before EOS: floor(a * src_len + b) [B] long.
+
+    src_len counts non-pad source tokens (EOS included). Learned positions cap the output at
+    max_positions - 1 tokens (the EOS needs the last position).
+    """
+    cfg = model.config
+    src_len = src.ne(cfg.pad_id).sum(dim=1).double()  # [B]
+    limit = torch.floor(max_len_a * src_len + max_len_b).clamp(min=0).long()
+    if getattr(cfg, "positions", None) == "learned":
+        limit = limit.clamp(max=cfg.max_positions - 1)
+    return limit
+
+
+def _step_log_probs(
+    model: Decodable,
+    last_tokens: Tensor,
+    enc: EncoderOut,
+    state: DecoderState,
+    step: int,
+    min_len: int,
+    forced: Tensor,
+) -> Tensor:
+    """last_tokens [N, 1] -> masked fp32 log-probabilities [N, V]; rows where `forced` [N] is True
+    may only produce EOS (with its own log-probability)."""
+    cfg = model.config
+    logits = model.decode_step(last_tokens, enc, state).float()  # [N, V]
+    logits[:, cfg.pad_id] = NEG_INF
+    logits[:, cfg.bos_id] = NEG_INF
+    lprobs = torch.log_softmax(logits, dim=-1)  # [N, V]
+    if forced.any():  # the maximum length wins over min_len (as in fairseq)
+        eos_lprob = lprobs[forced, cfg.eos_id]  # [n] (a copy)
+        lprobs[forced] = NEG_INF
+        lprobs[forced, cfg.eos_id] = eos_lprob
+        if step < min_len:
+            lprobs[~forced, cfg.eos_id] = NEG_INF
+    elif step < min_len:
+        lprobs[:, cfg.eos_id] = NEG_INF
+    return lprobs
+
+
+def _finish(
+    hyps: list[list[Hypothesis]],
+    sentences: list[int],
+    tokens: Tensor,
+    positional: Tensor,
+    scores: list[float],
+    length: int,
+    alpha: float,
+    kind: LengthPenaltyKind,
+    cap: int,
+) -> None:
+    """Store finished hypotheses (bookkeeping, not the hot path): tokens [n, length-1] (no EOS),
+    positional [n, length] (with EOS), raw scores; sentence s keeps at most `cap` of them."""
+    divisor = length_penalty(length, alpha, kind)
+    for sent, toks, pos, raw in zip(sentences, tokens.tolist(), positional.tolist(), scores, strict=True):
+        if len(hyps[sent]) < cap:
+            hyps[sent].append(Hypothesis(toks, raw / divisor, pos))
+
+
+def _sorted(hyps: list[list[Hypothesis]], nbest: int | None) -> list[list[Hypothesis]]:
+    return [sorted(h, key=lambda x: x.score, reverse=True)[:nbest] for h in hyps]
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: Decodable,
+    src: Tensor,
+    *,
+    length_penalty: float = 1.0,
+    length_penalty_kind: LengthPenaltyKind = "fairseq",
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    min_len: int = 1,
+) -> list[list[Hypothesis]]:
+    """Argmax decoding of src [B, S]; returns one hypothesis per sentence (== beam search, beam 1)."""
+    cfg = model.config
+    B = src.shape[0]
+    device = src.device
+    max_lens = max_output_lengths(model, src, max_len_a, max_len_b)  # [B]
+    steps = int(max_lens.max()) + 1 if B else 0
+    enc = model.encode(src)
+    state = DecoderState()
+    tokens = torch.full((B, steps + 1), cfg.pad_id, dtype=torch.long, device=device)  # [b, 1 + T]
+    tokens[:, 0] = cfg.bos_id
+    positional = torch.zeros(B, steps, device=device)  # [b, T] log-probs of the chosen tokens
+    scores = torch.zeros(B, device=device)  # [b] cumulative
+    alive = torch.arange(B, device=device)  # original index of each live sentence
+    hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
+    for step in range(steps):
+        lprobs = _step_log_probs(model, tokens[:, step : step + 1], enc, state, step, min_len, step >= max_lens)
+        best_lprob, best = lprobs.max(dim=-1)  # [b]
+        scores = scores + best_lprob
+        ended = best.eq(cfg.eos_id) & best_lprob.gt(NEG_INF)  # [b]
+        if ended.any():
+            rows = ended.nonzero().squeeze(1)
+            pos = torch.cat([positional[rows, :step], best_lprob[rows, None]], dim=1)  # [n, step + 1]
+            _finish(hyps, alive[rows].tolist(), tokens[rows, 1 : step + 1], pos, scores[rows].tolist(),
+                    step + 1, length_penalty, length_penalty_kind, 1)
+            keep = (~ended).nonzero().squeeze(1)  # [b']
+            if keep.numel() == 0:
+                break
+            enc = enc.index_select(keep)
+            state.reorder(keep)
+            tokens, positional, scores = tokens[keep], positional[keep], scores[keep]
+            alive, max_lens, best, best_lprob = alive[keep], max_lens[keep], best[keep], best_lprob[keep]
+        tokens[:, step + 1] = best
+        positional[:, step] = best_lprob
+    return hyps
+
+
+@torch.inference_mode()
+def beam_search(
+    model: Decodable,
+    src: Tensor,
+    beam: int = 5,
+    *,
+    length_penalty: float = 1.0,
+    length_penalty_kind: LengthPenaltyKind = "fairseq",
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    min_len: int = 1,
+    nbest: int | None = None,
+) -> list[list[Hypothesis]]:
+    """Beam search over src [B, S] (right-padded with pad_id).
+
+    Returns per sentence its finished hypotheses (up to `nbest`, default `beam`), best first.
+    `beam == 1` is delegated to `greedy_search` (same result, less bookkeeping).
+    """
+    if beam < 1:
+        raise ValueError(f"beam={beam} must be >= 1")
+    limits = dict(max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
+    if beam == 1:
+        return greedy_search(model, src, length_penalty=length_penalty, length_penalty_kind=length_penalty_kind,
+                             **limits)
+    cfg = model.config
+    eos = cfg.eos_id
+    K = beam
+    B = src.shape[0]
+    device = src.device
+    max_lens = max_output_lengths(model, src, max_len_a, max_len_b)  # [B]
+    steps = int(max_lens.max()) + 1 if B else 0
+    enc = model.encode(src).index_select(torch.arange(B, device=device).repeat_interleave(K))  # [B*K, S, d]
+    state = DecoderState()
+    tokens = torch.full((B * K, steps + 1), cfg.pad_id, dtype=torch.long, device=device)  # [b*K, 1 + T]
+    tokens[:, 0] = cfg.bos_id
+    positional = torch.zeros(B * K, steps, device=device)  # [b*K, T]
+    scores = torch.zeros(B, K, device=device)  # [b, K] cumulative log-probabilities
+    alive = torch.arange(B, device=device)  # original index of each live sentence
+    finished = torch.zeros(B, dtype=torch.long, device=device)  # [b] finished hypotheses so far
+    beam_offsets = torch.arange(K, device=device)  # [K]
+    hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
+
+    for step in range(steps):
+        b = alive.numel()
+        forced = step >= max_lens  # [b]
+        lprobs = _step_log_probs(
+            model, tokens[:, step : step + 1], enc, state, step, min_len, forced.repeat_interleave(K)
+        )  # [b*K, V]
+        V = lprobs.shape[1]
+        width = 1 if step == 0 else K  # at step 0 the K hypotheses are identical
+        expanded = lprobs.view(b, K, V)[:, :width] + scores[:, :width, None]  # [b, width, V]
+        n_cand = min(2 * K, width * V)
+        cand_scores, cand_index = expanded.reshape(b, width * V).topk(n_cand, dim=1)  # [b, C], best first
+        cand_beam = torch.div(cand_index, V, rounding_mode="floor")  # [b, C]
+        cand_token = cand_index - cand_beam * V  # [b, C]
+        cand_lprob = lprobs.view(b, K * V).gather(1, cand_index)  # [b, C] (beam-major flat index)
+        cand_eos = cand_token.eq(eos)  # [b, C]
+
+        # 1. EOS among the top K candidates: finished hypotheses (a loop over those only)
+        final = cand_eos[:, :K] & cand_scores[:, :K].gt(NEG_INF)  # [b, min(C, K)]
+        if final.any():
+            sent, cand = final.nonzero(as_tuple=True)  # in candidate (= score) order per sentence
+            rows = sent * K + cand_beam[sent, cand]
+            pos = torch.cat([positional[rows, :step], cand_lprob[sent, cand, None]], dim=1)  # [n, step + 1]
+            _finish(hyps, alive[sent].tolist(), tokens[rows, 1 : step + 1], pos, cand_scores[sent, cand].tolist(),
+                    step + 1, length_penalty, length_penalty_kind, K)
+            finished = (finished + final.sum(dim=1)).clamp(max=K)
+        done = finished.ge(K) | forced  # [b]
+
+        # 2. the K best candidates not ending in EOS continue (EOS sorted behind every other token)
+        order_key = torch.arange(n_cand, device=device) + n_cand * cand_eos.long()  # [b, C]
+        active = order_key.topk(K, dim=1, largest=False).indices  # [b, K], in score order
+        new_scores = cand_scores.gather(1, active)  # [b, K]
+        new_tokens = cand_token.gather(1, active)
+        new_lprob = cand_lprob.gather(1, active)
+        new_scores = new_scores.masked_fill(new_tokens.eq(eos), NEG_INF)  # only when < K non-EOS exist
+        source_rows = torch.arange(b, device=device)[:, None] * K + cand_beam.gather(1, active)  # [b, K]
+
+        # 3. drop done sentences, reorder hypotheses
+        if done.any():
+            keep = (~done).nonzero().squeeze(1)  # [b']
+            if keep.numel() == 0:
+                break
+            source_rows, new_scores, new_tokens, new_lprob = (
+                source_rows[keep], new_scores[keep], new_tokens[keep], new_lprob[keep])
+            alive, max_lens, finished = alive[keep], max_lens[keep], finished[keep]
+            order = source_rows.reshape(-1)  # [b'*K]
+            enc = enc.index_select((keep[:, None] * K + beam_offsets).reshape(-1))
+            state.reorder(order)
+        else:
+            order = source_rows.reshape(-1)  # [b*K]
+            state.reorder_within_sentences(order)
+        tokens = tokens.index_select(0, order)
+        tokens[:, step + 1] = new_tokens.reshape(-1)
+        positional = positional.index_select(0, order)
+        positional[:, step] = new_lprob.reshape(-1)
+        scores = new_scores
+    return _sorted(hyps, nbest)
+
+
+def search(model: Decodable, src: Tensor, cfg: DecodeConfig, nbest: int | None = None) -> list[list[Hypothesis]]:
+    """Decode src [B, S] with a DecodeConfig (greedy when beam == 1); `nbest` overrides cfg.nbest."""
+    return beam_search(
+        model,
+        src,
+        cfg.beam,
+        length_penalty=cfg.length_penalty,
+        length_penalty_kind=cfg.length_penalty_kind,
+        max_len_a=cfg.max_len_a,
+        max_len_b=cfg.max_len_b,
+        min_len=cfg.min_len,
+        nbest=cfg.nbest if nbest is None else nbest,
+    )
