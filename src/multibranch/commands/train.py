@@ -1,15 +1,83 @@
-"""`multibranch train` (not implemented yet)."""
+"""`multibranch train`: train a model on prepared data (exactly resumable)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-HELP = "train (not implemented yet)"
+HELP = "train a model (preset or config file) on data made by `prepare`; --resume continues a run exactly"
+
+# CLI shortcuts for the most common training settings: flag -> config key.
+SHORTCUTS = {
+    "max_steps": "train.max_steps", "max_epochs": "train.max_epochs", "max_minutes": "train.max_minutes",
+    "max_tokens": "train.max_tokens", "update_freq": "train.update_freq", "lr": "train.lr.lr",
+    "warmup": "train.lr.warmup", "seed": "train.seed", "valid_every": "train.valid_every",
+    "patience": "train.patience", "amp": "train.amp", "threads": "train.threads", "log_every": "train.log_every",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--data", required=True, type=Path, help="directory written by `multibranch prepare`")
+    parser.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, metrics.jsonl, logs)")
+    parser.add_argument("--preset", help="named preset, e.g. mat-tiny (see `multibranch info --list`)")
+    parser.add_argument("--config", help="YAML config file (applied after the preset)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config value, e.g. --set model.encoder.attention_branches=3 (repeatable)")
+    group = parser.add_argument_group("common settings (shortcuts for --set train.*)")
+    group.add_argument("--max-steps", type=int)
+    group.add_argument("--max-epochs", type=int)
+    group.add_argument("--max-minutes", type=float)
+    group.add_argument("--max-tokens", type=int, help="padded tokens per batch")
+    group.add_argument("--update-freq", type=int, help="batches accumulated per update")
+    group.add_argument("--lr", type=float, help="peak learning rate")
+    group.add_argument("--warmup", type=int, help="warm-up updates")
+    group.add_argument("--seed", type=int)
+    group.add_argument("--valid-every", type=int, help="validate and checkpoint every N updates")
+    group.add_argument("--patience", type=int, help="stop after N validations without improvement")
+    group.add_argument("--amp", choices=["none", "bf16", "fp16"], help="mixed precision (bf16 on CPUs with AMX/AVX512-BF16)")
+    group.add_argument("--threads", type=int, help="intra-op CPU threads")
+    group.add_argument("--log-every", type=int)
+    group.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
+    run = parser.add_argument_group("run control")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out from last.pt")
+    run.add_argument("--force", action="store_true", help="start over in an existing run directory")
+    run.add_argument("--init-from", type=Path, help="initialise weights from a checkpoint (e.g. proximal init)")
+    run.add_argument("--reset-optimizer", action="store_true", help="resume with a fresh optimizer state")
+    run.add_argument("--reset-schedule", action="store_true", help="resume with LR/rate schedules from update 0")
+    run.add_argument("--reset-data", action="store_true", help="resume from the start of the data (new data allowed)")
+    run.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotImplementedError("multibranch train is not implemented yet")
+    from multibranch.cli import UserError
+    from multibranch.experiment import resolve_config
+    from multibranch.train.trainer import RunOptions, train
+
+    overrides = list(args.overrides)
+    for flag, key in SHORTCUTS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if args.deterministic:
+        overrides.append("train.deterministic=true")
+    config_file = args.config
+    if args.preset is None and config_file is None:
+        saved = args.out / "config.yaml"
+        if args.resume and saved.exists():
+            config_file = str(saved)
+        else:
+            raise UserError("choose a model with --preset NAME or --config FILE (presets: `multibranch info --list`)")
+    cfg = resolve_config(args.preset, config_file, overrides)
+    opts = RunOptions(
+        data_dir=args.data, run_dir=args.out, resume=args.resume, force=args.force, init_from=args.init_from,
+        reset_optimizer=args.reset_optimizer, reset_schedule=args.reset_schedule, reset_data=args.reset_data,
+        device=args.device, progress=False if args.no_progress else None,
+    )
+    state = train(cfg, opts)
+    valid = state.last_valid
+    summary = f"done: {state.step} updates, {state.epoch - (state.batch_in_epoch == 0)} epochs"
+    if valid:
+        summary += f", valid loss {valid['loss']:.3f}" + (f", BLEU {valid['bleu']:.2f}" if "bleu" in valid else "")
+    print(f"{summary}; best checkpoint: {args.out / 'best.pt'}")
+    return 0

@@ -161,9 +161,11 @@ class Seq2SeqModel(nn.Module):
         """Teacher-forced decoder features [B, T, d] (the trainer projects only non-pad positions)."""
         return self.decoder(prev_tokens, self.encoder(src))
 
-    def forward(self, src: Tensor, prev_tokens: Tensor) -> Tensor:
-        """src [B, S], prev_tokens [B, T] -> logits [B, T, V]."""
-        return self.logits(self.features(src, prev_tokens))
+    def forward(self, src: Tensor, prev_tokens: Tensor, features_only: bool = False) -> Tensor:
+        """src [B, S], prev_tokens [B, T] -> logits [B, T, V] (or features [B, T, d] if features_only;
+        the trainer uses that through DDP and projects only the non-pad positions)."""
+        features = self.features(src, prev_tokens)
+        return features if features_only else self.logits(features)
 
     def decode_step(self, tokens: Tensor, enc: EncoderOut, state: DecoderState) -> Tensor:
         """One incremental step: tokens [B, 1] (the newest token of each hypothesis) -> logits [B, V] (fp32)."""

@@ -1,0 +1,44 @@
+"""metrics.jsonl: one JSON object per line, the source of truth for curves and analyses."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    """Append-only JSON-lines log; `truncate_after(step)` drops entries a resumed run will redo."""
+
+    def __init__(self, path: str | Path, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, sort_keys=False) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only records with record["step"] <= step (atomically rewritten)."""
+        if not self.enabled or not self.path.exists():
+            return
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        kept = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill
+                continue
+            if record.get("step", 0) <= step:
+                kept.append(line)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, self.path)

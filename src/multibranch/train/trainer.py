@@ -1,0 +1,490 @@
+"""The training loop: token-batched, accumulated, validated, checkpointed, exactly resumable.
+
+The trainer knows no paper: schedules, projections, auxiliary losses and parameter groups come from
+the model's modules through `ModuleHooks` (train/hooks.py).
+
+Run directory:
+    config.yaml            resolved experiment config
+    tokenizer/             SentencePiece model(s) (also embedded in every checkpoint)
+    checkpoints/step_*.pt  weights + meta at every validation (the last `keep_last`)
+    best.pt, last.pt       best by `best_metric`; last also holds the full training state
+    metrics.jsonl          one record per log interval / validation
+    train.log              the human log
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+import multibranch
+from multibranch.config import ConfigError, config_hash
+from multibranch.experiment import ExperimentConfig
+from multibranch.models import build_model
+from multibranch.train import distributed as D
+from multibranch.train.checkpoint import CheckpointError, load_checkpoint, load_state_strict, save_checkpoint, unwrap
+from multibranch.train.config import RESUMABLE_CHANGES
+from multibranch.train.hooks import ModuleHooks
+from multibranch.train.loss import output_layer_loss
+from multibranch.train.metrics_log import MetricsLog
+from multibranch.train.optim import LRScheduler, build_optimizer
+from multibranch.train.rng import rng_state, seed_everything, set_rng_state
+
+log = logging.getLogger("multibranch.train")
+
+# Which training settings a resume may only change with which reset flag.
+DATA_FIELDS = {"seed", "max_tokens", "max_sentences", "update_freq"}
+SCHEDULE_FIELDS = {"lr"}
+
+
+@dataclass
+class RunOptions:
+    """Run-level choices that are not part of the experiment config."""
+
+    data_dir: Path
+    run_dir: Path
+    resume: bool = False
+    force: bool = False
+    init_from: Path | None = None
+    reset_optimizer: bool = False
+    reset_schedule: bool = False
+    reset_data: bool = False
+    device: str = "auto"
+    progress: bool | None = None  # None: a bar only on a TTY
+
+
+@dataclass
+class TrainState:
+    """Everything that moves during training (saved in last.pt for an exact resume)."""
+
+    step: int = 0
+    epoch: int = 1
+    batch_in_epoch: int = 0
+    best: float | None = None
+    bad_validations: int = 0
+    elapsed: float = 0.0
+    last_valid: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _comparable_train(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k not in RESUMABLE_CHANGES}
+
+
+class Trainer:
+    def __init__(self, cfg: ExperimentConfig, opts: RunOptions):
+        from multibranch.data.dataset import PreparedData
+
+        self.cfg, self.opts = cfg, opts
+        tcfg = cfg.train
+        self.device = resolve_device(opts.device)
+        self.dist = D.init_distributed(self.device.type)
+        if self.device.type == "cuda" and self.dist.enabled:
+            self.device = torch.device("cuda", self.dist.local_rank)
+            torch.cuda.set_device(self.device)
+        if tcfg.threads:
+            torch.set_num_threads(tcfg.threads)
+        if tcfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+        seed_everything(tcfg.seed + self.dist.rank)
+
+        self.data = PreparedData.load(opts.data_dir)
+        self.tokenizer = self.data.tokenizer()
+        self._fill_vocabulary()
+        self.train_split = self.data.split("train")
+        self.valid_split = self.data.split("valid") if "valid" in self.data.splits else None
+        self.run_dir = Path(opts.run_dir)
+        self._prepare_run_dir()
+
+        self.model = build_model(cfg.model).to(self.device)
+        if opts.init_from:
+            payload = load_checkpoint(opts.init_from)
+            load_state_strict(self.model, payload["model"], str(opts.init_from))
+            log.info("initialised weights from %s", opts.init_from)
+        self.hooks = ModuleHooks(self.model)
+        specs = self.hooks.parameter_groups()
+        self.optimizer = build_optimizer(self.model, tcfg, specs)
+        self.scheduler = LRScheduler(self.optimizer, tcfg.lr, cfg.model.d_model, specs, tcfg.max_steps)
+        self.state = TrainState()
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=tcfg.amp == "fp16")
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.dist.is_main)
+        self.config_hash = config_hash({"model": self.cfg.to_dict()["model"]})
+        if opts.resume:
+            self._resume()
+        self._saved_at = self.state.step if opts.resume else -1
+        self._check_schedules()
+        self.train_model: nn.Module = self.model
+        if self.dist.enabled:
+            has_structured_dropout = any(type(m).__name__ in ("PathDropout", "DropHead") for m in self.model.modules())
+            self.train_model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=has_structured_dropout,
+            )
+
+    # ---- set-up ----------------------------------------------------------------------------------
+
+    def _fill_vocabulary(self) -> None:
+        m, tok = self.cfg.model, self.tokenizer
+        m.src_vocab_size, m.tgt_vocab_size = tok.src_vocab_size, tok.tgt_vocab_size
+        m.pad_id, m.bos_id, m.eos_id = tok.pad_id, tok.bos_id, tok.eos_id
+        if m.share_embeddings == "all" and not tok.joint:
+            raise ConfigError(
+                "model.share_embeddings='all' needs a joint vocabulary, but the data was prepared with separate "
+                "source/target SentencePiece models; re-run prepare without --separate-vocab or set "
+                "model.share_embeddings=decoder"
+            )
+        m.validate()
+
+    def _prepare_run_dir(self) -> None:
+        run = self.run_dir
+        if self.dist.is_main:
+            if run.exists() and any(run.iterdir()) and not self.opts.resume:
+                if not self.opts.force:
+                    raise FileExistsError(
+                        f"run directory {run} already exists; pass --resume to continue it or --force to start over"
+                    )
+                for name in ("metrics.jsonl", "last.pt", "best.pt", "train.log"):
+                    (run / name).unlink(missing_ok=True)
+                for old in (run / "checkpoints").glob("step_*.pt"):
+                    old.unlink()
+            if self.opts.resume and not (run / "last.pt").exists():
+                raise CheckpointError(f"--resume: no {run / 'last.pt'} to resume from")
+            (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (run / "tokenizer").mkdir(exist_ok=True)
+            (run / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False), encoding="utf-8")
+            (run / "tokenizer" / "src.model").write_bytes(self.tokenizer.src_proto)
+            (run / "tokenizer" / "tgt.model").write_bytes(self.tokenizer.tgt_proto)
+            handler = logging.FileHandler(run / "train.log", encoding="utf-8")
+            handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(message)s"))
+            logging.getLogger("multibranch").addHandler(handler)
+        D.barrier(self.dist)
+
+    def _check_schedules(self) -> None:
+        """Fail before training if a rate schedule needs a number of updates nobody gave."""
+        self.hooks.update_start(self.state.step, self.cfg.train.lr.warmup, self.cfg.train.max_steps)
+
+    def _resume(self) -> None:
+        path = self.run_dir / "last.pt"
+        payload = load_checkpoint(path)
+        training = payload.get("training")
+        if training is None:
+            raise CheckpointError(f"{path} holds no training state (was it averaged or converted?)")
+        saved = payload["config"]
+        now = self.cfg.to_dict()
+        if saved["model"] != now["model"]:
+            raise CheckpointError(
+                f"cannot resume {self.run_dir}: the model config differs from the saved one "
+                f"({_first_difference(saved['model'], now['model'])}); start a new run (use --init-from to reuse weights)"
+            )
+        old_train, new_train = _comparable_train(saved["train"]), _comparable_train(now["train"])
+        changed = {k for k in set(old_train) | set(new_train) if old_train.get(k) != new_train.get(k)}
+        needs = []
+        if changed & DATA_FIELDS and not self.opts.reset_data:
+            needs.append(f"batching changed ({', '.join(sorted(changed & DATA_FIELDS))}): --reset-data")
+        if changed & SCHEDULE_FIELDS and not self.opts.reset_schedule:
+            needs.append("the LR schedule changed: --reset-schedule")
+        other = changed - DATA_FIELDS - SCHEDULE_FIELDS
+        if other and not self.opts.reset_optimizer:
+            needs.append(f"optimisation settings changed ({', '.join(sorted(other))}): --reset-optimizer")
+        if payload["meta"].get("data_fingerprint") != self.data.fingerprint and not self.opts.reset_data:
+            needs.append("the prepared data differs from the run's (fingerprint mismatch): --reset-data")
+        if needs:
+            raise CheckpointError(f"refusing to resume {self.run_dir}: " + "; ".join(needs) + " (flags accept the change)")
+        load_state_strict(self.model, payload["model"], str(path))
+        st = training["state"]
+        self.state = TrainState(**st)
+        if not self.opts.reset_optimizer:
+            self.optimizer.load_state_dict(training["optimizer"])
+            if training.get("scaler"):
+                self.scaler.load_state_dict(training["scaler"])
+        if self.opts.reset_schedule:
+            self.state.step = 0
+        if self.opts.reset_data:
+            self.state.epoch, self.state.batch_in_epoch = 1, 0
+        rng = training["rng"]
+        if len(rng) != self.dist.world_size:
+            log.warning("resuming with %d processes instead of %d: data order and dropout will not repeat exactly",
+                        self.dist.world_size, len(rng))
+        set_rng_state(rng[min(self.dist.rank, len(rng) - 1)])
+        self.metrics.truncate_after(self.state.step)
+        log.info("resumed %s at update %d (epoch %d, batch %d)", self.run_dir, self.state.step, self.state.epoch,
+                 self.state.batch_in_epoch)
+
+    # ---- batches ---------------------------------------------------------------------------------
+
+    def _epoch_batches(self, epoch: int) -> list:
+        from multibranch.data.batching import shard_batches, token_batches
+
+        t = self.cfg.train
+        batches = token_batches(
+            self.train_split.src_lengths, self.train_split.tgt_lengths, t.max_tokens,
+            seed=t.seed, epoch=epoch, shuffle=True, max_sentences=t.max_sentences,
+        )
+        return shard_batches(batches, self.dist.rank, self.dist.world_size)
+
+    def _collate(self, indices):
+        from multibranch.data.batching import collate
+
+        m = self.cfg.model
+        return collate(self.train_split, indices, m.pad_id, m.bos_id, m.eos_id).to(self.device)
+
+    # ---- one update ------------------------------------------------------------------------------
+
+    def _autocast(self):
+        amp = self.cfg.train.amp
+        if amp == "none":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+
+    def _update(self, batches: list) -> dict[str, float]:
+        """Forward/backward over the update's batches, then one optimizer step."""
+        t, m = self.cfg.train, self.cfg.model
+        self.train_model.train()
+        self.hooks.update_start(self.state.step, t.lr.warmup, t.max_steps)
+        lrs = self.scheduler.set_step(self.state.step + 1)
+        local_tokens = float(sum(b.n_tgt_tokens for b in batches))
+        (total_tokens,) = D.all_reduce_sum([local_tokens], self.dist, self.device)
+        loss_sum = nll_sum = 0.0
+        extras_logged: dict[str, float] = {}
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            sync = contextlib.nullcontext() if (last or not self.dist.enabled) else self.train_model.no_sync()
+            with sync:
+                with self._autocast():
+                    features = self.train_model(batch.src, batch.prev, features_only=True)  # [B, T, d]
+                    keep = batch.tgt.ne(m.pad_id)  # [B, T]
+                    loss, nll = output_layer_loss(
+                        features[keep], self.model.output_projection, self.model.output_bias, batch.tgt[keep],
+                        eps=t.label_smoothing, kind=t.label_smoothing_kind, pad_id=m.pad_id,
+                    )
+                objective = loss * (self.dist.world_size / total_tokens)
+                if i == 0:
+                    extras = self.hooks.extra_losses()
+                    for name, value in extras.items():
+                        objective = objective + value
+                        extras_logged[name] = float(value.detach())
+                self.scaler.scale(objective).backward()
+            loss_sum += float(loss.detach())
+            nll_sum += float(nll.detach())
+        self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if t.clip_norm > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, t.clip_norm))
+        else:
+            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params]))) if params else 0.0
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.hooks.after_optimizer_step()
+        self.state.step += 1
+        loss_sum, nll_sum = D.all_reduce_sum([loss_sum, nll_sum], self.dist, self.device)
+        return {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": total_tokens, "grad_norm": grad_norm,
+                "lr": lrs["main"], **{f"aux_{k}": v for k, v in extras_logged.items()}}
+
+    # ---- validation ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, Any]:
+        """Valid loss / NLL / perplexity (+ BLEU with the decode settings) on the main process."""
+        from multibranch.data.batching import collate, token_batches
+
+        t, m = self.cfg.train, self.cfg.model
+        split = self.valid_split
+        model = self.model.eval()
+        loss_sum = nll_sum = tokens = 0.0
+        for indices in token_batches(split.src_lengths, split.tgt_lengths, t.max_tokens, seed=0, epoch=0, shuffle=False):
+            batch = collate(split, indices, m.pad_id, m.bos_id, m.eos_id).to(self.device)
+            with self._autocast():
+                features = model(batch.src, batch.prev, features_only=True)
+                keep = batch.tgt.ne(m.pad_id)
+                loss, nll = output_layer_loss(features[keep], model.output_projection, model.output_bias,
+                                              batch.tgt[keep], eps=t.label_smoothing, kind=t.label_smoothing_kind,
+                                              pad_id=m.pad_id)
+            loss_sum += float(loss)
+            nll_sum += float(nll)
+            tokens += batch.n_tgt_tokens
+        result: dict[str, Any] = {"loss": loss_sum / tokens, "nll": nll_sum / tokens,
+                                  "ppl": math.exp(min(nll_sum / tokens, 50.0))}
+        if t.valid_bleu:
+            result.update(self._valid_bleu(model))
+        return result
+
+    def _valid_bleu(self, model: nn.Module) -> dict[str, Any]:
+        from multibranch.evaluate.metrics import score_corpus
+        from multibranch.inference.translator import Translator
+
+        sources = self.valid_split.raw_src_lines()
+        references = self.valid_split.raw_tgt_lines()
+        if self.cfg.train.valid_max_sentences:
+            sources = sources[: self.cfg.train.valid_max_sentences]
+            references = references[: self.cfg.train.valid_max_sentences]
+        start = time.perf_counter()
+        hypotheses = Translator(model, self.tokenizer, self.cfg.decode, device=self.device).translate(sources)
+        scores = score_corpus(hypotheses, [references], metrics=("bleu",))
+        return {"bleu": scores["bleu"]["score"], "bleu_signature": scores["bleu"]["signature"],
+                "decode_s": time.perf_counter() - start, "samples": list(zip(sources[:3], hypotheses[:3], references[:3]))}
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "step": self.state.step, "epoch": self.state.epoch, "valid": {
+                k: v for k, v in self.state.last_valid.items() if k in ("loss", "nll", "ppl", "bleu")},
+            "config_hash": self.config_hash, "data_fingerprint": self.data.fingerprint,
+            "multibranch_version": multibranch.__version__, "torch_version": torch.__version__,
+        }
+
+    def save(self, improved: bool) -> None:
+        """last.pt (+ training state), step checkpoint, best.pt; all atomic; rank 0 writes."""
+        rngs = D.all_gather_objects(rng_state(), self.dist)
+        if not self.dist.is_main:
+            return
+        base = {"config": self.cfg.to_dict(), "model": unwrap(self.model).state_dict(),
+                "tokenizer": self.tokenizer.to_state(), "meta": self._meta()}
+        training = {"state": self.state.__dict__.copy(), "optimizer": self.optimizer.state_dict(),
+                    "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None, "rng": rngs}
+        save_checkpoint(self.run_dir / "checkpoints" / f"step_{self.state.step:08d}.pt", base)
+        if improved:
+            save_checkpoint(self.run_dir / "best.pt", base)
+        save_checkpoint(self.run_dir / "last.pt", {**base, "training": training})
+        kept = sorted((self.run_dir / "checkpoints").glob("step_*.pt"))
+        for old in kept[: max(len(kept) - self.cfg.train.keep_last, 0)]:
+            old.unlink()
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    def _stop_reason(self, start: float) -> str | None:
+        t, s = self.cfg.train, self.state
+        if t.max_steps is not None and s.step >= t.max_steps:
+            return f"reached max_steps={t.max_steps}"
+        if t.max_minutes is not None and s.elapsed + time.perf_counter() - start >= 60 * t.max_minutes:
+            return f"reached max_minutes={t.max_minutes}"
+        if t.patience is not None and s.bad_validations >= t.patience:
+            return f"no improvement of valid {t.best_metric} for {t.patience} validations"
+        return None
+
+    def _validate_and_save(self, start: float) -> None:
+        t = self.cfg.train
+        result = self.validate() if (self.valid_split is not None and self.dist.is_main) else {}
+        result = D.broadcast_object(result, self.dist)
+        improved = False
+        if result:
+            metric = result.get("bleu") if t.best_metric == "bleu" and "bleu" in result else -result["loss"]
+            improved = self.state.best is None or metric > self.state.best
+            if improved:
+                self.state.best, self.state.bad_validations = metric, 0
+            else:
+                self.state.bad_validations += 1
+            samples = result.pop("samples", [])
+            self.state.last_valid = result
+            self.metrics.write({"type": "valid", "step": self.state.step, "epoch": self.state.epoch,
+                                **{k: v for k, v in result.items()}, "best": self.state.best})
+            bleu = f" | bleu {result['bleu']:.2f}" if "bleu" in result else ""
+            log.info("valid | step %d | loss %.3f | ppl %.2f%s%s", self.state.step, result["loss"], result["ppl"], bleu,
+                     " | new best" if improved else "")
+            for src, hyp, ref in samples:
+                log.debug("  src: %s\n  hyp: %s\n  ref: %s", src, hyp, ref)
+        self.state.elapsed += time.perf_counter() - start
+        self.save(improved)
+        self._saved_at = self.state.step
+
+    def train(self) -> TrainState:
+        t, s = self.cfg.train, self.state
+        n_params = sum(p.numel() for p in self.model.parameters())
+        log.info("model: %s layers, %.2fM parameters | data: %d training pairs | %d process(es) on %s",
+                 type(self.cfg.model.encoder).__name__, n_params / 1e6, len(self.train_split), self.dist.world_size,
+                 self.device)
+        progress = self._progress_bar()
+        window = {"loss_sum": 0.0, "nll_sum": 0.0, "tokens": 0.0, "time": 0.0, "updates": 0}
+        start = time.perf_counter()
+        stop = self._stop_reason(start)
+        while stop is None:
+            if t.max_epochs is not None and s.epoch > t.max_epochs:
+                stop = f"reached max_epochs={t.max_epochs}"
+                break
+            batches = self._epoch_batches(s.epoch)
+            while s.batch_in_epoch < len(batches) and stop is None:
+                group = batches[s.batch_in_epoch : s.batch_in_epoch + t.update_freq]
+                tick = time.perf_counter()
+                stats = self._update([self._collate(ix) for ix in group])
+                s.batch_in_epoch += len(group)
+                window["time"] += time.perf_counter() - tick
+                window["updates"] += 1
+                for key in ("loss_sum", "nll_sum", "tokens"):
+                    window[key] += stats[key]
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(loss=f"{stats['loss_sum'] / stats['tokens']:.3f}", lr=f"{stats['lr']:.2e}")
+                if s.step % t.log_every == 0:
+                    self._log_train(window, stats, start)
+                    window = {k: 0.0 if k != "updates" else 0 for k in window}
+                if s.step % t.valid_every == 0:
+                    self._validate_and_save(start)
+                    start = time.perf_counter()
+                stop = self._stop_reason(start)
+            if s.batch_in_epoch >= len(batches):
+                s.epoch += 1
+                s.batch_in_epoch = 0
+        if progress is not None:
+            progress.close()
+        if self._saved_at != s.step:
+            self._validate_and_save(start)
+        log.info("training stopped at update %d: %s", s.step, stop)
+        D.shutdown(self.dist)
+        return s
+
+    def _log_train(self, window: dict[str, float], stats: dict[str, float], start: float) -> None:
+        s = self.state
+        tokens = max(window["tokens"], 1.0)
+        record = {
+            "type": "train", "step": s.step, "epoch": s.epoch,
+            "loss": window["loss_sum"] / tokens, "nll": window["nll_sum"] / tokens,
+            "ppl": math.exp(min(window["nll_sum"] / tokens, 50.0)), "lr": stats["lr"],
+            "grad_norm": stats["grad_norm"], "tokens": window["tokens"],
+            "tokens_per_s": window["tokens"] / max(window["time"], 1e-9),
+            "elapsed_s": s.elapsed + time.perf_counter() - start,
+        }
+        record.update({k: v for k, v in stats.items() if k.startswith("aux_")})
+        self.metrics.write(record)
+        if not self._showing_progress:
+            log.info("train | step %d | epoch %d | loss %.3f | ppl %.2f | lr %.2e | %.0f tok/s", s.step, s.epoch,
+                     record["loss"], record["ppl"], record["lr"], record["tokens_per_s"])
+
+    _showing_progress = False
+
+    def _progress_bar(self):
+        show = self.opts.progress if self.opts.progress is not None else sys.stderr.isatty()
+        if not show or not self.dist.is_main:
+            return None
+        from tqdm import tqdm
+
+        self._showing_progress = True
+        return tqdm(total=self.cfg.train.max_steps, initial=self.state.step, unit="upd", dynamic_ncols=True)
+
+
+def _first_difference(a: Any, b: Any, path: str = "model") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return _first_difference(a.get(key), b.get(key), f"{path}.{key}")
+    return f"{path}: saved {a!r}, now {b!r}"
+
+
+def train(cfg: ExperimentConfig, opts: RunOptions) -> TrainState:
+    """Train `cfg` on the prepared data in `opts.data_dir`, writing `opts.run_dir`."""
+    return Trainer(cfg, opts).train()
