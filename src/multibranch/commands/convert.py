@@ -1,15 +1,120 @@
-"""`multibranch convert` (not implemented yet)."""
+"""`multibranch convert`: checkpoint surgery (proximal init, folding, HF Marian import, export).
+
+    multibranch convert proximal --ckpt STD.pt --out MAT.pt --branches N [--ffn-branches N]
+                                 [--drop-branch RHO] [--merge mean|mean_sq] [--set model.x=y ...]
+    multibranch convert fold     --ckpt MAT.pt --out FOLDED.pt
+    multibranch convert from-hf  --model-dir DIR --out OUT.pt
+    multibranch convert export   --ckpt X.pt --out DIR
+
+Every output is weights-only (no optimizer/schedule/RNG state); existing outputs are kept unless
+--force is given.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "convert (not implemented yet)"
+HELP = "checkpoint surgery: proximal init (standard -> MAT), MAT folding, HF Marian import, export"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    sub = parser.add_subparsers(dest="convert_command", metavar="CONVERSION", required=True)
+
+    p = sub.add_parser(
+        "proximal", help="MAT checkpoint from a trained standard Transformer (weights copied into every branch)"
+    )
+    p.add_argument("--ckpt", required=True, help="standard Transformer checkpoint (or exported directory)")
+    p.add_argument("--out", required=True, help="MAT checkpoint to write")
+    p.add_argument("--branches", type=int, required=True, help="attention branches N_a")
+    p.add_argument("--ffn-branches", type=int, default=1, help="FFN branches N_f (default 1)")
+    p.add_argument("--drop-branch", type=float, default=None, help="drop-branch rate rho for the MAT")
+    p.add_argument("--merge", choices=["mean", "mean_sq"], default=None,
+                   help="branch merge constant: mean = 1/N (function-preserving, default), mean_sq = 1/N^2")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. model.dropout=0.3 (repeatable; widths cannot change)")
+    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.set_defaults(convert_run=_proximal)
+
+    p = sub.add_parser("fold", help="fold a MAT into one attention of N_a*M heads (same output in eval)")
+    p.add_argument("--ckpt", required=True, help="MAT checkpoint (or exported directory)")
+    p.add_argument("--out", required=True, help="folded checkpoint to write")
+    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.set_defaults(convert_run=_fold)
+
+    p = sub.add_parser("from-hf", help="import a local Hugging Face MarianMTModel directory (needs transformers)")
+    p.add_argument("--model-dir", required=True, help="local directory with config.json and weights (never the hub)")
+    p.add_argument("--out", required=True, help="checkpoint to write")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="ignore source.spm/target.spm/vocab.json: keep HF ids (weights-only import)")
+    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.set_defaults(convert_run=_from_hf)
+
+    p = sub.add_parser("export", help="write model.safetensors + config.json + SentencePiece model(s) to a directory")
+    p.add_argument("--ckpt", required=True, help="checkpoint to export")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--force", action="store_true", help="overwrite files in a non-empty --out")
+    p.set_defaults(convert_run=_export)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotImplementedError("multibranch convert is not implemented yet")
+    return int(args.convert_run(args) or 0)
+
+
+def _proximal(args: argparse.Namespace) -> int:
+    from multibranch.convert.payload import read_payload, refuse_overwrite
+    from multibranch.convert.proximal import proximal_init
+    from multibranch.train.checkpoint import save_checkpoint
+
+    refuse_overwrite(args.out, args.force)
+    layer: dict[str, object] = {}
+    if args.drop_branch is not None:
+        layer["drop_branch"] = args.drop_branch
+    if args.merge is not None:
+        layer["branch_merge"] = args.merge
+    payload = proximal_init(
+        read_payload(args.ckpt), args.branches, args.ffn_branches, layer, overrides=args.set, source=str(args.ckpt)
+    )
+    save_checkpoint(args.out, payload)
+    conv = payload["meta"]["conversion"]
+    print(
+        f"wrote {args.out}: MAT with attention branches enc/dec {conv['encoder']['attention_branches']}/"
+        f"{conv['decoder']['attention_branches']}, FFN branches {conv['encoder']['ffn_branches']}/"
+        f"{conv['decoder']['ffn_branches']}; train it with a fresh optimizer and LR schedule (--init-from)"
+    )
+    return 0
+
+
+def _fold(args: argparse.Namespace) -> int:
+    from multibranch.convert.fold import fold_mat
+    from multibranch.convert.payload import read_payload, refuse_overwrite
+    from multibranch.train.checkpoint import save_checkpoint
+
+    refuse_overwrite(args.out, args.force)
+    payload = fold_mat(read_payload(args.ckpt), source=str(args.ckpt))
+    save_checkpoint(args.out, payload)
+    conv = payload["meta"]["conversion"]
+    ffn = "and FFN branches" if conv["ffn_folded"] else "(FFN branches kept: encoder/decoder N_f differ)"
+    print(f"wrote {args.out}: attention branches folded into heads {ffn}")
+    return 0
+
+
+def _from_hf(args: argparse.Namespace) -> int:
+    from multibranch.convert.hf_marian import import_marian
+    from multibranch.convert.payload import refuse_overwrite
+    from multibranch.train.checkpoint import save_checkpoint
+
+    refuse_overwrite(args.out, args.force)
+    payload = import_marian(args.model_dir, use_tokenizer=not args.no_tokenizer)
+    save_checkpoint(args.out, payload)
+    conv = payload["meta"]["conversion"]
+    print(f"wrote {args.out}: {conv['summary']}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from multibranch.convert.export import export
+    from multibranch.convert.payload import read_payload
+
+    files = export(read_payload(args.ckpt), args.out, force=args.force)
+    print(f"exported {args.ckpt} to {args.out}: {', '.join(p.name for p in files)}")
+    return 0

@@ -1,0 +1,112 @@
+"""Helpers shared by every checkpoint conversion: reading, validating and re-packing payloads.
+
+A payload is the dict stored in a checkpoint file (see `multibranch.train.checkpoint`): `config`
+(ExperimentConfig dict), `model` (state dict), `tokenizer`, `meta`, optional `training`. Every
+conversion produces a *weights-only* payload: training state (optimizer, schedules, RNG, data
+position) never survives a conversion.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from multibranch.train.checkpoint import CheckpointError, load_checkpoint
+
+if TYPE_CHECKING:
+    from multibranch.experiment import ExperimentConfig
+    from multibranch.models import ModelConfig
+
+# meta keys that describe the training run's progress; they stop being true after surgery
+RUN_META_KEYS = ("valid", "config_hash")
+
+
+def read_payload(path: str | Path) -> dict[str, Any]:
+    """A checkpoint file, or a directory written by `multibranch convert export`."""
+    path = Path(path)
+    if path.is_dir():
+        from multibranch.convert.export import load_export
+
+        return load_export(path)
+    return load_checkpoint(path)
+
+
+def experiment_config(payload: dict[str, Any]) -> ExperimentConfig:
+    """The payload's config, validated (unknown keys or bad values raise ConfigError)."""
+    from multibranch.experiment import ExperimentConfig
+
+    return ExperimentConfig.from_dict(payload["config"])
+
+
+def weights_only(
+    payload: dict[str, Any], config: dict[str, Any], state: dict[str, Tensor], meta: dict[str, Any]
+) -> dict[str, Any]:
+    """A new payload: given config/state/meta, the source's tokenizer, no training state."""
+    out = {"config": config, "model": state, "tokenizer": payload.get("tokenizer"), "meta": meta}
+    return out
+
+
+def describe_source(payload: dict[str, Any], source: str | None) -> dict[str, Any]:
+    """What meta records about the checkpoint a conversion started from."""
+    meta = payload.get("meta") or {}
+    return {
+        "path": source,
+        "step": meta.get("step"),
+        "epoch": meta.get("epoch"),
+        "valid": meta.get("valid"),
+        "config_hash": meta.get("config_hash"),
+    }
+
+
+def check_state(model_cfg: ModelConfig, state: dict[str, Tensor], source: str) -> None:
+    """Raise CheckpointError unless `state` has exactly the keys and shapes of a model built from
+    `model_cfg`. The reference model is built on the meta device, so this costs no memory."""
+    from multibranch.models import build_model
+
+    with torch.device("meta"):
+        reference = build_model(model_cfg).state_dict()
+    missing = [k for k in reference if k not in state]
+    unexpected = [k for k in state if k not in reference]
+    shapes = [
+        f"{k}: {tuple(state[k].shape)} vs expected {tuple(reference[k].shape)}"
+        for k in reference
+        if k in state and tuple(state[k].shape) != tuple(reference[k].shape)
+    ]
+    if missing or unexpected or shapes:
+        parts = [f"{source}: converted weights do not fit the converted config"]
+        if missing:
+            parts.append(f"missing {missing[:5]}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:5]}")
+        if shapes:
+            parts.append(f"shapes {shapes[:5]}")
+        raise CheckpointError("; ".join(parts))
+
+
+def storage_key(t: Tensor) -> tuple[Any, ...]:
+    """Identity of the memory a tensor views: equal keys = the same (tied) tensor."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def tied_groups(state: dict[str, Tensor]) -> dict[str, str]:
+    """Map every key whose tensor is tied to an earlier key onto that earlier (canonical) key."""
+    first: dict[tuple[Any, ...], str] = {}
+    aliases: dict[str, str] = {}
+    for key, tensor in state.items():
+        if tensor.device.type == "meta" or tensor.numel() == 0:
+            continue
+        ident = storage_key(tensor)
+        if ident in first:
+            aliases[key] = first[ident]
+        else:
+            first[ident] = key
+    return aliases
+
+
+def refuse_overwrite(path: str | Path, force: bool) -> None:
+    """FileExistsError (a one-line user error in the CLI) unless `force`."""
+    if Path(path).exists() and not force:
+        raise FileExistsError(f"{path} exists; pass --force to overwrite it")
