@@ -1,0 +1,149 @@
+"""Reading raw text the way a parallel corpus needs it: byte-exact lines, strict UTF-8, aligned pairs.
+
+Line rules (the same for every file the toolkit reads as a corpus):
+
+- files are read as bytes and split on `\\n` only, so U+2028, U+2029, U+0085, form feeds and lone
+  `\\r` inside a line never split it (Python's `str.splitlines` and universal newlines would);
+- one trailing `\\r` per line is removed (CRLF files), a UTF-8 BOM at the start of the file is removed;
+- a final newline does not create an extra (empty) line;
+- decoding is strict UTF-8 unless the caller opts into `"replace"`, which substitutes U+FFFD and
+  counts the affected lines.
+
+Errors are `DataError`s naming the file, the line and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from multibranch.data.errors import DataError
+
+EncodingErrors = Literal["strict", "replace"]
+ENCODING_ERRORS = ("strict", "replace")
+BOM = b"\xef\xbb\xbf"
+
+
+@dataclass
+class TextLines:
+    """The decoded lines of one file and how many of them needed byte replacement."""
+
+    path: Path
+    lines: list[str]
+    replaced: int = 0
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+
+@dataclass
+class ParallelText:
+    """Two line-aligned files: `src.lines[i]` translates to `tgt.lines[i]`."""
+
+    src: TextLines
+    tgt: TextLines
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    if not path.is_file():
+        raise DataError(f"{path}: not a regular file")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror or err})") from None
+    return data[len(BOM) :] if data.startswith(BOM) else data
+
+
+def _count_lines(data: bytes) -> int:
+    """Number of lines under the rules above (a final newline does not start a new line)."""
+    if not data:
+        return 0
+    return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+
+
+def _split(text: str) -> list[str]:
+    """Split decoded text on `\\n` only and drop one trailing `\\r` per line."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _utf8_error(path: Path, data: bytes, err: UnicodeDecodeError) -> DataError:
+    start = err.start
+    line_no = data.count(b"\n", 0, start) + 1
+    line_start = data.rfind(b"\n", 0, start) + 1
+    column = len(data[line_start:start].decode("utf-8", errors="replace")) + 1
+    return DataError(
+        f"{path}:{line_no}: invalid UTF-8 (byte 0x{data[start]:02x} at column {column}); "
+        "fix the file or pass --encoding-errors replace"
+    )
+
+
+def _decode(path: Path, data: bytes, encoding_errors: str) -> TextLines:
+    if encoding_errors not in ENCODING_ERRORS:
+        raise ValueError(f"encoding_errors must be one of {ENCODING_ERRORS}, got {encoding_errors!r}")
+    try:
+        return TextLines(path, _split(data.decode("utf-8")))
+    except UnicodeDecodeError as err:
+        if encoding_errors == "strict":
+            raise _utf8_error(path, data, err) from None
+    # Replace mode with at least one bad byte: decode line by line to count the affected lines.
+    raw = data.split(b"\n")
+    if data.endswith(b"\n"):
+        raw.pop()
+    lines, replaced = [], 0
+    for chunk in raw:
+        try:
+            line = chunk.decode("utf-8")
+        except UnicodeDecodeError:
+            line = chunk.decode("utf-8", errors="replace")
+            replaced += 1
+        lines.append(line[:-1] if line.endswith("\r") else line)
+    return TextLines(path, lines, replaced)
+
+
+def read_lines(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -> TextLines:
+    """Read one text file into lines (see the module docstring for the rules)."""
+    path = Path(path)
+    return _decode(path, _read_bytes(path), encoding_errors)
+
+
+def read_parallel(
+    src_path: str | Path, tgt_path: str | Path, *, encoding_errors: EncodingErrors = "strict"
+) -> ParallelText:
+    """Read two line-aligned files; unequal line counts raise a DataError naming the first extra line."""
+    src_path, tgt_path = Path(src_path), Path(tgt_path)
+    missing = [str(p) for p in (src_path, tgt_path) if not p.exists()]
+    if missing:
+        raise DataError(f"file not found: {', '.join(missing)}")
+    src_data, tgt_data = _read_bytes(src_path), _read_bytes(tgt_path)
+    n_src, n_tgt = _count_lines(src_data), _count_lines(tgt_data)
+    if n_src != n_tgt:
+        longer = src_path if n_src > n_tgt else tgt_path
+        first = min(n_src, n_tgt) + 1
+        raise DataError(
+            f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}; "
+            f"line {first} exists only in {longer}. Line i of one file must translate line i of the other: "
+            "look for a missing or extra line (or a U+2028 / \\r that another tool treated as a line break)"
+        )
+    return ParallelText(_decode(src_path, src_data, encoding_errors), _decode(tgt_path, tgt_data, encoding_errors))
+
+
+def write_lines(path: str | Path, lines: Iterable[str]) -> None:
+    """Write lines as UTF-8, each terminated by `\\n` (lines must not contain `\\n`)."""
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        for line in lines:
+            if "\n" in line:
+                raise ValueError(f"{path}: a line contains a newline: {line[:60]!r}")
+            handle.write(line)
+            handle.write("\n")
