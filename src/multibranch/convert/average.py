@@ -1,0 +1,194 @@
+"""Checkpoint averaging (fairseq's average_checkpoints.py semantics, stricter checks).
+
+`average_checkpoints(paths)`: the element-wise mean of the models' floating-point tensors,
+accumulated in float64 and cast back to the newest checkpoint's dtype; integer and bool buffers
+are copied from the newest checkpoint (highest meta step; the last path on ties). Every file must
+have the same model config, tokenizer, keys, shapes and tie structure. Tied tensors (a shared
+embedding stored under several keys) stay one tensor. The result carries no training state.
+
+`select_checkpoints(run_dir, last=N | best=N | paths=[...], upper_bound=STEP)` picks files of a run
+directory (`RUN/checkpoints/step_XXXXXXXX.pt`, as the trainer writes them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from multibranch.config import ConfigError
+from multibranch.convert.payload import read_payload, tied_groups
+from multibranch.train.checkpoint import CheckpointError
+
+STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
+    """Payload whose model is the mean of the given checkpoints' models (see module docstring)."""
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    sums: dict[str, Tensor] = {}
+    reference: dict[str, Any] | None = None
+    ref_path = ""
+    aliases: dict[str, str] = {}
+    newest: tuple[int, dict[str, Any], str] | None = None
+    sources = []
+    for path in paths:
+        payload = read_payload(path)
+        state = payload["model"]
+        if reference is None:
+            reference, ref_path, aliases = payload, str(path), tied_groups(state)
+        else:
+            _require_compatible(reference, ref_path, payload, str(path), aliases)
+        for key, tensor in state.items():
+            if key in aliases or not tensor.is_floating_point():
+                continue
+            value = tensor.detach().to(torch.float64)
+            if key in sums:
+                sums[key] += value
+            else:
+                sums[key] = value.clone()
+        meta = payload.get("meta") or {}
+        step = int(meta.get("step") or 0)
+        sources.append({"path": str(path), "step": meta.get("step"), "valid": meta.get("valid")})
+        if newest is None or step >= newest[0]:
+            newest = (step, payload, str(path))
+        del payload, state
+
+    assert newest is not None
+    _, latest, latest_path = newest
+    out: dict[str, Tensor] = {}
+    for key, tensor in latest["model"].items():
+        if key in aliases:
+            continue
+        if tensor.is_floating_point():
+            out[key] = (sums[key] / len(paths)).to(tensor.dtype)  # float64 mean, back to the stored dtype
+        else:
+            out[key] = tensor.clone()  # step counters, masks...: the newest checkpoint's
+    for key, canonical in aliases.items():
+        out[key] = out[canonical]  # tied stays tied
+    state = {key: out[key] for key in latest["model"]}  # the original key order
+
+    meta = {k: v for k, v in (latest.get("meta") or {}).items() if k != "valid"}  # scores do not carry over
+    meta["averaged_from"] = sources
+    meta["averaged_newest"] = latest_path
+    return {"config": latest["config"], "model": state, "tokenizer": latest.get("tokenizer"), "meta": meta}
+
+
+def _require_compatible(
+    ref: dict[str, Any], ref_path: str, other: dict[str, Any], path: str, aliases: dict[str, str]
+) -> None:
+    """CheckpointError naming `path` and the first offending key unless `other` can be averaged with `ref`."""
+    a, b = ref["config"].get("model"), other["config"].get("model")
+    if a != b:
+        diff = _first_difference(a, b, "model")
+        raise CheckpointError(f"{path}: model config differs from {ref_path} ({diff}); cannot average")
+    if not _same_tokenizer(ref.get("tokenizer"), other.get("tokenizer")):
+        raise CheckpointError(f"{path}: tokenizer differs from {ref_path}; cannot average")
+    s_ref, s_other = ref["model"], other["model"]
+    missing = [k for k in s_ref if k not in s_other]
+    extra = [k for k in s_other if k not in s_ref]
+    if missing or extra:
+        what = f"missing key {missing[0]!r}" if missing else f"unexpected key {extra[0]!r}"
+        raise CheckpointError(f"{path}: {what} (compared with {ref_path}); cannot average")
+    for key, tensor in s_ref.items():
+        t = s_other[key]
+        if tuple(t.shape) != tuple(tensor.shape):
+            raise CheckpointError(
+                f"{path}: {key} has shape {tuple(t.shape)}, {ref_path} has {tuple(tensor.shape)}; cannot average"
+            )
+        if t.is_floating_point() != tensor.is_floating_point():
+            raise CheckpointError(f"{path}: {key} is {t.dtype}, {ref_path} has {tensor.dtype}; cannot average")
+    if tied_groups(s_other) != aliases:
+        raise CheckpointError(f"{path}: tied (shared) tensors differ from {ref_path}; cannot average")
+
+
+def _first_difference(a: Any, b: Any, where: str) -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            if a.get(key) != b.get(key):
+                return _first_difference(a.get(key), b.get(key), f"{where}.{key}")
+    return f"{where}: {a!r} vs {b!r}"
+
+
+def _same_tokenizer(a: dict[str, Tensor] | None, b: dict[str, Tensor] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- choosing checkpoints of a run ---------------------------------------------------------------
+
+
+def run_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every `RUN/checkpoints/step_XXXXXXXX.pt`, by step."""
+    folder = Path(run_dir) / "checkpoints"
+    if not folder.is_dir():
+        raise CheckpointError(f"{run_dir} is not a run directory (no checkpoints/ folder)")
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := STEP_FILE.match(p.name))]
+    return sorted(found)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A checkpoint's meta without reading its tensors into memory (mmap)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:
+        raise CheckpointError(f"{path} is corrupted or not a checkpoint ({type(err).__name__}: {err})") from None
+    return dict(payload.get("meta") or {}) if isinstance(payload, dict) else {}
+
+
+def select_checkpoints(
+    run_dir: str | Path | None = None,
+    *,
+    last: int | None = None,
+    best: int | None = None,
+    paths: Sequence[str | Path] | None = None,
+    upper_bound: int | None = None,
+) -> list[Path]:
+    """Checkpoints to average, oldest first.
+
+    last=N: the N newest step checkpoints; best=N: the N with the best validation BLEU (higher is
+    better), or loss (lower) when a candidate has no BLEU; ties go to the newer step. `upper_bound`
+    ignores checkpoints after that step (fairseq's --checkpoint-upper-bound). `paths`: exactly these.
+    """
+    if sum(x is not None for x in (last, best, paths)) != 1:
+        raise ConfigError("choose exactly one of last=N, best=N or an explicit list of checkpoints")
+    if paths is not None:
+        if upper_bound is not None:
+            raise ConfigError("upper_bound applies to last=N / best=N selection only")
+        missing = [str(p) for p in paths if not Path(p).exists()]
+        if missing:
+            raise CheckpointError(f"checkpoint not found: {', '.join(missing)}")
+        return [Path(p) for p in paths]
+    count = last if last is not None else best
+    if count is None or count < 1:
+        raise ConfigError("the number of checkpoints to average must be >= 1")
+    if run_dir is None:
+        raise ConfigError("last=N / best=N need a run directory")
+    candidates = [(s, p) for s, p in run_checkpoints(run_dir) if upper_bound is None or s <= upper_bound]
+    bound = f" at or before step {upper_bound}" if upper_bound is not None else ""
+    if len(candidates) < count:
+        raise CheckpointError(
+            f"asked for {count} checkpoints but {run_dir} has {len(candidates)}{bound} "
+            f"(steps: {[s for s, _ in candidates]})"
+        )
+    if last is not None:
+        return [p for _, p in candidates[-count:]]
+
+    scored = []
+    for step, path in candidates:
+        valid = read_meta(path).get("valid") or {}
+        scored.append((step, path, valid.get("bleu"), valid.get("loss")))
+    if all(bleu is not None for _, _, bleu, _ in scored):
+        ranked = sorted(scored, key=lambda r: (-r[2], -r[0]))
+    elif all(loss is not None for _, _, _, loss in scored):
+        ranked = sorted(scored, key=lambda r: (r[3], -r[0]))
+    else:
+        bad = next(str(p) for _, p, bleu, loss in scored if bleu is None and loss is None)
+        raise CheckpointError(f"best=N needs validation scores in every checkpoint; {bad} has none")
+    return [p for _, p, _, _ in sorted(ranked[:count], key=lambda r: r[0])]
