@@ -1,0 +1,154 @@
+"""Export a checkpoint as a release directory, and read such a directory back.
+
+    OUT/model.safetensors     the state dict; a tensor shared by several keys (tied embeddings) is
+                              stored once, the other keys are listed in config.json "tied_weights"
+    OUT/config.json           format + version, the resolved ExperimentConfig, tied weights, key
+                              order, tokenizer file names, meta (step, validation scores, ...)
+    OUT/sentencepiece.model   joint vocabulary, or OUT/source.model + OUT/target.model
+
+`load_export(OUT)` returns a payload shaped like `train.checkpoint.load_checkpoint`'s, so any code
+that takes a payload (load_model, averaging, conversions) can read an exported directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from multibranch.config import to_dict
+from multibranch.convert.payload import experiment_config, tied_groups
+from multibranch.train.checkpoint import FORMAT, VERSION, CheckpointError
+
+EXPORT_FORMAT = "multibranch-export"
+EXPORT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+JOINT_SPM, SOURCE_SPM, TARGET_SPM = "sentencepiece.model", "source.model", "target.model"
+
+
+def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False) -> list[Path]:
+    """Write `payload` (its model, config, tokenizer, meta; never training state) to `out_dir`."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"{out} is not empty; pass --force to overwrite the exported files in it")
+    config = to_dict(experiment_config(payload))  # validated, every default resolved
+    state: dict[str, Tensor] = payload["model"]
+    aliases = tied_groups(state)
+    tensors = {key: _standalone(t) for key, t in state.items() if key not in aliases}
+    out.mkdir(parents=True, exist_ok=True)
+
+    written = []
+    tmp = out / f".{WEIGHTS_FILE}.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt", "tied_weights": json.dumps(aliases)})
+    os.replace(tmp, out / WEIGHTS_FILE)
+    written.append(out / WEIGHTS_FILE)
+
+    tokenizer_files = None
+    if payload.get("tokenizer"):
+        from multibranch.data.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_state(payload["tokenizer"])
+        if tok.joint:
+            tokenizer_files = {"src": JOINT_SPM, "tgt": JOINT_SPM}
+            written.append(_write_bytes(out / JOINT_SPM, tok.src_proto))
+        else:
+            tokenizer_files = {"src": SOURCE_SPM, "tgt": TARGET_SPM}
+            written.append(_write_bytes(out / SOURCE_SPM, tok.src_proto))
+            written.append(_write_bytes(out / TARGET_SPM, tok.tgt_proto))
+
+    from multibranch import __version__
+
+    document = {
+        "format": EXPORT_FORMAT,
+        "format_version": EXPORT_VERSION,
+        "multibranch_version": __version__,
+        "config": config,
+        "tied_weights": aliases,
+        "state_keys": list(state),
+        "tokenizer": tokenizer_files,
+        "meta": payload.get("meta") or {},
+    }
+    text = json.dumps(document, indent=2, default=_jsonable, ensure_ascii=False) + "\n"
+    written.append(_write_bytes(out / CONFIG_FILE, text.encode("utf-8")))  # last: marks a complete export
+    return written
+
+
+def load_export(directory: str | Path) -> dict[str, Any]:
+    """The payload of an exported directory (tied keys share one tensor again)."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise CheckpointError(f"{directory} is not an exported model (no {CONFIG_FILE})")
+    try:
+        document = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{config_path} is not valid JSON ({err})") from None
+    if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
+        raise CheckpointError(f"{config_path} is not a multibranch export (no '{EXPORT_FORMAT}' format)")
+    if document.get("format_version", 0) > EXPORT_VERSION:
+        raise CheckpointError(f"{directory} was exported by a newer multibranch (format {document['format_version']})")
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{directory} is incomplete: missing {WEIGHTS_FILE}")
+    try:
+        stored = load_file(str(weights))
+    except Exception as err:
+        raise CheckpointError(f"{weights} is corrupted ({type(err).__name__}: {err})") from None
+    for alias, canonical in document.get("tied_weights", {}).items():
+        stored[alias] = stored[canonical]
+    order = document.get("state_keys") or sorted(stored)
+    if set(order) != set(stored):
+        raise CheckpointError(f"{weights} does not hold the tensors {config_path} lists")
+    state = {key: stored[key] for key in order}
+
+    tokenizer = None
+    files = document.get("tokenizer")
+    if files:
+        from multibranch.data.tokenizer import Tokenizer
+
+        paths = [directory / files["src"], directory / files["tgt"]]
+        for path in paths:
+            if not path.is_file():
+                raise CheckpointError(f"{directory} is incomplete: missing {path.name}")
+        tokenizer = Tokenizer(paths[0].read_bytes(), paths[1].read_bytes()).to_state()
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "config": document["config"],
+        "model": state,
+        "tokenizer": tokenizer,
+        "meta": document.get("meta") or {},
+    }
+
+
+def _standalone(t: Tensor) -> Tensor:
+    """A contiguous tensor owning exactly its memory (safetensors refuses partial views)."""
+    t = t.detach().contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
+def _write_bytes(path: Path, data: bytes) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.tolist()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
