@@ -27,6 +27,15 @@ A, B, C, D = 4, 5, 6, 7
 V = 10
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads, and lose a lot on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @dataclass
 class FakeConfig:
     pad_id: int = PAD

@@ -1,0 +1,234 @@
+"""Translator (text in, text out) and the `translate` command, on a tiny random model whose
+SentencePiece model is trained in a fixture on generated text."""
+
+from __future__ import annotations
+
+import io
+import logging
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from multibranch.cli import main
+from multibranch.config import from_dict
+from multibranch.data.tokenizer import EOS_ID, Tokenizer
+from multibranch.experiment import ExperimentConfig
+from multibranch.inference import translator as translator_module
+from multibranch.inference.config import DecodeConfig
+from multibranch.inference.translator import Translator, make_batches
+from multibranch.models import ModelConfig, build_model
+from multibranch.train.checkpoint import save_checkpoint
+
+MAX_POSITIONS = 24
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads, and lose a lot on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _corpus(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    syllables = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "ve", "da"]
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(40)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 9))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_corpus(300, seed=0)), model_writer=buffer, vocab_size=48, model_type="unigram",
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3, character_coverage=1.0, hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    proto = buffer.getvalue()
+    return Tokenizer(proto, proto)
+
+
+@pytest.fixture(scope="module")
+def experiment(tokenizer) -> tuple[ExperimentConfig, torch.nn.Module]:
+    torch.manual_seed(7)
+    vocab = tokenizer.src_vocab_size
+    model_cfg = from_dict(ModelConfig, {
+        "d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2, "positions": "learned",
+        "max_positions": MAX_POSITIONS, "src_vocab_size": vocab, "tgt_vocab_size": vocab, "output_bias": True,
+    })
+    model = build_model(model_cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+        model.output_bias[EOS_ID] = 1.0
+    decode = DecodeConfig(beam=3, length_penalty=1.0, max_len_a=1.0, max_len_b=4, batch_tokens=64)
+    return ExperimentConfig(model=model_cfg, decode=decode), model
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tokenizer, experiment) -> Path:
+    config, model = experiment
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.pt"
+    save_checkpoint(path, {"config": config.to_dict(), "model": model.state_dict(), "tokenizer": tokenizer.to_state(),
+                           "meta": {}})
+    return path
+
+
+@pytest.fixture
+def translator(tokenizer, experiment) -> Translator:
+    config, model = experiment
+    return Translator(model, tokenizer, config.decode)
+
+
+LINES = _corpus(12, seed=5)
+
+
+# ---- the library ---------------------------------------------------------------------------------
+
+
+def test_order_is_restored_and_batching_does_not_change_results(translator):
+    batched = translator.translate(LINES)
+    assert len(batched) == len(LINES)
+    one_by_one = [translator.translate([line])[0] for line in LINES]
+    assert batched == one_by_one
+    assert len(set(batched)) > 1  # different inputs, different outputs (the test can tell order apart)
+
+
+def test_empty_and_whitespace_lines_give_empty_outputs_without_the_model(translator, monkeypatch):
+    def no_search(*args, **kwargs):
+        raise AssertionError("the model must not run for empty input")
+
+    monkeypatch.setattr(translator_module, "search", no_search)
+    assert translator.translate(["", "   ", "\t", "\u3000"]) == ["", "", "", ""]
+    assert translator.translate_nbest(["", " "], 2) == [[("", 0.0)], [("", 0.0)]]
+
+
+def test_one_output_per_input_with_mixed_empty_lines(translator):
+    lines = ["", LINES[0], " ", LINES[1], ""]
+    out = translator.translate(lines)
+    assert len(out) == 5 and out[0] == out[2] == out[4] == ""
+    assert out[1] == translator.translate([LINES[0]])[0] and out[3] == translator.translate([LINES[1]])[0]
+
+
+def test_over_long_inputs_are_truncated_with_one_warning(translator, caplog):
+    long_line = " ".join(LINES)  # far more than MAX_POSITIONS pieces
+    keep, ids, truncated = translator.encode([long_line, LINES[0], long_line])
+    assert truncated == 2 and [len(x) for x in ids][0] == MAX_POSITIONS and ids[0][-1] == EOS_ID
+    with caplog.at_level(logging.WARNING, logger="multibranch.inference.translator"):
+        out = translator.translate([long_line, LINES[0], long_line])
+    assert len(out) == 3 and out[0] == out[2]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "truncated 2 of 3" in warnings[0]
+
+
+def test_max_input_tokens_setting(tokenizer, experiment):
+    config, model = experiment
+    short = Translator(model, tokenizer, DecodeConfig(beam=2, max_input_tokens=5))
+    _, ids, truncated = short.encode([LINES[0]])
+    assert len(ids[0]) == 5 and truncated == 1
+
+
+def test_nbest_is_sorted_and_starts_with_the_best(translator):
+    nbest = translator.translate_nbest(LINES[:4], 3)
+    best = translator.translate(LINES[:4])
+    for entries, top in zip(nbest, best, strict=True):
+        assert 1 <= len(entries) <= 3 and entries[0][0] == top
+        scores = [score for _, score in entries]
+        assert scores == sorted(scores, reverse=True)
+    with pytest.raises(ValueError):
+        translator.translate_nbest(LINES[:1], 4)
+
+
+@given(
+    lengths=st.lists(st.integers(1, 50), max_size=40).map(lambda xs: sorted(xs, reverse=True)),
+    beam=st.integers(1, 5),
+    batch_tokens=st.integers(1, 400),
+    batch_size=st.integers(1, 10),
+)
+def test_make_batches_covers_everything_within_budget(lengths, beam, batch_tokens, batch_size):
+    batches = make_batches(lengths, beam, batch_tokens, batch_size)
+    assert [i for b in batches for i in b] == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) <= batch_size
+        assert len(b) == 1 or lengths[b[0]] * len(b) * beam <= batch_tokens
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+
+def test_cli_file_to_file_matches_the_library(checkpoint, tokenizer, experiment, tmp_path):
+    config, model = experiment
+    raw = "\r\n".join([LINES[0], "", LINES[1] + " \u2028 " + LINES[2], "   ", LINES[3]]).encode() + b"\r\n"
+    src = tmp_path / "in.txt"
+    src.write_bytes(raw)
+    out = tmp_path / "out.txt"
+    assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "-o", str(out), "--beam", "2",
+                 "--device", "cpu"]) == 0
+    lines = out.read_bytes().decode().split("\n")
+    assert lines[-1] == "" and len(lines) == 6  # 5 lines, each ending in "\n"
+    expected = Translator(model, tokenizer, DecodeConfig(**{**config.decode.__dict__, "beam": 2})).translate(
+        [LINES[0], "", LINES[1] + " \u2028 " + LINES[2], "   ", LINES[3]])
+    assert lines[:-1] == expected
+
+
+def test_cli_stdin_to_stdout_stays_clean(checkpoint, monkeypatch, capsys, caplog):
+    data = ("\n".join(LINES[:3]) + "\n").encode()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+    with caplog.at_level(logging.INFO):
+        assert main(["translate", "--ckpt", str(checkpoint), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.split("\n")) == 4 and "|" not in captured.out  # translations only
+    assert any("sentences/s" in r.getMessage() and "tokens/s" in r.getMessage() for r in caplog.records)
+
+
+def test_cli_nbest_format(checkpoint, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join([LINES[0], "", LINES[1]]) + "\n", encoding="utf-8")
+    assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "--nbest", "3", "--device", "cpu"]) == 0
+    rows = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
+    assert all(len(r) == 3 for r in rows)
+    indices = [int(r[0]) for r in rows]
+    assert indices == sorted(indices) and set(indices) == {0, 1, 2}
+    for i in (0, 2):
+        scores = [float(r[2]) for r in rows if int(r[0]) == i]
+        assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    assert [r[1] for r in rows if r[0] == "1"] == [""]
+
+
+def test_cli_invalid_utf8_names_the_line_or_is_replaced(checkpoint, tmp_path, capsys):
+    src = tmp_path / "bad.txt"
+    src.write_bytes(LINES[0].encode() + b"\nabc \xff\xfe def\n" + LINES[1].encode() + b"\n")
+    assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}:2: invalid UTF-8" in err and "--encoding-errors replace" in err
+    out = tmp_path / "out.txt"
+    assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "-o", str(out), "--device", "cpu",
+                 "--encoding-errors", "replace"]) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 3
+
+
+def test_cli_user_errors(checkpoint, tmp_path, capsys):
+    assert main(["translate", "--ckpt", str(tmp_path / "missing.pt")]) == 2
+    assert "checkpoint not found" in capsys.readouterr().err
+    assert main(["translate", "--ckpt", str(checkpoint), "--beam", "2", "--nbest", "3", "--device", "cpu"]) == 2
+    assert "nbest=3 must be between 1 and beam=2" in capsys.readouterr().err
+
+
+def test_cli_subprocess_pipe(checkpoint):
+    data = ("\n".join([LINES[0], "", LINES[1]]) + "\n").encode()
+    proc = subprocess.run(
+        [sys.executable, "-m", "multibranch", "translate", "--ckpt", str(checkpoint), "--device", "cpu", "--beam", "1", "--threads", "1"],
+        input=data, capture_output=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().count("\n") == 3 and proc.stdout.decode().split("\n")[1] == ""
+    assert b"sentences/s" in proc.stderr
