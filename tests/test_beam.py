@@ -16,7 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multibranch.config import from_dict
-from multibranch.inference.beam import Hypothesis, beam_search, greedy_search, length_penalty, search
+from multibranch.inference.beam import (
+    Hypothesis,
+    _beam_search,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    search,
+)
 from multibranch.inference.config import DecodeConfig
 from multibranch.models import ModelConfig, build_model
 from multibranch.models.seq2seq import EncoderOut
@@ -107,6 +114,20 @@ def src_of(sentence: int, length: int) -> list[int]:
 def batch(*rows: list[int]) -> torch.Tensor:
     width = max(len(r) for r in rows)
     return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+
+
+def _exact(results: list[list[Hypothesis]]) -> list[list[tuple]]:
+    return [[(h.tokens, h.score, h.positional_scores) for h in hyps] for hyps in results]
+
+
+def run_search(model: ScriptedModel, src: torch.Tensor, beam: int, **options) -> list[list[Hypothesis]]:
+    """beam_search; with beam 1 also checks that the general search equals the greedy path."""
+    result = beam_search(model, src, beam, **options)
+    if beam == 1:
+        general = _beam_search(ScriptedModel(model.scripts, **vars(model.config)), src, 1,
+                               **{k: v for k, v in options.items() if k != "nbest"})
+        assert _exact(general) == _exact(result)
+    return result
 
 
 def fairseq_norm(raw: float, length: int, alpha: float) -> float:
@@ -219,8 +240,8 @@ def test_min_len_suppresses_eos_without_renormalising(beam):
 
     def run(min_len: int) -> Hypothesis:
         model = ScriptedModel({1: MIN_LEN_SCRIPT})
-        return beam_search(model, batch(src_of(1, 3)), beam, length_penalty=0.0, min_len=min_len,
-                           max_len_a=0, max_len_b=10)[0][0]
+        return run_search(model, batch(src_of(1, 3)), beam, length_penalty=0.0, length_penalty_kind="fairseq",
+                          min_len=min_len, max_len_a=0, max_len_b=10)[0][0]
 
     assert_hyp(run(0), [], [0.7], math.log(0.7))
     assert_hyp(run(1), [A], [0.3, 0.8], math.log(0.3 * 0.8))
@@ -234,7 +255,8 @@ LONG_SCRIPT: Table = {(): {A: 0.9, EOS: 0.1}, (A,): {A: 0.9, EOS: 0.1}, (A, A): 
 def test_max_length_forces_eos(beam):
     """max_len_b = 2: after "a a" only EOS is allowed, with its own probability (.05)."""
     model = ScriptedModel({1: {**LONG_SCRIPT, (A, A): {A: 0.95, EOS: 0.05}}})
-    hyp = beam_search(model, batch(src_of(1, 4)), beam, length_penalty=1.0, max_len_a=0, max_len_b=2)[0][0]
+    hyp = run_search(model, batch(src_of(1, 4)), beam, length_penalty=1.0, length_penalty_kind="fairseq",
+                     min_len=1, max_len_a=0, max_len_b=2)[0][0]
     assert_hyp(hyp, [A, A], [0.9, 0.9, 0.05], math.log(0.9 * 0.9 * 0.05) / 3)
 
 
@@ -291,11 +313,9 @@ def test_batched_equals_alone_and_beam1_equals_greedy(lengths, eos_logits, beam,
             assert PAD not in h.tokens and BOS not in h.tokens and EOS not in h.tokens
             assert len(h.positional_scores) == len(h.tokens) + 1
             assert len(h.tokens) >= min(min_len, int(max_len_a * len(src) + 1))
-    if beam == 1:
-        greedy = greedy_search(ScriptedModel(scripts), batch(*srcs), **options)
-        assert [[(h.tokens, h.score, h.positional_scores) for h in hs] for hs in greedy] == [
-            [(h.tokens, h.score, h.positional_scores) for h in hs] for hs in batched
-        ]
+    if beam == 1:  # beam_search used the greedy path; the general search must agree exactly
+        general = _beam_search(ScriptedModel(scripts), batch(*srcs), 1, **options)
+        assert _exact(general) == _exact(batched)
 
 
 # ---- a real (tiny, random) Transformer ---------------------------------------------------------------
@@ -325,11 +345,10 @@ def _sources(n: int, seed: int = 0) -> list[list[int]]:
 def test_real_model_beam1_equals_greedy_exactly(tiny_model):
     src = batch(*_sources(8))
     options = dict(length_penalty=0.6, length_penalty_kind="gnmt", max_len_a=1.0, max_len_b=3)
-    beam1 = beam_search(tiny_model, src, 1, **options)
+    beam1 = _beam_search(tiny_model, src, 1, **options)  # the general search with one beam
     greedy = greedy_search(tiny_model, src, **options)
-    assert [[(h.tokens, h.score, h.positional_scores) for h in hs] for hs in beam1] == [
-        [(h.tokens, h.score, h.positional_scores) for h in hs] for hs in greedy
-    ]
+    assert _exact(beam1) == _exact(greedy)
+    assert _exact(beam_search(tiny_model, src, 1, **options)) == _exact(greedy)
     assert len({len(hs[0].tokens) for hs in greedy}) > 1  # lengths vary: EOS is really generated
 
 

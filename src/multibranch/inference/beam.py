@@ -180,7 +180,6 @@ def greedy_search(
     return hyps
 
 
-@torch.inference_mode()
 def beam_search(
     model: Decodable,
     src: Tensor,
@@ -200,10 +199,27 @@ def beam_search(
     """
     if beam < 1:
         raise ValueError(f"beam={beam} must be >= 1")
-    limits = dict(max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len)
+    options = dict(length_penalty=length_penalty, length_penalty_kind=length_penalty_kind, max_len_a=max_len_a,
+                   max_len_b=max_len_b, min_len=min_len)
     if beam == 1:
-        return greedy_search(model, src, length_penalty=length_penalty, length_penalty_kind=length_penalty_kind,
-                             **limits)
+        return greedy_search(model, src, **options)
+    return _sorted(_beam_search(model, src, beam, **options), nbest)
+
+
+@torch.inference_mode()
+def _beam_search(
+    model: Decodable,
+    src: Tensor,
+    beam: int,
+    *,
+    length_penalty: float = 1.0,
+    length_penalty_kind: LengthPenaltyKind = "fairseq",
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    min_len: int = 1,
+) -> list[list[Hypothesis]]:
+    """The general search for any beam >= 1 (tests compare its beam-1 result with greedy_search);
+    finished hypotheses per sentence in the order they were found."""
     cfg = model.config
     eos = cfg.eos_id
     K = beam
@@ -277,7 +293,7 @@ def beam_search(
         positional = positional.index_select(0, order)
         positional[:, step] = new_lprob.reshape(-1)
         scores = new_scores
-    return _sorted(hyps, nbest)
+    return hyps
 
 
 def search(model: Decodable, src: Tensor, cfg: DecodeConfig, nbest: int | None = None) -> list[list[Hypothesis]]:
