@@ -297,3 +297,18 @@ def test_cli_prepare(tmp_path, corpus, capsys):
     assert cli.main([*args, "--force", "--max-len", "0", "--max-len-ratio", "0"]) == 0
     meta = json.loads((tmp_path / "data" / "data.json").read_text())
     assert meta["config"]["max_len"] is None and meta["config"]["max_len_ratio"] is None
+
+
+def test_several_test_sets_and_directory_permissions(tmp_path, corpus, capsys):
+    raw = tmp_path / "raw"
+    _write_pairs(raw, "test_b", corpus["valid"][:5])
+    args = ["prepare", "--src", "en", "--tgt", "de", "--train", str(raw / "train"), "--valid", str(raw / "valid"),
+            "--test", str(raw / "test"), "--test", str(raw / "test_b"), "--out", str(tmp_path / "data"),
+            "--vocab-size", "120"]
+    assert cli.main(args) == 0
+    data = PreparedData.load(tmp_path / "data")
+    assert data.split_names == ["train", "valid", "test", "test1"]
+    assert data.meta["splits"]["test1"]["prefix"] == str(raw / "test_b")
+    assert len(data.split("test1")) == 5
+    (tmp_path / "plain").mkdir()
+    assert (tmp_path / "data").stat().st_mode == (tmp_path / "plain").stat().st_mode

@@ -13,7 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train", required=True, metavar="PREFIX", help="training files PREFIX.SRC / PREFIX.TGT")
     parser.add_argument("--valid", required=True, metavar="PREFIX", help="validation files PREFIX.SRC / PREFIX.TGT")
     parser.add_argument(
-        "--test", nargs="+", default=[], metavar="PREFIX", help="test file prefixes (splits test, test1, ...)"
+        "--test", nargs="+", action="extend", default=[], metavar="PREFIX",
+        help="test file prefixes (become splits test, test1, ...)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="output data directory")
     parser.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size (default 8000)")

@@ -125,7 +125,7 @@ class _Split:
 def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     """Run the whole preparation; returns the `data.json` contents plus `out`."""
     cfg.validate()
-    out = Path(cfg.out)
+    out = Path(cfg.out).resolve()
     _check_inputs(cfg)
     _check_out_dir(cfg, out)
     splits = [_read_split(cfg, name, prefix) for name, prefix in cfg.splits()]
@@ -136,12 +136,15 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result should look like mkdir's
         meta = _build(cfg, splits, tmp)
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {**meta, "out": str(out)}
+    return {**meta, "out": cfg.out}
 
 
 # ----------------------------------------------------------------------------------------- checks
