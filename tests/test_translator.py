@@ -232,3 +232,10 @@ def test_cli_subprocess_pipe(checkpoint):
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout.decode().count("\n") == 3 and proc.stdout.decode().split("\n")[1] == ""
     assert b"sentences/s" in proc.stderr
+
+
+def test_from_checkpoint_applies_overrides(checkpoint, translator):
+    loaded = Translator.from_checkpoint(str(checkpoint), device="cpu", beam=2)
+    assert loaded.cfg.beam == 2 and loaded.cfg.max_len_b == translator.cfg.max_len_b
+    direct = Translator(translator.model, translator.tokenizer, DecodeConfig(**{**translator.cfg.__dict__, "beam": 2}))
+    assert loaded.translate(LINES[:3]) == direct.translate(LINES[:3])
