@@ -177,8 +177,11 @@ def test_rejects_unsupported_configs(tmp_path):
 def test_cli_from_hf(tmp_path, capsys):
     model_dir, out = tmp_path / "hf", tmp_path / "marian.pt"
     hf = hf_model(model_dir)
+    generation = json.loads((model_dir / "generation_config.json").read_text())
+    (model_dir / "generation_config.json").write_text(json.dumps({**generation, "num_beams": 4, "length_penalty": 0.6}))
     assert main(["convert", "from-hf", "--model-dir", str(model_dir), "--out", str(out)]) == 0
     loaded = load_model(out)
+    assert (loaded.config.decode.beam, loaded.config.decode.length_penalty) == (4, 0.6)
     src = torch.tensor([[5, 6, 7, 0]])
     tgt = torch.tensor([[59, 8, 9]])
     with torch.no_grad():

@@ -20,11 +20,12 @@ translates raw text with the stored SentencePiece models:
     our id i < |spm|          -> the row of vocab[piece_i] (source side by source.spm, target side by target.spm)
     gap rows (|spm_s| <= i < max |spm|) -> the <unk> row (never produced by that side's SentencePiece)
     i >= max |spm|            -> vocab entries that are no SentencePiece piece (<pad>, >>lang<< tags)
-A piece missing from vocab.json reads as <unk> (as in HF's tokenizer). Target-side rows that HF can
-never produce (gap rows, pieces missing from vocab.json) get an output bias of FILLER_BIAS so they are
-never generated. Logits of every real target token equal HF's; HF's softmax additionally covers
-tokens our target SentencePiece cannot produce (e.g. source-only pieces of a joint vocabulary), so
-log-probabilities may differ by that (tiny) mass. HF's Moses punctuation normalisation (applied when
+A piece missing from vocab.json reads as <unk> (as in HF's tokenizer). Target-side "filler" rows get
+an output bias of FILLER_BIAS so they are never generated: gap rows, pieces missing from vocab.json,
+and the extra ids beyond SentencePiece (target SentencePiece cannot detokenise them; <pad> and the
+decoder start are masked by beam search anyway). Logits of every other target token equal HF's;
+HF's softmax additionally covers tokens our target side never produces (e.g. source-only pieces of
+a joint vocabulary, <pad>, >>lang<< tags), so log-probabilities may differ by that (tiny) mass. HF's Moses punctuation normalisation (applied when
 sacremoses is installed) and `>>lang<<` prefixes are not reproduced by our tokenizer.
 Without those files (or with use_tokenizer=False) ids stay HF ids and no tokenizer is stored.
 """
@@ -156,7 +157,8 @@ def import_marian(directory: str | Path, *, use_tokenizer: bool = True) -> dict[
     model = _model_config(c, share, use_bias, vocab, src_rows.shape[0], tgt_rows.shape[0])
     from multibranch.experiment import ExperimentConfig
 
-    config = ExperimentConfig(model=model, description=f"imported from Hugging Face MarianMTModel {directory}")
+    config = ExperimentConfig(model=model, decode=_decode_config(directory),
+                              description=f"imported from Hugging Face MarianMTModel {directory}")
     check_state(model, state, str(directory))
     summary = (f"HF Marian {model.encoder_layers}+{model.decoder_layers} layers, d={model.d_model}, "
                f"share_embeddings={share}, {vocab.note}")
@@ -196,6 +198,25 @@ def _check_positions(hf: Any, d_model: int, max_positions: int, where: Path) -> 
         if theirs.shape != ours.shape or not torch.allclose(theirs, ours, atol=1e-5, rtol=0):
             raise ConfigError(f"{where}: the {side}'s sinusoidal position table differs from multibranch's "
                               f"(d_model={d_model}); cannot import exactly")
+
+
+def _decode_config(directory: Path) -> Any:
+    """Beam size and length penalty from generation_config.json (HF's penalty is score / len^alpha,
+    our "fairseq" kind); everything else keeps multibranch's defaults."""
+    from multibranch.inference.config import DecodeConfig
+
+    cfg = DecodeConfig()
+    path = directory / "generation_config.json"
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            data = {}
+        if isinstance(data.get("num_beams"), int) and data["num_beams"] >= 1:
+            cfg.beam = data["num_beams"]
+        if isinstance(data.get("length_penalty"), (int, float)):
+            cfg.length_penalty = float(data["length_penalty"])
+    return cfg
 
 
 def _model_config(c: Any, share: str, output_bias: bool, vocab: VocabMap, src_size: int, tgt_size: int) -> Any:
@@ -290,6 +311,7 @@ def _spm_vocab_map(directory: Path, c: Any, enc_rows: int, dec_rows: int) -> Voc
 
     src_map, _ = side_map(pieces_src, vocab_src)
     tgt_map, tgt_fillers = side_map(pieces_tgt, vocab_tgt)
+    tgt_fillers[base:] = True  # ids beyond SentencePiece (<pad>, >>lang<<): never generated, never detokenised
     unmapped = sum(1 for p in pieces_tgt if p not in vocab_tgt) + sum(1 for p in pieces_src if p not in vocab_src)
     if unmapped:
         log.warning("%d SentencePiece pieces are missing from vocab.json; they read as <unk> and are never generated",
