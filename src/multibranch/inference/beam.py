@@ -3,8 +3,10 @@
 Beam search keeps `beam` live hypotheses per sentence in one [sentences * beam] batch. Each step:
 
 1. `model.decode_step` -> logits [b*K, V]; pad and bos logits are masked to -inf before an fp32
-   log_softmax (so they are never generated). EOS is masked (without renormalising) before
-   `min_len` output tokens, and it is the only choice once a sentence reaches its maximum length.
+   log_softmax, so they are never generated and the log-probabilities are normalised over the
+   other tokens (fairseq masks pad after its log_softmax; the difference is the tiny mass a
+   trained model gives pad/bos). EOS is masked (without renormalising) before `min_len` output
+   tokens, and it is the only choice once a sentence reaches its maximum length.
 2. Every live hypothesis extends by every token; the 2K best candidates per sentence are kept
    (at step 0 all K hypotheses are identical, so only the first one is expanded).
 3. A candidate ending in EOS among the top K candidates is a finished hypothesis. A sentence is
