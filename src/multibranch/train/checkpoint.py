@@ -67,6 +67,10 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read and sanity-check a checkpoint file (on CPU)."""
     path = Path(path)
+    if path.is_dir():  # a release directory written by `multibranch convert export`
+        from multibranch.convert.export import load_export
+
+        return load_export(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:

@@ -107,7 +107,7 @@ class Trainer:
         self.tokenizer = self.data.tokenizer()
         self._fill_vocabulary()
         self.train_split = self.data.split("train")
-        self.valid_split = self.data.split("valid") if "valid" in self.data.splits else None
+        self.valid_split = self.data.split("valid") if "valid" in self.data.split_names else None
         self.run_dir = Path(opts.run_dir)
         self._prepare_run_dir()
 
