@@ -10,6 +10,8 @@ A module may define any of these methods; the trainer finds them by walking `mod
   per-token training loss; the trainer adds their sum once per update and logs each by name.
 - `parameter_groups() -> list[ParamGroupSpec]`: parameters that need their own optimizer group
   (own LR schedule, no weight decay, frozen for the last updates).
+- `training_metrics() -> dict[str, float]`: values worth following during training (kappa/alpha,
+  unit weights, kernel gates...); logged to metrics.jsonl with each train record, keyed by module name.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class ModuleHooks:
         self.post_step_modules = [m for m in modules if hasattr(m, "after_optimizer_step")]
         self.loss_modules = [m for m in modules if hasattr(m, "extra_losses")]
         self.group_modules = [m for m in modules if hasattr(m, "parameter_groups")]
+        self.metric_modules = [(name, m) for name, m in model.named_modules() if hasattr(m, "training_metrics")]
 
     def update_start(self, step: int, warmup: int | None, total: int | None) -> None:
         for module in self.rate_modules:
@@ -74,3 +77,10 @@ class ModuleHooks:
                 else:
                     merged[spec.name] = ParamGroupSpec(**{**spec.__dict__, "params": list(spec.params)})
         return list(merged.values())
+
+    def training_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, module in self.metric_modules:
+            for key, value in module.training_metrics().items():
+                out[f"{name}.{key}" if name else key] = value
+        return out

@@ -460,6 +460,9 @@ class Trainer:
             "elapsed_s": s.elapsed + time.perf_counter() - start,
         }
         record.update({k: v for k, v in stats.items() if k.startswith("aux_")})
+        module_metrics = self.hooks.training_metrics()
+        if module_metrics:
+            record["modules"] = module_metrics
         self.metrics.write(record)
         if not self._showing_progress:
             log.info("train | step %d | epoch %d | loss %.3f | ppl %.2f | lr %.2e | %.0f tok/s", s.step, s.epoch,

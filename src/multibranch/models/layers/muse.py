@@ -1,0 +1,1 @@
+"""Layer kind 'muse' (being written)."""

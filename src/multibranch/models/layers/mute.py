@@ -1,0 +1,1 @@
+"""Layer kind 'mute' (being written)."""

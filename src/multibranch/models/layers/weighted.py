@@ -1,0 +1,1 @@
+"""Layer kind 'weighted' (being written)."""
