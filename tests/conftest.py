@@ -43,3 +43,29 @@ def tiny_model_dict(**overrides) -> dict:
     }
     cfg.update(overrides)
     return cfg
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """A prepared data directory from the built-in synthetic task (400 pairs, joint vocabulary of 200)."""
+    from multibranch.data.prepare import PrepareConfig, prepare
+    from multibranch.data.synthetic import generate_synthetic_task
+
+    root = tmp_path_factory.mktemp("tiny_data")
+    generate_synthetic_task(root / "raw", seed=3, n_train=400, n_valid=24, n_test=24)
+    prepare(PrepareConfig(src_lang="src", tgt_lang="tgt", train=str(root / "raw" / "train"),
+                          valid=str(root / "raw" / "valid"), test=[str(root / "raw" / "test")],
+                          out=str(root / "data"), vocab_size=200))
+    return root / "data"
+
+
+def tiny_experiment(**train_overrides):
+    """A tiny transformer experiment config for trainer tests (no BLEU during validation)."""
+    from multibranch.config import from_dict
+    from multibranch.experiment import ExperimentConfig
+
+    train = {"max_tokens": 600, "lr": {"schedule": "inverse_sqrt", "lr": 0.002, "warmup": 5},
+             "valid_every": 4, "log_every": 1, "valid_bleu": False, "max_steps": 12, "seed": 7}
+    train.update(train_overrides)
+    model = {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.1}
+    return from_dict(ExperimentConfig, {"model": model, "train": train})

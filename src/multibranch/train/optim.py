@@ -45,13 +45,14 @@ class LRScheduler:
             if freeze and total_updates is None:
                 raise ValueError(f"parameter group {group['name']!r} is frozen for the last {freeze} updates, "
                                  "which needs train.max_steps")
-            self.plans.append((group, lr_cfg, width, freeze))
+            self.plans.append((lr_cfg, width, freeze))
         self.total_updates = total_updates
 
     def set_step(self, update: int) -> dict[str, float]:
         """Learning rates for the 1-based update number `update`; returns them by group name."""
         rates = {}
-        for group, lr_cfg, width, freeze in self.plans:
+        # look the groups up each time: optimizer.load_state_dict replaces the group dicts
+        for group, (lr_cfg, width, freeze) in zip(self.optimizer.param_groups, self.plans):
             frozen = freeze and self.total_updates is not None and update > self.total_updates - freeze
             group["lr"] = 0.0 if frozen else learning_rate_at(lr_cfg, update, width, self.total_updates)
             rates[group["name"]] = group["lr"]

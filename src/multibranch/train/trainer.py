@@ -346,7 +346,7 @@ class Trainer:
             "step": self.state.step, "epoch": self.state.epoch, "valid": {
                 k: v for k, v in self.state.last_valid.items() if k in ("loss", "nll", "ppl", "bleu")},
             "config_hash": self.config_hash, "data_fingerprint": self.data.fingerprint,
-            "multibranch_version": multibranch.__version__, "torch_version": torch.__version__,
+            "multibranch_version": multibranch.__version__, "torch_version": str(torch.__version__),
         }
 
     def save(self, improved: bool) -> None:
@@ -358,10 +358,10 @@ class Trainer:
                 "tokenizer": self.tokenizer.to_state(), "meta": self._meta()}
         training = {"state": self.state.__dict__.copy(), "optimizer": self.optimizer.state_dict(),
                     "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None, "rng": rngs}
+        save_checkpoint(self.run_dir / "last.pt", {**base, "training": training})  # first: resume needs it
         save_checkpoint(self.run_dir / "checkpoints" / f"step_{self.state.step:08d}.pt", base)
         if improved:
             save_checkpoint(self.run_dir / "best.pt", base)
-        save_checkpoint(self.run_dir / "last.pt", {**base, "training": training})
         kept = sorted((self.run_dir / "checkpoints").glob("step_*.pt"))
         for old in kept[: max(len(kept) - self.cfg.train.keep_last, 0)]:
             old.unlink()
