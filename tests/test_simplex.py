@@ -116,6 +116,9 @@ def test_projection_is_a_no_op_while_frozen():
     before = w.kappa.detach().clone()
     w.after_optimizer_step()
     assert torch.equal(w.kappa.detach(), before)
+    with pytest.warns(UserWarning, match="never train"):
+        w.on_update_start(step=0, warmup=None, total=10)  # frozen from the first update
+    assert w.frozen
     w.on_update_start(step=0, warmup=None, total=None)  # unknown total: never frozen
     w.after_optimizer_step()
     assert on_simplex(w.kappa.detach())

@@ -15,6 +15,7 @@ normalisation, top-k gating of alpha, and test-time replacement by uniform or ra
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import torch
@@ -102,6 +103,9 @@ class BranchWeights(nn.Module):
     def on_update_start(self, step: int, warmup: int | None, total: int | None) -> None:
         """Update `step + 1` is frozen iff the trainer's LRScheduler gives this group LR 0."""
         self.frozen = bool(self.freeze_last) and total is not None and step + 1 > total - self.freeze_last
+        if self.freeze_last and total is not None and self.freeze_last >= total:
+            warnings.warn(f"{self.group}: freeze_last={self.freeze_last} >= {total} planned updates, so kappa/alpha "
+                          "never train; lower freeze_last", stacklevel=2)
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
