@@ -45,6 +45,8 @@ class TrainConfig:
     deterministic: bool = False
 
     def validate(self) -> None:
+        if self.seed < 0:
+            raise ConfigError(f"seed={self.seed} must be >= 0")
         if self.max_tokens < 1 or self.update_freq < 1:
             raise ConfigError("max_tokens and update_freq must be >= 1")
         if not 0.0 <= self.label_smoothing < 1.0:

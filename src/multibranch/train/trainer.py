@@ -32,7 +32,13 @@ from multibranch.config import ConfigError, config_hash
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
 from multibranch.train import distributed as D
-from multibranch.train.checkpoint import CheckpointError, load_checkpoint, load_state_strict, save_checkpoint, unwrap
+from multibranch.train.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_state_strict,
+    save_checkpoint,
+    unwrap,
+)
 from multibranch.train.config import RESUMABLE_CHANGES
 from multibranch.train.hooks import ModuleHooks
 from multibranch.train.loss import output_layer_loss
@@ -104,6 +110,8 @@ class Trainer:
         seed_everything(tcfg.seed + self.dist.rank)
 
         self.data = PreparedData.load(opts.data_dir)
+        if opts.resume:
+            self.data.verify()  # files changed since `prepare` would silently change the data order
         self.tokenizer = self.data.tokenizer()
         self._fill_vocabulary()
         self.train_split = self.data.split("train")
