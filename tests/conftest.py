@@ -21,9 +21,13 @@ def multi30k_dir() -> Path | None:
 
 @pytest.fixture
 def multi30k() -> Path:
+    """The Multi30k directory; skips when absent, fails instead under CI (MULTIBRANCH_REQUIRE_MULTI30K=1)."""
     path = multi30k_dir()
     if path is None:
-        pytest.skip("Multi30k not found: set MULTIBRANCH_MULTI30K to a directory with train/val/test_2016_flickr.{en,de}")
+        reason = "Multi30k not found: set MULTIBRANCH_MULTI30K to a directory with train/val/test_2016_flickr.{en,de}"
+        if os.environ.get("MULTIBRANCH_REQUIRE_MULTI30K") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
     return path
 
 
