@@ -218,7 +218,7 @@ class ParallelAttention(nn.Module):
 
     # ---- the module ------------------------------------------------------------------------------
 
-    def forward(
+    def attend_heads(
         self,
         x: Tensor,
         memory: Tensor | None = None,
@@ -226,14 +226,14 @@ class ParallelAttention(nn.Module):
         causal: bool = False,
         cache: StateView | None = None,
         need_weights: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor | None]:
-        """Attention of queries x [B, L, d] over x (self) or `memory` [B, S, d] (cross).
+    ) -> tuple[Tensor, Tensor | None]:
+        """Per-head outputs before the output projection: ([B, H, L, d_k], weights [B, H, L, S] or None).
 
-        key_padding_mask: [B, S] bool, True at padding. `cache` (incremental decoding): for
-        self-attention the keys/values of earlier steps are appended to; for cross-attention the
-        projected memory is computed once and reused. Returns [B, L, d] (and weights if asked).
+        Self-attention over x [B, L, d] (memory None) or cross-attention over memory [B, S, d];
+        key_padding_mask [B, S] is True at padding. With a `cache` (incremental decoding) the keys and
+        values of earlier steps are appended to (self), or the projected memory is computed once (cross).
+        Structured dropout is not applied here (see `head_scales`).
         """
-        B, L, _ = x.shape
         query_offset = 0
         if memory is None:
             q, k, v = self.project_qkv(x)  # [B, H, L, d_k] each
@@ -255,11 +255,7 @@ class ParallelAttention(nn.Module):
                     cache.set("v", v, static=True)
             else:
                 v = cache.get("v")
-        head_scale, branch_scale = self.head_scales(B, x.device)
-        if branch_scale is not None and branch_scale.shape[0] == 1 and not bool(branch_scale.any()):
-            out = x.new_zeros(B, L, self.d_model)  # every branch dropped: the sublayer outputs zero
-            return (out, None) if need_weights else out
-        heads, weights = attend(
+        return attend(
             q,
             k,
             v,
@@ -270,6 +266,27 @@ class ParallelAttention(nn.Module):
             relative=self.relative,
             need_weights=need_weights,
         )
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        cache: StateView | None = None,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """Attention of queries x [B, L, d] over x (self) or `memory` [B, S, d] (cross) -> [B, L, d]
+        (and the attention weights if asked); arguments as in `attend_heads`."""
+        B, L, _ = x.shape
+        head_scale, branch_scale = self.head_scales(B, x.device)
+        if branch_scale is not None and branch_scale.shape[0] == 1 and not bool(branch_scale.any()):
+            # every branch dropped: the sublayer outputs zero (the cache still needs this step's keys)
+            if cache is not None and memory is None:
+                self.attend_heads(x, memory, key_padding_mask, causal, cache)
+            out = x.new_zeros(B, L, self.d_model)
+            return (out, None) if need_weights else out
+        heads, weights = self.attend_heads(x, memory, key_padding_mask, causal, cache, need_weights)
         heads = heads.transpose(1, 2).reshape(B, L, self.inner_dim)  # [B, L, H*d_k]
         out = self.merge_heads(heads, head_scale, branch_scale)
         return (out, weights) if need_weights else out

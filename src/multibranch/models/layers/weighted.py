@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from multibranch.config import ConfigError
 from multibranch.models.config import LayerConfig, ModelConfig
 from multibranch.models.layers.common import AttentionRole, Residual, build_attention
-from multibranch.modules.attention import ParallelAttention, attend
+from multibranch.modules.attention import ParallelAttention
 from multibranch.modules.feedforward import ACTIVATIONS
 from multibranch.modules.simplex import BranchWeights, replace_branch_weights
 from multibranch.modules.state import StateView
@@ -111,29 +111,8 @@ def branch_heads(
     cache: StateView | None = None,
 ) -> Tensor:
     """Per-head outputs [B, H, L, d_v] of `attn` before W_O, with its KV cache, relative positions,
-    attention dropout and DropHead (scaled per head = per branch). Cache layout as ParallelAttention."""
-    query_offset = 0
-    if memory is None:
-        q, k, v = attn.project_qkv(x)  # [B, H, L, d_k] each
-        if cache is not None:
-            past_k = cache.get("k")
-            if past_k is not None:
-                query_offset = past_k.shape[2]
-                k, v = torch.cat([past_k, k], dim=2), torch.cat([cache.get("v"), v], dim=2)
-            cache.set("k", k)
-            cache.set("v", v)
-    else:
-        q = attn.project_q(x)
-        k = cache.get("k") if cache is not None else None
-        if k is None:
-            k, v = attn.project_kv(memory)  # [B, H, S, d_k]
-            if cache is not None:
-                cache.set("k", k, static=True)
-                cache.set("v", v, static=True)
-        else:
-            v = cache.get("v")
-    heads, _ = attend(q, k, v, key_padding_mask=key_padding_mask, causal=causal, query_offset=query_offset,
-                      dropout_p=attn.dropout if attn.training else 0.0, relative=attn.relative)  # [B, H, L, d_v]
+    attention dropout and DropHead (scaled per head = per branch)."""
+    heads, _ = attn.attend_heads(x, memory, key_padding_mask, causal, cache)  # [B, H, L, d_v]
     head_scale, _ = attn.head_scales(x.shape[0], x.device)  # [1 or B, H] or None
     if head_scale is not None:
         heads = heads * head_scale[:, :, None, None]
