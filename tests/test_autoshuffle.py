@@ -14,6 +14,7 @@ from multibranch.modules.autoshuffle import (
     hard_permutation,
     normalise_shuffle,
     permutation_penalty,
+    round_autoshuffles_,
     sequential_fusion,
 )
 from multibranch.train.hooks import ModuleHooks
@@ -152,9 +153,10 @@ def test_hard_permutation_rounding():
     pytest.importorskip("scipy")
     m = normalise_shuffle(torch.eye(4)[[1, 3, 0, 2]] + 0.1 * torch.rand(4, 4))
     assert torch.equal(hard_permutation(m), torch.eye(4)[[1, 3, 0, 2]])
-    shuffle = AutoShuffle(4)
-    p = shuffle.round_to_permutation_()
-    assert shuffle.is_normalised() and permutation_penalty(p).item() == pytest.approx(0.0, abs=1e-6)
+    model = torch.nn.ModuleList([AutoShuffle(4), torch.nn.Linear(2, 2), AutoShuffle(3)])
+    assert round_autoshuffles_(model) == 2
+    for shuffle in (model[0], model[2]):
+        assert shuffle.is_normalised() and permutation_penalty(shuffle.weight).item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_hard_permutation_without_scipy_raises_a_clear_error(monkeypatch):

@@ -137,6 +137,21 @@ def test_one_unit_matches_the_transformer_layer_in_training_too_with_dropouts_an
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
+def test_drophead_acts_per_sample_and_unit_with_rescale_within_the_unit():
+    layer = _layer({}, dropout=0.0, drophead={"rate": 0.5}).train()
+    drophead, seen = layer.self_attn.drophead, []
+    original = drophead.forward
+    drophead.forward = lambda batch, device: seen.append(original(batch, device)) or seen[-1]
+    x, pad = _inputs()
+    layer(x, pad)
+    (scale,) = seen
+    assert scale.shape == (3 * 4, 4), "one row per sample and unit, one column per head"
+    kept = (scale > 0).float()
+    torch.testing.assert_close(scale.sum(1), torch.full((12,), 4.0))
+    torch.testing.assert_close(scale[kept.bool()], (4 / kept.sum(1, keepdim=True)).expand_as(scale)[kept.bool()])
+    assert torch.equal(layer.eval()(x, pad), layer.eval()(x, pad))
+
+
 def _loop_reference(layer: MuteEncoderLayer, x, pad, unit_inputs) -> torch.Tensor:
     """The layer computed unit by unit with standard modules (no dropout)."""
     cfg = _cfg(dropout=0.0)

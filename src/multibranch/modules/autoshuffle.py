@@ -167,6 +167,14 @@ class AutoShuffle(nn.Module):
         return f"units={self.units}, penalty_weight={self.penalty_weight}, reduction={self.penalty_reduction}"
 
 
+def round_autoshuffles_(model: nn.Module) -> int:
+    """Round every AutoShuffle matrix of `model` to its hard permutation (export time); returns how many."""
+    shuffles = [m for m in model.modules() if isinstance(m, AutoShuffle)]
+    for shuffle in shuffles:
+        shuffle.round_to_permutation_()
+    return len(shuffles)
+
+
 def _normalise_after_load(module: AutoShuffle, incompatible_keys) -> None:
     """Load hook: a checkpoint with an un-normalised matrix (e.g. the reference's last step) is
     normalised; an already normalised one is kept bit-for-bit, so save -> load is exact."""
