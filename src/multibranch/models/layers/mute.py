@@ -214,6 +214,8 @@ class UnitOutputs(NamedTuple):
 
 
 class MuteEncoderLayer(nn.Module):
+    """One MUTE encoder layer (module docstring): LN_a, optional bias modules, I batched units, fusion."""
+
     def __init__(self, cfg: ModelConfig, layer: MuteLayerConfig):
         super().__init__()
         units, d = layer.units, cfg.d_model
