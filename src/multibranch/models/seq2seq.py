@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multibranch.models.config import ModelConfig
+from multibranch.modules.dropout import dropout
 from multibranch.modules.positions import LearnedPositions, SinusoidalPositions
 from multibranch.modules.state import DecoderState
 
@@ -54,7 +55,7 @@ class Embedder(nn.Module):
             x = x * self.scale
         if self.positions is not None:
             x = x + self.positions(ids.shape[1], offset)
-        return F.dropout(x, self.dropout, self.training)
+        return dropout(x, self.dropout, self.training)
 
 
 class Encoder(nn.Module):

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multibranch.modules.dropout import dropout
 from multibranch.modules.state import StateView
 from multibranch.train.hooks import ParamGroupSpec
 
@@ -144,7 +145,7 @@ class DynamicConv(nn.Module):
         aligned = []
         for i, (w, k) in enumerate(zip(self.normalized_kernels(v), self.kernel_sizes, strict=True)):
             if self.weight_dropout > 0:
-                w = F.dropout(w, self.weight_dropout, self.training)
+                w = dropout(w, self.weight_dropout, self.training)
             left = self.max_kernel - k if self.causal else (self.max_kernel - k) // 2
             w = F.pad(w, (left, self.max_kernel - k - left))  # [B, L, H, Kmax]
             aligned.append(w * gate[i] if self.gate is not None else w)

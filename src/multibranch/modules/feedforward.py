@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multibranch.modules.dropout import dropout
 from multibranch.modules.structured_dropout import PathDropout
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
@@ -69,7 +70,7 @@ class FeedForward(nn.Module):
             return torch.zeros_like(x)  # every branch dropped: the sublayer outputs zero
         h = self.activation(self.fc1(x))  # [B, L, N_f*d_h]
         if self.activation_dropout > 0:
-            h = F.dropout(h, self.activation_dropout, self.training)
+            h = dropout(h, self.activation_dropout, self.training)
         weight, c = self.fc2.weight, self.merge_scale
         if scale is None:
             bias = self.fc2_bias[0] if self.branches == 1 else self.fc2_bias.sum(0)  # [d]

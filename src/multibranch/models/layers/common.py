@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multibranch.models.config import ModelConfig
 from multibranch.modules.attention import ParallelAttention
+from multibranch.modules.dropout import dropout
 from multibranch.modules.positions import RelativePositions
 from multibranch.modules.structured_dropout import DropHead, PathDropout
 
@@ -27,8 +27,8 @@ class Residual(nn.Module):
 
     def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
         if self.pre_norm:
-            return x + F.dropout(fn(self.norm(x)), self.dropout, self.training)
-        return self.norm(x + F.dropout(fn(x), self.dropout, self.training))
+            return x + dropout(fn(self.norm(x)), self.dropout, self.training)
+        return self.norm(x + dropout(fn(x), self.dropout, self.training))
 
 
 def build_attention(

@@ -31,6 +31,7 @@ from multibranch.models.config import LayerConfig, ModelConfig
 from multibranch.modules.attention import attend
 from multibranch.modules.autoshuffle import AutoShuffle, PenaltyReduction
 from multibranch.modules.bias_noise import BiasKind, BiasNoise, SwitchRateConfig
+from multibranch.modules.dropout import dropout
 from multibranch.modules.feedforward import ACTIVATIONS
 from multibranch.modules.positions import RelativePositions
 from multibranch.modules.structured_dropout import DropHead
@@ -197,7 +198,7 @@ class UnitFeedForward(nn.Module):
         h = F.layer_norm(s, (self.d_model,))  # [Us, B, S, d]
         h = h * self.norm_weight[:, None, None] + self.norm_bias[:, None, None]  # LN_f^i affine
         h = self.activation(unit_linear(h, self.fc1_weight, self.fc1_bias))  # [U, B, S, d_h]
-        h = F.dropout(h, self.activation_dropout, self.training)
+        h = dropout(h, self.activation_dropout, self.training)
         return unit_linear(h, self.fc2_weight, self.fc2_bias)  # [U, B, S, d]
 
     def extra_repr(self) -> str:
@@ -262,8 +263,8 @@ class MuteEncoderLayer(nn.Module):
         else:
             u = n[None]  # [1, B, S, d]: every unit reads n
         a, probs = self.self_attn(u, padding_mask, need_weights)  # [Ua, B, S, d]
-        s = x + F.dropout(a, self.dropout, self.training)  # s_i, residual on the clean x
-        f = s + F.dropout(self.ffn(s), self.dropout, self.training)  # [I or 1, B, S, d]
+        s = x + dropout(a, self.dropout, self.training)  # s_i, residual on the clean x
+        f = s + dropout(self.ffn(s), self.dropout, self.training)  # [I or 1, B, S, d]
         return UnitOutputs(a, f.expand(self.units, *f.shape[1:]), probs)
 
     def fuse(self, units: Tensor) -> Tensor:

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multibranch.config import ConfigError
 from multibranch.models.config import LayerConfig, ModelConfig
 from multibranch.models.layers.common import AttentionRole, Residual, build_attention
 from multibranch.modules.attention import ParallelAttention
+from multibranch.modules.dropout import dropout
 from multibranch.modules.feedforward import ACTIVATIONS
 from multibranch.modules.simplex import BranchWeights, replace_branch_weights
 from multibranch.modules.state import StateView
@@ -184,7 +184,7 @@ class BranchedAttention(nn.Module):
         w1, w2 = self.w1.expand(M, -1, -1), self.w2.expand(M, -1, -1)  # "shared": one FFN for all branches
         h = self.activation(torch.einsum("bmld,mdh->bmlh", f_in, w1) + self.b1[None, :, None, :])  # [B, M, L, d_h]
         if self.activation_dropout > 0:
-            h = F.dropout(h, self.activation_dropout, self.training)
+            h = dropout(h, self.activation_dropout, self.training)
         r = torch.einsum("bmlh,mhd->bmld", h, w2) + self.b2  # c_i: [B, M, L, d]
         if self.branch_residual:
             r = r + b
