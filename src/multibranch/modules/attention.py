@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multibranch.modules.dropout import dropout
 from multibranch.modules.positions import RelativePositions
 from multibranch.modules.state import StateView
 from multibranch.modules.structured_dropout import DropHead, PathDropout
@@ -62,6 +63,13 @@ def attend(
                 L, S, query_offset, q.device
             )
             causal = False
+        if q.device.type == "cpu" and q.dtype != torch.float32:
+            # CPU flash attention's backward is an order of magnitude slower in bf16 than in fp32
+            # at these sizes (bench/README.md): attend in fp32 under autocast.
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                     dropout_p=dropout_p, is_causal=causal)
+            return out.to(q.dtype), None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
         return out, None
 
@@ -78,7 +86,7 @@ def attend(
     if causal:
         scores = scores.masked_fill(~_causal_mask(L, S, query_offset, q.device), float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # [B, H, L, S]
-    dropped = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
+    dropped = dropout(probs, dropout_p) if dropout_p > 0 else probs
     out = torch.matmul(dropped, v)  # [B, H, L, d_k]
     if relative is not None:
         buckets = torch.zeros(*dropped.shape[:-1], relative.key_table.shape[0], dtype=dropped.dtype, device=q.device)
@@ -226,17 +234,19 @@ class ParallelAttention(nn.Module):
         causal: bool = False,
         cache: StateView | None = None,
         need_weights: bool = False,
+        qkv: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Per-head outputs before the output projection: ([B, H, L, d_k], weights [B, H, L, S] or None).
 
         Self-attention over x [B, L, d] (memory None) or cross-attention over memory [B, S, d];
         key_padding_mask [B, S] is True at padding. With a `cache` (incremental decoding) the keys and
         values of earlier steps are appended to (self), or the projected memory is computed once (cross).
+        `qkv`: the self-attention projections of x if the caller already made them (MUSE shares V).
         Structured dropout is not applied here (see `head_scales`).
         """
         query_offset = 0
         if memory is None:
-            q, k, v = self.project_qkv(x)  # [B, H, L, d_k] each
+            q, k, v = qkv if qkv is not None else self.project_qkv(x)  # [B, H, L, d_k] each
             if cache is not None:
                 past_k = cache.get("k")
                 if past_k is not None:

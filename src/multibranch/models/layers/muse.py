@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multibranch.config import ConfigError
 from multibranch.models.config import LayerConfig, ModelConfig
 from multibranch.models.layers.common import build_attention
-from multibranch.modules.attention import ParallelAttention, attend
+from multibranch.modules.attention import ParallelAttention
+from multibranch.modules.dropout import dropout
 from multibranch.modules.dynconv import DynamicConv, check_kernel_sizes
 from multibranch.modules.feedforward import FeedForward
 from multibranch.modules.state import StateView
@@ -170,20 +170,8 @@ class MultiScaleSelfAttention(nn.Module):
         conv_cache = cache.view("conv") if cache is not None else None
         conv = self.conv(conv_in, padding_mask=key_padding_mask, cache=conv_cache)  # [B, L, n*d]
 
-        query_offset = 0
-        if attn_cache is not None:  # same k/v cache layout as ParallelAttention.forward
-            past_k = attn_cache.get("k")
-            if past_k is not None:
-                query_offset = past_k.shape[2]
-                k = torch.cat([past_k, k], dim=2)
-                v = torch.cat([attn_cache.get("v"), v], dim=2)
-            attn_cache.set("k", k)
-            attn_cache.set("v", v)
         head_scale, branch_scale = attn.head_scales(B, x.device)  # DropHead on the attention heads
-        heads, weights = attend(
-            q, k, v, key_padding_mask=key_padding_mask, causal=causal, query_offset=query_offset,
-            dropout_p=attn.dropout if self.training else 0.0, relative=attn.relative, need_weights=need_weights,
-        )
+        heads, weights = attn.attend_heads(x, None, key_padding_mask, causal, attn_cache, need_weights, qkv=(q, k, v))
         heads = heads.transpose(1, 2).reshape(B, L, attn.inner_dim)  # A [B, L, d]
         out = attn.merge_heads(heads, head_scale, branch_scale) + self.conv_out(conv)  # [A ; C] W_out + b
         return (out, weights) if need_weights else out
@@ -203,7 +191,7 @@ class _MuseLayer(nn.Module):
         self.input_dropout = layer.input_dropout
 
     def _drop(self, branch: Tensor) -> Tensor:
-        return F.dropout(branch, self.dropout, self.training)
+        return dropout(branch, self.dropout, self.training)
 
     def _block(
         self,
@@ -215,7 +203,7 @@ class _MuseLayer(nn.Module):
     ) -> Tensor:
         """x [B, L, d] -> [B, L, d]: norm(x + sum_i Drop(branch_i(h))), h = x (post) or LN(x) (pre)."""
         h = self.norm(x) if self.pre_norm else x
-        attn_in = F.dropout(h, self.input_dropout, self.training) if self.input_dropout > 0 else h
+        attn_in = dropout(h, self.input_dropout, self.training) if self.input_dropout > 0 else h
         decoder = self.cross_attn is not None
         self_cache = cache.view("self_attn") if cache is not None else None
         out = x + self._drop(self.self_attn(attn_in, key_padding_mask=padding_mask, causal=decoder, cache=self_cache))
