@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int)
     group.add_argument("--valid-every", type=int, help="validate and checkpoint every N updates")
     group.add_argument("--patience", type=int, help="stop after N validations without improvement")
-    group.add_argument("--amp", choices=["none", "bf16", "fp16"], help="mixed precision (bf16 on CPUs with AMX/AVX512-BF16)")
+    group.add_argument("--amp", choices=["none", "bf16", "fp16", "auto"],
+                       help="autocast precision; auto = bf16 where native (AMX/AVX512-BF16 CPUs, CUDA), else fp32/fp16")
     group.add_argument("--threads", type=int, help="intra-op CPU threads")
     group.add_argument("--log-every", type=int)
     group.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
@@ -45,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--reset-optimizer", action="store_true", help="resume with a fresh optimizer state")
     run.add_argument("--reset-schedule", action="store_true", help="resume with LR/rate schedules from update 0")
     run.add_argument("--reset-data", action="store_true", help="resume from the start of the data (new data allowed)")
+    run.add_argument("--stop-at-step", type=int, metavar="N",
+                     help="pause after update N (checkpointed; --resume continues; schedules still plan for max_steps)")
     run.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     run.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
 
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     opts = RunOptions(
         data_dir=args.data, run_dir=args.out, resume=args.resume, force=args.force, init_from=args.init_from,
         reset_optimizer=args.reset_optimizer, reset_schedule=args.reset_schedule, reset_data=args.reset_data,
-        device=args.device, progress=False if args.no_progress else None,
+        device=args.device, progress=False if args.no_progress else None, stop_at_step=args.stop_at_step,
     )
     state = train(cfg, opts)
     valid = state.last_valid

@@ -130,6 +130,8 @@ class BiasNoise(nn.Module):
         mask_mode, mask_prob: "bernoulli" with `mask_prob`, or "one" token per sentence.
     """
 
+    may_skip_parameters = True  # the mask embedding gets no gradient when the switch is off
+
     def __init__(
         self,
         kinds: list[str],

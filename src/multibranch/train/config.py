@@ -16,7 +16,9 @@ class TrainConfig:
     Batches hold at most `max_tokens` padded tokens (source or target side, whichever is larger);
     gradients of `update_freq` batches are accumulated per update. Training stops at the first of
     `max_steps` updates, `max_epochs` epochs, `max_minutes` minutes, or `patience` validations
-    without improvement of `best_metric`.
+    without improvement of `best_metric`. `amp`: autocast precision; "auto" is bf16 where the
+    hardware computes it natively (CUDA with bf16, CPUs with AVX512-BF16/AMX), else fp16 on CUDA and
+    fp32 on other CPUs.
     """
 
     seed: int = 1
@@ -40,7 +42,7 @@ class TrainConfig:
     valid_max_sentences: int | None = None
     keep_last: int = 5
     log_every: int = 50
-    amp: Literal["none", "bf16", "fp16"] = "none"
+    amp: Literal["none", "bf16", "fp16", "auto"] = "none"
     threads: int | None = None
     deterministic: bool = False
 

@@ -6,8 +6,12 @@ A module may define any of these methods; the trainer finds them by walking `mod
   to update `step` (updates done so far); `warmup` is the LR warm-up, `total` the planned updates.
 - `after_optimizer_step()`: projections/normalisations after each optimizer step (kappa/alpha onto
   the simplex, AutoShuffle normalisation). Runs under torch.no_grad().
-- `extra_losses() -> dict[str, Tensor]`: auxiliary losses, already weighted, on the scale of the
-  per-token training loss; the trainer adds their sum once per update and logs each by name.
+- `extra_losses(update_tokens, world_size) -> dict[str, Tensor]`: auxiliary losses, already weighted,
+  on the scale of the per-token training loss; the trainer adds their sum once per update and logs
+  each by name. `update_tokens` (target tokens of the whole update, all processes) and `world_size`
+  let a module reproduce a reference that adds its loss to a token-summed objective.
+- `may_skip_parameters = True` (attribute): some forward passes leave parameters without gradient
+  (dropped branches, an unused mask embedding); data-parallel training must then look for them.
 - `parameter_groups() -> list[ParamGroupSpec]`: parameters that need their own optimizer group
   (own LR schedule, no weight decay, frozen for the last updates).
 - `training_metrics() -> dict[str, float]`: values worth following during training (kappa/alpha,
@@ -51,6 +55,7 @@ class ModuleHooks:
         self.loss_modules = [m for m in modules if hasattr(m, "extra_losses")]
         self.group_modules = [m for m in modules if hasattr(m, "parameter_groups")]
         self.metric_modules = [(name, m) for name, m in model.named_modules() if hasattr(m, "training_metrics")]
+        self.may_skip_parameters = any(getattr(m, "may_skip_parameters", False) for m in modules)
 
     def update_start(self, step: int, warmup: int | None, total: int | None) -> None:
         for module in self.rate_modules:
@@ -61,10 +66,10 @@ class ModuleHooks:
         for module in self.post_step_modules:
             module.after_optimizer_step()
 
-    def extra_losses(self) -> dict[str, Tensor]:
+    def extra_losses(self, update_tokens: float | None = None, world_size: int = 1) -> dict[str, Tensor]:
         losses: dict[str, Tensor] = {}
         for module in self.loss_modules:
-            for name, value in module.extra_losses().items():
+            for name, value in module.extra_losses(update_tokens=update_tokens, world_size=world_size).items():
                 losses[name] = losses[name] + value if name in losses else value
         return losses
 

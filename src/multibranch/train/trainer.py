@@ -67,6 +67,7 @@ class RunOptions:
     reset_data: bool = False
     device: str = "auto"
     progress: bool | None = None  # None: a bar only on a TTY
+    stop_at_step: int | None = None  # pause after this update; schedules still plan for train.max_steps
 
 
 @dataclass
@@ -86,6 +87,24 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def native_cpu_bf16() -> bool:
+    """True on CPUs that compute bf16 natively (AVX512-BF16 or AMX), where bf16 autocast pays off."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_amp(amp: str, device: torch.device) -> str:
+    """The autocast precision for `amp` on `device`: "none", "bf16" or "fp16"."""
+    if amp != "auto":
+        return amp
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if device.type == "cpu" and native_cpu_bf16() else "none"
 
 
 def _comparable_train(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -129,7 +148,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, tcfg, specs)
         self.scheduler = LRScheduler(self.optimizer, tcfg.lr, cfg.model.d_model, specs, tcfg.max_steps)
         self.state = TrainState()
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=tcfg.amp == "fp16")
+        self.amp = resolve_amp(tcfg.amp, self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == "fp16")
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.dist.is_main)
         self.config_hash = config_hash({"model": self.cfg.to_dict()["model"]})
         if opts.resume:
@@ -138,10 +158,9 @@ class Trainer:
         self._check_schedules()
         self.train_model: nn.Module = self.model
         if self.dist.enabled:
-            has_structured_dropout = any(type(m).__name__ in ("PathDropout", "DropHead") for m in self.model.modules())
             self.train_model = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                find_unused_parameters=has_structured_dropout,
+                find_unused_parameters=self.hooks.may_skip_parameters,
             )
 
     # ---- set-up ----------------------------------------------------------------------------------
@@ -254,10 +273,9 @@ class Trainer:
     # ---- one update ------------------------------------------------------------------------------
 
     def _autocast(self):
-        amp = self.cfg.train.amp
-        if amp == "none":
+        if self.amp == "none":
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16 if self.amp == "bf16" else torch.float16)
 
     def _update(self, batches: list) -> dict[str, float]:
         """Forward/backward over the update's batches, then one optimizer step."""
@@ -282,7 +300,7 @@ class Trainer:
                     )
                 objective = loss * (self.dist.world_size / total_tokens)
                 if i == 0:
-                    extras = self.hooks.extra_losses()
+                    extras = self.hooks.extra_losses(update_tokens=total_tokens, world_size=self.dist.world_size)
                     for name, value in extras.items():
                         objective = objective + value
                         extras_logged[name] = float(value.detach())
@@ -380,6 +398,8 @@ class Trainer:
         t, s = self.cfg.train, self.state
         if t.max_steps is not None and s.step >= t.max_steps:
             return f"reached max_steps={t.max_steps}"
+        if self.opts.stop_at_step is not None and s.step >= self.opts.stop_at_step:
+            return f"paused at update {s.step} (--stop-at-step); continue with --resume"
         if t.max_minutes is not None and s.elapsed + time.perf_counter() - start >= 60 * t.max_minutes:
             return f"reached max_minutes={t.max_minutes}"
         if t.patience is not None and s.bad_validations >= t.patience:
@@ -414,9 +434,9 @@ class Trainer:
     def train(self) -> TrainState:
         t, s = self.cfg.train, self.state
         n_params = sum(p.numel() for p in self.model.parameters())
-        log.info("model: %s layers, %.2fM parameters | data: %d training pairs | %d process(es) on %s",
-                 type(self.cfg.model.encoder).__name__, n_params / 1e6, len(self.train_split), self.dist.world_size,
-                 self.device)
+        log.info("model: %s/%s layers, %.2fM parameters | data: %d training pairs | %d process(es) on %s, "
+                 "%d thread(s), autocast %s", self.cfg.model.encoder.kind, self.cfg.model.decoder.kind, n_params / 1e6,
+                 len(self.train_split), self.dist.world_size, self.device, torch.get_num_threads(), self.amp)
         progress = self._progress_bar()
         window = {"loss_sum": 0.0, "nll_sum": 0.0, "tokens": 0.0, "time": 0.0, "updates": 0}
         start = time.perf_counter()
