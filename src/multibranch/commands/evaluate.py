@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _read(path: str, errors: str) -> list[str]:
-    from multibranch.commands.translate import iter_lines, open_input
+    from multibranch.data.text import iter_lines, open_input
 
     with open_input(path) as stream:
         return list(iter_lines(stream, "<stdin>" if path == "-" else path, errors))

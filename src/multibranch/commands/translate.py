@@ -9,12 +9,8 @@ go to stderr.
 from __future__ import annotations
 
 import argparse
-import io
 import logging
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import BinaryIO
 
 HELP = "translate text with a checkpoint (beam search; one output line per input line)"
 CHUNK_LINES = 4096  # lines translated (sorted, batched) together before writing
@@ -41,65 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
     parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                         help="invalid UTF-8 in the input: error (default) or replace with U+FFFD")
-
-
-# ---- text I/O (shared with `evaluate`) -----------------------------------------------------------
-
-
-def iter_lines(stream: BinaryIO, name: str, errors: str = "strict") -> Iterator[str]:
-    """Lines of a binary stream split on b"\\n" only, one trailing b"\\r" removed, decoded as UTF-8.
-
-    errors="strict" raises DataError naming `name:line`; "replace" substitutes U+FFFD (and warns once
-    at the end with the number of affected lines).
-    """
-    from multibranch.data.errors import DataError
-
-    replaced = 0
-    for lineno, raw in enumerate(stream, start=1):  # binary iteration splits on b"\n" only
-        raw = raw[:-1] if raw.endswith(b"\n") else raw
-        raw = raw[:-1] if raw.endswith(b"\r") else raw
-        try:
-            yield raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            if errors != "replace":
-                raise DataError(
-                    f"{name}:{lineno}: invalid UTF-8 at byte {err.start} of the line ({err.reason}); "
-                    "convert the file to UTF-8 or pass --encoding-errors replace"
-                ) from None
-            replaced += 1
-            yield raw.decode("utf-8", errors="replace")
-    if replaced:
-        logger.warning("%s: replaced invalid UTF-8 in %d line(s)", name, replaced)
-
-
-@contextmanager
-def open_input(path: str) -> Iterator[BinaryIO]:
-    """A binary stream for `path` ('-' = stdin)."""
-    if path != "-":
-        with open(path, "rb") as handle:
-            yield handle
-        return
-    buffer = getattr(sys.stdin, "buffer", None)
-    yield buffer if buffer is not None else io.BytesIO(sys.stdin.read().encode("utf-8"))
-
-
-@contextmanager
-def open_output(path: str) -> Iterator[BinaryIO]:
-    """A binary stream for `path` ('-' = stdout, left open)."""
-    if path != "-":
-        with open(path, "wb") as handle:
-            yield handle
-        return
-    sys.stdout.flush()
-    buffer = getattr(sys.stdout, "buffer", None)
-    if buffer is not None:
-        yield buffer
-        buffer.flush()
-        return
-    text = io.BytesIO()  # stdout replaced by a text-only stream (tests, notebooks)
-    yield text
-    sys.stdout.write(text.getvalue().decode("utf-8"))
-    sys.stdout.flush()
 
 
 def one_line(text: str) -> str:
@@ -134,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from multibranch.cli import UserError
+    from multibranch.data.text import iter_lines, open_input, open_output
     from multibranch.inference.translator import Translator, resolve_device
     from multibranch.train.checkpoint import CheckpointError, load_model
 

@@ -14,16 +14,21 @@ Errors are `DataError`s naming the file, the line and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import io
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from multibranch.data.errors import DataError
 
 EncodingErrors = Literal["strict", "replace"]
 ENCODING_ERRORS = ("strict", "replace")
 BOM = b"\xef\xbb\xbf"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -147,3 +152,65 @@ def write_lines(path: str | Path, lines: Iterable[str]) -> None:
                 raise ValueError(f"{path}: a line contains a newline: {line[:60]!r}")
             handle.write(line)
             handle.write("\n")
+
+
+# ---- streaming (translate / evaluate read stdin or files line by line) ---------------------------
+
+
+def iter_lines(stream: BinaryIO, name: str, errors: str = "strict") -> Iterator[str]:
+    """Lines of a binary stream under the same rules as `read_lines`, without reading it whole.
+
+    errors="strict" raises DataError naming `name:line`; "replace" substitutes U+FFFD and warns once
+    at the end with the number of affected lines.
+    """
+    replaced = 0
+    for lineno, raw in enumerate(stream, start=1):  # binary iteration splits on b"\n" only
+        if lineno == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM) :]
+        raw = raw[:-1] if raw.endswith(b"\n") else raw
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            if errors != "replace":
+                column = len(raw[: err.start].decode("utf-8", errors="replace")) + 1
+                raise DataError(
+                    f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[err.start]:02x} at column {column}); "
+                    "convert the input to UTF-8 or pass --encoding-errors replace"
+                ) from None
+            replaced += 1
+            yield raw.decode("utf-8", errors="replace")
+    if replaced:
+        logger.warning("%s: replaced invalid UTF-8 in %d line(s)", name, replaced)
+
+
+@contextmanager
+def open_input(path: str) -> Iterator[BinaryIO]:
+    """A binary stream for `path` ('-' = stdin)."""
+    if path != "-":
+        if not Path(path).is_file():
+            raise DataError(f"{path}: file not found")
+        with open(path, "rb") as handle:
+            yield handle
+        return
+    buffer = getattr(sys.stdin, "buffer", None)
+    yield buffer if buffer is not None else io.BytesIO(sys.stdin.read().encode("utf-8"))
+
+
+@contextmanager
+def open_output(path: str) -> Iterator[BinaryIO]:
+    """A binary stream for `path` ('-' = stdout, left open)."""
+    if path != "-":
+        with open(path, "wb") as handle:
+            yield handle
+        return
+    sys.stdout.flush()
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is not None:
+        yield buffer
+        buffer.flush()
+        return
+    text = io.BytesIO()  # stdout replaced by a text-only stream (tests, notebooks)
+    yield text
+    sys.stdout.write(text.getvalue().decode("utf-8"))
+    sys.stdout.flush()
