@@ -1,0 +1,105 @@
+"""Beam-search speed: multibranch Translator vs Hugging Face `generate`, same trained weights.
+
+The checkpoint (a trained standard multibranch model, e.g. from the Multi30k recipe) is copied into
+an HF MarianMTModel, so both decode the same function. Both get the same SentencePiece ids, sorted
+longest-first, batches of 32 sentences, beam 5, length penalty 1.0, max length 1.2*src+10; HF uses
+early_stopping=True (stop when `beam` hypotheses are finished, the rule our search follows too).
+Rounds alternate between the systems; the best round of each is reported with BLEU of its output.
+
+    python bench/decode_speed.py --ckpt runs/bench/m30k/transformer-tiny/best.pt [--sentences 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench.common import environment, multi30k_data, save_results, to_hf_marian  # noqa: E402
+
+
+def hf_translate(hf, tokenizer, lines: list[str], beam: int, batch: int, cfg) -> list[str]:
+    ids = [ids + [cfg.eos_id] for ids in tokenizer.encode_src(lines)]
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    out: list[str] = [""] * len(ids)
+    for start in range(0, len(order), batch):
+        chunk = order[start : start + batch]
+        width = max(len(ids[i]) for i in chunk)
+        src = torch.full((len(chunk), width), cfg.pad_id, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            src[row, : len(ids[i])] = torch.tensor(ids[i])
+        generated = hf.generate(
+            input_ids=src, attention_mask=src.ne(cfg.pad_id), num_beams=beam, length_penalty=1.0,
+            early_stopping=True, max_new_tokens=int(1.2 * width + 10), decoder_start_token_id=cfg.bos_id,
+            eos_token_id=cfg.eos_id, pad_token_id=cfg.pad_id, do_sample=False,
+        )
+        texts = tokenizer.decode_tgt([[t for t in seq.tolist() if t not in (cfg.pad_id, cfg.bos_id, cfg.eos_id)]
+                                      for seq in generated])
+        for row, i in enumerate(chunk):
+            out[i] = texts[row]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--sentences", type=int, default=300)
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from dataclasses import replace
+
+    from multibranch.data.dataset import PreparedData
+    from multibranch.evaluate.metrics import score_corpus
+    from multibranch.inference.translator import Translator
+    from multibranch.train.checkpoint import load_model
+
+    valid = PreparedData.load(multi30k_data()).split("valid")
+    sources = valid.raw_src_lines()[: args.sentences]
+    references = valid.raw_tgt_lines()[: args.sentences]
+    loaded = load_model(args.ckpt)
+    cfg = loaded.model.config
+    decode = replace(loaded.config.decode, beam=args.beam, length_penalty=1.0, max_len_a=1.2, max_len_b=10,
+                     batch_size=args.batch, batch_tokens=10**9)
+    ours = Translator(loaded.model, loaded.tokenizer, decode)
+    hf = to_hf_marian(loaded.model)
+    systems = {
+        "multibranch": lambda: ours.translate(sources),
+        "hf-generate": lambda: hf_translate(hf, loaded.tokenizer, sources, args.beam, args.batch, cfg),
+    }
+    best: dict[str, dict] = {}
+    with torch.inference_mode():
+        for _ in range(args.rounds):
+            for name, fn in systems.items():
+                start = time.perf_counter()
+                hyps = fn()
+                seconds = time.perf_counter() - start
+                if name not in best or seconds < best[name]["seconds"]:
+                    bleu = score_corpus(hyps, [references], metrics=("bleu",))["bleu"]["score"]
+                    words = sum(len(h.split()) for h in hyps)
+                    best[name] = {"system": name, "seconds": seconds, "sentences_per_s": len(sources) / seconds,
+                                  "words_per_s": words / seconds, "bleu": bleu}
+                print(f"{name}: {len(sources) / seconds:.1f} sentences/s", flush=True)
+    hf_row = best["hf-generate"]
+    print("\n| system | sentences/s | output words/s | BLEU (valid subset) | vs HF |")
+    print("|---|---|---|---|---|")
+    for row in best.values():
+        print(f"| {row['system']} | {row['sentences_per_s']:.1f} | {row['words_per_s']:.0f} | {row['bleu']:.2f} | "
+              f"{row['sentences_per_s'] / hf_row['sentences_per_s']:.2f}x |")
+    path = save_results("decode_speed", {"environment": environment(), "checkpoint": args.ckpt,
+                                         "sentences": len(sources), "beam": args.beam, "batch": args.batch,
+                                         "rows": list(best.values())})
+    print(f"\nwritten {path}")
+
+
+if __name__ == "__main__":
+    main()

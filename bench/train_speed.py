@@ -1,0 +1,161 @@
+"""Training throughput and peak memory, side by side on the same Multi30k batches.
+
+Default (issue 2): multibranch vs Hugging Face MarianMTModel at equal architecture (d=256, 3+3
+layers, 4 heads, FFN 1024, shared 8k SentencePiece vocabulary, dropout 0.1, label smoothing 0.1,
+AdamW), plus MAT with N_a=2 at the same d, all on the *same* batches of ~4096 tokens (our
+length-bucketed token batches of epoch 1). With --presets: every named preset (its own model and
+settings) on the same batches. Each system runs in its own process so peak RSS is its own; rounds
+alternate systems and the median round is reported. Reported: target tokens/s over the timed updates
+(after warm-up updates), ms per update, peak RSS.
+
+    python bench/train_speed.py [--steps 20] [--warmup 3] [--rounds 3] [--amp none|bf16] [--threads 2]
+    python bench/train_speed.py --presets transformer-tiny mat-tiny weighted-tiny ... --max-tokens 2048 --amp bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import environment, multi30k_data, peak_rss_mb, run_isolated, save_results  # noqa: E402
+
+SIZE = ["model.d_model=256", "model.heads=4", "model.ffn_dim=1024", "model.encoder_layers=3",
+        "model.decoder_layers=3", "model.dropout=0.1", "train.max_tokens=4096", "train.label_smoothing=0.1"]
+SYSTEMS = {
+    "hf-marian": [],
+    "multibranch": [],
+    "multibranch-mat2": ["model.encoder.attention_branches=2", "model.decoder.attention_branches=2"],
+}
+
+
+def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_tokens: int | None) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    from multibranch.experiment import resolve_config
+    from multibranch.train.trainer import RunOptions, Trainer
+
+    data = multi30k_data()
+    common = [f"train.amp={amp}", "train.max_steps=100000", "train.valid_bleu=false"]
+    if max_tokens:
+        common.append(f"train.max_tokens={max_tokens}")
+    if system.startswith("preset:"):
+        cfg = resolve_config(system.removeprefix("preset:"), None, common)
+    else:
+        cfg = resolve_config("transformer-tiny", None, SIZE + SYSTEMS[system] + common)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(cfg, RunOptions(data_dir=data, run_dir=Path(tmp) / "run", progress=False))
+        indices = trainer._epoch_batches(1)[: warmup + steps]
+        batches = [trainer._collate(ix) for ix in indices]
+        tokens = sum(b.n_tgt_tokens for b in batches[warmup:])
+        if system == "hf-marian":
+            step = hf_step_fn(trainer, amp)
+        else:
+            def step(batch):
+                trainer._update([batch])
+        for batch in batches[:warmup]:
+            step(batch)
+        start = time.perf_counter()
+        for batch in batches[warmup:]:
+            step(batch)
+        seconds = time.perf_counter() - start
+        params = sum(p.numel() for p in trainer.model.parameters()) if system != "hf-marian" else _hf_params
+    return {"system": system, "tokens_per_s": tokens / seconds, "ms_per_update": 1000 * seconds / steps,
+            "tokens": tokens, "updates": steps, "peak_rss_mb": peak_rss_mb(), "parameters": params, "amp": amp}
+
+
+_hf_params = 0
+
+
+def hf_step_fn(trainer, amp: str):
+    """What an HF user writes: MarianMTModel forward on the batch, label-smoothed CE on the logits, AdamW."""
+    import contextlib
+
+    import torch
+
+    from bench.common import hf_marian_config
+
+    global _hf_params
+    cfg = trainer.cfg.model
+    del trainer.model, trainer.optimizer  # free our model's memory: this process measures HF only
+    from transformers import MarianMTModel
+
+    torch.manual_seed(1)
+    hf = MarianMTModel(hf_marian_config(cfg)).train()
+    _hf_params = sum(p.numel() for p in hf.parameters())
+    optimizer = torch.optim.AdamW(hf.parameters(), lr=5e-4, betas=(0.9, 0.98), eps=1e-8, foreach=True)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=cfg.pad_id, label_smoothing=0.1, reduction="sum")
+
+    def step(batch):
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp == "bf16" else contextlib.nullcontext()
+        with ctx:
+            logits = hf(input_ids=batch.src, attention_mask=batch.src.ne(cfg.pad_id),
+                        decoder_input_ids=batch.prev).logits
+            loss = loss_fn(logits.float().view(-1, logits.shape[-1]), batch.tgt.view(-1))
+        (loss / batch.n_tgt_tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--amp", default="none", choices=["none", "bf16"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS))
+    parser.add_argument("--presets", nargs="+", help="compare these presets instead of --systems")
+    parser.add_argument("--max-tokens", type=int, help="batch size override (default 4096; presets: their own)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--name", help="results file name (default train_speed_<amp> / presets_speed_<amp>)")
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.steps, args.warmup, args.amp, args.threads, args.max_tokens)))
+        return
+    multi30k_data()  # prepare once, outside the timed children
+    systems = [f"preset:{p}" for p in args.presets] if args.presets else args.systems
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    for _ in range(args.rounds):
+        for system in systems:
+            cmd = ["bench/train_speed.py", "--child", system, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--amp", args.amp, "--threads", str(args.threads)]
+            if args.max_tokens:
+                cmd += ["--max-tokens", str(args.max_tokens)]
+            runs[system].append(run_isolated(cmd))
+            print(json.dumps(runs[system][-1]), flush=True)
+    rows = []
+    for system, results in runs.items():
+        ordered = sorted(results, key=lambda r: r["tokens_per_s"])
+        median = dict(ordered[len(ordered) // 2])
+        median["tokens_per_s_all"] = [r["tokens_per_s"] for r in results]
+        median["system"] = system.removeprefix("preset:")
+        rows.append(median)
+    base = {r["system"]: r for r in rows}
+    hf = base.get("hf-marian") or base.get("transformer-tiny")
+    ref_name = "HF" if "hf-marian" in base else "transformer-tiny"
+    print(f"\n| system | params | target tok/s | ms/update | peak RSS MB | vs {ref_name} tok/s | vs {ref_name} RSS |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f}x" if hf else "-"
+        rss = f"{r['peak_rss_mb'] / hf['peak_rss_mb']:.2f}x" if hf else "-"
+        print(f"| {r['system']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_s']:.0f} | {r['ms_per_update']:.0f} | "
+              f"{r['peak_rss_mb']:.0f} | {ratio} | {rss} |")
+    if "multibranch" in base and "multibranch-mat2" in base:
+        print(f"\nMAT N_a=2 update time / standard: "
+              f"{base['multibranch-mat2']['ms_per_update'] / base['multibranch']['ms_per_update']:.2f}x")
+    name = args.name or f"{'presets' if args.presets else 'train'}_speed_{args.amp}"
+    path = save_results(name, {"environment": environment(), "rows": rows})
+    print(f"\nwritten {path}")
+
+
+if __name__ == "__main__":
+    main()
