@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from multibranch.train.checkpoint import CheckpointError, load_checkpoint
+from multibranch.train.checkpoint import CheckpointError, load_checkpoint, state_mismatch
 
 if TYPE_CHECKING:
     from multibranch.experiment import ExperimentConfig
@@ -68,22 +68,9 @@ def check_state(model_cfg: ModelConfig, state: dict[str, Tensor], source: str) -
 
     with torch.device("meta"):
         reference = build_model(model_cfg).state_dict()
-    missing = [k for k in reference if k not in state]
-    unexpected = [k for k in state if k not in reference]
-    shapes = [
-        f"{k}: {tuple(state[k].shape)} vs expected {tuple(reference[k].shape)}"
-        for k in reference
-        if k in state and tuple(state[k].shape) != tuple(reference[k].shape)
-    ]
-    if missing or unexpected or shapes:
-        parts = [f"{source}: converted weights do not fit the converted config"]
-        if missing:
-            parts.append(f"missing {missing[:5]}")
-        if unexpected:
-            parts.append(f"unexpected {unexpected[:5]}")
-        if shapes:
-            parts.append(f"shapes {shapes[:5]}")
-        raise CheckpointError("; ".join(parts))
+    problems = state_mismatch(reference, state)
+    if problems:
+        raise CheckpointError("\n".join([f"{source}: converted weights do not fit the converted config", *problems]))
 
 
 def storage_key(t: Tensor) -> tuple[Any, ...]:

@@ -87,22 +87,26 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return payload
 
 
+def state_mismatch(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> list[str]:
+    """What keeps `state` from loading where `expected` lives: missing / unexpected keys and shape
+    mismatches, one line each (empty when it fits)."""
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [f"{k}: given {tuple(state[k].shape)} vs expected {tuple(expected[k].shape)}"
+              for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
+    lines = []
+    for label, items, sep in (("missing keys", missing, ", "), ("unexpected keys", unexpected, ", "),
+                              ("shape mismatches", shapes, "; ")):
+        if items:
+            lines.append(f"  {label} ({len(items)}): {sep.join(items[:5])}{' ...' if len(items) > 5 else ''}")
+    return lines
+
+
 def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """load_state_dict that explains a mismatch (missing/unexpected keys, wrong shapes)."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
-        lines = [f"{source} does not match the model it is loaded into:"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
-        if shapes:
-            lines.append(f"  shape mismatches ({len(shapes)}): {'; '.join(shapes[:5])}")
-        raise CheckpointError("\n".join(lines))
+    problems = state_mismatch(model.state_dict(), state)
+    if problems:
+        raise CheckpointError("\n".join([f"{source} does not match the model it is loaded into:", *problems]))
     model.load_state_dict(state)
 
 
