@@ -6,7 +6,14 @@ longest-first, batches of 32 sentences, beam 5, length penalty 1.0, max length 1
 early_stopping=True (stop when `beam` hypotheses are finished, the rule our search follows too).
 Rounds alternate between the systems; the best round of each is reported with BLEU of its output.
 
-    python bench/decode_speed.py --ckpt runs/bench/m30k/transformer-tiny/best.pt [--sentences 300]
+Several checkpoints (`NAME=PATH`) decode side by side with our Translator, e.g. every preset against
+the standard model; the HF peer is built from the first one (it must be a standard model), or
+skipped with --no-hf.
+
+    python bench/decode_speed.py --ckpt runs/bench/quality/transformer-tiny/best.pt [--sentences 300]
+    python bench/decode_speed.py --no-hf --name decode_presets \
+        --ckpt transformer-tiny=runs/bench/quality_presets/transformer-tiny/best.pt \
+               muse-simple-tiny=runs/bench/quality_presets/muse-simple-tiny/best.pt ...
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,7 +31,13 @@ import torch  # noqa: E402
 from bench.common import environment, multi30k_data, save_results, to_hf_marian  # noqa: E402
 
 
-def hf_translate(hf, tokenizer, lines: list[str], beam: int, batch: int, cfg) -> list[str]:
+def _named(spec: str) -> tuple[str, str]:
+    """`NAME=PATH` -> (NAME, PATH); a bare PATH is named "multibranch"."""
+    name, sep, path = spec.partition("=")
+    return (name, path) if sep else ("multibranch", spec)
+
+
+def hf_translate(hf, tokenizer, lines: list[str], *, beam: int, batch: int, cfg) -> list[str]:
     ids = [ids + [cfg.eos_id] for ids in tokenizer.encode_src(lines)]
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     out: list[str] = [""] * len(ids)
@@ -47,7 +61,9 @@ def hf_translate(hf, tokenizer, lines: list[str], beam: int, batch: int, cfg) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--ckpt", nargs="+", required=True, help="PATH or NAME=PATH, one or more")
+    parser.add_argument("--no-hf", action="store_true", help="do not decode with the HF peer")
+    parser.add_argument("--name", default="decode_speed", help="results file bench/results/<name>.json")
     parser.add_argument("--sentences", type=int, default=300)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--batch", type=int, default=32)
@@ -66,38 +82,43 @@ def main() -> None:
     valid = PreparedData.load(multi30k_data()).split("valid")
     sources = valid.raw_src_lines()[: args.sentences]
     references = valid.raw_tgt_lines()[: args.sentences]
-    loaded = load_model(args.ckpt)
-    cfg = loaded.model.config
-    decode = replace(loaded.config.decode, beam=args.beam, length_penalty=1.0, max_len_a=1.2, max_len_b=10,
-                     batch_size=args.batch, batch_tokens=10**9)
-    ours = Translator(loaded.model, loaded.tokenizer, decode)
-    hf = to_hf_marian(loaded.model)
-    systems = {
-        "multibranch": lambda: ours.translate(sources),
-        "hf-generate": lambda: hf_translate(hf, loaded.tokenizer, sources, args.beam, args.batch, cfg),
-    }
+    checkpoints = dict(_named(spec) for spec in args.ckpt)
+    systems, parameters = {}, {}
+    for name, path in checkpoints.items():
+        loaded = load_model(path)
+        decode = replace(loaded.config.decode, beam=args.beam, length_penalty=1.0, max_len_a=1.2, max_len_b=10,
+                         batch_size=args.batch, batch_tokens=10**9)
+        translator = Translator(loaded.model, loaded.tokenizer, decode)
+        systems[name] = translator.translate
+        parameters[name] = sum(p.numel() for p in loaded.model.parameters())
+        if not args.no_hf and "hf-generate" not in systems:
+            hf = to_hf_marian(loaded.model)
+            systems["hf-generate"] = partial(hf_translate, hf, loaded.tokenizer, beam=args.beam, batch=args.batch,
+                                             cfg=loaded.model.config)
+            parameters["hf-generate"] = sum(p.numel() for p in hf.parameters())
     best: dict[str, dict] = {}
     with torch.inference_mode():
         for _ in range(args.rounds):
             for name, fn in systems.items():
                 start = time.perf_counter()
-                hyps = fn()
+                hyps = fn(sources)
                 seconds = time.perf_counter() - start
                 if name not in best or seconds < best[name]["seconds"]:
                     bleu = score_corpus(hyps, [references], metrics=("bleu",))["bleu"]["score"]
                     words = sum(len(h.split()) for h in hyps)
-                    best[name] = {"system": name, "seconds": seconds, "sentences_per_s": len(sources) / seconds,
-                                  "words_per_s": words / seconds, "bleu": bleu}
+                    best[name] = {"system": name, "parameters": parameters[name], "seconds": seconds,
+                                  "sentences_per_s": len(sources) / seconds, "words_per_s": words / seconds,
+                                  "bleu": bleu}
                 print(f"{name}: {len(sources) / seconds:.1f} sentences/s", flush=True)
-    hf_row = best["hf-generate"]
-    print("\n| system | sentences/s | output words/s | BLEU (valid subset) | vs HF |")
-    print("|---|---|---|---|---|")
+    reference = best["hf-generate"] if "hf-generate" in best else next(iter(best.values()))
+    print(f"\n| system | parameters | sentences/s | output words/s | BLEU (valid subset) | vs {reference['system']} |")
+    print("|---|---|---|---|---|---|")
     for row in best.values():
-        print(f"| {row['system']} | {row['sentences_per_s']:.1f} | {row['words_per_s']:.0f} | {row['bleu']:.2f} | "
-              f"{row['sentences_per_s'] / hf_row['sentences_per_s']:.2f}x |")
-    path = save_results("decode_speed", {"environment": environment(), "checkpoint": args.ckpt,
-                                         "sentences": len(sources), "beam": args.beam, "batch": args.batch,
-                                         "rows": list(best.values())})
+        print(f"| {row['system']} | {row['parameters'] / 1e6:.2f}M | {row['sentences_per_s']:.1f} | "
+              f"{row['words_per_s']:.0f} | {row['bleu']:.2f} | {row['sentences_per_s'] / reference['sentences_per_s']:.2f}x |")
+    path = save_results(args.name, {"environment": environment(), "checkpoints": checkpoints,
+                                    "sentences": len(sources), "beam": args.beam, "batch": args.batch,
+                                    "rows": list(best.values())})
     print(f"\nwritten {path}")
 
 

@@ -111,11 +111,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", nargs="+", required=True)
     parser.add_argument("--minutes", type=float, default=20.0)
-    parser.add_argument("--name", default="quality", help="results file bench/results/<name>.json")
+    parser.add_argument("--name", default="quality", help="results file bench/results/<name>.json; runs in <bench work dir>/<name>/")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra --set for every run")
     args = parser.parse_args()
     data = multi30k_data()
-    runs = work_dir() / "quality"
+    runs = work_dir() / args.name
     extra = [x for o in args.overrides for x in ("--set", o)]
     path = RESULTS / f"{args.name}.json"
     results = json.loads(path.read_text())["rows"] if path.exists() else []

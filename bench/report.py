@@ -1,0 +1,120 @@
+"""Markdown tables from bench/results/*.json, for docs/benchmarks.md (numbers are never typed by hand).
+
+    python bench/report.py            # every table whose results file exists
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import RESULTS  # noqa: E402
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def rows_by_system(result: dict) -> dict[str, dict]:
+    return {row["system"]: row for row in result["rows"]}
+
+
+def header(title: str, result: dict, columns: list[str]) -> list[str]:
+    env = result["environment"]
+    return [f"### {title}", "", f"`{env['command']}` (commit {env['commit']}, torch {env['torch']}, "
+            f"{env['threads']} threads)", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def train_speed(name: str) -> list[str]:
+    result = load(name)
+    if result is None:
+        return []
+    rows = rows_by_system(result)
+    ours, hf = rows["multibranch"], rows["hf-marian"]
+    lines = header(f"Training speed, amp={ours['amp']}", result,
+                   ["system", "parameters", "target tokens/s (median round)", "ms/update", "peak RSS MB",
+                    "tokens/s vs HF", "RSS vs HF", "step time vs ours"])
+    for row in rows.values():
+        lines.append(f"| {row['system']} | {row['parameters'] / 1e6:.2f}M | {row['tokens_per_s']:.0f} | "
+                     f"{row['ms_per_update']:.0f} | {row['peak_rss_mb']:.0f} | "
+                     f"{row['tokens_per_s'] / hf['tokens_per_s']:.2f}x | {row['peak_rss_mb'] / hf['peak_rss_mb']:.2f}x | "
+                     f"{row['ms_per_update'] / ours['ms_per_update']:.2f}x |")
+    return lines + [""]
+
+
+def presets_speed(name: str) -> list[str]:
+    result = load(name)
+    if result is None:
+        return []
+    rows = rows_by_system(result)
+    base = rows["transformer-tiny"]
+    flops = rows_by_system(load("presets_flops") or {"rows": []})
+    lines = header("Training step per preset", result,
+                   ["preset", "parameters", "ms/update", "target tokens/s", "peak RSS MB", "step vs transformer-tiny",
+                    "GFLOP/update", "FLOPs vs transformer-tiny"])
+    for row in rows.values():
+        counted = flops.get(row["system"])
+        flop_cells = (f"{counted['gflops_per_update']:.1f} | "
+                      f"{counted['gflops_per_update'] / flops['transformer-tiny']['gflops_per_update']:.2f}x"
+                      if counted and "transformer-tiny" in flops else "– | –")
+        lines.append(f"| {row['system']} | {row['parameters'] / 1e6:.2f}M | {row['ms_per_update']:.0f} | "
+                     f"{row['tokens_per_s']:.0f} | {row['peak_rss_mb']:.0f} | "
+                     f"{row['ms_per_update'] / base['ms_per_update']:.2f}x | {flop_cells} |")
+    if flops:
+        lines += ["", f"FLOPs: `{load('presets_flops')['environment']['command']}`"]
+    return lines + [""]
+
+
+def decode_speed(name: str, title: str) -> list[str]:
+    result = load(name)
+    if result is None:
+        return []
+    rows = rows_by_system(result)
+    base = rows.get("hf-generate") or next(iter(rows.values()))
+    lines = header(title, result, ["system", "parameters", "sentences/s", "output words/s", "BLEU (valid subset)",
+                                   f"sentences/s vs {base['system']}"])
+    for row in rows.values():
+        params = f"{row['parameters'] / 1e6:.2f}M" if "parameters" in row else "–"
+        lines.append(f"| {row['system']} | {params} | {row['sentences_per_s']:.1f} | {row['words_per_s']:.0f} | "
+                     f"{row['bleu']:.2f} | {row['sentences_per_s'] / base['sentences_per_s']:.2f}x |")
+    return lines + [""]
+
+
+def quality(name: str, title: str) -> list[str]:
+    result = load(name)
+    if result is None:
+        return []
+    minutes = {row["minutes_budget"] for row in result["rows"]}
+    lines = [f"### {title}", "", f"Budget: {', '.join(f'{m:g}' for m in sorted(minutes))} minutes of training per "
+             f"system. Last command: `{result['environment']['command']}` (each system was run by the same command "
+             "with its own `--systems`).", "",
+             "| system | parameters | updates | target tokens/s | test BLEU (best by valid loss) | "
+             "test BLEU (avg of last 3) | chrF (best) |", "|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        avg = row.get("avg_last3", {}).get("bleu")
+        lines.append(f"| {row['system']} | {row['parameters'] / 1e6:.2f}M | {row['updates']} | "
+                     f"{row['tokens_per_s']:.0f} | {row['best']['bleu']:.2f} | "
+                     f"{'–' if avg is None else f'{avg:.2f}'} | {row['best']['chrf']:.2f} |")
+    signatures = {row["best"]["signature"] for row in result["rows"]}
+    return lines + ["", f"sacreBLEU signature: `{' / '.join(sorted(signatures))}`", ""]
+
+
+def main() -> None:
+    sections = [
+        *train_speed("train_speed_none"),
+        *train_speed("train_speed_bf16"),
+        *presets_speed("presets_speed_bf16"),
+        *decode_speed("decode_speed", "Beam search vs HF generate"),
+        *decode_speed("decode_presets", "Beam search per preset"),
+        *quality("quality", "Multi30k quality: standard, MAT, HF Marian"),
+        *quality("quality_presets", "Multi30k quality: every preset against the standard model"),
+    ]
+    print("\n".join(sections))
+
+
+if __name__ == "__main__":
+    main()
