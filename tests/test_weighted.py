@@ -82,8 +82,11 @@ def _loop_reference(ba: BranchedAttention, x, memory=None, mask=None, causal=Fal
         head = scores.softmax(-1) @ v  # [B, L, d_v]
         b = kappa[i] * (head @ attn.out_proj.weight[:, rows].T) + attn.out_bias[0]  # [B, L, d]
         g = 0 if ba.w1.shape[0] == 1 else i  # "shared": one FFN for every branch
-        c = F.relu(b @ ba.w1[g] + ba.b1[g]) @ ba.w2[g] + ba.b2
+        pre = ba.branch_norm is not None and ba.pre_norm
+        c = F.relu((ba.branch_norm(b) if pre else b) @ ba.w1[g] + ba.b1[g]) @ ba.w2[g] + ba.b2
         r = b + c if ba.branch_residual else c
+        if ba.branch_norm is not None and not ba.pre_norm:
+            r = ba.branch_norm(r)
         out = out + alpha[i] * r
     return out
 
@@ -106,6 +109,17 @@ def test_batched_branches_equal_a_per_branch_loop(ffn_mode, branch_residual):
         _perturb(selfb)
         dec = _branched(selfb, "decoder")
         torch.testing.assert_close(dec(x, causal=True), _loop_reference(dec, x, causal=True), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_branch_norm_equals_a_per_branch_loop(norm):
+    """The LayerNorm inside the branches: on the FFN input (pre-norm) or on r_i (post-norm)."""
+    model = build_model(_cfg({"branch_norm": True}, norm=norm)).eval()
+    _perturb(model)
+    x = torch.randn(3, 6, 32)
+    with torch.no_grad():
+        enc = _branched(model)
+        torch.testing.assert_close(enc(x), _loop_reference(enc, x), atol=1e-5, rtol=1e-5)
 
 
 def test_kappa_alpha_one_recovers_multi_head_attention():
