@@ -83,7 +83,7 @@ def main() -> None:
     sources, references = test.raw_src_lines(), test.raw_tgt_lines()
     t0 = time.perf_counter()
     with torch.inference_mode():
-        hyps = hf_translate(model, tokenizer, sources, cfg.decode.beam, 32, m)
+        hyps = hf_translate(model, tokenizer, sources, beam=cfg.decode.beam, batch=32, cfg=m)
     translate_s = time.perf_counter() - t0
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")

@@ -64,8 +64,8 @@ def attend(
             )
             causal = False
         if q.device.type == "cpu" and q.dtype != torch.float32:
-            # CPU flash attention's backward is an order of magnitude slower in bf16 than in fp32
-            # at these sizes (bench/README.md): attend in fp32 under autocast.
+            # CPU flash attention's backward was an order of magnitude slower in bf16 than in fp32 at
+            # these sizes (torch 2.13, measured while tuning the -tiny presets): attend in fp32.
             with torch.autocast("cpu", enabled=False):
                 out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                      dropout_p=dropout_p, is_causal=causal)

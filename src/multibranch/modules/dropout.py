@@ -10,6 +10,8 @@ exactly. On other devices it defers to `F.dropout`.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -19,9 +21,7 @@ _LANES = 65536
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | None = None) -> tuple[Tensor, float]:
     """A bool mask of `shape` (True = keep, probability 1-p up to 1/65536) and the rescale 1/(1-p)."""
-    numel = 1
-    for size in shape:
-        numel *= size
+    numel = math.prod(shape)
     threshold = round(p * _LANES)
     words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), 2**63 - 1)
     lanes = words.view(torch.int16)[:numel].view(shape)  # uniform over [-32768, 32767]
