@@ -103,6 +103,25 @@ def to_hf_marian(model: Any):
     return hf
 
 
+def hf_update(model: Any, optimizer: Any, loss_fn: Any, batch: Any, pad_id: int, *, clip_norm: float = 0.0,
+              amp: str = "none") -> None:
+    """One training update of an HF MarianMTModel as an HF user writes it: forward on the batch,
+    label-smoothed CE (`loss_fn`, summed) on the fp32 logits divided by the target tokens, AdamW step."""
+    import contextlib
+
+    import torch
+
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp == "bf16" else contextlib.nullcontext()
+    with ctx:
+        logits = model(input_ids=batch.src, attention_mask=batch.src.ne(pad_id), decoder_input_ids=batch.prev).logits
+        loss = loss_fn(logits.float().view(-1, logits.shape[-1]), batch.tgt.view(-1))
+    (loss / batch.n_tgt_tokens).backward()
+    if clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def run_isolated(module_args: list[str]) -> dict[str, Any]:
     """Run `python bench/<script> ...` in a fresh process (its own peak RSS) and parse its last JSON line."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import hf_marian_config  # noqa: E402
+from bench.common import hf_marian_config, hf_update  # noqa: E402
 
 
 def main() -> None:
@@ -67,13 +67,7 @@ def main() -> None:
             step += 1
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate_at(t.lr, step, m.d_model)
-            logits = model(input_ids=batch.src, attention_mask=batch.src.ne(m.pad_id), decoder_input_ids=batch.prev).logits
-            loss = loss_fn(logits.float().view(-1, logits.shape[-1]), batch.tgt.view(-1))
-            (loss / batch.n_tgt_tokens).backward()
-            if t.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            hf_update(model, optimizer, loss_fn, batch, m.pad_id, clip_norm=t.clip_norm)
             tokens += batch.n_tgt_tokens
         else:
             epoch += 1

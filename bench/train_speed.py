@@ -75,11 +75,11 @@ _hf_params = 0
 
 def hf_step_fn(trainer, amp: str):
     """What an HF user writes: MarianMTModel forward on the batch, label-smoothed CE on the logits, AdamW."""
-    import contextlib
+    from functools import partial
 
     import torch
 
-    from bench.common import hf_marian_config
+    from bench.common import hf_marian_config, hf_update
 
     global _hf_params
     cfg = trainer.cfg.model
@@ -92,17 +92,7 @@ def hf_step_fn(trainer, amp: str):
     optimizer = torch.optim.AdamW(hf.parameters(), lr=5e-4, betas=(0.9, 0.98), eps=1e-8, foreach=True)
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=cfg.pad_id, label_smoothing=0.1, reduction="sum")
 
-    def step(batch):
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp == "bf16" else contextlib.nullcontext()
-        with ctx:
-            logits = hf(input_ids=batch.src, attention_mask=batch.src.ne(cfg.pad_id),
-                        decoder_input_ids=batch.prev).logits
-            loss = loss_fn(logits.float().view(-1, logits.shape[-1]), batch.tgt.view(-1))
-        (loss / batch.n_tgt_tokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
+    return partial(hf_update, hf, optimizer, loss_fn, pad_id=cfg.pad_id, amp=amp)
 
 
 def main() -> None:
