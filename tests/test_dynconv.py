@@ -73,9 +73,10 @@ def test_band_unfold_and_incremental_paths_agree(kernels, mix, causal):
             torch.testing.assert_close(band, unfold, atol=1e-6, rtol=0)
             assert band.shape == (3, length, conv.outputs * D)
             if causal:
-                torch.testing.assert_close(_steps(conv, v, [1] * length), band, atol=1e-6, rtol=0)
+                # step-by-step sums the taps in another order: fp32 rounding, relative 1e-5
+                torch.testing.assert_close(_steps(conv, v, [1] * length), band, atol=1e-6, rtol=1e-5)
                 chunks = [length] if length < 3 else [2, 1, length - 3]  # a prefix, then steps
-                torch.testing.assert_close(_steps(conv, v, chunks), band, atol=1e-6, rtol=0)
+                torch.testing.assert_close(_steps(conv, v, chunks), band, atol=1e-6, rtol=1e-5)
 
 
 def test_paths_agree_in_training_mode_with_the_same_weight_dropout_draws():
