@@ -22,7 +22,7 @@ from torch import Tensor
 
 from multibranch.config import ConfigError
 from multibranch.convert.payload import read_payload, tied_groups
-from multibranch.train.checkpoint import CheckpointError
+from multibranch.train.checkpoint import CheckpointError, same_tokenizer
 
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -87,7 +87,7 @@ def _require_compatible(
     if a != b:
         diff = _first_difference(a, b, "model")
         raise CheckpointError(f"{path}: model config differs from {ref_path} ({diff}); cannot average")
-    if not _same_tokenizer(ref.get("tokenizer"), other.get("tokenizer")):
+    if not same_tokenizer(ref.get("tokenizer"), other.get("tokenizer")):
         raise CheckpointError(f"{path}: tokenizer differs from {ref_path}; cannot average")
     s_ref, s_other = ref["model"], other["model"]
     missing = [k for k in s_ref if k not in s_other]
@@ -113,12 +113,6 @@ def _first_difference(a: Any, b: Any, where: str) -> str:
             if a.get(key) != b.get(key):
                 return _first_difference(a.get(key), b.get(key), f"{where}.{key}")
     return f"{where}: {a!r} vs {b!r}"
-
-
-def _same_tokenizer(a: dict[str, Tensor] | None, b: dict[str, Tensor] | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ---- choosing checkpoints of a run ---------------------------------------------------------------
