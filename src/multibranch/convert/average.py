@@ -6,12 +6,17 @@ are copied from the newest checkpoint (highest meta step; the last path on ties)
 have the same model config, tokenizer, keys, shapes and tie structure. Tied tensors (a shared
 embedding stored under several keys) stay one tensor. The result carries no training state.
 
+Checkpoints must share an origin (train/origin.py: the same run, or runs that started from the same
+weights); unrelated runs are refused unless force=True (a warning). Checkpoints written before
+origins were recorded are averaged with a warning that this cannot be checked.
+
 `select_checkpoints(run_dir, last=N | best=N | paths=[...], upper_bound=STEP)` picks files of a run
 directory (`RUN/checkpoints/step_XXXXXXXX.pt`, as the trainer writes them).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,11 +28,14 @@ from torch import Tensor
 from multibranch.config import ConfigError
 from multibranch.convert.payload import read_payload, tied_groups
 from multibranch.train.checkpoint import CheckpointError, same_tokenizer
+from multibranch.train.origin import origin_of, shared_origin
+
+log = logging.getLogger("multibranch.average")
 
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
-def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
+def average_checkpoints(paths: Sequence[str | Path], *, force: bool = False) -> dict[str, Any]:
     """Payload whose model is the mean of the given checkpoints' models (see module docstring)."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
@@ -37,6 +45,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     aliases: dict[str, str] = {}
     newest: tuple[int, dict[str, Any], str] | None = None
     sources = []
+    origins: dict[str, dict[str, str] | None] = {}
     for path in paths:
         payload = read_payload(path)
         state = payload["model"]
@@ -53,6 +62,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
             else:
                 sums[key] = value.clone()
         meta = payload.get("meta") or {}
+        origins[str(path)] = origin_of(meta)
         step = int(meta.get("step") or 0)
         sources.append({"path": str(path), "step": meta.get("step"), "valid": meta.get("valid")})
         if newest is None or step >= newest[0]:
@@ -60,6 +70,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
         del payload, state
 
     assert newest is not None
+    _check_origins(origins, force)
     _, latest, latest_path = newest
     out: dict[str, Tensor] = {}
     for key, tensor in latest["model"].items():
@@ -105,6 +116,26 @@ def _require_compatible(
             raise CheckpointError(f"{path}: {key} is {t.dtype}, {ref_path} has {tensor.dtype}; cannot average")
     if tied_groups(s_other) != aliases:
         raise CheckpointError(f"{path}: tied (shared) tensors differ from {ref_path}; cannot average")
+
+
+def _check_origins(origins: dict[str, dict[str, str] | None], force: bool) -> None:
+    """CheckpointError (a warning with `force`) unless every checkpoint shares the first one's origin."""
+    unknown = [path for path, origin in origins.items() if origin is None]
+    if unknown:
+        log.warning("cannot check that the checkpoints come from one run: %s record no origin (written by an older "
+                    "multibranch)", ", ".join(unknown))
+    known = [(path, origin) for path, origin in origins.items() if origin is not None]
+    if not known:
+        return
+    ref_path, ref = known[0]
+    strangers = [path for path, origin in known[1:] if not shared_origin(ref, origin)]
+    if not strangers:
+        return
+    message = (f"{', '.join(strangers)} and {ref_path} come from unrelated runs (different run ids and initial "
+               "weights); their average is not a trained model")
+    if not force:
+        raise CheckpointError(f"{message}; pass --force to average them anyway")
+    log.warning("--force: %s", message)
 
 
 def _first_difference(a: Any, b: Any, where: str) -> str:
