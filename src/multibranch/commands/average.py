@@ -5,7 +5,7 @@
     multibranch average --ckpts a.pt b.pt c.pt --out avg.pt
 
 float64 accumulation; model config, tokenizer, keys and shapes must agree; the checkpoints must
-share an origin (one run, or runs started from the same weights) unless --force; integer buffers come from
+share an origin (one run, or runs fine-tuned from one checkpoint) unless --force; integer buffers come from
 the newest checkpoint; the result is weights-only (evaluate it before trusting it: averaging does
 not always help).
 """

@@ -6,8 +6,8 @@ are copied from the newest checkpoint (highest meta step; the last path on ties)
 have the same model config, tokenizer, keys, shapes and tie structure. Tied tensors (a shared
 embedding stored under several keys) stay one tensor. The result carries no training state.
 
-Checkpoints must share an origin (train/origin.py: the same run, or runs that started from the same
-weights); unrelated runs are refused unless force=True (a warning). Checkpoints written before
+Checkpoints must share an origin (train/origin.py: the same run, or runs fine-tuned from the same
+checkpoint); unrelated runs are refused unless force=True (a warning). Checkpoints written before
 origins were recorded are averaged with a warning that this cannot be checked.
 
 `select_checkpoints(run_dir, last=N | best=N | paths=[...], upper_bound=STEP)` picks files of a run
@@ -131,8 +131,8 @@ def _check_origins(origins: dict[str, dict[str, str] | None], force: bool) -> No
     strangers = [path for path, origin in known[1:] if not shared_origin(ref, origin)]
     if not strangers:
         return
-    message = (f"{', '.join(strangers)} and {ref_path} come from unrelated runs (different run ids and initial "
-               "weights); their average is not a trained model")
+    message = (f"{', '.join(strangers)} and {ref_path} come from unrelated runs (different run ids, not "
+               "fine-tuned from the same checkpoint); their average is not a trained model")
     if not force:
         raise CheckpointError(f"{message}; pass --force to average them anyway")
     log.warning("--force: %s", message)

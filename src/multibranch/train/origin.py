@@ -1,11 +1,14 @@
 """A run's origin: which training run a checkpoint comes from, and which weights that run started from.
 
-Every checkpoint's meta holds `origin = {"run_id": ..., "init_fingerprint": ...}`:
+Every checkpoint's meta holds `origin = {"run_id": ..., "init_fingerprint": ..., "init": ...}`:
     run_id            a random id made at the run's first start and kept across every resume
     init_fingerprint  SHA-256 of the weights at update 0 (the random init, or the --init-from weights)
+    init              "random" or "checkpoint" (--init-from)
 
-Averaging needs checkpoints of one weight trajectory: `shared_origin` accepts checkpoints of the same
-run, or of runs that started from the same weights (e.g. fine-tunings of one checkpoint).
+Averaging needs weights that lie in one basin. `shared_origin` accepts checkpoints of the same run,
+or of runs fine-tuned from the same --init-from weights (a "model soup"). Two runs from the same
+*random* init (same preset and seed) are not enough: different data or settings send them to
+different basins, and their average is no model.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ def weights_fingerprint(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def make_origin(run_id: str, init_fingerprint: str) -> dict[str, str]:
-    return {"run_id": run_id, "init_fingerprint": init_fingerprint}
+def make_origin(run_id: str, init_fingerprint: str, from_checkpoint: bool) -> dict[str, str]:
+    return {"run_id": run_id, "init_fingerprint": init_fingerprint, "init": "checkpoint" if from_checkpoint else "random"}
 
 
 def origin_of(meta: dict[str, Any] | None) -> dict[str, str] | None:
@@ -44,5 +47,8 @@ def origin_of(meta: dict[str, Any] | None) -> dict[str, str] | None:
 
 
 def shared_origin(a: dict[str, str], b: dict[str, str]) -> bool:
-    """Same run, or runs that started from the same weights."""
-    return a["run_id"] == b["run_id"] or a["init_fingerprint"] == b["init_fingerprint"]
+    """Same run, or runs fine-tuned from the same checkpoint's weights."""
+    if a["run_id"] == b["run_id"]:
+        return True
+    fine_tuned = a.get("init") == b.get("init") == "checkpoint"
+    return fine_tuned and a["init_fingerprint"] == b["init_fingerprint"]

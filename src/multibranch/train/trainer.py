@@ -142,8 +142,8 @@ class Trainer:
         tcfg = cfg.train
         self.run_dir = Path(opts.run_dir)
         self.device = resolve_device(opts.device)
-        self._check_run_dir()
         self.dist = D.init_distributed(self.device.type)
+        self._check_run_dir()
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
             torch.cuda.set_device(self.device)
@@ -176,7 +176,8 @@ class Trainer:
         if opts.resume:
             self._resume()  # in memory only: refuses before anything on disk changes
         else:
-            self.origin = make_origin(new_run_id(), weights_fingerprint(self.model.state_dict()))
+            self.origin = make_origin(new_run_id(), weights_fingerprint(self.model.state_dict()),
+                                      from_checkpoint=opts.init_from is not None)
         self._check_schedules()
 
         # Everything checked: now the run directory may be created or changed.
@@ -237,6 +238,7 @@ class Trainer:
         """Create (or, with --force, clear) the run directory; remove temporaries of a killed save;
         write config.yaml and the tokenizer; attach train.log. Called only after every check passed."""
         run = self.run_dir
+        D.barrier(self.dist)  # every rank has checked the run directory before rank 0 changes it
         if self.dist.is_main:
             if self.opts.force and not self.opts.resume and run.exists():
                 for name in ("metrics.jsonl", "last.pt", "best.pt", "train.log"):
