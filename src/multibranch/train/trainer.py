@@ -9,7 +9,11 @@ Run directory:
     checkpoints/step_*.pt  weights + meta at every validation (the last `keep_last`)
     best.pt, last.pt       best by `best_metric`; last also holds the full training state
     metrics.jsonl          one record per log interval / validation
-    train.log              the human log
+    train.log              the human log (every per-update line, even while a progress bar shows)
+
+A start checks everything (config, data, device, --init-from, --resume compatibility) before it
+creates or changes the run directory, then removes temporaries a killed save left behind. Every
+checkpoint's meta carries the run's origin (train/origin.py) so `average` can refuse unrelated runs.
 """
 
 from __future__ import annotations
