@@ -207,3 +207,15 @@ def test_checkpoints_without_origin_average_with_a_warning(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="multibranch")
     average_checkpoints(paths)
     assert "cannot check that the checkpoints come from one run" in caplog.text
+
+
+def test_a_run_from_before_origins_resumes_with_a_warning_and_stays_uncheckable(tiny_data, tmp_path, caplog):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=2, valid_every=2), RunOptions(tiny_data, run, progress=False))
+    old = load_checkpoint(run / "last.pt")
+    del old["meta"]["origin"]
+    save_checkpoint(run / "last.pt", old)
+    caplog.set_level(logging.WARNING, logger="multibranch")
+    train(tiny_experiment(max_steps=4, valid_every=2), RunOptions(tiny_data, run, resume=True, progress=False))
+    assert "before runs recorded their origin" in caplog.text
+    assert "origin" not in load_checkpoint(run / "last.pt")["meta"]  # no made-up origin
