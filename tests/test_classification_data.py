@@ -17,7 +17,11 @@ from multibranch.config import ConfigError, from_dict
 from multibranch.data.classification import ReadOptions, detect_format, read_labeled
 from multibranch.data.classify_dataset import ClassificationData, ClassificationSplit
 from multibranch.data.errors import DataError
-from multibranch.data.prepare_classify import ClassifyPrepareConfig, prepare_classification, stratified_holdout
+from multibranch.data.prepare_classify import (
+    ClassifyPrepareConfig,
+    prepare_classification,
+    stratified_holdout,
+)
 
 SHARED_DATA = Path(os.environ.get("MULTIBRANCH_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
