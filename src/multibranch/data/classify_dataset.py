@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,7 +21,9 @@ from multibranch.data.errors import DataError
 from multibranch.data.prepare import _binarise
 from multibranch.data.prepare_classify import ARRAYS, FORMAT, FORMAT_VERSION, fingerprint
 from multibranch.data.text import read_lines
-from multibranch.data.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from multibranch.data.tokenizer import Tokenizer
 
 AGAIN = "run `multibranch prepare` again"
 
@@ -123,6 +125,8 @@ class ClassificationData:
 
     def tokenizer(self) -> Tokenizer:
         """The SentencePiece model of this data (as a joint `Tokenizer`: use `encode_src`)."""
+        from multibranch.data.tokenizer import Tokenizer  # imports torch: only when asked
+
         return Tokenizer.from_files(self.directory / self.meta["spm"])
 
     def split(self, name: str) -> ClassificationSplit:
