@@ -49,6 +49,8 @@ def test_tsv_without_header_and_forced_header_modes(tmp_path):
     assert read_labeled(path, ReadOptions(header="yes")).labels == ["neg"]
     headed = _write(tmp_path / "h.tsv", "label\ttext\npos\tgreat\n")
     assert read_labeled(headed, ReadOptions(header="no")).labels == ["label", "pos"]
+    by_text_cell = _write(tmp_path / "s.tsv", "polarity\tSentence\npos\tgreat\n")  # unknown label word
+    assert read_labeled(by_text_cell).labels == ["pos"]
 
 
 def test_columns_by_index_and_by_name(tmp_path):

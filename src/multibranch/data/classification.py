@@ -12,7 +12,8 @@ UTF-8 BOM handled, strict UTF-8 with `file:line` errors), then parsed one line p
 
 The format is given, or detected from the extension (.tsv, .csv, .label, .jsonl). TSV/CSV columns
 are an index or a header name; the header row is required, absent, or detected (`auto`: the first
-row is a header when its label cell is a header word such as `label`). Every row must have the
+row is a header when its label cell is a word such as `label` or `class`, or its text cell a word such
+as `text` or `sentence`: see LABEL_HEADERS / TEXT_HEADERS). Every row must have the
 header's (or the first row's) number of columns. Empty lines are skipped and counted (`blank`).
 Labels are stripped of surrounding whitespace and must be non-empty. A whitespace-only text is an
 error, or with `empty_text="drop"` the example is dropped and counted (`empty`). Errors are
@@ -33,7 +34,8 @@ from multibranch.data.text import read_lines
 
 Format = Literal["auto", "tsv", "csv", "trec", "jsonl"]
 EXTENSIONS = {".tsv": "tsv", ".csv": "csv", ".label": "trec", ".jsonl": "jsonl"}
-HEADER_WORDS = frozenset({"label", "labels", "class", "category", "target", "sentiment", "intent", "y"})
+LABEL_HEADERS = frozenset({"label", "labels", "class", "category", "target", "sentiment", "intent", "y"})
+TEXT_HEADERS = frozenset({"text", "sentence", "sentence1", "question", "review", "document", "content", "body"})
 
 
 @dataclass
@@ -159,8 +161,10 @@ def _is_header(cells: list[str], options: ReadOptions) -> bool:
         return options.header == "yes"
     if isinstance(options.label_column, str) or isinstance(options.text_column, str):
         return True
-    index = options.label_column
-    return index < len(cells) and cells[index].strip().lower() in HEADER_WORDS
+    def cell(index: int) -> str:
+        return cells[index].strip().lower() if index < len(cells) else ""
+
+    return cell(options.label_column) in LABEL_HEADERS or cell(options.text_column) in TEXT_HEADERS
 
 
 def _column(path: Path, header: list[str] | None, column: int | str, width: int, what: str) -> int:
