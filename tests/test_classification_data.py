@@ -234,6 +234,8 @@ def test_prepare_round_trip(tmp_path, raw):
 
 
 def test_prepare_with_holdout(tmp_path, raw):
+    raw["train"][1] = raw["train"][0]  # a duplicate text: with seed 4, example 1 is held out and 0 kept
+    _write(tmp_path / "train.tsv", "".join(f"{y}\t{x}\n" for y, x in raw["train"]))
     meta = prepare_classification(_cfg(tmp_path, valid=None, test=[], holdout=0.2, seed=4))
     kept, held = stratified_holdout([y for y, _ in raw["train"]], 0.2, seed=4)
     data = ClassificationData.load(tmp_path / "data")
@@ -241,6 +243,10 @@ def test_prepare_with_holdout(tmp_path, raw):
     assert data.split("train").raw_lines() == [raw["train"][i][1] for i in kept]
     assert meta["splits"]["valid"]["label_counts"] == {"mixed": 6, "neg": 6, "pos": 6}
     assert meta["holdout"] == {"size": 0.2, "seed": 4, "examples": 18}
+    train_texts = {raw["train"][i][1] for i in kept}
+    assert 1 in held and 0 in kept
+    assert meta["splits"]["valid"]["in_train"] == sum(raw["train"][i][1] in train_texts for i in held) >= 1
+    assert meta["splits"]["train"]["in_train"] is None
 
 
 def test_over_long_texts_truncated_or_dropped(tmp_path, raw):
