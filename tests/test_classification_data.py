@@ -299,6 +299,15 @@ def test_refuses_to_overwrite_without_force(tmp_path, raw):
         prepare_classification(_cfg(tmp_path, train=str(tmp_path / "missing.tsv"), force=True))
 
 
+def test_empty_files_are_errors(tmp_path, raw):
+    _write(tmp_path / "test.jsonl", "\n")
+    with pytest.raises(DataError, match=r"test\.jsonl: no examples \(the test split would be empty\)"):
+        prepare_classification(_cfg(tmp_path))
+    _write(tmp_path / "train.tsv", "label\ttext\r\n")
+    with pytest.raises(DataError, match=r"train\.tsv: no training examples"):
+        prepare_classification(_cfg(tmp_path))
+
+
 def test_config_validation():
     base = {"train": "t.tsv", "out": "o"}
     with pytest.raises(ConfigError, match="exactly one of valid"):

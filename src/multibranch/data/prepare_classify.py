@@ -226,7 +226,10 @@ def _read_splits(cfg: ClassifyPrepareConfig) -> list[_Split]:
         ))
         train.labels, train.texts = [train.labels[i] for i in kept], [train.texts[i] for i in kept]
         train.line_numbers = [train.line_numbers[i] for i in kept]
-    splits += [_from_file(name, read_labeled(path, cfg.read)) for name, path in files[1:]]
+    for name, path in files[1:]:
+        splits.append(_from_file(name, read_labeled(path, cfg.read)))
+        if not splits[-1].texts:
+            raise DataError(f"{path}: no examples (the {name} split would be empty)")
     return splits
 
 
@@ -251,7 +254,7 @@ def _fit_lengths(cfg: ClassifyPrepareConfig, split: _Split, ids: list[list[int]]
     drop = split.name == "train" and cfg.too_long == "drop"
     keep = [i for i, x in enumerate(ids) if not (drop and len(x) > cfg.max_len)]
     split.dropped["too_long"] = len(ids) - len(keep)
-    if not keep:
+    if drop and not keep:
         raise DataError(f"{cfg.train}: every training text is longer than max_len={cfg.max_len}; raise it")
     split.truncated = sum(len(ids[i]) > cfg.max_len for i in keep)
     if len(keep) < len(ids):
