@@ -57,8 +57,9 @@ def test_columns_by_index_and_by_name(tmp_path):
     path = _write(tmp_path / "t.tsv", "id\tsentence\tlabel\n7\tgood\tpos\n8\tbad\tneg\n")
     by_name = read_labeled(path, ReadOptions(label_column="label", text_column="sentence"))
     by_index = read_labeled(path, ReadOptions(label_column=2, text_column=1, header="yes"))
-    assert by_name.labels == by_index.labels == ["pos", "neg"]
-    assert by_name.texts == by_index.texts == ["good", "bad"]
+    by_digits = read_labeled(path, ReadOptions(label_column="2", text_column="1", header="yes"))  # CLI strings
+    assert by_name.labels == by_index.labels == by_digits.labels == ["pos", "neg"]
+    assert by_name.texts == by_index.texts == by_digits.texts == ["good", "bad"]
     with pytest.raises(DataError, match=r"t\.tsv:1: no text column named 'text' in the header \(id, sentence, label\)"):
         read_labeled(path, ReadOptions(label_column="label", text_column="text"))
     with pytest.raises(DataError, match="text column 5 does not exist: rows have 3"):

@@ -42,7 +42,8 @@ TEXT_HEADERS = frozenset({"text", "sentence", "sentence1", "question", "review",
 class ReadOptions:
     """How to read a labelled file (see the module docstring).
 
-    `label_column` / `text_column` are 0-based indices or header names (names need a header).
+    `label_column` / `text_column` are 0-based indices or header names (names need a header); a string
+    of digits, as a command line gives it, is an index.
     """
 
     format: Format = "auto"
@@ -54,6 +55,12 @@ class ReadOptions:
     fine_labels: bool = False
     empty_text: Literal["error", "drop"] = "error"
     encoding_errors: Literal["strict", "replace"] = "strict"
+
+    def __post_init__(self) -> None:
+        for name in ("label_column", "text_column"):
+            value = getattr(self, name)
+            if isinstance(value, str) and value.isdigit():
+                setattr(self, name, int(value))
 
     def validate(self) -> None:
         if self.format not in ("auto", *EXTENSIONS.values()):
