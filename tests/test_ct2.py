@@ -121,11 +121,13 @@ def separate_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
-def natural_payload(tok: Tokenizer, lines: list[str], wanted: int = 5, **model) -> tuple[dict, list]:
+def natural_payload(tok: Tokenizer, lines: list[str], wanted: int = 5, eos_from: float = 0.0,
+                    **model) -> tuple[dict, list]:
     """A random model whose beam search ends naturally (before the length limit, with non-empty
     output) on at least `wanted` lines: random models either stop at once or never, so the EOS bias
-    is raised step by step until enough hypotheses end on their own."""
-    for eos_bias in [0.5 * i for i in range(11)]:
+    is raised step by step (from `eos_from`, a value found for the configuration, to save time) until
+    enough hypotheses end on their own."""
+    for eos_bias in [eos_from + 0.5 * i for i in range(11)]:
         payload = random_payload(tok, eos_bias=eos_bias, **model)
         expected = ours(payload, lines, DECODE)
         if sum(1 for e in expected if e is not None and e[0]) >= wanted:
@@ -133,16 +135,17 @@ def natural_payload(tok: Tokenizer, lines: list[str], wanted: int = 5, **model) 
     raise AssertionError("no EOS bias gives natural ends; the test needs another seed")
 
 
-CONFIGS = {
-    "post_norm_shared": {},
-    "pre_norm_shared": {"norm": "pre"},
+CONFIGS = {  # model overrides, and eos_from for natural_payload
+    "post_norm_shared": {"eos_from": 0.5},
+    "pre_norm_shared": {"norm": "pre", "eos_from": 1.0},
     "post_unshared_learned_gelu": {"share_embeddings": "none", "positions": "learned", "activation": "gelu",
                                    "scale_embedding": False},
     "pre_decoder_tied_relative": {"norm": "pre", "share_embeddings": "decoder", "positions": "none",
-                                  "relative_positions": 4},
+                                  "relative_positions": 4, "eos_from": 3.0},
     "mat_2_branches_mean_sq": {"encoder": {"kind": "transformer", "attention_branches": 2, "ffn_branches": 2,
                                            "branch_merge": "mean_sq", "drop_branch": 0.3},
-                               "decoder": {"kind": "transformer", "attention_branches": 2, "ffn_branches": 1}},
+                               "decoder": {"kind": "transformer", "attention_branches": 2, "ffn_branches": 1},
+                               "eos_from": 1.5},
 }
 
 
@@ -158,7 +161,7 @@ def test_separate_vocabularies(separate_data, tmp_path):
     tok = _tokenizer(separate_data)
     assert not tok.joint
     lines = _source_lines(separate_data, 12)
-    payload, expected = natural_payload(tok, lines, share_embeddings="none")
+    payload, expected = natural_payload(tok, lines, share_embeddings="none", eos_from=1.5)
     out = export_ct2(payload, tmp_path / "ct2")
     assert {"source_vocabulary.json", "target_vocabulary.json", "source.model", "target.model"} <= {
         p.name for p in out.iterdir()}
@@ -182,29 +185,54 @@ def trained(tiny_data, tmp_path_factory) -> Path:
     from multibranch.train.trainer import RunOptions, train
 
     run = tmp_path_factory.mktemp("ct2_run") / "run"
-    cfg = tiny_experiment(max_steps=60, valid_every=60)
-    train(cfg, str(tiny_data), str(run), RunOptions(threads=1, progress=False))
+    cfg = tiny_experiment(max_steps=100, valid_every=100)
+    train(cfg, RunOptions(data_dir=tiny_data, run_dir=run, device="cpu", progress=False))
     return run / "last.pt"
 
 
-def _trained_payload(ckpt: Path) -> dict:
+def test_trained_model_float32_and_int8(trained, tiny_data, tmp_path):
     from multibranch.train.checkpoint import load_checkpoint
 
-    return load_checkpoint(ckpt)
-
-
-def test_trained_model_float32_and_int8(trained, tiny_data, tmp_path):
-    payload = _trained_payload(trained)
+    payload = load_checkpoint(trained)
     lines = _source_lines(tiny_data, 16)
     decode = DecodeConfig(beam=4, length_penalty=1.0, max_len_a=1.2, max_len_b=10, min_len=0)
     expected = ours(payload, lines, decode)
-    assert_same(expected, ct2(export_ct2(payload, tmp_path / "f32"), lines, decode))
+    f32 = export_ct2(payload, tmp_path / "f32")
+    assert_same(expected, ct2(f32, lines, decode), min_compared=len(lines) // 2)
 
-    got8 = ct2(export_ct2(payload, tmp_path / "i8", quantization="int8"), lines, decode)
-    same = sum(g[0] == e[0] for g, e in zip(got8, expected))
-    # int8 weights change the logits by ~1e-2: most, not all, translations stay identical
-    assert same >= 0.75 * len(lines), f"int8 kept only {same}/{len(lines)} translations"
-    assert all(abs(g[1] - e[1]) < 0.1 for g, e in zip(got8, expected) if g[0] == e[0])
+    # int8: the exported weights are CT2's own int8 quantization (loading the float32 export with
+    # compute_type="int8" gives the same translations), and CT2's int8 arithmetic (weights AND
+    # activations in int8) moves the log-probabilities of our translations by ~0.3 per token on this
+    # under-trained d=32 model (measured: mean 0.33, max 0.69 at 300 updates), which changes most of
+    # its flat-distribution translations: only the drift is bounded here; BLEU is bench/ct2_decode.py's job.
+    i8 = export_ct2(payload, tmp_path / "i8", quantization="int8")
+    sources = _pieces(f32, lines)
+    exported = ctranslate2.Translator(str(i8), intra_threads=1)
+    requantized = ctranslate2.Translator(str(f32), compute_type="int8", intra_threads=1)
+    options = {"beam_size": 4, "max_decoding_length": 40}
+    assert [r.hypotheses for r in exported.translate_batch(sources, **options)] == [
+        r.hypotheses for r in requantized.translate_batch(sources, **options)]
+    targets = [e[0] + ["</s>"] for e in expected if e is not None]
+    kept = [s for s, e in zip(sources, expected) if e is not None]
+    reference = ctranslate2.Translator(str(f32), intra_threads=1).score_batch(kept, targets)
+    drift = [abs(a - b) for r, q in zip(reference, exported.score_batch(kept, targets))
+             for a, b in zip(r.log_probs, q.log_probs, strict=True)]
+    assert sum(drift) / len(drift) < 0.5 and max(drift) < 2.0, (sum(drift) / len(drift), max(drift))
+
+
+def _pieces(directory: Path, lines: list[str]) -> list[list[str]]:
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(directory / "sentencepiece.model"))
+    return [sp.encode(line, out_type=str) for line in lines]
+
+
+def test_int8_export_leaves_the_payload_untouched(tiny_data, tmp_path):
+    """Regression: CT2 quantizes its arrays in place; they once shared memory with our tensors."""
+    payload = random_payload(_tokenizer(tiny_data))
+    before = {k: v.clone() for k, v in payload["model"].items()}
+    export_ct2(payload, tmp_path / "i8", quantization="int8")
+    assert all(torch.equal(before[k], v) for k, v in payload["model"].items())
 
 
 # ---- the command --------------------------------------------------------------------------------
@@ -255,4 +283,4 @@ def test_cli_refuses_absolute_plus_relative_positions(tiny_data, tmp_path, capsy
     save_checkpoint(ckpt, random_payload(_tokenizer(tiny_data), relative_positions=4))
     assert main(["convert", "ct2", "--ckpt", str(ckpt), "--out", str(tmp_path / "ct2")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "positions: none" not in err and "relative" in err
+    assert len(err.splitlines()) == 1 and "positions='sinusoidal'" in err and "relative" in err

@@ -207,7 +207,9 @@ def vocabularies(model: ModelConfig, tok: Tokenizer, where: str) -> tuple[list[s
 
 
 def _np(t: Tensor) -> np.ndarray:
-    return np.ascontiguousarray(t.detach().to(torch.float32).cpu().numpy())
+    """A float32 copy: CTranslate2's quantization rescales its arrays in place, which must not
+    reach the payload's tensors."""
+    return np.array(t.detach().to(torch.float32).cpu().numpy(), dtype=np.float32, order="C", copy=True)
 
 
 def _activation(ct2: Any, name: str) -> Any:
