@@ -255,6 +255,31 @@ def test_cli_exports_and_refuses_non_empty_directory(tiny_data, tmp_path, capsys
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "m.pt"]  # no temporary left behind
 
 
+def test_cli_never_replaces_its_input(tiny_data, tmp_path, capsys):
+    export = tmp_path / "release"
+    assert main(["convert", "export", "--ckpt", str(_saved(tiny_data, tmp_path)), "--out", str(export)]) == 0
+    before = sorted(p.name for p in export.iterdir())
+    capsys.readouterr()
+    assert main(["convert", "ct2", "--ckpt", str(export), "--out", str(export), "--force"]) == 2
+    assert "holds the input" in capsys.readouterr().err
+    assert sorted(p.name for p in export.iterdir()) == before
+    assert main(["convert", "ct2", "--ckpt", str(export), "--out", str(tmp_path / "ct2")]) == 0
+
+
+def test_cli_refuses_unknown_quantization(tiny_data, tmp_path, capsys):
+    out = tmp_path / "ct2"
+    assert main(["convert", "ct2", "--ckpt", str(_saved(tiny_data, tmp_path)), "--out", str(out),
+                 "--quantization", "int4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "int8_float32" in err and not out.exists()
+
+
+def _saved(data: Path, tmp_path: Path) -> Path:
+    ckpt = tmp_path / "m.pt"
+    save_checkpoint(ckpt, random_payload(_tokenizer(data)))
+    return ckpt
+
+
 REFUSALS = {
     "muse": ({"kind": "muse"}, {"kind": "muse"}, "dynamic convolution"),
     "mute": ({"kind": "mute"}, {"kind": "transformer"}, "MUTE"),

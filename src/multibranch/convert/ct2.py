@@ -90,18 +90,20 @@ def export_ct2(
     swapped in whole, so a failure leaves any previous `out_dir` as it was."""
     where = source or "checkpoint"
     out = Path(out_dir)
-    _check_out_dir(out, force)
+    _check_out_dir(out, force, source)
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     ct2 = _import_ctranslate2()
     cfg = experiment_config(payload)
     check_exportable(cfg.model, where)
     tokenizer = _tokenizer(payload, where)
-    if _needs_fold(cfg.model):
+    folded = _needs_fold(cfg.model)
+    if folded:
         payload = fold_mat(payload, source=source)
         cfg = experiment_config(payload)
     src_vocab, tgt_vocab = vocabularies(cfg.model, tokenizer, where)
-    spec = build_spec(ct2, cfg.model, payload["model"], src_vocab, tgt_vocab)
+    spec = build_spec(ct2, cfg.model, payload["model"], src_vocab, tgt_vocab, unk_token=tokenizer.tgt.id_to_piece(
+        tokenizer.tgt.unk_id()))
     try:
         spec.validate()
     except ValueError as err:
@@ -119,7 +121,7 @@ def export_ct2(
         settings = {
             "source": where,
             "quantization": quantization,
-            "model_kind": "mat (folded)" if _needs_fold(experiment_config(payload).model) else "transformer",
+            "model_kind": "MAT, folded into N_a*M heads" if folded else "standard transformer",
             "decode": asdict(cfg.decode),
             "tokenizer": _tokenizer_files(tokenizer),
             "note": "pass translate_options(decode) from multibranch.convert.ct2 to translate_batch to reproduce "
@@ -156,9 +158,11 @@ def _needs_fold(model: ModelConfig) -> bool:
     return any(getattr(model, side).attention_branches > 1 for side in ("encoder", "decoder"))
 
 
-def _check_out_dir(out: Path, force: bool) -> None:
+def _check_out_dir(out: Path, force: bool, source: str | None) -> None:
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory")
+    if source is not None and Path(source).resolve().is_relative_to(out.resolve()):
+        raise FileExistsError(f"{out} holds the input {source}; choose another --out")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise FileExistsError(f"{out} is not empty; pass --force to replace it")
 
@@ -218,7 +222,7 @@ def _activation(ct2: Any, name: str) -> Any:
 
 
 def build_spec(ct2: Any, model: ModelConfig, state: dict[str, Tensor], src_vocab: list[str],
-               tgt_vocab: list[str]) -> Any:
+               tgt_vocab: list[str], unk_token: str = "<unk>") -> Any:
     """A filled ctranslate2.specs.TransformerSpec of a (folded) standard model."""
     specs = ct2.specs
     pre_norm = model.norm == "pre"
@@ -266,19 +270,13 @@ def build_spec(ct2: Any, model: ModelConfig, state: dict[str, Tensor], src_vocab
     config.bos_token = tgt_vocab[model.bos_id]
     config.decoder_start_token = tgt_vocab[model.bos_id]
     config.eos_token = tgt_vocab[model.eos_id]
-    config.unk_token = _unk_piece(tgt_vocab)
+    config.unk_token = unk_token
     config.add_source_eos = True
     config.add_source_bos = False
     config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.register_source_vocabulary(src_vocab)
     spec.register_target_vocabulary(tgt_vocab)
     return spec
-
-
-def _unk_piece(vocab: list[str]) -> str:
-    from multibranch.data.tokenizer import UNK_ID
-
-    return vocab[UNK_ID] if len(vocab) > UNK_ID else "<unk>"
 
 
 def _position_table(model: ModelConfig, state: dict[str, Tensor], side: str) -> Tensor | None:
