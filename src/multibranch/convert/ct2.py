@@ -351,8 +351,14 @@ def translate_options(decode: DecodeConfig) -> dict[str, Any]:
     """`Translator.translate_batch` keyword arguments equal to our beam search with `decode`, except
     `max_decoding_length`, which depends on the source length (see `max_decoding_length`).
 
-    CT2's beam search is fairseq's (2K candidates, EOS among the top K finishes a hypothesis, stop
-    at K finished); with return_end_token=True its length penalty counts EOS, as ours does."""
+    CT2's beam search is fairseq's, as ours (2K candidates, EOS among the top K finishes a hypothesis,
+    stop at K finished); with return_end_token=True its length penalty counts EOS, as ours does
+    (strip the final "</s>" from the tokens). Known differences: at the length limit ours forces
+    EOS while CT2 ends on its best tokens; before min_len CT2 removes EOS before the log-softmax
+    (renormalising), ours after it, so with min_len >= 1 scores differ by log(1 - p(EOS)) of the
+    first step; when the step that completes K hypotheses finishes several at once, CT2 ranks all
+    of them, ours the first K by raw score; and with length_penalty 0 CT2 stops as soon as the best
+    beam ends."""
     if decode.length_penalty_kind != "fairseq":
         raise ConfigError(f"length_penalty_kind={decode.length_penalty_kind!r}: CTranslate2 only has the "
                           "score / len^alpha (fairseq) penalty")
