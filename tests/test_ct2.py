@@ -137,7 +137,7 @@ def natural_payload(tok: Tokenizer, lines: list[str], wanted: int = 5, eos_from:
 
 CONFIGS = {  # model overrides, and eos_from for natural_payload
     "post_norm_shared": {"eos_from": 0.5},
-    "pre_norm_shared": {"norm": "pre", "eos_from": 1.0},
+    "pre_norm_shared_swish": {"norm": "pre", "activation": "swish", "eos_from": 1.0},
     "post_unshared_learned_gelu": {"share_embeddings": "none", "positions": "learned", "activation": "gelu",
                                    "scale_embedding": False},
     "pre_decoder_tied_relative": {"norm": "pre", "share_embeddings": "decoder", "positions": "none",
