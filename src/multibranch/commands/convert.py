@@ -5,6 +5,7 @@
     multibranch convert fold     --ckpt MAT.pt --out FOLDED.pt
     multibranch convert from-hf  --model-dir DIR --out OUT.pt
     multibranch convert export   --ckpt X.pt --out DIR
+    multibranch convert ct2      --ckpt X.pt --out DIR [--quantization float32|int8|...]
 
 Every output is weights-only (no optimizer/schedule/RNG state); existing outputs are kept unless
 --force is given.
@@ -54,6 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--force", action="store_true", help="overwrite files in a non-empty --out")
     p.set_defaults(convert_run=_export)
+
+    p = sub.add_parser("ct2", help="write a CTranslate2 model directory (standard or MAT; needs ctranslate2)")
+    p.add_argument("--ckpt", required=True, help="standard or MAT checkpoint (or exported directory)")
+    p.add_argument("--out", required=True, help="output directory (written beside it, then swapped in)")
+    p.add_argument("--quantization", default="float32", metavar="TYPE",
+                   help="CTranslate2 weight type: float32 (default), int8, int8_float32, int16, float16, ... "
+                        "(checked against the list in multibranch.convert.ct2)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.set_defaults(convert_run=_ct2)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,4 +127,14 @@ def _export(args: argparse.Namespace) -> int:
 
     files = export(read_payload(args.ckpt), args.out, force=args.force)
     print(f"exported {args.ckpt} to {args.out}: {', '.join(p.name for p in files)}")
+    return 0
+
+
+def _ct2(args: argparse.Namespace) -> int:
+    from multibranch.convert.ct2 import export_ct2
+    from multibranch.convert.payload import read_payload
+
+    out = export_ct2(read_payload(args.ckpt), args.out, quantization=args.quantization, force=args.force,
+                     source=str(args.ckpt))
+    print(f"wrote {out}: CTranslate2 model ({args.quantization}) with its SentencePiece model(s)")
     return 0
