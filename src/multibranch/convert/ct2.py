@@ -37,9 +37,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError
 from multibranch.convert.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM
 from multibranch.convert.fold import fold_mat, fold_output, merge_constant
@@ -110,12 +108,7 @@ def export_ct2(
         raise CheckpointError(f"{where}: CTranslate2 rejected the converted model ({err})") from None
     spec.optimize(quantization=quantization)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result should look like mkdir's
+    with atomic_directory(out) as tmp:
         spec.save(str(tmp))
         _write_tokenizer(tmp, tokenizer)
         settings = {
@@ -128,12 +121,6 @@ def export_ct2(
                     "multibranch's beam search (return_end_token=True: the length penalty counts EOS, as ours)",
         }
         (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
-        from multibranch.data.prepare import _swap_in
-
-        _swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

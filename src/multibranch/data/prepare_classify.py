@@ -33,10 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
-import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
 from multibranch.data.classification import LabeledText, ReadOptions, read_labeled
 from multibranch.data.errors import DataError
@@ -51,7 +49,6 @@ from multibranch.data.prepare import (  # private helpers of the translation `pr
     _binarise,
     _length_stats,
     _processor,
-    _swap_in,
     _train_spm,
 )
 from multibranch.data.text import write_lines
@@ -175,17 +172,8 @@ def prepare_classification(cfg: ClassifyPrepareConfig) -> dict[str, Any]:
     for split in splits[1:]:
         _check_labels(split, labels)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result should look like mkdir's
+    with atomic_directory(out) as tmp:
         meta = _build(cfg, splits, labels, tmp)
-        _swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {**meta, "out": cfg.out}
 
 
