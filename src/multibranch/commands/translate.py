@@ -208,6 +208,7 @@ def _score_reference(translator: Any, args: argparse.Namespace, name: str, show:
     """Read input and references whole, check they align, score, then write (nothing is written on error)."""
     from multibranch.data.errors import DataError
     from multibranch.data.text import iter_lines, open_input, open_output
+    from multibranch.inference.translator import progress_bar
 
     with open_input(args.input) as source:
         lines = list(iter_lines(source, name, args.encoding_errors))

@@ -176,6 +176,7 @@ class Translator:
                 if len(target) > limit:
                     raise DataError(f"reference line {i + 1} has {len(target)} tokens (EOS included); the model's "
                                     f"learned positions allow at most {limit}")
+        start = time.perf_counter()
         results: list[ForcedScore | None] = [None] * len(lines)
         bar, owned = self._bar(progress, len(lines))
         self._advance(bar, len(lines) - len(keep))
@@ -192,6 +193,10 @@ class Translator:
             self._advance(bar, len(members))
         if owned:
             bar.close()
+        self.stats.sentences += len(lines)
+        self.stats.src_tokens += sum(len(s) for s in sources)
+        self.stats.tgt_tokens += sum(len(t) for t in targets)
+        self.stats.seconds += time.perf_counter() - start
         return results
 
     # ---- internals -------------------------------------------------------------------------------
