@@ -29,10 +29,11 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows every option's default, except for flags (which take no value)."""
+    """Shows every option's default ("(default: X)"), except where there is none to show: flags,
+    required options, and options whose default is None or empty (their help says what unset means)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.nargs == 0:
+        if action.nargs == 0 or action.required or action.default in (None, [], argparse.SUPPRESS):
             return action.help
         return super()._get_help_string(action)
 

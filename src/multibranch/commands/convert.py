@@ -26,10 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="standard Transformer checkpoint (or exported directory)")
     p.add_argument("--out", required=True, help="MAT checkpoint to write")
     p.add_argument("--branches", type=int, required=True, help="attention branches N_a")
-    p.add_argument("--ffn-branches", type=int, default=1, help="FFN branches N_f (default 1)")
-    p.add_argument("--drop-branch", type=float, default=None, help="drop-branch rate rho for the MAT")
+    p.add_argument("--ffn-branches", type=int, default=1, help="FFN branches N_f")
+    p.add_argument("--drop-branch", type=float, default=None, help="drop-branch rate rho for the MAT (unset: the layer default)")
     p.add_argument("--merge", choices=["mean", "mean_sq"], default=None,
-                   help="branch merge constant: mean = 1/N (function-preserving, default), mean_sq = 1/N^2")
+                   help="branch merge constant: mean = 1/N (function-preserving), mean_sq = 1/N^2 (unset: mean)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. model.dropout=0.3 (repeatable; widths cannot change)")
     p.add_argument("--force", action="store_true", help="overwrite --out")

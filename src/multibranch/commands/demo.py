@@ -10,12 +10,13 @@ HELP = "generate the built-in synthetic task, prepare it, train a small MAT for 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("multibranch-demo"),
-                        help="working directory (default ./multibranch-demo)")
-    parser.add_argument("--minutes", type=float, default=3.5, help="training budget in minutes (default 3.5)")
-    parser.add_argument("--preset", default="demo", help="model preset (default: demo, a small MAT)")
-    parser.add_argument("--seed", type=int, default=1)
+                        help="working directory")
+    parser.add_argument("--minutes", type=float, default=3.5, help="training budget in minutes")
+    parser.add_argument("--preset", default="demo", help="model preset (demo: a small MAT)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the task generator, SentencePiece and training")
     parser.add_argument("--force", action="store_true", help="replace an existing --out directory")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="preset override, e.g. train.max_steps=500 (repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:

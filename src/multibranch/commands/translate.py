@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(as the beam search normalises), LOGPROB = total log-probability of the reference "
                              "tokens incl. EOS (natural log), TOKENS = their count incl. EOS; an empty input "
                              "line gives an empty output line")
-    group = parser.add_argument_group("decoding (default None: the checkpoint's decode config)")
+    group = parser.add_argument_group("decoding (unset: the checkpoint's decode config)")
     group.add_argument("--beam", type=int, metavar="N", help="beam size (1 = greedy)")
     group.add_argument("--lenpen", type=float, metavar="A", help="length penalty exponent alpha")
     group.add_argument("--lenpen-kind", choices=["fairseq", "gnmt"], help="score/len^a or score/((5+len)/6)^a")
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-input-tokens", type=int, metavar="N", help="truncate longer inputs (tokens incl. EOS)")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
                         help="where to run the model (auto: cuda when available)")
-    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (None: torch's choice)")
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (unset: torch's choice)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                         help="invalid UTF-8 in the input: error naming the line (strict) or replace with U+FFFD")
