@@ -63,9 +63,11 @@ def run(args: argparse.Namespace) -> int:
 def _proximal(args: argparse.Namespace) -> int:
     from multibranch.convert.payload import read_payload, refuse_overwrite
     from multibranch.convert.proximal import proximal_init
+    from multibranch.data.text import check_output_file
     from multibranch.train.checkpoint import save_checkpoint
 
     refuse_overwrite(args.out, args.force)
+    check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     layer: dict[str, object] = {}
     if args.drop_branch is not None:
         layer["drop_branch"] = args.drop_branch
@@ -87,9 +89,11 @@ def _proximal(args: argparse.Namespace) -> int:
 def _fold(args: argparse.Namespace) -> int:
     from multibranch.convert.fold import fold_mat
     from multibranch.convert.payload import read_payload, refuse_overwrite
+    from multibranch.data.text import check_output_file
     from multibranch.train.checkpoint import save_checkpoint
 
     refuse_overwrite(args.out, args.force)
+    check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     payload = fold_mat(read_payload(args.ckpt), source=str(args.ckpt))
     save_checkpoint(args.out, payload)
     conv = payload["meta"]["conversion"]
