@@ -410,3 +410,19 @@ def test_cli_score_reference_line_count_mismatch_writes_nothing(checkpoint, tmp_
     err = capsys.readouterr().err
     assert "line counts differ" in err and "has 3 lines" in err and "has 2" in err
     assert out.read_bytes() == b"old\n"
+
+
+def test_cli_is_interactive_by_default_on_a_terminal_only(checkpoint, tmp_path, monkeypatch, capsys):
+    def terminal_stdin() -> io.TextIOWrapper:
+        stdin = io.TextIOWrapper(io.BytesIO(("\n".join(LINES[:2]) + "\n").encode()), encoding="utf-8")
+        stdin.isatty = lambda: True  # type: ignore[method-assign]
+        return stdin
+
+    monkeypatch.setattr(sys, "stdin", terminal_stdin())
+    assert _translate(checkpoint) == 0
+    captured = capsys.readouterr()
+    assert "Ctrl-D" in captured.err and captured.out.count("\n") == 2
+    monkeypatch.setattr(sys, "stdin", terminal_stdin())
+    assert _translate(checkpoint, "-o", str(tmp_path / "out.txt")) == 0  # -o: a batch run reading stdin
+    assert "Ctrl-D" not in capsys.readouterr().err
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 2

@@ -33,12 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sentence-level", action="store_true",
                         help="per-line scores: one row 'BLEU<TAB>chrF' per hypothesis line on stdout (sentence BLEU "
                              "with exponential smoothing and effective order; chrF), corpus scores to stderr; "
-                             "with --json also stored under 'sentences'")
+                             "with --json also stored under 'sentences' (with --json -, only there)")
     parser.add_argument("--compare", metavar="FILE",
                         help="paired bootstrap resampling: score system FILE against the baseline --hyp on the same "
                              "references and report both scores with mean +- 95%% CI and the p-value of the difference")
     parser.add_argument("--bootstrap-samples", type=int, default=1000, metavar="N",
-                        help="bootstrap resamples for --compare (seed: $SACREBLEU_SEED, default 12345)")
+                        help="bootstrap resamples for --compare (seeded by $SACREBLEU_SEED, 12345 if unset)")
     parser.add_argument("--json", metavar="OUT",
                         help="also write scores, signatures and line counts as JSON to OUT ('-' = stdout: the "
                              "score lines then go to stderr)")

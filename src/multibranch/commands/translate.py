@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output text ('-' = stdout); a file is replaced only when translation succeeds")
     parser.add_argument("--interactive", action="store_true",
                         help="translate each line as it is typed and flush it at once (the default when stdin "
-                             "is a terminal and no -i is given); output goes to stdout")
+                             "is a terminal and neither -i nor -o is given); output goes to stdout")
     parser.add_argument("--score-reference", metavar="REF",
                         help="forced decoding: instead of translating, score line i of REF as the translation of "
                              f"input line i and print '{SCORE_FORMAT}' per line: SCORE = LOGPROB / length penalty "
@@ -116,7 +116,8 @@ def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
 def _is_interactive(args: argparse.Namespace) -> bool:
     if args.interactive:
         return True
-    return args.input == "-" and args.score_reference is None and sys.stdin is not None and sys.stdin.isatty()
+    automatic = args.input == "-" and args.output == "-" and args.score_reference is None
+    return automatic and sys.stdin is not None and sys.stdin.isatty()
 
 
 def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:

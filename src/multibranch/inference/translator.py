@@ -167,7 +167,8 @@ class Translator:
         """
         if len(lines) != len(references):
             raise DataError(f"line counts differ: {len(lines)} input lines but {len(references)} references")
-        keep, sources, _ = self.encode(list(lines))
+        keep, sources, truncated = self.encode(list(lines))
+        self._warn_truncated(truncated, len(keep))
         eos = self.model.config.eos_id
         targets = [list(ids) + [eos] for ids in self.tokenizer.encode_tgt([references[i] for i in keep])]
         if getattr(self.model.config, "positions", None) == "learned":
@@ -215,6 +216,13 @@ class Translator:
             out.append(list(pieces) + [eos])
         return keep, out, truncated
 
+    def _warn_truncated(self, truncated: int, lines: int) -> None:
+        if truncated:
+            logger.warning(
+                "truncated %d of %d input line(s) to %d tokens (model positional limit / max_input_tokens); "
+                "their translations cover only the beginning of the line", truncated, lines, self.max_input_tokens,
+            )
+
     @staticmethod
     def _bar(progress: Progress, total: int) -> tuple[Any, bool]:
         """(bar or None, whether this call owns and must close it)."""
@@ -240,11 +248,7 @@ class Translator:
         keep, sources, truncated = self.encode(list(lines))
         bar, owned = self._bar(progress, len(lines))
         self._advance(bar, len(lines) - len(keep))
-        if truncated:
-            logger.warning(
-                "truncated %d of %d input line(s) to %d tokens (model positional limit / max_input_tokens); "
-                "their translations cover only the beginning of the line", truncated, len(keep), self.max_input_tokens,
-            )
+        self._warn_truncated(truncated, len(keep))
         order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first, stable
         lengths = [len(sources[i]) for i in order]
         tgt_tokens = 0
