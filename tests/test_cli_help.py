@@ -13,20 +13,12 @@ def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
 
 
-def _commands() -> list:
-    """Every command path; `train`'s option help texts are added on the trainer branch (issue 7)."""
-    paths = [path for path, _ in all_parsers(build_parser()) if path]
-    return [pytest.param(path, marks=pytest.mark.xfail(reason="train help texts come with the trainer branch",
-                                                        strict=False)) if path == ("train",) else path
-            for path in paths]
-
-
 def test_the_walk_reaches_every_command():
     names = {path for path, _ in all_parsers(build_parser())}
     assert {("translate",), ("evaluate",), ("train",), ("convert", "proximal"), ("convert", "export")} <= names
 
 
-@pytest.mark.parametrize("path", _commands(), ids=" ".join)
+@pytest.mark.parametrize("path", [path for path, _ in all_parsers(build_parser()) if path], ids=" ".join)
 def test_every_option_has_help(path):
     parser = dict(all_parsers(build_parser()))[path]
     missing = [action.option_strings[-1] for action in _options(parser) if not (action.help or "").strip()]
