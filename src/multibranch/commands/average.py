@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.cli import UserError
     from multibranch.convert.average import average_checkpoints, select_checkpoints
     from multibranch.convert.payload import refuse_overwrite
+    from multibranch.data.text import check_output_file
     from multibranch.train.checkpoint import save_checkpoint
 
     if args.run and args.last is None and args.best is None:
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         paths = select_checkpoints(paths=args.ckpts)
     else:
         paths = select_checkpoints(args.run, last=args.last, best=args.best, upper_bound=args.upper_bound)
+    check_output_file(args.out, [str(p) for p in paths], parent_must_exist=False)
     payload = average_checkpoints(paths, force=args.force)
     save_checkpoint(args.out, payload)
     print(f"wrote {args.out}: average of {len(paths)} checkpoints: {', '.join(str(p) for p in paths)}")

@@ -27,10 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="standard Transformer checkpoint (or exported directory)")
     p.add_argument("--out", required=True, help="MAT checkpoint to write")
     p.add_argument("--branches", type=int, required=True, help="attention branches N_a")
-    p.add_argument("--ffn-branches", type=int, default=1, help="FFN branches N_f (default 1)")
-    p.add_argument("--drop-branch", type=float, default=None, help="drop-branch rate rho for the MAT")
+    p.add_argument("--ffn-branches", type=int, default=1, help="FFN branches N_f")
+    p.add_argument("--drop-branch", type=float, default=None, help="drop-branch rate rho for the MAT (unset: the layer default)")
     p.add_argument("--merge", choices=["mean", "mean_sq"], default=None,
-                   help="branch merge constant: mean = 1/N (function-preserving, default), mean_sq = 1/N^2")
+                   help="branch merge constant: mean = 1/N (function-preserving), mean_sq = 1/N^2 (unset: mean)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. model.dropout=0.3 (repeatable; widths cannot change)")
     p.add_argument("--force", action="store_true", help="overwrite --out")
@@ -73,9 +73,11 @@ def run(args: argparse.Namespace) -> int:
 def _proximal(args: argparse.Namespace) -> int:
     from multibranch.convert.payload import read_payload, refuse_overwrite
     from multibranch.convert.proximal import proximal_init
+    from multibranch.data.text import check_output_file
     from multibranch.train.checkpoint import save_checkpoint
 
     refuse_overwrite(args.out, args.force)
+    check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     layer: dict[str, object] = {}
     if args.drop_branch is not None:
         layer["drop_branch"] = args.drop_branch
@@ -97,9 +99,11 @@ def _proximal(args: argparse.Namespace) -> int:
 def _fold(args: argparse.Namespace) -> int:
     from multibranch.convert.fold import fold_mat
     from multibranch.convert.payload import read_payload, refuse_overwrite
+    from multibranch.data.text import check_output_file
     from multibranch.train.checkpoint import save_checkpoint
 
     refuse_overwrite(args.out, args.force)
+    check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     payload = fold_mat(read_payload(args.ckpt), source=str(args.ckpt))
     save_checkpoint(args.out, payload)
     conv = payload["meta"]["conversion"]

@@ -140,7 +140,11 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
 
 
 def _check_inputs(cfg: PrepareConfig) -> None:
-    missing = [str(p) for _, prefix in cfg.splits() for p in cfg.input_files(prefix) if not p.is_file()]
+    files = [p for _, prefix in cfg.splits() for p in cfg.input_files(prefix)]
+    directories = [str(p) for p in files if p.is_dir()]
+    if directories:
+        raise DataError(f"input path(s) {', '.join(directories)}: is a directory, expected a text file PREFIX.LANG")
+    missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise DataError(
             f"input file(s) not found: {', '.join(missing)} (files are named PREFIX.LANG, "

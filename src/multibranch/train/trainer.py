@@ -440,7 +440,7 @@ class Trainer:
 
     def _valid_bleu(self, model: nn.Module) -> dict[str, Any]:
         from multibranch.evaluate.metrics import score_corpus
-        from multibranch.inference.translator import Translator
+        from multibranch.inference.translator import Translator, show_progress
 
         sources = self.valid_split.raw_src_lines()
         references = self.valid_split.raw_tgt_lines()
@@ -448,7 +448,8 @@ class Trainer:
             sources = sources[: self.cfg.train.valid_max_sentences]
             references = references[: self.cfg.train.valid_max_sentences]
         start = time.perf_counter()
-        hypotheses = Translator(model, self.tokenizer, self.cfg.decode, device=self.device).translate(sources)
+        translator = Translator(model, self.tokenizer, self.cfg.decode, device=self.device)
+        hypotheses = translator.translate(sources, progress=show_progress(self.opts.progress))  # a bar on a TTY
         scores = score_corpus(hypotheses, [references], metrics=("bleu",))
         return {"bleu": scores["bleu"]["score"], "bleu_signature": scores["bleu"]["signature"],
                 "decode_s": time.perf_counter() - start, "samples": list(zip(sources[:3], hypotheses[:3], references[:3]))}
