@@ -108,6 +108,19 @@ def test_encode_levels_from_any_indentation_width():
     assert decode_code(expected) == "def f(x):\n    if x:\n        return 1\n    return 2"
 
 
+def test_encode_method_copied_out_of_its_class():
+    method = "    def m(self):\n        return self.x\n"
+    assert encode_code(method) == "def m(self): DCNL DCSP return self.x"
+
+
+def test_encode_multiline_string_is_the_known_ambiguity():
+    source = "def f():\n    return \'\'\'a\n  b\'\'\'"
+    escaped = encode_code(source)
+    assert escaped == "def f(): DCNL DCSP return \'\'\'a DCNL  DCSP  DCSP b\'\'\'"
+    # the two spaces in the string are read as two indentation levels
+    assert decode_code(escaped) == "def f():\n    return \'\'\'a\n        b\'\'\'"
+
+
 def test_encode_continuation_and_comment_lines_lose_leading_space():
     source = "def f():\n    x = [1,\n         2]  # two\n        # stray comment\n    return x"
     escaped = encode_code(source)
@@ -210,8 +223,9 @@ def test_read_code_corpus_empty_line(tmp_path, desc, code, where):
 
 
 def test_read_code_corpus_malformed_docstring(tmp_path, caplog):
-    prefix = _write(tmp_path, b"'ok'\n'bad \\x DCNL escape'\n", b"def f(): DCNL DCSP pass\ndef g(): DCNL DCSP pass\n")
-    with pytest.raises(DataError, match=r"part\.desc:2: not a valid Python string literal.*docstring_errors='raw'"):
+    code = b"def f(): DCNL DCSP pass\ndef g(): DCNL DCSP pass\n"
+    prefix = _write(tmp_path, b"'ok'\n'bad \\x DCNL escape'\n", code)
+    with pytest.raises(DataError, match=r"part\.desc:2: not a valid .*literal.*docstring_errors='raw'"):
         read_code_corpus(prefix)
     with caplog.at_level(logging.WARNING):
         corpus = read_code_corpus(prefix, docstring_errors="raw")
@@ -231,8 +245,8 @@ def test_read_code_corpus_missing_file(tmp_path):
 def _real_corpus_dir() -> Path:
     path = Path(os.environ.get("MULTIBRANCH_CODE_DOCSTRING", CODE_DOCSTRING_DEFAULT))
     if not (path / "valid.code").is_file():
-        pytest.skip(f"code-docstring corpus not found at {path}: set MULTIBRANCH_CODE_DOCSTRING to "
-                    "a directory with valid.{desc,code}")
+        pytest.skip(f"code-docstring corpus not found at {path}: set MULTIBRANCH_CODE_DOCSTRING "
+                    "to a directory with valid.{desc,code}")
     return path
 
 

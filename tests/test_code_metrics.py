@@ -22,7 +22,8 @@ from multibranch.evaluate.code import (
 VALID = [
     "def f(x):\n    return x + 1",
     "@property\ndef name(self):\n    if self._n:\n        return self._n\n    return 'none'",
-    "def g(*a, **k):\n    try:\n        pass\n    except (ValueError, KeyError) as e:\n        raise RuntimeError(e)",
+    "def g(*a, **k):\n    try:\n        pass\n    except (ValueError, KeyError) as e:\n"
+    "        raise RuntimeError(e)",
     "def h():\n    return '\\d+'",  # an invalid escape sequence only warns: still valid code
 ]
 INVALID = [
@@ -103,7 +104,8 @@ def test_generated_code_is_never_executed(tmp_path, monkeypatch):
 def test_code_tokens_hand_made():
     tokens, fell_back = code_tokens("def f(a, b=0x1F):\n    return a**2 + b  # note\n")
     assert not fell_back
-    assert tokens == ["def", "f", "(", "a", ",", "b", "=", "0x1F", ")", ":", "return", "a", "**", "2", "+", "b"]
+    assert tokens == ["def", "f", "(", "a", ",", "b", "=", "0x1F", ")", ":",
+                      "return", "a", "**", "2", "+", "b"]
     tokens, _ = code_tokens("x = f(a, 'b  c')")
     assert token_line(tokens) == "x = f ( a , 'b c' )"  # whitespace inside strings normalised too
 
@@ -112,7 +114,8 @@ TOKENIZABLE = [
     VALID[1],
     "def f(x: int = 1_000, *, y=1e-3j) -> dict:\n    x **= 2; y //= 3\n    return {**k, 'a': [1.5, .5, 7.]}",
     "def g(s):\n    return (rb'raw\\n' + b\"x\", f'{s!r:>{10}}', u'u', ...)\n",
-    "def h():\n    t = '''multi\n  line'''\n    if (n := len(t)) >= 2 and n != 3:\n        return t \\\n            + 'x'",
+    "def h():\n    t = '''multi\n  line'''\n    if (n := len(t)) >= 2 and n != 3:\n"
+    "        return t \\\n            + 'x'",
     "async def k(a):\n    await a @ b\n    return [i for i in a if i is not None]",
     "def f(x):\n    print x",  # Python 2 still tokenizes
 ]
@@ -175,10 +178,13 @@ def test_mean_sentence_bleu_is_the_average():
 
 def test_corpus_bleu_equals_sacrebleu_on_the_token_streams():
     hyps = ["def f(x):\n  return x+1", "def g(a,b):\n  return a*b", "def h():\n    return [1, 2, 3]"]
-    refs = ["def f(x):\n    return x + 2", "def g(a, b):\n    return a * b * 2", "def h():\n    return (1, 2)"]
+    refs = ["def f(x):\n    return x + 2", "def g(a, b):\n    return a * b * 2",
+            "def h():\n    return (1, 2)"]
     result = score_code(hyps, refs, escaped=False)
-    hyp_lines = ["def f ( x ) : return x + 1", "def g ( a , b ) : return a * b", "def h ( ) : return [ 1 , 2 , 3 ]"]
-    ref_lines = ["def f ( x ) : return x + 2", "def g ( a , b ) : return a * b * 2", "def h ( ) : return ( 1 , 2 )"]
+    hyp_lines = ["def f ( x ) : return x + 1", "def g ( a , b ) : return a * b",
+                 "def h ( ) : return [ 1 , 2 , 3 ]"]
+    ref_lines = ["def f ( x ) : return x + 2", "def g ( a , b ) : return a * b * 2",
+                 "def h ( ) : return ( 1 , 2 )"]
     expected = sacrebleu.corpus_bleu(hyp_lines, [ref_lines], tokenize="none")
     assert result["bleu"]["score"] == pytest.approx(expected.score, abs=1e-9)
     assert "tok:none" in result["bleu"]["signature"]

@@ -38,6 +38,7 @@ import logging
 import re
 import tokenize
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -59,7 +60,8 @@ _IN_LINE_CHAR = {SPACE_TOKEN: " ", TAB_TOKEN: "\t"}
 _DOCSTRING_NEWLINE = re.compile(r" ?\bDCNL\b ?")
 _ESCAPE_WORD = re.compile(r"\b(?:DCNL|DCSP|DCTB)\b")
 _IN_STRING_ESCAPE = {" ": " DCSP ", "\t": " DCTB "}
-_STRING_START = {getattr(tokenize, "FSTRING_START", None), tokenize.STRING} - {None}
+_FSTRING_START = getattr(tokenize, "FSTRING_START", None)  # Python >= 3.12 splits f-strings
+_FSTRING_END = getattr(tokenize, "FSTRING_END", None)
 
 
 class CodeCorpus(NamedTuple):
@@ -83,27 +85,54 @@ def decode_code(escaped: str) -> str:
     return "\n".join(lines)
 
 
-def _string_cells(source: str) -> set[tuple[int, int]]:
-    """(row, column) of every character inside a string constant (f-strings whole, on any Python)."""
+def python_tokens(source: str) -> Iterator[tokenize.TokenInfo]:
+    """Python's tokenizer over `source`, with every f-string as one STRING token (as before 3.12).
+
+    Raises tokenize.TokenError or SyntaxError (IndentationError) on source it cannot tokenize.
+    """
+    offsets = [0]
+    for line in source.split("\n"):
+        offsets.append(offsets[-1] + len(line) + 1)
+    depth, first = 0, None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. invalid escape sequences
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == _FSTRING_START:
+                depth += 1
+                first = first if depth > 1 else tok
+            elif tok.type == _FSTRING_END:
+                depth -= 1
+                if depth == 0:
+                    assert first is not None
+                    begin = offsets[first.start[0] - 1] + first.start[1]
+                    text = source[begin : offsets[tok.end[0] - 1] + tok.end[1]]
+                    yield tokenize.TokenInfo(tokenize.STRING, text, first.start, tok.end, first.line)
+            elif depth == 0:
+                yield tok
+
+
+def _scan(source: str) -> tuple[set[tuple[int, int]], dict[int, int]]:
+    """The (row, column) of every character inside a string constant, and the indentation depth of
+    every row that starts a statement (from the tokenizer's INDENT/DEDENT tokens)."""
     lines = source.split("\n")
-    cells: set[tuple[int, int]] = set()
-    depth, start = 0, (0, 0)
-    fstring_start = getattr(tokenize, "FSTRING_START", None)
-    fstring_end = getattr(tokenize, "FSTRING_END", None)
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == fstring_start:
+    in_string: set[tuple[int, int]] = set()
+    levels: dict[int, int] = {}
+    depth, at_start = 0, True
+    layout = {tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER, tokenize.ENCODING}
+    for tok in python_tokens(source):
+        if tok.type == tokenize.INDENT:
             depth += 1
-            if depth == 1:
-                start = tok.start
-            continue
-        if tok.type == fstring_end:
+        elif tok.type == tokenize.DEDENT:
             depth -= 1
-            if depth == 0:
-                cells.update(_cells(lines, start, tok.end))
-            continue
-        if depth == 0 and tok.type == tokenize.STRING:
-            cells.update(_cells(lines, tok.start, tok.end))
-    return cells
+        elif tok.type == tokenize.NEWLINE:
+            at_start = True
+        elif tok.type not in layout:
+            if at_start:
+                levels[tok.start[0]] = depth
+                at_start = False
+            if tok.type == tokenize.STRING:
+                in_string.update(_cells(lines, tok.start, tok.end))
+    return in_string, levels
 
 
 def _cells(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> list[tuple[int, int]]:
@@ -116,45 +145,26 @@ def _cells(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> li
     return out
 
 
-def _logical_line_levels(source: str) -> dict[int, int]:
-    """Indentation level of every row that starts a logical line (from tokenize's INDENT/DEDENT)."""
-    levels: dict[int, int] = {}
-    depth, at_start = 0, True
-    skip = {tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER, tokenize.ENCODING}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.INDENT:
-            depth += 1
-        elif tok.type == tokenize.DEDENT:
-            depth -= 1
-        elif tok.type == tokenize.NEWLINE:
-            at_start = True
-        elif tok.type not in skip and at_start:
-            levels[tok.start[0]] = depth
-            at_start = False
-    return levels
-
-
 def encode_code(source: str) -> str:
     """Python source -> the corpus's one-line form (the inverse of `decode_code`).
 
-    Indentation levels come from Python's tokenizer (any consistent width or tabs), spaces inside
-    string constants become `DCSP` (tabs `DCTB`), other spaces are kept, trailing newlines are dropped. Lines that
-    do not start a statement (blank lines, comments, continuation lines inside brackets) lose their
-    leading whitespace. `decode_code(encode_code(s)) == s` for source indented with `INDENT` whose
-    strings do not span lines. Raises ValueError for source that Python cannot tokenize or that
-    already contains an escape word.
+    Indentation levels come from Python's tokenizer (any consistent width, or tabs; an indented
+    first statement, as in a method copied out of its class, is level 0). Spaces inside string
+    constants become `DCSP` and tabs `DCTB`; other spaces are kept; trailing newlines are dropped.
+    Lines that do not start a statement (blank lines, comments, continuation lines inside
+    brackets) lose their leading whitespace. `decode_code(encode_code(s)) == s` for source indented
+    with `INDENT` whose strings do not span lines. Raises ValueError for source that Python cannot
+    tokenize or that already contains an escape word.
     """
     source = source.replace("\r\n", "\n").rstrip("\n")
     found = _ESCAPE_WORD.search(source)
     if found:
-        raise ValueError(f"source contains the escape word {found.group()!r}, which the format cannot represent")
+        raise ValueError(f"source contains the escape word {found.group()!r}, which the format cannot hold")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            in_string = _string_cells(source)
-            levels = _logical_line_levels(source)
+        in_string, levels = _scan(source)
     except (tokenize.TokenError, SyntaxError) as err:
         raise ValueError(f"cannot tokenize the source: {err}") from None
+    base = min(levels.values(), default=0)
     out = []
     for row, line in enumerate(source.split("\n"), start=1):
         body_start = 0
@@ -164,12 +174,9 @@ def encode_code(source: str) -> str:
             _IN_STRING_ESCAPE[ch] if ch in _IN_STRING_ESCAPE and (row, col) in in_string else ch
             for col, ch in enumerate(line[body_start:], start=body_start)
         )
-        level = levels.get(row, 0)
-        if row == 1:
-            out.append(body)
-        else:
-            indent = "  ".join([SPACE_TOKEN] * level)
-            out.append(" DCNL " + (indent + " " if level else "") + body)
+        level = levels.get(row, base) - base
+        indent = "  ".join([SPACE_TOKEN] * level) + " " if level else ""
+        out.append(("" if row == 1 else " DCNL ") + indent + body)
     return "".join(out)
 
 

@@ -25,14 +25,13 @@ a line-based model writes) and are decoded with `multibranch.data.code_corpus.de
 from __future__ import annotations
 
 import ast
-import io
 import re
 import tokenize
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from multibranch.data.code_corpus import decode_code
+from multibranch.data.code_corpus import decode_code, python_tokens
 from multibranch.data.errors import DataError
 from multibranch.evaluate.metrics import score_corpus
 
@@ -40,8 +39,6 @@ MAX_SOURCE_CHARS = 100_000
 CODE_TOKENIZATION = "python tokenize (regex fallback), layout dropped, tokens joined by spaces"
 _LAYOUT = {tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT,
            tokenize.ENDMARKER, tokenize.ENCODING}
-_FSTRING_START = getattr(tokenize, "FSTRING_START", None)  # Python >= 3.12 splits f-strings
-_FSTRING_END = getattr(tokenize, "FSTRING_END", None)
 
 _OPERATORS = sorted(
     ["**=", "//=", ">>=", "<<=", "...", "!=", "%=", "&=", "**", "*=", "+=", "-=", "->", "//", "/=",
@@ -87,25 +84,7 @@ def regex_code_tokens(source: str) -> list[str]:
 
 def _tokenize_tokens(source: str) -> list[str]:
     """Code tokens by Python's tokenizer; raises tokenize.TokenError / SyntaxError on bad source."""
-    lines = source.split("\n")
-    offsets = [0]
-    for line in lines:
-        offsets.append(offsets[-1] + len(line) + 1)
-    tokens, depth, start = [], 0, 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type == _FSTRING_START:  # keep an f-string whole, as Python < 3.12 does
-                depth += 1
-                if depth == 1:
-                    start = offsets[tok.start[0] - 1] + tok.start[1]
-            elif tok.type == _FSTRING_END:
-                depth -= 1
-                if depth == 0:
-                    tokens.append(source[start : offsets[tok.end[0] - 1] + tok.end[1]])
-            elif depth == 0 and tok.type not in _LAYOUT and tok.string.strip():
-                tokens.append(tok.string)
-    return tokens
+    return [tok.string for tok in python_tokens(source) if tok.type not in _LAYOUT and tok.string.strip()]
 
 
 def code_tokens(source: str) -> tuple[list[str], bool]:
