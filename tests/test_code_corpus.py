@@ -89,6 +89,7 @@ ROUND_TRIP_SOURCES = [
     "def w(p):\n    with open(p) as fh:\n        while True:\n            if not fh.read(1):\n"
     "                break\n    return  'two  spaces '",
     "def g():\n    yield (lambda y: y * 2)\n\n\n    yield 'end'",
+    "def u():\n    return f'caf\u00e9  {1}' + '\u65e5\u672c \u8a9e'",  # columns are characters, not bytes
 ]
 
 

@@ -38,7 +38,6 @@ import logging
 import re
 import tokenize
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -85,7 +84,7 @@ def decode_code(escaped: str) -> str:
     return "\n".join(lines)
 
 
-def python_tokens(source: str) -> Iterator[tokenize.TokenInfo]:
+def python_tokens(source: str) -> list[tokenize.TokenInfo]:
     """Python's tokenizer over `source`, with every f-string as one STRING token (as before 3.12).
 
     Raises tokenize.TokenError or SyntaxError (IndentationError) on source it cannot tokenize.
@@ -93,6 +92,7 @@ def python_tokens(source: str) -> Iterator[tokenize.TokenInfo]:
     offsets = [0]
     for line in source.split("\n"):
         offsets.append(offsets[-1] + len(line) + 1)
+    tokens: list[tokenize.TokenInfo] = []
     depth, first = 0, None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. invalid escape sequences
@@ -106,9 +106,10 @@ def python_tokens(source: str) -> Iterator[tokenize.TokenInfo]:
                     assert first is not None
                     begin = offsets[first.start[0] - 1] + first.start[1]
                     text = source[begin : offsets[tok.end[0] - 1] + tok.end[1]]
-                    yield tokenize.TokenInfo(tokenize.STRING, text, first.start, tok.end, first.line)
+                    tokens.append(tokenize.TokenInfo(tokenize.STRING, text, first.start, tok.end, first.line))
             elif depth == 0:
-                yield tok
+                tokens.append(tok)
+    return tokens
 
 
 def _scan(source: str) -> tuple[set[tuple[int, int]], dict[int, int]]:
