@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from multibranch.data.code_corpus import (
+    INDENT,
     CodeCorpus,
     decode_code,
     decode_docstring,
@@ -22,6 +26,7 @@ from multibranch.data.code_corpus import (
 from multibranch.data.errors import DataError
 from multibranch.evaluate.code import parses
 
+_ESCAPE_WORDS = re.compile(r"\b(DCNL|DCSP|DCTB)\b")
 CODE_DOCSTRING_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "code-docstring"
 
 # (escaped one-line form, expected Python source) written by hand
@@ -99,6 +104,27 @@ def test_round_trip_decode_encode(source):
     assert "\n" not in escaped
     assert decode_code(escaped) == source
     assert encode_code(decode_code(escaped)) == escaped
+
+
+@given(
+    st.text(alphabet="ab DCSPNLT\t\u00e9", max_size=20),
+    st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=6),
+)
+def test_round_trip_property(content, depths):
+    """Any run of spaces and tabs inside a string, at any nesting depth, survives encode -> decode."""
+    body, level = [], 1
+    for depth in depths:  # an `if` with a one-statement body, then back to any enclosing level
+        body += [INDENT * level + "if s:", INDENT * (level + 1) + f"s = '{content}'"]
+        level = min(depth, level) + 1
+    source = "def f(s):\n" + "\n".join(body) + "\n" + INDENT * level + "return s"
+    if _ESCAPE_WORDS.search(source):
+        with pytest.raises(ValueError, match="escape word"):
+            encode_code(source)
+        return
+    escaped = encode_code(source)
+    assert "\n" not in escaped and "\t" not in escaped
+    assert decode_code(escaped) == source
+    assert parses(decode_code(escaped))
 
 
 def test_encode_levels_from_any_indentation_width():
