@@ -7,8 +7,8 @@ Sennrich's code-docstring-corpus, used by the MAT paper's Python code-generation
   newlines written as the token `DCNL`;
 - each `.code` line is one function (decorators, `def` line and body, docstring removed) kept on one
   line by escape tokens: `DCNL` is a newline; `DCSP` is one level of indentation when it stands at
-  the start of a line (one token per level) or one space inside a string constant; `DCTB` (not in
-  the corpus README, 193 times in the shared files) is a tab inside a string constant.
+  the start of a line (one token per level) or one space inside a string constant; `DCTB` (used
+  by the data though not in its README) is a tab inside a string constant.
 
 The escape tokens are whole words surrounded by single spaces that belong to the escape: in the
 corpus a newline is written `" DCNL"`, each indentation level `" DCSP "` (so two levels read
