@@ -262,7 +262,7 @@ def test_read_code_corpus_malformed_docstring(tmp_path, caplog):
 
 def test_read_code_corpus_missing_file(tmp_path):
     (tmp_path / "part.desc").write_text("'a'\n")
-    with pytest.raises(DataError, match=r"file not found: .*part\.code"):
+    with pytest.raises(DataError, match=r"part\.code: file not found"):
         read_code_corpus(tmp_path / "part")
 
 
