@@ -23,11 +23,13 @@ Head gate (analysis, SEEDS-SPEC §5.5): every attention module of every layer ki
 module. Its `head_gate` is None by default (the forward is untouched); set to a tensor [H] it scales
 head h's output before W_O (so before the output bias): 0/1 masks heads, a leaf tensor with
 requires_grad gives the importance |dL/d gate_h|. It is a non-persistent buffer: never in the
-state dict, moved with the module.
+state dict, moved with the module. Likewise `attention_probe` (None by default) is called with the
+attention probabilities [B, H, L, S] of every forward (attention entropy, attention maps).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -69,7 +71,7 @@ def attend(
                 L, S, query_offset, q.device
             )
             causal = False
-        if q.device.type == "cpu" and q.dtype != torch.float32:
+        if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
             # CPU flash attention's backward was an order of magnitude slower in bf16 than in fp32 at
             # these sizes (torch 2.13, measured while tuning the -tiny presets): attend in fp32.
             with torch.autocast("cpu", enabled=False):
@@ -91,7 +93,7 @@ def attend(
         scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
     if causal:
         scores = scores.masked_fill(~_causal_mask(L, S, query_offset, q.device), float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # [B, H, L, S]
+    probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype)  # [B, H, L, S]
     dropped = dropout(probs, dropout_p) if dropout_p > 0 else probs
     out = torch.matmul(dropped, v)  # [B, H, L, d_k]
     if relative is not None:
@@ -116,6 +118,7 @@ class HeadGated(nn.Module):
 
     gate_heads: int
     role: str | None = None  # "encoder_self", "decoder_self" or "cross", set by the layer builders
+    attention_probe: Callable[[Tensor], None] | None = None  # receives probabilities [B, H, L, S]
 
     def init_head_gate(self, heads: int) -> None:
         self.gate_heads = heads
@@ -297,7 +300,8 @@ class ParallelAttention(HeadGated):
                     cache.set("v", v, static=True)
             else:
                 v = cache.get("v")
-        return attend(
+        probe = self.attention_probe
+        heads, weights = attend(
             q,
             k,
             v,
@@ -306,8 +310,11 @@ class ParallelAttention(HeadGated):
             query_offset=query_offset,
             dropout_p=self.dropout if self.training else 0.0,
             relative=self.relative,
-            need_weights=need_weights,
+            need_weights=need_weights or probe is not None,
         )
+        if probe is not None:
+            probe(weights)
+        return heads, (weights if need_weights else None)
 
     def forward(
         self,

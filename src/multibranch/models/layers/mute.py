@@ -153,10 +153,13 @@ class UnitSelfAttention(HeadGated):
         U = qkv.shape[0]
         qkv = qkv.view(U, B, S, 3, H, dk).permute(3, 1, 0, 4, 2, 5).reshape(3, B, U * H, S, dk)  # [3, B, U*H, S, d_k]
         scale = self.drophead(B * U, u.device) if self.drophead is not None else None  # [B*U, H]
+        probe = self.attention_probe
         heads, probs = attend(
             qkv[0], qkv[1], qkv[2], key_padding_mask=padding_mask, dropout_p=self.dropout if self.training else 0.0,
-            relative=self.relative, need_weights=need_weights,
+            relative=self.relative, need_weights=need_weights or probe is not None,
         )  # [B, U*H, S, d_k]
+        if probe is not None:
+            probe(probs)  # [B, U*H, S, S], heads unit-major like the gate
         if scale is not None:  # DropHead per sample and unit, rescaled H/#kept within the unit
             heads = heads * scale.view(B, U * H, 1, 1).to(heads.dtype)
         if self.head_gate is not None:  # [Uw*H]; a shared attention's gate covers every noised input
@@ -164,7 +167,7 @@ class UnitSelfAttention(HeadGated):
             heads = heads * gate[None, :, None, None].to(heads.dtype)
         heads = heads.view(B, U, H, S, dk).permute(1, 0, 3, 2, 4).reshape(U, B, S, d)  # [U, B, S, H*d_k]
         out = unit_linear(heads, self.out_weight, self.out_bias)  # [U, B, S, d]
-        return out, (probs.view(B, U, H, S, S) if probs is not None else None)
+        return out, (probs.view(B, U, H, S, S) if need_weights else None)
 
     def extra_repr(self) -> str:
         return f"units={self.units}, heads={self.heads}, head_dim={self.head_dim}, dropout={self.dropout}"
