@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 
-COMMANDS = ["demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info"]
+COMMANDS = ["demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info", "analyze"]
 
 
 class UserError(Exception):
