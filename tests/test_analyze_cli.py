@@ -89,3 +89,16 @@ def test_analyze_refuses_a_non_empty_report_dir_and_bad_input(tiny_checkpoint, t
     assert not (tmp_path / "r2").exists()
     assert _analyze(tmp_path / "missing.pt", tiny_data, tmp_path / "r3") == 2
     assert "checkpoint not found" in capsys.readouterr().err
+
+
+def test_report_of_a_pruned_model_with_unequal_head_counts(tmp_path):
+    from multibranch.analysis.head_report import write_report
+
+    modules = [{"name": f"decoder.layers.{i}.cross_attn", "role": "cross", "layer": i, "heads": 4 - i,
+                "importance": [0.5] * (4 - i), "entropy": [1.0] * (4 - i)} for i in range(3)]
+    report = {"checkpoint": "x.pt", "data": "d", "split": "valid", "examples": 1, "target_tokens": 5,
+              "normalized": False, "modules": modules, "bleu": None, "pruning_curve": None, "dominant_heads": None}
+    folder = write_report(report, tmp_path / "r", force=False)
+    assert folder.files == ["heads.json", "importance.png", "entropy.png", "index.md"]
+    assert all((tmp_path / "r" / name).read_bytes().startswith(PNG_MAGIC) for name in folder.files if name.endswith("png"))
+    assert json.loads((tmp_path / "r" / "heads.json").read_text()) == report

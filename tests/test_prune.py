@@ -150,3 +150,145 @@ def test_curve_on_bleu_starts_at_the_unpruned_score_and_masks_like_zeroed_values
             attn.in_proj.bias[rows] = 0.0
     assert hypotheses[1] == Translator(reference_model, data.tokenizer(), decode).translate(sources)
     assert hypotheses[1] != unpruned
+
+
+# ---- physical pruning ----------------------------------------------------------------------------
+
+PHYSICAL_KINDS = {
+    "standard": {"relative_positions": 3},
+    "mat": {"encoder": {"kind": "transformer", "attention_branches": 2, "ffn_branches": 2},
+            "decoder": {"kind": "transformer", "attention_branches": 2, "ffn_branches": 2}},
+}
+
+
+def _payload(model: torch.nn.Module) -> dict:
+    from multibranch.experiment import ExperimentConfig
+
+    config = ExperimentConfig(model=model.config).to_dict()
+    return {"config": config, "model": {k: v.clone() for k, v in model.state_dict().items()}, "meta": {}}
+
+
+def _load(payload: dict) -> torch.nn.Module:
+    from multibranch.experiment import ExperimentConfig
+
+    model = build_model(ExperimentConfig.from_dict(payload["config"]).model)
+    model.load_state_dict(payload["model"])
+    return model.eval()
+
+
+def _src_prev() -> tuple[torch.Tensor, torch.Tensor]:
+    src = torch.randint(4, 40, (3, 9))
+    src[0, 6:] = 0
+    src[torch.arange(3), torch.tensor([5, 8, 8])] = 3
+    prev = torch.randint(4, 40, (3, 7))
+    prev[:, 0] = 2
+    return src, prev
+
+
+@pytest.mark.parametrize("kind", list(PHYSICAL_KINDS))
+def test_pruned_model_translates_exactly_like_the_masked_one(kind):
+    from multibranch.analysis.heads import gates_installed, mask_gates
+    from multibranch.convert.prune import prune_heads
+    from multibranch.inference.beam import search
+
+    model = _model(**PHYSICAL_KINDS[kind])
+    sites = attention_sites(model)
+    gen = torch.Generator().manual_seed(2)
+    remove = [(s.name, int(h)) for s in sites for h in torch.randperm(s.heads, generator=gen)[: 1 + s.layer]]
+    remove.append((sites[0].name, int(torch.randperm(sites[0].heads, generator=gen)[-1])))  # a 3rd head here
+    pruned = _load(prune_heads(_payload(model), remove))
+
+    src, prev = _src_prev()
+    with torch.no_grad(), gates_installed(sites, mask_gates(sites, remove)):
+        masked_logits = model(src, prev)
+        masked_out = {beam: search(model, src, DecodeConfig(beam=beam, max_len_b=6)) for beam in (1, 3)}
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(src, prev), masked_logits, rtol=1e-5, atol=1e-5)
+        for beam, expected in masked_out.items():
+            got = search(pruned, src, DecodeConfig(beam=beam, max_len_b=6))
+            assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
+            assert not torch.allclose(model(src, prev), masked_logits, atol=1e-4)  # the heads mattered
+
+    for site in attention_sites(pruned):
+        removed = len({h for name, h in remove if name == site.name})
+        original = next(s.heads for s in sites if s.name == site.name)
+        assert site.heads == original - removed
+
+
+def test_prune_records_counts_in_the_config_and_kept_heads_in_meta():
+    from multibranch.convert.prune import prune_heads
+
+    model = _model()
+    out = prune_heads(_payload(model), [("encoder.layers.1.self_attn", 0), ("decoder.layers.0.cross_attn", 3)])
+    assert out["config"]["model"]["encoder"]["layer_heads"] == [[4], [3]]
+    assert out["config"]["model"]["decoder"]["layer_heads"] == [[4, 3], [4, 4]]
+    assert out["config"]["model"]["encoder"]["head_dim"] == 8
+    assert out["meta"]["conversion"]["kept"]["decoder.layers.0.cross_attn"] == [0, 1, 2]
+    before, after = model.parameter_counts()["total"], _load(out).parameter_counts()["total"]
+    assert before - after == 2 * (4 * 32 * 8 + 3 * 8)  # per head: Q/K/V rows (+bias) and W_O columns
+
+
+@pytest.mark.parametrize(("overrides", "reason"), [
+    ({"encoder": {"kind": "weighted"}, "decoder": {"kind": "weighted"}}, "own FFN"),
+    ({"encoder": {"kind": "muse"}, "decoder": {"kind": "muse"}}, "value projection"),
+    ({"norm": "pre", "encoder": {"kind": "mute", "units": 2}}, "stacked weights"),
+])
+def test_kinds_that_cannot_be_pruned_are_refused_with_the_reason(overrides, reason):
+    from multibranch.config import ConfigError
+    from multibranch.convert.prune import prune_heads
+
+    with pytest.raises(ConfigError, match=reason):
+        prune_heads(_payload(_model(**overrides)), [("encoder.layers.0.self_attn", 0)])
+
+
+def test_pruning_every_head_of_a_module_or_a_missing_head_is_refused():
+    from multibranch.config import ConfigError
+    from multibranch.convert.prune import prune_heads
+
+    payload = _payload(_model())
+    with pytest.raises(ConfigError, match="at least one head"):
+        prune_heads(payload, [("decoder.layers.1.cross_attn", h) for h in range(4)])
+    with pytest.raises(ConfigError, match="no head 4"):
+        prune_heads(payload, [("decoder.layers.1.cross_attn", 4)])
+    with pytest.raises(ConfigError, match="layer_heads"):
+        from_dict(ModelConfig, tiny_model_dict(encoder={"kind": "transformer", "layer_heads": [[4]]})).validate()
+
+
+def test_prune_cli_fraction_and_heads_json(tiny_data, tmp_path, capsys):
+    from multibranch.analysis.heads import gates_installed, mask_gates
+    from multibranch.cli import main
+    from multibranch.train.checkpoint import load_checkpoint, load_model, save_checkpoint
+
+    vocab = PreparedData.load(tiny_data).meta["vocab_size"]["src"]
+    model = _model(vocab=vocab)
+    ckpt = tmp_path / "model.pt"
+    save_checkpoint(ckpt, _payload(model))
+
+    out = tmp_path / "pruned.pt"
+    assert main(["prune", "--ckpt", str(ckpt), "--out", str(out), "--fraction", "0.25", "--data", str(tiny_data)]) == 0
+    printed = capsys.readouterr().out
+    assert "removed 6 head(s)" in printed and "-6,288" in printed  # 6 x (4 * 32 * 8 + 3 * 8)
+    removed = [tuple(pair) for pair in load_checkpoint(out)["meta"]["conversion"]["removed"]]
+    assert len(removed) == 6
+    pruned = load_model(out).model
+    src, prev = _src_prev()
+    sites = attention_sites(model)
+    with torch.no_grad(), gates_installed(sites, mask_gates(sites, removed)):
+        torch.testing.assert_close(pruned(src, prev), model(src, prev), rtol=1e-5, atol=1e-5)
+
+    heads = tmp_path / "heads.json"
+    heads.write_text('{"masked": [["encoder.layers.0.self_attn", 1]]}')
+    assert main(["prune", "--ckpt", str(ckpt), "--out", str(tmp_path / "one.pt"), "--heads-json", str(heads)]) == 0
+    assert load_model(tmp_path / "one.pt").config.model.encoder.layer_heads == [[3], [4]]
+
+    for argv, message in [
+        (["--out", str(out), "--heads-json", str(heads)], "exists; pass --force"),
+        (["--out", str(ckpt), "--heads-json", str(heads), "--force"], "never overwritten"),
+        (["--out", str(tmp_path / "x.pt"), "--fraction", "0.25"], "give --data"),
+        (["--out", str(tmp_path / "x.pt"), "--fraction", "0.9", "--data", str(tiny_data)], "only 18 can go"),
+        (["--out", str(tmp_path / "x.pt"), "--heads-json", str(tmp_path / "model.pt")], "not valid JSON"),
+    ]:
+        assert main(["prune", "--ckpt", str(ckpt), *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "x.pt").exists()

@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 
-COMMANDS = ["demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info", "analyze"]
+COMMANDS = ["demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info", "analyze", "prune"]
 
 
 class UserError(Exception):

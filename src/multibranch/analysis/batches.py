@@ -8,10 +8,19 @@ import numpy as np
 import torch
 
 from multibranch.data.batching import Batch, collate, token_batches
+from multibranch.data.errors import DataError
 
 if TYPE_CHECKING:
-    from multibranch.data.dataset import ParallelSplit
+    from multibranch.data.dataset import ParallelSplit, PreparedData
     from multibranch.models import ModelConfig
+
+
+def check_vocabulary(data: PreparedData, model_cfg: ModelConfig, ckpt: str) -> None:
+    """DataError unless the prepared data has the vocabulary sizes the model was trained with."""
+    sizes = data.meta["vocab_size"]
+    if (sizes["src"], sizes["tgt"]) != (model_cfg.src_vocab_size, model_cfg.tgt_vocab_size):
+        raise DataError(f"{data.directory} has vocabulary sizes {sizes['src']}/{sizes['tgt']} but {ckpt} was trained "
+                        f"with {model_cfg.src_vocab_size}/{model_cfg.tgt_vocab_size}: not the model's data")
 
 
 def teacher_forced_batches(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multibranch.analysis.batches import teacher_forced_batches
+from multibranch.analysis.batches import check_vocabulary, teacher_forced_batches
 from multibranch.analysis.entropy import attention_entropy
 from multibranch.analysis.heads import attention_sites
 from multibranch.analysis.importance import head_importance
@@ -64,10 +64,7 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
     loaded = load_model(ckpt, options.device)
     model, cfg = loaded.model, loaded.config
     data = PreparedData.load(data_dir)
-    sizes = data.meta["vocab_size"]
-    if (sizes["src"], sizes["tgt"]) != (cfg.model.src_vocab_size, cfg.model.tgt_vocab_size):
-        raise DataError(f"{data_dir} has vocabulary sizes {sizes['src']}/{sizes['tgt']} but {ckpt} was trained "
-                        f"with {cfg.model.src_vocab_size}/{cfg.model.tgt_vocab_size}: not the model's data")
+    check_vocabulary(data, cfg.model, str(ckpt))
     split = data.split(options.split)
     bleu_split = data.split(options.bleu_split or options.split) if (options.curve or options.dominant) else None
     sites = attention_sites(model)
