@@ -110,26 +110,28 @@ def write_report(report: dict[str, Any], out: str | Path, force: bool) -> Report
 
     folder = ReportFolder.create(out, force)
     folder.write_json("heads.json", report)
-    label = "importance (l2-normalised per module)" if report["normalized"] else "importance"
+    label = "l2-normalised per module" if report["normalized"] else "not normalised"
     folder.write_png("importance.png", plots.head_heatmaps(report["modules"], "importance", "head importance", label))
     folder.write_png("entropy.png", plots.head_heatmaps(report["modules"], "entropy", "attention entropy", "nats"))
     if report["pruning_curve"] is not None:
         folder.write_png("pruning_curve.png", plots.pruning_curve_plot(report["pruning_curve"]["points"]))
-    folder.write_text("index.md", index_markdown(report, folder.files))
+    folder.write_text("index.md", index_markdown(report))
     return folder
 
 
-def index_markdown(report: dict[str, Any], files: list[str]) -> str:
+def index_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Head analysis of `{report['checkpoint']}`", "",
              f"Importance and entropy over {report['examples']} examples ({report['target_tokens']} target tokens) "
              f"of split `{report['split']}` of `{report['data']}`. Numbers: [heads.json](heads.json).", ""]
-    for name in files:
-        if name.endswith(".png"):
-            lines += [f"## {name.removesuffix('.png').replace('_', ' ')}", "", f"![{name}]({name})", ""]
+    lines += ["## Head importance", "", "Importance = |dNLL/d gate| per head (Michel et al.), teacher-forced, no label smoothing"
+              + (", l2-normalised per module." if report["normalized"] else "."), "", "![importance](importance.png)", "",
+              "## Attention entropy", "", "Mean entropy (nats) of each head's attention over real query positions.", "",
+              "![entropy](entropy.png)", ""]
     if report["pruning_curve"] is not None:
         bleu = report["bleu"]
         lines += ["## Pruning curve", "", f"BLEU on {bleu['sentences']} sentences of `{bleu['split']}` "
-                  f"({bleu['signature']}).", "", "| heads masked | fraction | BLEU |", "|---:|---:|---:|"]
+                  f"({bleu['signature']}) with the globally least important heads masked.", "",
+                  "![pruning curve](pruning_curve.png)", "", "| heads masked | fraction | BLEU |", "|---:|---:|---:|"]
         lines += [f"| {p['masked_heads']} | {p['fraction']:.0%} | {p['score']:.2f} |"
                   for p in report["pruning_curve"]["points"]]
         lines.append("")
