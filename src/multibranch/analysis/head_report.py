@@ -26,7 +26,6 @@ from multibranch.analysis.importance import head_importance
 from multibranch.analysis.pruning import dominant_heads, pruning_curve
 from multibranch.analysis.report import ReportFolder
 from multibranch.analysis.scoring import BleuScorer
-from multibranch.data.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
 
     ReportFolder.check(out, force)
     if not 0.0 < options.step <= 1.0:
-        raise DataError(f"--step {options.step} must be in (0, 1]")
+        raise ValueError(f"pruning-curve step {options.step} must be in (0, 1]")
     loaded = load_model(ckpt, options.device)
     model, cfg = loaded.model, loaded.config
     data = PreparedData.load(data_dir)

@@ -5,6 +5,8 @@ MAT attention (all N_a*M heads, branch-major), the Weighted Transformer's branch
 = branch i), MUSE's self-attention (the attention part of [A ; C] W_out) and cross-attention, and
 MUTE's unit self-attentions (U*H heads, unit-major). A *site* is one such module; (role, layer)
 identifies it within a model (no layer has two attentions of one type) and a head is (site, index).
+Masking a Weighted Transformer head zeroes head_i before its branch: branch i still adds
+alpha_i * (FFN_i(b_O) + b_O), as the gate scales the head, not the branch.
 
     sites = attention_sites(model)
     with gates_installed(sites, mask_gates(sites, [("decoder.layers.0.cross_attn", 2)])):

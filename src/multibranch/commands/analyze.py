@@ -13,7 +13,8 @@ import argparse
 HELP = "analyses of a checkpoint written as a report folder (heads: importance, entropy, pruning curve)"
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} must be >= 1")
@@ -28,12 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="the prepared data directory the model was trained on")
     p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
     p.add_argument("--split", default="valid", help="importance and entropy set (default: valid)")
-    p.add_argument("--max-examples", type=_positive, default=None, help="use only the first N examples of --split")
-    p.add_argument("--max-tokens", type=_positive, default=4096, help="padded tokens per batch (default 4096)")
+    p.add_argument("--max-examples", type=positive_int, default=None, help="use only the first N examples of --split")
+    p.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch (default 4096)")
     p.add_argument("--no-normalize", action="store_true", help="do not l2-normalise importance per module")
     p.add_argument("--bleu-split", default=None, help="split translated for BLEU (default: --split)")
-    p.add_argument("--bleu-max-sentences", type=_positive, default=None, help="translate only its first N sentences")
-    p.add_argument("--beam", type=_positive, default=None, help="beam size (default: the checkpoint's)")
+    p.add_argument("--bleu-max-sentences", type=positive_int, default=None, help="translate only its first N sentences")
+    p.add_argument("--beam", type=positive_int, default=None, help="beam size (default: the checkpoint's)")
     p.add_argument("--step", type=float, default=0.1, help="pruning-curve step as a fraction of all heads (0.1)")
     p.add_argument("--recompute", action="store_true", help="recompute importance after every pruning step")
     p.add_argument("--keep-one", action="store_true", help="never mask the last head of a module")
@@ -51,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _heads(args: argparse.Namespace) -> int:
     from multibranch.analysis.head_report import HeadAnalysisOptions, analyze_heads
+    from multibranch.cli import UserError
+
+    if not 0.0 < args.step <= 1.0:
+        raise UserError(f"--step {args.step} must be in (0, 1]")
 
     options = HeadAnalysisOptions(
         split=args.split, max_examples=args.max_examples, max_tokens=args.max_tokens, normalize=not args.no_normalize,

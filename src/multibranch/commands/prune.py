@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from multibranch.commands.analyze import positive_int
+
 HELP = "remove attention heads (least important fraction, or listed) from a standard/MAT checkpoint"
 
 
@@ -28,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--heads-json", metavar="FILE", help="heads to remove: [[module, head], ...]")
     parser.add_argument("--data", help="prepared data for the importance (needed with --fraction)")
     parser.add_argument("--split", default="valid", help="importance set (default: valid)")
-    parser.add_argument("--max-examples", type=int, default=None, help="only the first N examples of --split")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch (default 4096)")
+    parser.add_argument("--max-examples", type=positive_int, default=None, help="only the first N examples of --split")
+    parser.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch (default 4096)")
     parser.add_argument("--force", action="store_true", help="overwrite --out")
 
 
