@@ -283,7 +283,7 @@ def test_prune_cli_fraction_and_heads_json(tiny_data, tmp_path, capsys):
 
     for argv, message in [
         (["--out", str(out), "--heads-json", str(heads)], "exists; pass --force"),
-        (["--out", str(ckpt), "--heads-json", str(heads), "--force"], "never overwritten"),
+        (["--out", str(ckpt), "--heads-json", str(heads), "--force"], "same file as input"),
         (["--out", str(tmp_path / "x.pt"), "--fraction", "0.25"], "give --data"),
         (["--out", str(tmp_path / "x.pt"), "--fraction", "0.9", "--data", str(tiny_data)], "only 18 can go"),
         (["--out", str(tmp_path / "x.pt"), "--heads-json", str(tmp_path / "model.pt")], "not valid JSON"),

@@ -23,25 +23,25 @@ def positive_int(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
-    p = sub.add_parser("heads", help="head importance (Michel et al.), attention entropy, pruning curve, "
-                       "dominant heads (SEEDS-SPEC §5.5)")
+    about = "head importance (Michel et al.), attention entropy, pruning curve, dominant heads (SEEDS-SPEC §5.5)"
+    p = sub.add_parser("heads", help=about, description=about)
     p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
     p.add_argument("--data", required=True, help="the prepared data directory the model was trained on")
     p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
-    p.add_argument("--split", default="valid", help="importance and entropy set (default: valid)")
+    p.add_argument("--split", default="valid", help="importance and entropy set")
     p.add_argument("--max-examples", type=positive_int, default=None, help="use only the first N examples of --split")
-    p.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch (default 4096)")
+    p.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch")
     p.add_argument("--no-normalize", action="store_true", help="do not l2-normalise importance per module")
     p.add_argument("--bleu-split", default=None, help="split translated for BLEU (default: --split)")
     p.add_argument("--bleu-max-sentences", type=positive_int, default=None, help="translate only its first N sentences")
     p.add_argument("--beam", type=positive_int, default=None, help="beam size (default: the checkpoint's)")
-    p.add_argument("--step", type=float, default=0.1, help="pruning-curve step as a fraction of all heads (0.1)")
+    p.add_argument("--step", type=float, default=0.1, help="pruning-curve step as a fraction of all heads")
     p.add_argument("--recompute", action="store_true", help="recompute importance after every pruning step")
     p.add_argument("--keep-one", action="store_true", help="never mask the last head of a module")
     p.add_argument("--no-curve", action="store_true", help="skip the pruning curve")
     p.add_argument("--no-dominant", action="store_true",
                    help="skip the dominant-head table (one translation of the BLEU set per head)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.set_defaults(analysis_run=_heads)
 

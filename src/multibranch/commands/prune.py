@@ -29,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--fraction", type=float, help="share of all heads to remove, least important first")
     which.add_argument("--heads-json", metavar="FILE", help="heads to remove: [[module, head], ...]")
     parser.add_argument("--data", help="prepared data for the importance (needed with --fraction)")
-    parser.add_argument("--split", default="valid", help="importance set (default: valid)")
+    parser.add_argument("--split", default="valid", help="importance set")
     parser.add_argument("--max-examples", type=positive_int, default=None, help="only the first N examples of --split")
-    parser.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch (default 4096)")
+    parser.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch")
     parser.add_argument("--force", action="store_true", help="overwrite --out")
 
 
@@ -39,15 +39,15 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.cli import UserError
     from multibranch.convert.payload import read_payload, refuse_overwrite
     from multibranch.convert.prune import check_prunable, prune_heads
+    from multibranch.data.text import check_output_file
     from multibranch.train.checkpoint import save_checkpoint
 
     if args.fraction is not None and not 0.0 < args.fraction < 1.0:
         raise UserError(f"--fraction {args.fraction} must be between 0 and 1 (exclusive)")
     if args.fraction is not None and not args.data:
         raise UserError("--fraction ranks heads by importance on data: give --data PREPARED_DIR")
-    if Path(args.out).resolve() == Path(args.ckpt).resolve():
-        raise UserError("--out must differ from --ckpt (the input is never overwritten)")
     refuse_overwrite(args.out, args.force)
+    check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     payload = read_payload(args.ckpt)
     check_prunable(payload, str(args.ckpt))
     if args.heads_json:
