@@ -292,3 +292,16 @@ def test_prune_cli_fraction_and_heads_json(tiny_data, tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_a_pruned_model_is_refused_by_the_ctranslate2_export():
+    from multibranch.config import ConfigError
+    from multibranch.convert.ct2 import check_exportable
+    from multibranch.convert.prune import prune_heads
+    from multibranch.experiment import ExperimentConfig
+
+    model = _model()
+    check_exportable(model.config, "model.pt")  # the unpruned model is exportable
+    pruned = prune_heads(_payload(model), [("encoder.layers.0.self_attn", 1)])
+    with pytest.raises(ConfigError, match="pruned heads"):
+        check_exportable(ExperimentConfig.from_dict(pruned["config"]).model, "pruned.pt")
