@@ -43,7 +43,7 @@ def _mat(r: float, **layer) -> dict:
     return _both({"kind": "transformer", "attention_branches": 2, "ffn_branches": 2, "drop_branch": r, **layer})
 
 
-def _mute(r: float, **layer) -> dict:
+def _mute(**layer) -> dict:
     return {"norm": "pre", "relative_positions": 4, "encoder": {"kind": "mute", **layer},
             "decoder": {"kind": "transformer"}}
 
@@ -72,9 +72,9 @@ CASES: dict[str, dict[str, Callable[[float], dict]]] = {
         "shared-ffn-branch-norm": lambda r: _both({"kind": "weighted", "ffn_mode": "shared", "branch_norm": True}),
     },
     "mute": {
-        "units": lambda r: _mute(r),
-        "biased-sequential": lambda r: _mute(r, bias_modules=BIASED, bias_switch=r, fusion="sequential"),
-        "biased-shared-attention": lambda r: _mute(r, bias_modules=BIASED, bias_switch=r, shared_attention=True),
+        "units": lambda r: _mute(),
+        "biased-sequential": lambda r: _mute(bias_modules=BIASED, bias_switch=r, fusion="sequential"),
+        "biased-shared-attention": lambda r: _mute(bias_modules=BIASED, bias_switch=r, shared_attention=True),
     },
     "muse": {
         "muse": lambda r: _muse(r),
@@ -198,22 +198,28 @@ def test_state_dict_round_trip_into_a_fresh_model(kind, name):
 # ---- one branch == the standard Transformer ---------------------------------------------------------
 
 
+_MUTE_NORM = {"norm.weight": "self_attn_residual.norm.weight", "norm.bias": "self_attn_residual.norm.bias"}
+_MUTE_UNIT = {"self_attn.in_weight": "self_attn.in_proj.weight", "self_attn.in_bias": "self_attn.in_proj.bias",
+              "self_attn.out_weight": "self_attn.out_proj.weight", "ffn.norm_weight": "ffn_residual.norm.weight",
+              "ffn.norm_bias": "ffn_residual.norm.bias", "ffn.fc1_weight": "ffn.fc1.weight",
+              "ffn.fc1_bias": "ffn.fc1.bias", "ffn.fc2_weight": "ffn.fc2.weight"}  # [1, ...] -> [...]
+
+
 def _mute_unit_to_transformer(state: dict) -> dict:
-    """A one-unit MUTE encoder's weights under the standard pre-norm layer's names (unit axis dropped)."""
-    names = {"norm.": "self_attn_residual.norm.", "self_attn.in_weight": "self_attn.in_proj.weight",
-             "self_attn.in_bias": "self_attn.in_proj.bias", "self_attn.out_weight": "self_attn.out_proj.weight",
-             "ffn.norm_weight": "ffn_residual.norm.weight", "ffn.norm_bias": "ffn_residual.norm.bias",
-             "ffn.fc1_weight": "ffn.fc1.weight", "ffn.fc1_bias": "ffn.fc1.bias", "ffn.fc2_weight": "ffn.fc2.weight"}
+    """A one-unit MUTE encoder's weights under the standard pre-norm layer's names (unit axis dropped);
+    out_bias, fc2_bias ([1, d] in both) and the relative-position tables keep their names."""
     out = {}
     for key, value in state.items():
-        if key.endswith("unit_weights"):
+        prefix, _, name = key.partition(".layers.")
+        layer, _, name = name.partition(".")
+        if prefix != "encoder" or not name:
+            out[key] = value
+        elif name == "unit_weights":
             assert torch.equal(value, torch.ones(1)), "a single unit has weight 1"
-            continue
-        for old, new in names.items():
-            if f".{old}" in key and key.startswith("encoder.layers."):
-                key, value = key.replace(f".{old}", f".{new}"), (value[0] if old[-1] != "." else value)
-                break
-        out[key] = value
+        elif name in _MUTE_NORM:
+            out[f"encoder.layers.{layer}.{_MUTE_NORM[name]}"] = value
+        else:
+            out[f"encoder.layers.{layer}.{_MUTE_UNIT.get(name, name)}"] = value[0] if name in _MUTE_UNIT else value
     return out
 
 
@@ -223,7 +229,7 @@ OneBranch = tuple[Callable[[float], dict], dict, Callable[[dict], dict]]
 ONE_BRANCH: dict[str, OneBranch | str] = {
     "transformer": (lambda r: _both({"kind": "transformer", "attention_branches": 1, "ffn_branches": 1,
                                      "drop_branch": r}), {}, lambda state: state),
-    "mute": (lambda r: _mute(r, units=1, bias_modules=["identity"], bias_switch=r),
+    "mute": (lambda r: _mute(units=1, bias_modules=["identity"], bias_switch=r),
              {"norm": "pre", "relative_positions": 4}, _mute_unit_to_transformer),
     "weighted": "its branches are the heads; kappa = alpha = 1 is tested in test_weighted.py",
     "muse": "no branch count (MUSE-simple == MUSE without its conv is tested in test_muse.py)",
