@@ -58,3 +58,31 @@ def test_read_modes_are_refused(tmp_path):
     with pytest.raises(ValueError):
         with atomic_write(tmp_path / "x", "r"):
             pass
+
+
+def test_atomic_directory_replaces_only_when_complete(tmp_path):
+    from multibranch.atomic import atomic_directory
+
+    out = tmp_path / "data"
+    with atomic_directory(out) as tmp:
+        (tmp / "a.txt").write_text("first")
+    assert (out / "a.txt").read_text() == "first"
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~_umask()  # mkdir's mode, not mkdtemp's 0o700
+
+    with pytest.raises(RuntimeError):
+        with atomic_directory(out) as tmp:
+            (tmp / "a.txt").write_text("half-built")
+            raise RuntimeError("failed while building")
+    assert (out / "a.txt").read_text() == "first"  # the old directory is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # no temporary left
+
+    with atomic_directory(out) as tmp:
+        (tmp / "b.txt").write_text("second")
+    assert sorted(p.name for p in out.iterdir()) == ["b.txt"]  # replaced whole, not merged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

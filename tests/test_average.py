@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
-from conftest import tiny_model_dict
+from conftest import tiny_experiment, tiny_model_dict
 
 from multibranch.cli import main
 from multibranch.convert.average import average_checkpoints, select_checkpoints
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
 from multibranch.train.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
+from multibranch.train.origin import weights_fingerprint
+from multibranch.train.rng import seed_everything
+from multibranch.train.trainer import RunOptions, train
 
 
 def make_payload(seed: int, step: int, bleu: float | None = None, loss: float | None = None, **model) -> dict:
@@ -127,3 +132,90 @@ def test_cli_average(run_dir, tmp_path, capsys):
     assert main(["average", "--ckpts", *ckpts, "--out", str(out), "--force"]) == 0
     assert main(["average", "--run", str(run_dir), "--out", str(tmp_path / "x.pt")]) == 2
     assert "--last N or --best N" in capsys.readouterr().err
+
+
+# ---- origins: only checkpoints of one weight trajectory are averaged ------------------------------
+
+
+def _origin(path) -> dict:
+    return load_checkpoint(path)["meta"]["origin"]
+
+
+def test_a_run_keeps_its_origin_across_resumes_and_fingerprints_its_initial_weights(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=2, valid_every=2), RunOptions(tiny_data, run, progress=False))
+    train(tiny_experiment(max_steps=4, valid_every=2), RunOptions(tiny_data, run, resume=True, progress=False))
+    origins = [_origin(p) for p in sorted((run / "checkpoints").glob("step_*.pt"))]
+    assert len(origins) == 2 and origins[0] == origins[1] == _origin(run / "last.pt")
+    assert origins[0]["init"] == "random" and len(origins[0]["run_id"]) == 32
+    # the fingerprint is that of the weights the seed gives before any update (rebuilt independently)
+    config = ExperimentConfig.from_dict(load_checkpoint(run / "last.pt")["config"])
+    seed_everything(config.train.seed)
+    assert origins[0]["init_fingerprint"] == weights_fingerprint(build_model(config.model).state_dict())
+    train(tiny_experiment(max_steps=2, valid_every=2), RunOptions(tiny_data, run, force=True, progress=False))
+    restarted = _origin(run / "last.pt")
+    assert restarted["run_id"] != origins[0]["run_id"]  # a new run
+    assert restarted["init_fingerprint"] == origins[0]["init_fingerprint"]  # same seed, same init
+
+
+def test_weights_fingerprint_sees_one_changed_value():
+    state = build_model(ExperimentConfig.from_dict({"model": tiny_model_dict()}).model).state_dict()
+    copy = {k: v.clone() for k, v in state.items()}
+    assert weights_fingerprint(copy) == weights_fingerprint(state)
+    copy["decoder.layers.1.ffn.fc2.weight"][3, 5] += 1e-3
+    assert weights_fingerprint(copy) != weights_fingerprint(state)
+
+
+def test_average_refuses_unrelated_runs_unless_forced(tiny_data, tmp_path, caplog, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(tiny_experiment(max_steps=4, valid_every=2), RunOptions(tiny_data, a, progress=False))
+    # the same preset and seed (so the same initial weights), but another learning rate: another run
+    other = tiny_experiment(max_steps=2, valid_every=2, lr={"schedule": "inverse_sqrt", "lr": 0.001, "warmup": 5})
+    train(other, RunOptions(tiny_data, b, progress=False))
+    assert _origin(a / "last.pt")["init_fingerprint"] == _origin(b / "last.pt")["init_fingerprint"]
+    steps_a = [str(p) for p in sorted((a / "checkpoints").glob("step_*.pt"))]
+    average_checkpoints(steps_a)  # one run: fine
+    mixed = [steps_a[-1], str(b / "last.pt")]
+    with pytest.raises(CheckpointError, match="unrelated runs .*--force"):
+        average_checkpoints(mixed)
+    caplog.set_level(logging.WARNING, logger="multibranch")
+    average_checkpoints(mixed, force=True)
+    assert "--force" in caplog.text and "unrelated runs" in caplog.text
+    out = tmp_path / "avg.pt"
+    assert main(["average", "--ckpts", *mixed, "--out", str(out)]) == 2
+    assert "unrelated runs" in capsys.readouterr().err and not out.exists()
+    assert main(["average", "--ckpts", *mixed, "--out", str(out), "--force"]) == 0
+
+
+def test_average_accepts_fine_tunings_of_one_checkpoint(tiny_data, tmp_path):
+    base = tmp_path / "base"
+    train(tiny_experiment(max_steps=2, valid_every=2), RunOptions(tiny_data, base, progress=False))
+    tuned = []
+    for seed in (3, 4):
+        run = tmp_path / f"tuned{seed}"
+        train(tiny_experiment(max_steps=2, valid_every=2, seed=seed),
+              RunOptions(tiny_data, run, init_from=base / "best.pt", progress=False))
+        tuned.append(str(run / "last.pt"))
+    first, second = _origin(tuned[0]), _origin(tuned[1])
+    assert first["run_id"] != second["run_id"] and first["init"] == "checkpoint"
+    assert first["init_fingerprint"] == weights_fingerprint(load_checkpoint(base / "best.pt")["model"])
+    average_checkpoints(tuned)  # a "model soup": no --force needed
+
+
+def test_checkpoints_without_origin_average_with_a_warning(tmp_path, caplog):
+    paths = [write(tmp_path / f"old{i}.pt", make_payload(i, i)) for i in (1, 2)]
+    caplog.set_level(logging.WARNING, logger="multibranch")
+    average_checkpoints(paths)
+    assert "cannot check that the checkpoints come from one run" in caplog.text
+
+
+def test_a_run_from_before_origins_resumes_with_a_warning_and_stays_uncheckable(tiny_data, tmp_path, caplog):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=2, valid_every=2), RunOptions(tiny_data, run, progress=False))
+    old = load_checkpoint(run / "last.pt")
+    del old["meta"]["origin"]
+    save_checkpoint(run / "last.pt", old)
+    caplog.set_level(logging.WARNING, logger="multibranch")
+    train(tiny_experiment(max_steps=4, valid_every=2), RunOptions(tiny_data, run, resume=True, progress=False))
+    assert "before runs recorded their origin" in caplog.text
+    assert "origin" not in load_checkpoint(run / "last.pt")["meta"]  # no made-up origin

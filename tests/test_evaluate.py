@@ -95,3 +95,114 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert f"{bad}:2: invalid UTF-8" in capsys.readouterr().err
     assert main(["evaluate", "--hyp", hyp, "--ref", hyp, "--tokenize", "spm"]) == 2
     assert "downloads" in capsys.readouterr().err
+
+
+# ---- issue 7: empty input, --json -, --json overwrite, sentence level, paired bootstrap --------------
+
+
+def test_cli_empty_hyp_and_ref_is_one_clear_error(tmp_path, capsys):
+    """Regression: empty hyp and ref raised IndexError inside sacreBLEU."""
+    empty = _write(tmp_path / "empty", [])
+    empty_ref = _write(tmp_path / "empty_ref", [])
+    assert main(["evaluate", "--hyp", empty, "--ref", empty_ref]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to score" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(DataError, match="nothing to score"):
+        score_corpus([], [[]])
+
+
+def test_cli_json_dash_is_stdout_and_stdout_stays_json(tmp_path, capsys):
+    """Regression: `--json -` wrote a file named '-'."""
+    hyp, ref = _write(tmp_path / "hyp", HYP), _write(tmp_path / "ref", REF)
+    monkey_cwd = tmp_path / "cwd"
+    monkey_cwd.mkdir()
+    import os
+
+    old = os.getcwd()
+    os.chdir(monkey_cwd)
+    try:
+        assert main(["evaluate", "--hyp", hyp, "--ref", ref, "--json", "-"]) == 0
+    finally:
+        os.chdir(old)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # the whole of stdout is one JSON document
+    assert report["bleu"]["score"] == pytest.approx(BLEU().corpus_score(HYP, [REF]).score)
+    assert captured.err.startswith("BLEU = ")  # the human lines moved to stderr
+    assert not (monkey_cwd / "-").exists()
+
+
+def test_cli_json_refuses_to_overwrite_without_force(tmp_path, capsys):
+    """Regression: --json silently replaced an existing file (everything else requires --force)."""
+    hyp, ref = _write(tmp_path / "hyp", HYP), _write(tmp_path / "ref", REF)
+    out = tmp_path / "scores.json"
+    out.write_text("keep me", encoding="utf-8")
+    assert main(["evaluate", "--hyp", hyp, "--ref", ref, "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "exists" in err and "--force" in err
+    assert out.read_text(encoding="utf-8") == "keep me"
+    assert main(["evaluate", "--hyp", hyp, "--ref", ref, "--json", str(out), "--force"]) == 0
+    assert json.loads(out.read_text(encoding="utf-8"))["lines"] == 4
+    assert main(["evaluate", "--hyp", hyp, "--ref", ref, "--json", hyp, "--force"]) == 2  # never its own input
+    assert "same file as input" in capsys.readouterr().err
+
+
+def test_sentence_level_scores_equal_sacrebleu_sentence_functions(tmp_path, capsys):
+    from sacrebleu import sentence_bleu, sentence_chrf
+
+    hyp, ref = _write(tmp_path / "hyp", HYP), _write(tmp_path / "ref", REF)
+    out = tmp_path / "s.json"
+    assert main(["evaluate", "--hyp", hyp, "--ref", ref, "--sentence-level", "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    rows = [line.split("\t") for line in captured.out.splitlines()]
+    assert len(rows) == len(HYP) and captured.err.startswith("BLEU = ")
+    for (bleu, chrf), h, r in zip(rows, HYP, REF, strict=True):
+        assert float(bleu) == pytest.approx(sentence_bleu(h, [r], smooth_method="exp").score, abs=5e-5)
+        assert float(chrf) == pytest.approx(sentence_chrf(h, [r]).score, abs=5e-5)
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["sentences"]["bleu"][0] == pytest.approx(sentence_bleu(HYP[0], [REF[0]]).score)
+    assert "smooth:exp" in report["sentences"]["bleu_signature"]
+
+
+def _bootstrap_corpus(n: int = 60) -> tuple[list[str], list[str]]:
+    import random
+
+    rng = random.Random(3)
+    words = [f"w{i}" for i in range(50)]
+    refs = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(n)]
+    noisy = [" ".join(w if rng.random() < 0.5 else rng.choice(words) for w in r.split()) for r in refs]
+    return refs, noisy
+
+
+def test_paired_bootstrap_perfect_system_is_significant_identical_is_not(tmp_path, capsys):
+    from multibranch.evaluate.metrics import paired_bootstrap
+
+    refs, noisy = _bootstrap_corpus()
+    better = paired_bootstrap(noisy, refs, refs, metrics=("bleu", "chrf"), samples=200)
+    assert better["bleu"]["system"]["score"] == pytest.approx(100.0)
+    assert better["bleu"]["p_value"] < 0.01 and better["chrf"]["p_value"] < 0.01
+    assert better["bleu"]["system"]["ci95"] == pytest.approx(0.0)  # every resample of a perfect system is 100
+    low, high = (better["bleu"]["baseline"]["mean"] + s * better["bleu"]["baseline"]["ci95"] for s in (-1, 1))
+    assert low < better["bleu"]["baseline"]["score"] < high
+    same = paired_bootstrap(noisy, list(noisy), refs, metrics=("bleu",), samples=200)
+    assert same["bleu"]["p_value"] == 1.0  # no difference at all: never significant
+    assert "bs:200" in same["bleu"]["signature"]
+    nearly = list(noisy)
+    nearly[0] = " ".join(reversed(nearly[0].split()))  # one line of 60 changed: a difference within chance
+    close = paired_bootstrap(noisy, nearly, refs, metrics=("bleu", "chrf"), samples=200)
+    assert close["bleu"]["system"]["score"] != close["bleu"]["baseline"]["score"]
+    assert close["bleu"]["p_value"] > 0.05 and close["chrf"]["p_value"] > 0.05
+
+    hyp, ref, sys2 = _write(tmp_path / "hyp", noisy), _write(tmp_path / "ref", refs), _write(tmp_path / "sys2", refs)
+    out = tmp_path / "cmp.json"
+    assert main(["evaluate", "--hyp", hyp, "--ref", ref, "--compare", sys2, "--bootstrap-samples", "100",
+                 "--metrics", "bleu", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "paired bootstrap" in printed and "p = " in printed
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["compare"]["bleu"]["p_value"] < 0.02 and report["compare"]["system"] == sys2
+
+
+def test_a_directory_as_hyp_says_so(tmp_path, capsys):
+    ref = _write(tmp_path / "ref", REF)
+    assert main(["evaluate", "--hyp", str(tmp_path), "--ref", ref]) == 2
+    assert "is a directory" in capsys.readouterr().err

@@ -112,3 +112,37 @@ def test_cli_export_and_exported_dir_as_input(tmp_path, capsys):
     avg = tmp_path / "avg.pt"
     assert main(["average", "--ckpts", str(out), str(ckpt), "--out", str(avg)]) == 0
     assert main(["convert", "fold", "--ckpt", str(out), "--out", str(tmp_path / "f.pt")]) == 0
+
+
+def test_exported_files_and_saved_checkpoints_get_ordinary_modes(tmp_path):
+    import os
+    import stat
+
+    payload = make_payload(False, "decoder")
+    old_mask = os.umask(0o027)
+    try:
+        written = export(payload, tmp_path / "release")
+        save_checkpoint(tmp_path / "x.pt", payload)
+    finally:
+        os.umask(old_mask)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in [*written, tmp_path / "x.pt"]}
+    assert modes == {name: "0o640" for name in ("model.safetensors", "source.model", "target.model", "config.json",
+                                                 "x.pt")}
+    assert sorted(p.name for p in (tmp_path / "release").iterdir()) == sorted(p.name for p in written)  # no temporaries
+
+
+def test_what_is_not_a_checkpoint_is_named(tmp_path):
+    from multibranch.train.checkpoint import load_checkpoint
+
+    text = tmp_path / "hyp.txt"
+    text.write_text("a translation\n")
+    with pytest.raises(CheckpointError, match=r"hyp\.txt is not a multibranch checkpoint$"):
+        load_checkpoint(text)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=rf"{run} is a run directory; did you mean {run / 'best.pt'}\?"):
+        load_checkpoint(run)
+    with pytest.raises(CheckpointError, match="is a directory, not a multibranch checkpoint"):
+        load_checkpoint(tmp_path / "run" / "checkpoints")
+    export(make_payload(True, "all"), tmp_path / "release")
+    assert load_checkpoint(tmp_path / "release")["meta"]["step"] == 7  # an export directory still loads

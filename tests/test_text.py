@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multibranch.data.errors import DataError
-from multibranch.data.text import read_lines, read_parallel, write_lines
+from multibranch.data.text import open_input, read_lines, read_parallel, write_lines
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -86,8 +86,19 @@ def test_missing_file_is_a_data_error(tmp_path):
     present = _write(tmp_path / "x.en", b"a\n")
     with pytest.raises(DataError, match=str(tmp_path / "x.de")):
         read_parallel(present, tmp_path / "x.de")
-    with pytest.raises(DataError, match="not a regular file"):
-        read_lines(tmp_path)
+
+
+def test_a_directory_is_named_as_such_not_missing(tmp_path):
+    """Regression (issue 7): a directory where a text file is expected said "not found" / "not a regular file"."""
+    folder = tmp_path / "corpus.en"
+    folder.mkdir()
+    present = _write(tmp_path / "x.de", b"a\n")
+    with pytest.raises(DataError, match=f"{folder}: is a directory"):
+        read_lines(folder)
+    with pytest.raises(DataError, match=f"{folder}: is a directory"):
+        read_parallel(folder, present)
+    with pytest.raises(DataError, match=f"{folder}: is a directory"), open_input(str(folder)):
+        pass
 
 
 _line = st.text(alphabet=st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=20).filter(

@@ -239,3 +239,190 @@ def test_from_checkpoint_applies_overrides(checkpoint, translator):
     assert loaded.cfg.beam == 2 and loaded.cfg.max_len_b == translator.cfg.max_len_b
     direct = Translator(translator.model, translator.tokenizer, DecodeConfig(**{**translator.cfg.__dict__, "beam": 2}))
     assert loaded.translate(LINES[:3]) == direct.translate(LINES[:3])
+
+
+# ---- issue 7: outputs never lose data -------------------------------------------------------------
+
+
+def _translate(checkpoint, *args: str) -> int:
+    return main(["translate", "--ckpt", str(checkpoint), "--device", "cpu", "--beam", "1", *args])
+
+
+def test_cli_refuses_output_equal_to_input_by_any_path(checkpoint, tmp_path, capsys):
+    """Regression: `translate -i X -o X` emptied X and exited 0."""
+    src = tmp_path / "in.txt"
+    content = ("\n".join(LINES[:3]) + "\n").encode()
+    src.write_bytes(content)
+    (tmp_path / "link.txt").symlink_to(src)
+    (tmp_path / "sub").mkdir()
+    for out in (src, tmp_path / "link.txt", tmp_path / "sub" / ".." / "in.txt"):
+        assert _translate(checkpoint, "-i", str(src), "-o", str(out)) == 2
+        err = capsys.readouterr().err
+        assert "same file as input" in err and len(err.strip().splitlines()) == 1
+        assert src.read_bytes() == content
+
+
+def test_cli_failure_leaves_an_existing_output_untouched(checkpoint, tmp_path, capsys):
+    """Regression: an input encoding error with -o EXISTING truncated EXISTING."""
+    src = tmp_path / "bad.txt"
+    src.write_bytes(LINES[0].encode() + b"\nabc \xff def\n")
+    out = tmp_path / "out.txt"
+    out.write_bytes(b"previous translations\n")
+    assert _translate(checkpoint, "-i", str(src), "-o", str(out)) == 2
+    assert "invalid UTF-8" in capsys.readouterr().err
+    assert out.read_bytes() == b"previous translations\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "out.txt"]  # no temporary left behind
+
+
+def test_cli_user_errors_before_the_model_is_loaded(checkpoint, tmp_path, capsys):
+    assert _translate(checkpoint, "--device", "cuda") == 2  # CPU-only torch in CI
+    err = capsys.readouterr().err
+    assert "--device cuda: no CUDA device is available" in err and len(err.strip().splitlines()) == 1
+    assert _translate(checkpoint, "-i", str(tmp_path)) == 2
+    assert f"{tmp_path}: is a directory" in capsys.readouterr().err
+    assert _translate(checkpoint, "-i", str(tmp_path / "missing.txt")) == 2
+    assert "file not found" in capsys.readouterr().err
+
+
+# ---- issue 7: progress bar, interactive mode --------------------------------------------------------
+
+
+def test_progress_bar_only_when_asked(translator, capsys):
+    translator.translate(LINES[:4])
+    assert capsys.readouterr().err == ""
+    translator.translate(LINES[:4], progress=True)
+    assert "0/4 [" in capsys.readouterr().err  # tqdm's "done/total [elapsed<remaining" (the bar is cleared at the end)
+
+
+def test_cli_progress_bar_on_a_terminal_only(checkpoint, tmp_path, capsys, monkeypatch):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(LINES[:5]) + "\n", encoding="utf-8")
+    assert _translate(checkpoint, "-i", str(src)) == 0
+    assert "/5" not in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert _translate(checkpoint, "-i", str(src), "-o", str(tmp_path / "out.txt")) == 0
+    assert "0/5 [" in capsys.readouterr().err  # lines done / total known from the file
+    assert _translate(checkpoint, "-i", str(src), "--no-progress", "-o", str(tmp_path / "out2.txt")) == 0
+    assert "/5" not in capsys.readouterr().err
+
+
+def _subprocess(checkpoint, *args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "multibranch", "translate", "--ckpt", str(checkpoint), "--device", "cpu",
+         "--beam", "1", "--threads", "1", *args], **kwargs)
+
+
+def test_cli_no_stray_progress_output_without_a_terminal(checkpoint, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(LINES[:5]) + "\n", encoding="utf-8")
+    proc = _subprocess(checkpoint, "-i", str(src), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out.decode().count("\n") == 5
+    assert b"\r" not in err and b"5/5" not in err and b"it/s" not in err  # only log lines, no bar
+
+
+def test_cli_interactive_answers_each_line_before_the_next_is_sent(checkpoint, translator):
+    proc = _subprocess(checkpoint, "--interactive", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE)
+    expected = Translator(translator.model, translator.tokenizer,
+                          DecodeConfig(**{**translator.cfg.__dict__, "beam": 1})).translate(LINES[:3] + [""])
+    try:
+        for line, want in zip(LINES[:3] + [""], expected, strict=True):
+            proc.stdin.write(line.encode() + b"\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().decode() == want + "\n"  # blocks unless the answer was flushed
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+        assert proc.stdout.read() == b""
+        assert b"Ctrl-D" in proc.stderr.read()  # the banner is on stderr only
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# ---- issue 7: broken pipe -----------------------------------------------------------------------------
+
+
+def test_cli_closed_pipe_exits_quietly(checkpoint, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(LINES[:3]) + "\n", encoding="utf-8")
+    proc = _subprocess(checkpoint, "-i", str(src), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader goes away before the first line is written (`| head -0`)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err and b"Exception ignored" not in err
+
+
+# ---- issue 7: forced decoding (--score-reference) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha,kind", [(1.0, "fairseq"), (0.6, "gnmt")])
+def test_forced_scores_reproduce_the_greedy_search(experiment, alpha, kind):
+    from multibranch.inference.beam import forced_scores, greedy_search, length_penalty
+
+    _, model = experiment
+    torch.manual_seed(0)
+    src = torch.randint(4, model.config.src_vocab_size, (5, 7))
+    src[1, 4:] = model.config.pad_id  # a shorter sentence in the batch
+    src[0, 6] = src[1, 3] = EOS_ID
+    hyps = [h[0] for h in greedy_search(model, src, length_penalty=alpha, length_penalty_kind=kind, max_len_a=1.0,
+                                        max_len_b=4)]
+    assert len({len(h.tokens) for h in hyps}) > 1  # different lengths: padding in the forced batch matters
+    lprobs = forced_scores(model, src, [h.tokens + [EOS_ID] for h in hyps])
+    for hyp, forced in zip(hyps, lprobs, strict=True):
+        assert forced == pytest.approx(hyp.positional_scores, abs=1e-5)
+        total = sum(forced)
+        assert total / length_penalty(len(forced), alpha, kind) == pytest.approx(hyp.score, abs=1e-5)
+
+
+def test_cli_score_reference_of_the_greedy_output(checkpoint, tokenizer, translator, tmp_path):
+    from multibranch.inference.beam import search
+
+    cfg = DecodeConfig(**{**translator.cfg.__dict__, "beam": 1})
+    greedy = Translator(translator.model, tokenizer, cfg)
+    lines = [line for line in _corpus(60, seed=11) if len(line.split()) <= 3][:6] + [""]  # outputs fit 24 positions
+    _, sources, _ = greedy.encode(lines[:-1])
+    hyps = [search(greedy.model, torch.tensor([ids]), cfg)[0][0] for ids in sources]
+    texts = tokenizer.decode_tgt([h.tokens for h in hyps])
+    src, ref, out = tmp_path / "in.txt", tmp_path / "ref.txt", tmp_path / "scores.tsv"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ref.write_text("".join(text + "\n" for text in texts) + "\n", encoding="utf-8")
+    assert _translate(checkpoint, "-i", str(src), "--score-reference", str(ref), "-o", str(out)) == 0
+    rows = out.read_text(encoding="utf-8").split("\n")
+    assert len(rows) == len(lines) + 1 and rows[-2] == "" and rows[-1] == ""  # empty input -> empty line
+    checked = 0
+    for hyp, text, row in zip(hyps, texts, rows, strict=False):
+        score, logprob, tokens = row.split("\t")
+        if tokenizer.encode_tgt([text])[0] == hyp.tokens:  # the text encodes back to the searched ids
+            assert int(tokens) == len(hyp.tokens) + 1
+            assert float(logprob) == pytest.approx(sum(hyp.positional_scores), abs=1e-5)
+            assert float(score) == pytest.approx(hyp.score, abs=1e-5)
+            checked += 1
+    assert checked >= 3
+
+
+def test_cli_score_reference_line_count_mismatch_writes_nothing(checkpoint, tmp_path, capsys):
+    src, ref, out = tmp_path / "in.txt", tmp_path / "ref.txt", tmp_path / "scores.tsv"
+    src.write_text("\n".join(LINES[:3]) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(LINES[:2]) + "\n", encoding="utf-8")
+    out.write_bytes(b"old\n")
+    assert _translate(checkpoint, "-i", str(src), "--score-reference", str(ref), "-o", str(out)) == 2
+    err = capsys.readouterr().err
+    assert "line counts differ" in err and "has 3 lines" in err and "has 2" in err
+    assert out.read_bytes() == b"old\n"
+
+
+def test_cli_is_interactive_by_default_on_a_terminal_only(checkpoint, tmp_path, monkeypatch, capsys):
+    def terminal_stdin() -> io.TextIOWrapper:
+        stdin = io.TextIOWrapper(io.BytesIO(("\n".join(LINES[:2]) + "\n").encode()), encoding="utf-8")
+        stdin.isatty = lambda: True  # type: ignore[method-assign]
+        return stdin
+
+    monkeypatch.setattr(sys, "stdin", terminal_stdin())
+    assert _translate(checkpoint) == 0
+    captured = capsys.readouterr()
+    assert "Ctrl-D" in captured.err and captured.out.count("\n") == 2
+    monkeypatch.setattr(sys, "stdin", terminal_stdin())
+    assert _translate(checkpoint, "-o", str(tmp_path / "out.txt")) == 0  # -o: a batch run reading stdin
+    assert "Ctrl-D" not in capsys.readouterr().err
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 2

@@ -7,12 +7,16 @@ and at worst a temporary named `.NAME.<random>.tmp` in the same directory, which
 
     with atomic_write("out.txt", "w", encoding="utf-8") as handle:
         handle.write(text)          # out.txt appears (or is replaced) only if this block succeeds
+
+Whole output directories (prepared data, CTranslate2 exports) are built the same way in a temporary
+sibling directory that replaces the target only when complete (`atomic_directory`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -22,14 +26,18 @@ from typing import IO, Any
 TMP_SUFFIX = ".tmp"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _new_file_mode(path: Path) -> int:
     """The mode the written file should have: the existing file's, else 0o666 minus the umask."""
     try:
         return stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask
+        return 0o666 & ~_umask()
 
 
 def fsync_directory(directory: Path) -> None:
@@ -99,3 +107,38 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
         path.unlink(missing_ok=True)
         removed.append(path)
     return removed
+
+
+@contextlib.contextmanager
+def atomic_directory(out: str | Path) -> Iterator[Path]:
+    """Yield an empty temporary sibling directory of `out`; on success it replaces `out`.
+
+    The caller fills the yielded directory. An existing `out` is moved aside only once the new one is
+    complete, and restored if the final rename fails; on any exception the temporary directory is
+    removed and `out` is left as it was. The new directory gets mkdir's ordinary mode.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private
+        yield tmp
+        _swap_directory(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _swap_directory(tmp: Path, out: Path) -> None:
+    """Move the finished `tmp` to `out`, replacing an existing `out` only after `tmp` is complete."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.replace(out, old / out.name)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old / out.name, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

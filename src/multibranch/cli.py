@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+from collections.abc import Iterator
 
 COMMANDS = ["demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info"]
 
@@ -24,6 +26,26 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     from multibranch.train.checkpoint import CheckpointError
 
     return (UserError, ConfigError, DataError, CheckpointError, FileNotFoundError, FileExistsError)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default ("(default: X)"), except where there is none to show: flags,
+    required options, and options whose default is None or empty (their help says what unset means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 or action.required or action.default in (None, [], argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def all_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[
+        tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """(command path, parser) for the parser and every subcommand parser below it."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from all_parsers(child, (*path, name))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
         command.set_defaults(_run=module.run)
+    for _, child in all_parsers(parser):
+        child.formatter_class = HelpFormatter
     return parser
 
 
@@ -55,13 +79,28 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows up here at the latest
+        return code
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
     except _user_error_types() as err:
         print(f"multibranch {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"multibranch {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (`... | head`): stop quietly. As the Python docs recommend,
+    point stdout at devnull so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (tests); nothing more to flush
+        pass
+    return 1
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
     multibranch average --run RUN --best 5 --out avg.pt          (by validation BLEU, else loss)
     multibranch average --ckpts a.pt b.pt c.pt --out avg.pt
 
-float64 accumulation; model config, tokenizer, keys and shapes must agree; integer buffers come from
+float64 accumulation; model config, tokenizer, keys and shapes must agree; the checkpoints must
+share an origin (one run, or runs fine-tuned from one checkpoint) unless --force; integer buffers come from
 the newest checkpoint; the result is weights-only (evaluate it before trusting it: averaging does
 not always help).
 """
@@ -25,13 +26,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--best", type=int, metavar="N", help="the N best checkpoints of --run (valid BLEU, else loss)")
     parser.add_argument("--upper-bound", type=int, metavar="STEP", help="ignore checkpoints after this step")
     parser.add_argument("--out", required=True, help="averaged checkpoint to write")
-    parser.add_argument("--force", action="store_true", help="overwrite --out")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite --out, and average checkpoints of unrelated runs (different origin) with a warning")
 
 
 def run(args: argparse.Namespace) -> int:
     from multibranch.cli import UserError
     from multibranch.convert.average import average_checkpoints, select_checkpoints
     from multibranch.convert.payload import refuse_overwrite
+    from multibranch.data.text import check_output_file
     from multibranch.train.checkpoint import save_checkpoint
 
     if args.run and args.last is None and args.best is None:
@@ -43,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         paths = select_checkpoints(paths=args.ckpts)
     else:
         paths = select_checkpoints(args.run, last=args.last, best=args.best, upper_bound=args.upper_bound)
-    payload = average_checkpoints(paths)
+    check_output_file(args.out, [str(p) for p in paths], parent_must_exist=False)
+    payload = average_checkpoints(paths, force=args.force)
     save_checkpoint(args.out, payload)
     print(f"wrote {args.out}: average of {len(paths)} checkpoints: {', '.join(str(p) for p in paths)}")
     return 0

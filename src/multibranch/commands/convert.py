@@ -5,6 +5,7 @@
     multibranch convert fold     --ckpt MAT.pt --out FOLDED.pt
     multibranch convert from-hf  --model-dir DIR --out OUT.pt
     multibranch convert export   --ckpt X.pt --out DIR
+    multibranch convert ct2      --ckpt X.pt --out DIR [--quantization float32|int8|...]
 
 Every output is weights-only (no optimizer/schedule/RNG state); existing outputs are kept unless
 --force is given.
@@ -26,10 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="standard Transformer checkpoint (or exported directory)")
     p.add_argument("--out", required=True, help="MAT checkpoint to write")
     p.add_argument("--branches", type=int, required=True, help="attention branches N_a")
-    p.add_argument("--ffn-branches", type=int, default=1, help="FFN branches N_f (default 1)")
-    p.add_argument("--drop-branch", type=float, default=None, help="drop-branch rate rho for the MAT")
+    p.add_argument("--ffn-branches", type=int, default=1, help="FFN branches N_f")
+    p.add_argument("--drop-branch", type=float, default=None, help="drop-branch rate rho for the MAT (unset: the layer default)")
     p.add_argument("--merge", choices=["mean", "mean_sq"], default=None,
-                   help="branch merge constant: mean = 1/N (function-preserving, default), mean_sq = 1/N^2")
+                   help="branch merge constant: mean = 1/N (function-preserving), mean_sq = 1/N^2 (unset: mean)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. model.dropout=0.3 (repeatable; widths cannot change)")
     p.add_argument("--force", action="store_true", help="overwrite --out")
@@ -55,6 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite files in a non-empty --out")
     p.set_defaults(convert_run=_export)
 
+    p = sub.add_parser("ct2", help="write a CTranslate2 model directory (standard or MAT; needs ctranslate2)")
+    p.add_argument("--ckpt", required=True, help="standard or MAT checkpoint (or exported directory)")
+    p.add_argument("--out", required=True, help="output directory (written beside it, then swapped in)")
+    p.add_argument("--quantization", default="float32", metavar="TYPE",
+                   help="CTranslate2 weight type: float32 (default), int8, int8_float32, int16, float16, ... "
+                        "(checked against the list in multibranch.convert.ct2)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.set_defaults(convert_run=_ct2)
+
 
 def run(args: argparse.Namespace) -> int:
     return int(args.convert_run(args) or 0)
@@ -63,9 +73,11 @@ def run(args: argparse.Namespace) -> int:
 def _proximal(args: argparse.Namespace) -> int:
     from multibranch.convert.payload import read_payload, refuse_overwrite
     from multibranch.convert.proximal import proximal_init
+    from multibranch.data.text import check_output_file
     from multibranch.train.checkpoint import save_checkpoint
 
     refuse_overwrite(args.out, args.force)
+    check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     layer: dict[str, object] = {}
     if args.drop_branch is not None:
         layer["drop_branch"] = args.drop_branch
@@ -87,9 +99,11 @@ def _proximal(args: argparse.Namespace) -> int:
 def _fold(args: argparse.Namespace) -> int:
     from multibranch.convert.fold import fold_mat
     from multibranch.convert.payload import read_payload, refuse_overwrite
+    from multibranch.data.text import check_output_file
     from multibranch.train.checkpoint import save_checkpoint
 
     refuse_overwrite(args.out, args.force)
+    check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     payload = fold_mat(read_payload(args.ckpt), source=str(args.ckpt))
     save_checkpoint(args.out, payload)
     conv = payload["meta"]["conversion"]
@@ -117,4 +131,14 @@ def _export(args: argparse.Namespace) -> int:
 
     files = export(read_payload(args.ckpt), args.out, force=args.force)
     print(f"exported {args.ckpt} to {args.out}: {', '.join(p.name for p in files)}")
+    return 0
+
+
+def _ct2(args: argparse.Namespace) -> int:
+    from multibranch.convert.ct2 import export_ct2
+    from multibranch.convert.payload import read_payload
+
+    out = export_ct2(read_payload(args.ckpt), args.out, quantization=args.quantization, force=args.force,
+                     source=str(args.ckpt))
+    print(f"wrote {out}: CTranslate2 model ({args.quantization}) with its SentencePiece model(s)")
     return 0

@@ -10,25 +10,28 @@ HELP = "generate the built-in synthetic task, prepare it, train a small MAT for 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("multibranch-demo"),
-                        help="working directory (default ./multibranch-demo)")
-    parser.add_argument("--minutes", type=float, default=3.5, help="training budget in minutes (default 3.5)")
-    parser.add_argument("--preset", default="demo", help="model preset (default: demo, a small MAT)")
-    parser.add_argument("--seed", type=int, default=1)
+                        help="working directory")
+    parser.add_argument("--minutes", type=float, default=3.5, help="training budget in minutes")
+    parser.add_argument("--preset", default="demo", help="model preset (demo: a small MAT)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the task generator, SentencePiece and training")
     parser.add_argument("--force", action="store_true", help="replace an existing --out directory")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="preset override, e.g. train.max_steps=500 (repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:
     import shutil
     import time
 
+    from multibranch.atomic import atomic_write_text
     from multibranch.cli import UserError
+    from multibranch.commands.translate import one_line
     from multibranch.data.dataset import PreparedData
     from multibranch.data.prepare import PrepareConfig, prepare
     from multibranch.data.synthetic import generate_synthetic_task
     from multibranch.evaluate.metrics import score_corpus
     from multibranch.experiment import resolve_config
-    from multibranch.inference.translator import Translator
+    from multibranch.inference.translator import Translator, show_progress
     from multibranch.train.checkpoint import load_model
     from multibranch.train.trainer import RunOptions, train
 
@@ -59,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     test = PreparedData.load(out / "data").split("test")
     sources, references = test.raw_src_lines(), test.raw_tgt_lines()
     translator = Translator(loaded.model, loaded.tokenizer, loaded.config.decode)
-    hypotheses = translator.translate(sources)
-    (out / "run" / "test.hyp.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    hypotheses = translator.translate(sources, progress=show_progress())  # a bar on a terminal
+    atomic_write_text(out / "run" / "test.hyp.txt", "".join(one_line(h) + "\n" for h in hypotheses))
     scores = score_corpus(hypotheses, [references], metrics=("bleu", "chrf"))
     print()
     for src, hyp, ref in list(zip(sources, hypotheses, references))[:5]:

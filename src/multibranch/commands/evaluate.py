@@ -2,16 +2,22 @@
 
 Prints one line per metric, the score followed by its sacreBLEU signature, e.g.
     BLEU = 38.50 83.3/60.0/50.0/33.3 (BP = ...) (nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0)
-and optionally writes the scores, signatures and line counts as JSON.
+Optionally: per-line scores (--sentence-level), a paired bootstrap test against a second system
+(--compare), and everything as JSON (--json FILE, or --json - for stdout).
+
+stdout carries exactly one kind of output: the JSON with `--json -`, else the per-line rows with
+`--sentence-level`, else the score lines; everything else goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
-HELP = "score translations with sacreBLEU (BLEU, chrF) and print the signatures"
+HELP = "score translations with sacreBLEU (BLEU, chrF), per line or with paired bootstrap; print the signatures"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,14 +25,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ref", required=True, action="append", metavar="FILE",
                         help="raw reference text; repeat for several references")
     parser.add_argument("--metrics", nargs="+", default=["bleu", "chrf"], choices=["bleu", "chrf", "chrf++", "ter"],
-                        help="default: bleu chrf")
-    parser.add_argument("--tokenize", default="13a", help="sacreBLEU tokenizer for BLEU (default: 13a)")
+                        help="corpus-level metrics (and those of --compare)")
+    parser.add_argument("--tokenize", default="13a", help="sacreBLEU tokenizer for BLEU")
     parser.add_argument("--lowercase", action="store_true", help="case-insensitive scores")
     parser.add_argument("--allow-download", action="store_true",
                         help="allow tokenizers that download a model (spm, flores101, flores200)")
-    parser.add_argument("--json", metavar="OUT", help="also write scores, signatures and line counts here")
+    parser.add_argument("--sentence-level", action="store_true",
+                        help="per-line scores: one row 'BLEU<TAB>chrF' per hypothesis line on stdout (sentence BLEU "
+                             "with exponential smoothing and effective order; chrF), corpus scores to stderr; "
+                             "with --json also stored under 'sentences' (with --json -, only there)")
+    parser.add_argument("--compare", metavar="FILE",
+                        help="paired bootstrap resampling: score system FILE against the baseline --hyp on the same "
+                             "references and report both scores with mean +- 95%% CI and the p-value of the difference")
+    parser.add_argument("--bootstrap-samples", type=int, default=1000, metavar="N",
+                        help="bootstrap resamples for --compare (seeded by $SACREBLEU_SEED, 12345 if unset)")
+    parser.add_argument("--json", metavar="OUT",
+                        help="also write scores, signatures and line counts as JSON to OUT ('-' = stdout: the "
+                             "score lines then go to stderr)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
-                        help="invalid UTF-8: error naming the line (default) or replace")
+                        help="invalid UTF-8: error naming the line (strict) or replace")
 
 
 def _read(path: str, errors: str) -> list[str]:
@@ -36,26 +54,81 @@ def _read(path: str, errors: str) -> list[str]:
         return list(iter_lines(stream, "<stdin>" if path == "-" else path, errors))
 
 
-def run(args: argparse.Namespace) -> int:
+def _check_arguments(args: argparse.Namespace) -> None:
+    """User errors that need no scoring, before anything is read or written."""
     from multibranch.cli import UserError
-    from multibranch.data.errors import DataError
-    from multibranch.evaluate.metrics import format_scores, score_corpus
+    from multibranch.data.text import check_input_file, check_output_file
 
     if "-" in args.ref:
         raise UserError("--ref cannot be '-' (only --hyp may come from stdin)")
+    if args.compare == "-":
+        raise UserError("--compare needs a file (only --hyp may come from stdin)")
+    if args.bootstrap_samples < 1:
+        raise UserError(f"--bootstrap-samples {args.bootstrap_samples}: must be >= 1")
+    for path in [args.hyp, *args.ref, *([args.compare] if args.compare else [])]:
+        if path != "-":
+            check_input_file(path)
+    if args.json and args.json != "-":
+        if Path(args.json).exists() and not args.force:
+            raise FileExistsError(f"{args.json} exists; pass --force to overwrite it")
+        check_output_file(args.json, [args.hyp, *args.ref, *([args.compare] if args.compare else [])],
+                          parent_must_exist=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from multibranch.atomic import atomic_write_text
+    from multibranch.data.errors import DataError
+    from multibranch.evaluate.metrics import (
+        format_bootstrap,
+        format_scores,
+        paired_bootstrap,
+        score_corpus,
+        score_sentences,
+    )
+
+    _check_arguments(args)
     hypotheses = _read(args.hyp, args.encoding_errors)
     references = [_read(path, args.encoding_errors) for path in args.ref]
     for path, ref in zip(args.ref, references, strict=True):
         if len(ref) != len(hypotheses):
             raise DataError(f"line counts differ: {args.hyp} has {len(hypotheses)} lines, {path} has {len(ref)}")
-    result = score_corpus(hypotheses, references, metrics=args.metrics, tokenize=args.tokenize,
-                          lowercase=args.lowercase, allow_download=args.allow_download)
+    system = _read(args.compare, args.encoding_errors) if args.compare else None
+    if system is not None and len(system) != len(hypotheses):
+        raise DataError(f"line counts differ: {args.hyp} has {len(hypotheses)} lines, {args.compare} has {len(system)}")
+    options: dict[str, Any] = dict(tokenize=args.tokenize, lowercase=args.lowercase, allow_download=args.allow_download)
+
+    result = score_corpus(hypotheses, references, metrics=args.metrics, **options)
+    sentences = score_sentences(hypotheses, references, **options) if args.sentence_level else None
+    bootstrap = (paired_bootstrap(hypotheses, system, references, metrics=args.metrics,
+                                  samples=args.bootstrap_samples, **options) if system is not None else None)
+
+    json_to_stdout = args.json == "-"
+    rows_to_stdout = sentences is not None and not json_to_stdout
+    human = sys.stderr if json_to_stdout or rows_to_stdout else sys.stdout
     for line in format_scores(result):
-        print(line, flush=True)
+        print(line, file=human, flush=True)
+    if bootstrap is not None:
+        print(f"paired bootstrap, baseline {args.hyp} vs system {args.compare}, {args.bootstrap_samples} resamples:",
+              file=human, flush=True)
+        for line in format_bootstrap(bootstrap):
+            print(f"  {line}", file=human, flush=True)
+    if rows_to_stdout:
+        assert sentences is not None
+        sys.stdout.write("".join(f"{b:.4f}\t{c:.4f}\n" for b, c in zip(sentences["bleu"], sentences["chrf"],
+                                                                         strict=True)))
     if args.json:
         report = {"hyp": args.hyp, "refs": list(args.ref), "tokenize": args.tokenize, "lowercase": args.lowercase,
                   **result}
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        if sentences is not None:
+            report["sentences"] = sentences
+        if bootstrap is not None:
+            report["compare"] = {"system": args.compare, **bootstrap}
+        text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+        if json_to_stdout:
+            sys.stdout.write(text)
+        else:
+            out = Path(args.json)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(out, text)
+    sys.stdout.flush()
     return 0

@@ -10,11 +10,12 @@ HELP = "list presets, or print the resolved config and parameter counts of a pre
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--list", action="store_true", help="list the named presets")
-    source.add_argument("--preset", help="a preset name or YAML file")
+    source.add_argument("--preset", help="a preset name or YAML file (see --list)")
     source.add_argument("--ckpt", help="a checkpoint file")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override of the --preset, e.g. model.heads=4 (repeatable)")
     parser.add_argument("--vocab-size", type=int, default=8000,
-                        help="vocabulary size used to count a preset's parameters (default 8000)")
+                        help="vocabulary size used to count a preset's parameters")
     parser.add_argument("--no-config", action="store_true", help="only the parameter table")
 
 

@@ -17,13 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="test file prefixes (become splits test, test1, ...)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="output data directory")
-    parser.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size (default 8000)")
+    parser.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size")
     parser.add_argument(
-        "--separate-vocab", action="store_true", help="one SentencePiece model per side (default: joint)"
+        "--separate-vocab", action="store_true", help="one SentencePiece model per side (without it: one joint model)"
     )
     parser.add_argument("--model-type", choices=["bpe", "unigram"], default="bpe", help="SentencePiece model type")
     parser.add_argument(
-        "--character-coverage", type=float, default=1.0, help="SentencePiece character coverage (default 1.0)"
+        "--character-coverage", type=float, default=1.0, help="SentencePiece character coverage"
     )
     parser.add_argument(
         "--max-len", type=int, default=256, help="drop training pairs longer than N subword tokens (0: no limit)"
@@ -34,10 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--encoding-errors", choices=["strict", "replace"], default="strict",
-        help="invalid UTF-8: stop with file:line (strict, default) or replace bytes with U+FFFD and count lines",
+        help="invalid UTF-8: stop with file:line (strict) or replace bytes with U+FFFD and count lines",
     )
     parser.add_argument("--force", action="store_true", help="replace an existing non-empty output directory")
-    parser.add_argument("--seed", type=int, default=1, help="seed for SentencePiece sampling (default 1)")
+    parser.add_argument("--seed", type=int, default=1, help="seed for SentencePiece sampling")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,32 +24,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config value, e.g. --set model.encoder.attention_branches=3 (repeatable)")
     group = parser.add_argument_group("common settings (shortcuts for --set train.*)")
-    group.add_argument("--max-steps", type=int)
-    group.add_argument("--max-epochs", type=int)
-    group.add_argument("--max-minutes", type=float)
+    group.add_argument("--max-steps", type=int, help="stop after N updates (also the length the schedules plan for)")
+    group.add_argument("--max-epochs", type=int, help="stop after N passes over the training data")
+    group.add_argument("--max-minutes", type=float, help="stop after this much training time (a resume counts on)")
     group.add_argument("--max-tokens", type=int, help="padded tokens per batch")
     group.add_argument("--update-freq", type=int, help="batches accumulated per update")
     group.add_argument("--lr", type=float, help="peak learning rate")
     group.add_argument("--warmup", type=int, help="warm-up updates")
-    group.add_argument("--seed", type=int)
+    group.add_argument("--seed", type=int, help="seed of the weight init, data order and dropout")
     group.add_argument("--valid-every", type=int, help="validate and checkpoint every N updates")
     group.add_argument("--patience", type=int, help="stop after N validations without improvement")
     group.add_argument("--amp", choices=["none", "bf16", "fp16", "auto"],
                        help="autocast precision; auto = bf16 where native (AMX/AVX512-BF16 CPUs, CUDA), else fp32/fp16")
     group.add_argument("--threads", type=int, help="intra-op CPU threads")
-    group.add_argument("--log-every", type=int)
+    group.add_argument("--log-every", type=int, help="write a train line to metrics.jsonl and train.log every N updates")
     group.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
     run = parser.add_argument_group("run control")
-    run.add_argument("--resume", action="store_true", help="continue the run in --out from last.pt")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run in --out from last.pt (without --preset/--config: the run's config.yaml)")
     run.add_argument("--force", action="store_true", help="start over in an existing run directory")
-    run.add_argument("--init-from", type=Path, help="initialise weights from a checkpoint (e.g. proximal init)")
+    run.add_argument("--init-from", type=Path, metavar="CKPT", help="initialise weights from a checkpoint (e.g. proximal init)")
     run.add_argument("--reset-optimizer", action="store_true", help="resume with a fresh optimizer state")
     run.add_argument("--reset-schedule", action="store_true", help="resume with LR/rate schedules from update 0")
     run.add_argument("--reset-data", action="store_true", help="resume from the start of the data (new data allowed)")
+    run.add_argument("--allow-new-tokenizer", action="store_true",
+                     help="with --resume: accept data prepared with another SentencePiece model than the run's "
+                     "(the embeddings then mean other pieces; the loss jumps)")
     run.add_argument("--stop-at-step", type=int, metavar="N",
                      help="pause after update N (checkpointed; --resume continues; schedules still plan for max_steps)")
-    run.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    run.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
+    run.add_argument("--no-progress", action="store_true",
+                     help="no progress bar even on a terminal (the per-update lines then go to the console too)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     opts = RunOptions(
         data_dir=args.data, run_dir=args.out, resume=args.resume, force=args.force, init_from=args.init_from,
         reset_optimizer=args.reset_optimizer, reset_schedule=args.reset_schedule, reset_data=args.reset_data,
-        device=args.device, progress=False if args.no_progress else None, stop_at_step=args.stop_at_step,
+        allow_new_tokenizer=args.allow_new_tokenizer, device=args.device, progress=False if args.no_progress else None, stop_at_step=args.stop_at_step,
     )
     state = train(cfg, opts)
     valid = state.last_valid

@@ -2,41 +2,61 @@
 
 Input is read as bytes and split on "\\n" only (a trailing "\\r" is removed; U+2028 and friends stay
 inside their line). Invalid UTF-8 is an error naming the line, unless --encoding-errors replace.
-Translations go to stdout (or -o) and are flushed after every chunk; logs and the speed summary
-go to stderr.
+Translations go to stdout, flushed after every chunk, or to -o FILE, written to a temporary file
+beside it and renamed on success (a failure leaves an existing FILE untouched). Logs, the progress
+bar (terminal only) and the speed summary go to stderr.
+
+Modes: batch translation (default), --interactive (one line at a time, flushed as typed; the
+default when stdin is a terminal and no -i is given), and --score-reference REF (forced decoding).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
 
 HELP = "translate text with a checkpoint (beam search; one output line per input line)"
 CHUNK_LINES = 4096  # lines translated (sorted, batched) together before writing
+SCORE_FORMAT = "SCORE<TAB>LOGPROB<TAB>TOKENS"
 
 logger = logging.getLogger("multibranch.translate")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint file")
-    parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text (default: stdin)")
-    parser.add_argument("-o", "--output", default="-", metavar="FILE", help="output text (default: stdout)")
-    group = parser.add_argument_group("decoding (default: the checkpoint's decode config)")
+    parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text ('-' = stdin)")
+    parser.add_argument("-o", "--output", default="-", metavar="FILE",
+                        help="output text ('-' = stdout); a file is replaced only when translation succeeds")
+    parser.add_argument("--interactive", action="store_true",
+                        help="translate each line as it is typed and flush it at once (the default when stdin "
+                             "is a terminal and neither -i nor -o is given); output goes to stdout")
+    parser.add_argument("--score-reference", metavar="REF",
+                        help="forced decoding: instead of translating, score line i of REF as the translation of "
+                             f"input line i and print '{SCORE_FORMAT}' per line: SCORE = LOGPROB / length penalty "
+                             "(as the beam search normalises), LOGPROB = total log-probability of the reference "
+                             "tokens incl. EOS (natural log), TOKENS = their count incl. EOS; an empty input "
+                             "line gives an empty output line")
+    group = parser.add_argument_group("decoding (unset: the checkpoint's decode config)")
     group.add_argument("--beam", type=int, metavar="N", help="beam size (1 = greedy)")
     group.add_argument("--lenpen", type=float, metavar="A", help="length penalty exponent alpha")
     group.add_argument("--lenpen-kind", choices=["fairseq", "gnmt"], help="score/len^a or score/((5+len)/6)^a")
     group.add_argument("--max-len-a", type=float, metavar="A", help="max output length = A * source length + B")
-    group.add_argument("--max-len-b", type=int, metavar="B")
+    group.add_argument("--max-len-b", type=int, metavar="B", help="the B of --max-len-a")
     group.add_argument("--min-len", type=int, metavar="N", help="no EOS before N output tokens")
     group.add_argument("--nbest", type=int, metavar="N", help="print N hypotheses per line as 'index ||| text ||| score'")
     group.add_argument("--batch-tokens", type=int, metavar="N", help="padded source tokens x beam per batch")
     group.add_argument("--batch-size", type=int, metavar="N", help="sentences per batch")
     group.add_argument("--max-input-tokens", type=int, metavar="N", help="truncate longer inputs (tokens incl. EOS)")
-    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto", help="default: auto")
-    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
+    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
+                        help="where to run the model (auto: cuda when available)")
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (unset: torch's choice)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
-                        help="invalid UTF-8 in the input: error (default) or replace with U+FFFD")
+                        help="invalid UTF-8 in the input: error naming the line (strict) or replace with U+FFFD")
 
 
 def one_line(text: str) -> str:
@@ -55,6 +75,34 @@ def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
+def count_lines(path: str) -> int | None:
+    """Lines of a regular input file (as `iter_lines` splits them), None for stdin or a non-file."""
+    if path == "-" or not Path(path).is_file():
+        return None
+    count, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def format_translations(translator: Any, chunk: list[str], nbest: int, first_index: int, progress: Any = False) -> str:
+    """The output text of one chunk: a line per input line, or nbest rows 'index ||| text ||| score'."""
+    if nbest == 1:
+        return "".join(one_line(text) + "\n" for text in translator.translate(chunk, progress=progress))
+    return "".join(
+        f"{first_index + i} ||| {one_line(text)} ||| {score:.6f}\n"
+        for i, entries in enumerate(translator.translate_nbest(chunk, nbest, progress=progress))
+        for text, score in entries
+    )
+
+
+def format_score(score: Any) -> str:
+    """One --score-reference output line (without newline); None (empty input line) -> ""."""
+    return "" if score is None else f"{score.score:.6f}\t{score.log_prob:.6f}\t{score.tokens}"
+
+
 # ---- the command ---------------------------------------------------------------------------------
 
 
@@ -65,22 +113,52 @@ def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
     return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
 
 
+def _is_interactive(args: argparse.Namespace) -> bool:
+    if args.interactive:
+        return True
+    automatic = args.input == "-" and args.output == "-" and args.score_reference is None
+    return automatic and sys.stdin is not None and sys.stdin.isatty()
+
+
+def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
+    """Every user error that needs no model: before anything is loaded or written."""
+    import torch
+
+    from multibranch.cli import UserError
+    from multibranch.data.text import check_input_file, check_output_file
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is available (use --device cpu or auto)")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads {args.threads}: must be >= 1")
+    if interactive and (args.input != "-" or args.output != "-"):
+        raise UserError("--interactive reads stdin and writes stdout; drop -i/-o")
+    if args.score_reference is not None:
+        if interactive:
+            raise UserError("--score-reference cannot be combined with --interactive")
+        if args.nbest not in (None, 1):
+            raise UserError("--score-reference prints one score per line; drop --nbest")
+        if args.score_reference == "-":
+            raise UserError("--score-reference needs a file (only -i may be stdin)")
+        check_input_file(args.score_reference)
+    if args.input != "-":
+        check_input_file(args.input)
+    check_output_file(args.output, [args.input, *([args.score_reference] if args.score_reference else [])])
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     import torch
 
-    from multibranch.cli import UserError
     from multibranch.data.text import iter_lines, open_input, open_output
-    from multibranch.inference.translator import Translator, resolve_device
+    from multibranch.inference.translator import Translator, progress_bar, resolve_device, show_progress
     from multibranch.train.checkpoint import CheckpointError, load_model
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available (use --device cpu or auto)")
+    interactive = _is_interactive(args)
+    _check_arguments(args, interactive)
     device = resolve_device(args.device)
     if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads {args.threads}: must be >= 1")
         torch.set_num_threads(args.threads)
     loaded = load_model(args.ckpt, device)
     if loaded.tokenizer is None:
@@ -94,19 +172,54 @@ def run(args: argparse.Namespace) -> int:
         cfg.nbest, cfg.batch_tokens, device,
     )
     name = "<stdin>" if args.input == "-" else args.input
-    index = 0
-    with open_input(args.input) as source, open_output(args.output) as sink:
-        for chunk in _chunks(iter_lines(source, name, args.encoding_errors), CHUNK_LINES):
-            if cfg.nbest == 1:
-                out = "".join(one_line(text) + "\n" for text in translator.translate(chunk))
-            else:
-                out = "".join(
-                    f"{index + i} ||| {one_line(text)} ||| {score:.6f}\n"
-                    for i, entries in enumerate(translator.translate_nbest(chunk, cfg.nbest))
-                    for text, score in entries
-                )
-            index += len(chunk)
-            sink.write(out.encode("utf-8"))
-            sink.flush()
+    show = not args.no_progress and show_progress()
+    if interactive:
+        _interactive(translator, cfg.nbest, args.encoding_errors)
+    elif args.score_reference is not None:
+        _score_reference(translator, args, name, show)
+    else:
+        bar = progress_bar(count_lines(args.input), show, desc="translate")
+        index = 0
+        with open_input(args.input) as source, open_output(args.output) as sink:
+            for chunk in _chunks(iter_lines(source, name, args.encoding_errors), CHUNK_LINES):
+                sink.write(format_translations(translator, chunk, cfg.nbest, index, progress=bar).encode("utf-8"))
+                sink.flush()
+                index += len(chunk)
+        bar.close()
     logger.info("translated %s", translator.stats.summary())
     return 0
+
+
+def _interactive(translator: Any, nbest: int, encoding_errors: str, stdin: IO[bytes] | None = None) -> None:
+    """Translate stdin line by line as it arrives, flushing every answer; prompts go to stderr."""
+    from multibranch.data.text import iter_lines
+
+    source = stdin if stdin is not None else sys.stdin.buffer
+    sink = sys.stdout
+    print("multibranch translate: type a sentence and press Enter (Ctrl-D to quit)", file=sys.stderr, flush=True)
+    print("> ", end="", file=sys.stderr, flush=True)
+    for index, line in enumerate(iter_lines(source, "<stdin>", encoding_errors)):
+        sink.write(format_translations(translator, [line], nbest, index))
+        sink.flush()
+        print("> ", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr, flush=True)
+
+
+def _score_reference(translator: Any, args: argparse.Namespace, name: str, show: bool) -> None:
+    """Read input and references whole, check they align, score, then write (nothing is written on error)."""
+    from multibranch.data.errors import DataError
+    from multibranch.data.text import iter_lines, open_input, open_output
+    from multibranch.inference.translator import progress_bar
+
+    with open_input(args.input) as source:
+        lines = list(iter_lines(source, name, args.encoding_errors))
+    with open_input(args.score_reference) as stream:
+        references = list(iter_lines(stream, args.score_reference, args.encoding_errors))
+    if len(lines) != len(references):
+        raise DataError(f"line counts differ: {name} has {len(lines)} lines, {args.score_reference} has "
+                        f"{len(references)}; line i of the reference must translate input line i")
+    bar = progress_bar(len(lines), show, desc="score")
+    scores = translator.score(lines, references, progress=bar)
+    bar.close()
+    with open_output(args.output) as sink:
+        sink.write("".join(format_score(score) + "\n" for score in scores).encode("utf-8"))

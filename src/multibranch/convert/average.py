@@ -6,12 +6,17 @@ are copied from the newest checkpoint (highest meta step; the last path on ties)
 have the same model config, tokenizer, keys, shapes and tie structure. Tied tensors (a shared
 embedding stored under several keys) stay one tensor. The result carries no training state.
 
+Checkpoints must share an origin (train/origin.py: the same run, or runs fine-tuned from the same
+checkpoint); unrelated runs are refused unless force=True (a warning). Checkpoints written before
+origins were recorded are averaged with a warning that this cannot be checked.
+
 `select_checkpoints(run_dir, last=N | best=N | paths=[...], upper_bound=STEP)` picks files of a run
 directory (`RUN/checkpoints/step_XXXXXXXX.pt`, as the trainer writes them).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,12 +27,15 @@ from torch import Tensor
 
 from multibranch.config import ConfigError
 from multibranch.convert.payload import read_payload, tied_groups
-from multibranch.train.checkpoint import CheckpointError
+from multibranch.train.checkpoint import CheckpointError, same_tokenizer
+from multibranch.train.origin import origin_of, shared_origin
+
+log = logging.getLogger("multibranch.average")
 
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
-def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
+def average_checkpoints(paths: Sequence[str | Path], *, force: bool = False) -> dict[str, Any]:
     """Payload whose model is the mean of the given checkpoints' models (see module docstring)."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
@@ -37,6 +45,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     aliases: dict[str, str] = {}
     newest: tuple[int, dict[str, Any], str] | None = None
     sources = []
+    origins: dict[str, dict[str, str] | None] = {}
     for path in paths:
         payload = read_payload(path)
         state = payload["model"]
@@ -53,6 +62,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
             else:
                 sums[key] = value.clone()
         meta = payload.get("meta") or {}
+        origins[str(path)] = origin_of(meta)
         step = int(meta.get("step") or 0)
         sources.append({"path": str(path), "step": meta.get("step"), "valid": meta.get("valid")})
         if newest is None or step >= newest[0]:
@@ -60,6 +70,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
         del payload, state
 
     assert newest is not None
+    _check_origins(origins, force)
     _, latest, latest_path = newest
     out: dict[str, Tensor] = {}
     for key, tensor in latest["model"].items():
@@ -87,7 +98,7 @@ def _require_compatible(
     if a != b:
         diff = _first_difference(a, b, "model")
         raise CheckpointError(f"{path}: model config differs from {ref_path} ({diff}); cannot average")
-    if not _same_tokenizer(ref.get("tokenizer"), other.get("tokenizer")):
+    if not same_tokenizer(ref.get("tokenizer"), other.get("tokenizer")):
         raise CheckpointError(f"{path}: tokenizer differs from {ref_path}; cannot average")
     s_ref, s_other = ref["model"], other["model"]
     missing = [k for k in s_ref if k not in s_other]
@@ -107,18 +118,32 @@ def _require_compatible(
         raise CheckpointError(f"{path}: tied (shared) tensors differ from {ref_path}; cannot average")
 
 
+def _check_origins(origins: dict[str, dict[str, str] | None], force: bool) -> None:
+    """CheckpointError (a warning with `force`) unless every checkpoint shares the first one's origin."""
+    unknown = [path for path, origin in origins.items() if origin is None]
+    if unknown:
+        log.warning("cannot check that the checkpoints come from one run: %s record no origin (written by an older "
+                    "multibranch)", ", ".join(unknown))
+    known = [(path, origin) for path, origin in origins.items() if origin is not None]
+    if not known:
+        return
+    ref_path, ref = known[0]
+    strangers = [path for path, origin in known[1:] if not shared_origin(ref, origin)]
+    if not strangers:
+        return
+    message = (f"{', '.join(strangers)} and {ref_path} come from unrelated runs (different run ids, not "
+               "fine-tuned from the same checkpoint); their average is not a trained model")
+    if not force:
+        raise CheckpointError(f"{message}; pass --force to average them anyway")
+    log.warning("--force: %s", message)
+
+
 def _first_difference(a: Any, b: Any, where: str) -> str:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in list(a) + [k for k in b if k not in a]:
             if a.get(key) != b.get(key):
                 return _first_difference(a.get(key), b.get(key), f"{where}.{key}")
     return f"{where}: {a!r} vs {b!r}"
-
-
-def _same_tokenizer(a: dict[str, Tensor] | None, b: dict[str, Tensor] | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ---- choosing checkpoints of a run ---------------------------------------------------------------

@@ -13,12 +13,12 @@ that takes a payload (load_model, averaging, conversions) can read an exported d
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
+from multibranch.atomic import atomic_write_bytes
 from multibranch.config import to_dict
 from multibranch.convert.payload import experiment_config, tied_groups
 from multibranch.train.checkpoint import FORMAT, VERSION, CheckpointError
@@ -32,7 +32,7 @@ JOINT_SPM, SOURCE_SPM, TARGET_SPM = "sentencepiece.model", "source.model", "targ
 
 def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False) -> list[Path]:
     """Write `payload` (its model, config, tokenizer, meta; never training state) to `out_dir`."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -46,10 +46,8 @@ def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False)
     out.mkdir(parents=True, exist_ok=True)
 
     written = []
-    tmp = out / f".{WEIGHTS_FILE}.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt", "tied_weights": json.dumps(aliases)})
-    os.replace(tmp, out / WEIGHTS_FILE)
-    written.append(out / WEIGHTS_FILE)
+    weights = save(tensors, metadata={"format": "pt", "tied_weights": json.dumps(aliases)})
+    written.append(_write_bytes(out / WEIGHTS_FILE, weights))
 
     tokenizer_files = None
     if payload.get("tokenizer"):
@@ -140,9 +138,7 @@ def _standalone(t: Tensor) -> Tensor:
 
 
 def _write_bytes(path: Path, data: bytes) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, data)
     return path
 
 

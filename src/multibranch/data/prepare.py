@@ -27,16 +27,14 @@ import hashlib
 import io
 import itertools
 import json
-import os
 import random
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
 from multibranch.data.errors import DataError
 from multibranch.data.text import ParallelText, read_parallel, write_lines
@@ -133,17 +131,8 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     if not train.keep:
         raise DataError(f"{cfg.train}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty training pairs")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result should look like mkdir's
+    with atomic_directory(out) as tmp:
         meta = _build(cfg, splits, tmp)
-        _swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {**meta, "out": cfg.out}
 
 
@@ -151,7 +140,11 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
 
 
 def _check_inputs(cfg: PrepareConfig) -> None:
-    missing = [str(p) for _, prefix in cfg.splits() for p in cfg.input_files(prefix) if not p.is_file()]
+    files = [p for _, prefix in cfg.splits() for p in cfg.input_files(prefix)]
+    directories = [str(p) for p in files if p.is_dir()]
+    if directories:
+        raise DataError(f"input path(s) {', '.join(directories)}: is a directory, expected a text file PREFIX.LANG")
+    missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise DataError(
             f"input file(s) not found: {', '.join(missing)} (files are named PREFIX.LANG, "
@@ -357,21 +350,6 @@ def fingerprint(directory: Path, spm_files: dict[str, str], split_names: list[st
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Move the finished `tmp` to `out`, replacing an existing `out` only after `tmp` is complete."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.replace(out, old / out.name)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        os.replace(old / out.name, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------- report

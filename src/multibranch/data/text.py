@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+from multibranch.atomic import atomic_write
 from multibranch.data.errors import DataError
 
 EncodingErrors = Literal["strict", "replace"]
@@ -54,11 +56,27 @@ class ParallelText:
         return len(self.src)
 
 
-def _read_bytes(path: Path) -> bytes:
+def file_problem(path: str | Path) -> str | None:
+    """Why `path` cannot be read as a text file ("file not found", "is a directory", ...), or None."""
+    path = Path(path)
+    if path.is_dir():
+        return "is a directory, expected a text file"
     if not path.exists():
-        raise DataError(f"{path}: file not found")
+        return "file not found"
     if not path.is_file():
-        raise DataError(f"{path}: not a regular file")
+        return "not a regular file"
+    return None
+
+
+def check_input_file(path: str | Path) -> None:
+    """Raise a DataError naming `path` unless it is a readable regular file."""
+    problem = file_problem(path)
+    if problem is not None:
+        raise DataError(f"{path}: {problem}")
+
+
+def _read_bytes(path: Path) -> bytes:
+    check_input_file(path)
     try:
         data = path.read_bytes()
     except OSError as err:
@@ -128,9 +146,9 @@ def read_parallel(
 ) -> ParallelText:
     """Read two line-aligned files; unequal line counts raise a DataError naming the first extra line."""
     src_path, tgt_path = Path(src_path), Path(tgt_path)
-    missing = [str(p) for p in (src_path, tgt_path) if not p.exists()]
-    if missing:
-        raise DataError(f"file not found: {', '.join(missing)}")
+    problems = [f"{p}: {file_problem(p)}" for p in (src_path, tgt_path) if file_problem(p)]
+    if problems:
+        raise DataError("; ".join(problems))
     src_data, tgt_data = _read_bytes(src_path), _read_bytes(tgt_path)
     n_src, n_tgt = _count_lines(src_data), _count_lines(tgt_data)
     if n_src != n_tgt:
@@ -145,13 +163,12 @@ def read_parallel(
 
 
 def write_lines(path: str | Path, lines: Iterable[str]) -> None:
-    """Write lines as UTF-8, each terminated by `\\n` (lines must not contain `\\n`)."""
-    with open(path, "w", encoding="utf-8", newline="") as handle:
+    """Write lines as UTF-8, each terminated by `\\n` (lines must not contain `\\n`), atomically."""
+    with atomic_write(path, "wb") as handle:
         for line in lines:
             if "\n" in line:
                 raise ValueError(f"{path}: a line contains a newline: {line[:60]!r}")
-            handle.write(line)
-            handle.write("\n")
+            handle.write(line.encode("utf-8") + b"\n")
 
 
 # ---- streaming (translate / evaluate read stdin or files line by line) ---------------------------
@@ -188,8 +205,7 @@ def iter_lines(stream: BinaryIO, name: str, errors: str = "strict") -> Iterator[
 def open_input(path: str) -> Iterator[BinaryIO]:
     """A binary stream for `path` ('-' = stdin)."""
     if path != "-":
-        if not Path(path).is_file():
-            raise DataError(f"{path}: file not found")
+        check_input_file(path)
         with open(path, "rb") as handle:
             yield handle
         return
@@ -197,11 +213,39 @@ def open_input(path: str) -> Iterator[BinaryIO]:
     yield buffer if buffer is not None else io.BytesIO(sys.stdin.read().encode("utf-8"))
 
 
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """True if both paths exist and name the same file (links and different spellings included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output_file(path: str, inputs: Iterable[str] = (), parent_must_exist: bool = True) -> None:
+    """Refuse an output path that names one of `inputs` (also through links or another spelling), a
+    directory, or (unless the caller creates it) a file in a missing directory. '-' (stdout) passes."""
+    if path == "-":
+        return
+    for source in inputs:
+        if source != "-" and same_file(path, source):
+            raise DataError(f"{path}: output is the same file as input {source}; write to another file")
+    target = Path(path)
+    if target.is_dir():
+        raise DataError(f"{path}: is a directory, expected an output file")
+    if parent_must_exist and not target.parent.is_dir():
+        raise DataError(f"{path}: directory {target.parent} does not exist")
+
+
 @contextmanager
 def open_output(path: str) -> Iterator[BinaryIO]:
-    """A binary stream for `path` ('-' = stdout, left open)."""
+    """A binary stream for `path` ('-' = stdout, left open).
+
+    A file is written atomically: to a temporary file beside it, renamed over `path` only when the
+    block succeeds, so a failure leaves an existing `path` untouched.
+    """
     if path != "-":
-        with open(path, "wb") as handle:
+        check_output_file(path)
+        with atomic_write(path, "wb") as handle:
             yield handle
         return
     sys.stdout.flush()

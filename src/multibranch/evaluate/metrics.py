@@ -1,4 +1,5 @@
-"""Corpus-level scores with sacreBLEU, always reported with their signatures.
+"""Corpus-level and sentence-level scores and paired bootstrap resampling with sacreBLEU, always
+reported with their signatures.
 
 Hypotheses are detokenised system output, references raw text: sacreBLEU tokenises both (default
 "13a"). Tokenisers that download a model on first use (spm, flores101, flores200, spBLEU-1K) are
@@ -50,6 +51,29 @@ def check_tokenizer(tokenize: str, allow_download: bool = False) -> None:
         )
 
 
+def _checked_streams(
+    hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], what: str = "hypotheses"
+) -> list[list[str]]:
+    """The reference streams, after checking there is something to score and the line counts agree."""
+    streams = _reference_streams(references)
+    if not streams:
+        raise DataError("no references given")
+    for i, stream in enumerate(streams, start=1):
+        if len(stream) != len(hypotheses):
+            raise DataError(f"line counts differ: {len(hypotheses)} {what} but {len(stream)} lines in reference {i}")
+    if not hypotheses:
+        raise DataError("nothing to score: the hypotheses and references have no lines")
+    return streams
+
+
+def _check_metrics(metrics: Sequence[str], tokenize: str, allow_download: bool) -> None:
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise DataError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}")
+    if "bleu" in metrics:
+        check_tokenizer(tokenize, allow_download)
+
+
 def score_corpus(
     hypotheses: Sequence[str],
     references: Sequence[str] | Sequence[Sequence[str]],
@@ -65,20 +89,9 @@ def score_corpus(
     brevity penalty and lengths. Empty hypothesis lines are allowed; unequal line counts raise
     DataError naming the stream.
     """
-    streams = _reference_streams(references)
-    if not streams:
-        raise DataError("no references given")
+    streams = _checked_streams(hypotheses, references)
     hypotheses = list(hypotheses)
-    for i, stream in enumerate(streams, start=1):
-        if len(stream) != len(hypotheses):
-            raise DataError(
-                f"line counts differ: {len(hypotheses)} hypotheses but {len(stream)} lines in reference {i}"
-            )
-    unknown = [m for m in metrics if m not in METRICS]
-    if unknown:
-        raise DataError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}")
-    if "bleu" in metrics:
-        check_tokenizer(tokenize, allow_download)
+    _check_metrics(metrics, tokenize, allow_download)
     result: dict[str, Any] = {"lines": len(hypotheses), "references": len(streams)}
     for name in metrics:
         metric = _metric(name, tokenize, lowercase)
@@ -99,3 +112,96 @@ def score_corpus(
 def format_scores(result: dict[str, Any]) -> list[str]:
     """One line per metric: sacreBLEU's score text followed by the signature in parentheses."""
     return [f"{result[name]['text']} ({result[name]['signature']})" for name in METRICS if name in result]
+
+
+def score_sentences(
+    hypotheses: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    allow_download: bool = False,
+) -> dict[str, Any]:
+    """Per-line BLEU (sacreBLEU's sentence BLEU: exponential smoothing, effective order) and chrF.
+
+    Returns {"bleu": [score per line], "chrf": [...], "bleu_signature": ..., "chrf_signature": ...}.
+    """
+    from sacrebleu.metrics import BLEU, CHRF
+
+    streams = _checked_streams(hypotheses, references)
+    check_tokenizer(tokenize, allow_download)
+    bleu = BLEU(tokenize=tokenize, lowercase=lowercase, smooth_method="exp", effective_order=True)
+    chrf = CHRF(lowercase=lowercase)
+    rows = [[stream[i] for stream in streams] for i in range(len(hypotheses))]
+    return {
+        "bleu": [float(bleu.sentence_score(hyp, refs).score) for hyp, refs in zip(hypotheses, rows, strict=True)],
+        "chrf": [float(chrf.sentence_score(hyp, refs).score) for hyp, refs in zip(hypotheses, rows, strict=True)],
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+def paired_bootstrap(
+    baseline: Sequence[str],
+    system: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    metrics: Sequence[str] = ("bleu", "chrf"),
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    allow_download: bool = False,
+    samples: int = 1000,
+) -> dict[str, Any]:
+    """Paired bootstrap resampling (sacreBLEU's `PairedTest`, Koehn 2004) of `system` against `baseline`.
+
+    Per metric: both corpus scores, the bootstrap mean and 95% confidence half-width of each, and the
+    p-value of the difference (small p: the difference is unlikely to be chance). sacreBLEU seeds its
+    RNG with $SACREBLEU_SEED (default 12345), so results are reproducible; the signature records it.
+    Identical outputs get p = 1 (sacreBLEU counts only resampled differences strictly above the
+    observed one, which gives 1 / (samples + 1) when every difference is exactly 0).
+    """
+    import logging
+
+    from sacrebleu.significance import PairedTest
+
+    if samples < 1:
+        raise DataError(f"bootstrap samples must be >= 1, got {samples}")
+    streams = _checked_streams(baseline, references, "baseline lines")
+    if len(system) != len(baseline):
+        raise DataError(f"line counts differ: {len(baseline)} baseline lines but {len(system)} system lines")
+    _check_metrics(metrics, tokenize, allow_download)
+    named = {name: _metric(name, tokenize, lowercase) for name in metrics}
+    sacrebleu_logger = logging.getLogger("sacrebleu")
+    level = sacrebleu_logger.level
+    sacrebleu_logger.setLevel(logging.WARNING)  # its per-step INFO lines are noise here
+    try:
+        test = PairedTest([("baseline", list(baseline)), ("system", list(system))], named, streams,
+                          test_type="bs", n_samples=samples)
+        signatures, table = test()
+    finally:
+        sacrebleu_logger.setLevel(level)
+    result: dict[str, Any] = {"lines": len(baseline), "samples": samples}
+    for name, score_name in zip(metrics, test.metrics, strict=True):  # score names: BLEU, chrF2, ...
+        base, other = table[score_name]
+        result[name] = {
+            "name": score_name,
+            "baseline": {"score": float(base.score), "mean": float(base.mean), "ci95": float(base.ci)},
+            "system": {"score": float(other.score), "mean": float(other.mean), "ci95": float(other.ci)},
+            "p_value": 1.0 if list(system) == list(baseline) else float(other.p_value),
+            "signature": str(signatures[score_name]),
+        }
+    return result
+
+
+def format_bootstrap(result: dict[str, Any]) -> list[str]:
+    """One line per metric: both scores with mean +- 95% CI, the p-value, and the signature."""
+    lines = []
+    for name in METRICS:
+        if name not in result:
+            continue
+        entry = result[name]
+        base, other = entry["baseline"], entry["system"]
+        lines.append(
+            f"{entry['name']}: baseline {base['score']:.2f} ({base['mean']:.2f} +- {base['ci95']:.2f}), "
+            f"system {other['score']:.2f} ({other['mean']:.2f} +- {other['ci95']:.2f}), "
+            f"p = {entry['p_value']:.4f} ({entry['signature']})"
+        )
+    return lines

@@ -85,6 +85,37 @@ def max_output_lengths(model: Decodable, src: Tensor, max_len_a: float, max_len_
     return limit
 
 
+def normalized_log_probs(logits: Tensor, cfg: object) -> Tensor:
+    """logits [..., V] -> fp32 log-probabilities [..., V] with pad and bos masked to -inf *before*
+    the log_softmax (the search's distribution; forced scoring uses the same one). fp32 `logits`
+    are masked in place."""
+    logits = logits.float()
+    logits[..., cfg.pad_id] = NEG_INF  # type: ignore[attr-defined]
+    logits[..., cfg.bos_id] = NEG_INF  # type: ignore[attr-defined]
+    return torch.log_softmax(logits, dim=-1)
+
+
+@torch.inference_mode()
+def forced_scores(model: torch.nn.Module, src: Tensor, targets: list[list[int]]) -> list[list[float]]:
+    """Teacher-forced log-probabilities of given outputs: src [B, S] (right-padded), `targets[b]` the
+    output ids of sentence b *including* the final EOS. One batched forward over source and
+    reference; returns per sentence the log-probability of every target token (len = len(targets[b])),
+    under the same distribution as the search (pad/bos masked before the log_softmax).
+    """
+    cfg = model.config
+    B, T = len(targets), max((len(t) for t in targets), default=0)
+    if B == 0 or T == 0:
+        return [[] for _ in targets]
+    tgt = torch.full((B, T), cfg.pad_id, dtype=torch.long, device=src.device)  # [B, T]
+    for row, ids in enumerate(targets):
+        tgt[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    prev = torch.cat([torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=src.device), tgt[:, :-1]], dim=1)
+    prev = prev.masked_fill(tgt.eq(cfg.pad_id), cfg.pad_id)  # [B, T] bos + target shifted right
+    lprobs = normalized_log_probs(model(src, prev), cfg)  # [B, T, V]
+    gathered = lprobs.gather(2, tgt.unsqueeze(2)).squeeze(2)  # [B, T]
+    return [gathered[row, : len(ids)].tolist() for row, ids in enumerate(targets)]
+
+
 def _step_log_probs(
     model: Decodable,
     last_tokens: Tensor,
@@ -97,10 +128,7 @@ def _step_log_probs(
     """last_tokens [N, 1] -> masked fp32 log-probabilities [N, V]; rows where `forced` [N] is True
     may only produce EOS (with its own log-probability)."""
     cfg = model.config
-    logits = model.decode_step(last_tokens, enc, state).float()  # [N, V]
-    logits[:, cfg.pad_id] = NEG_INF
-    logits[:, cfg.bos_id] = NEG_INF
-    lprobs = torch.log_softmax(logits, dim=-1)  # [N, V]
+    lprobs = normalized_log_probs(model.decode_step(last_tokens, enc, state), cfg)  # [N, V]
     if forced.any():  # the maximum length wins over min_len (as in fairseq)
         eos_lprob = lprobs[forced, cfg.eos_id]  # [n] (a copy)
         lprobs[forced] = NEG_INF

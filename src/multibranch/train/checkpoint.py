@@ -11,14 +11,14 @@ Layout (plain containers and tensors only):
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from multibranch.atomic import atomic_write
 
 FORMAT = "multibranch-checkpoint"
 VERSION = 1
@@ -40,43 +40,38 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    """torch.save to a temporary file in the same directory, fsync, then rename over `path`."""
+    """torch.save through `multibranch.atomic.atomic_write` (temporary beside `path`, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with atomic_write(path, "wb") as handle:
+        torch.save(obj, handle)
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     atomic_torch_save({"format": FORMAT, "version": VERSION, **payload}, path)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read and sanity-check a checkpoint file (on CPU)."""
-    path = Path(path)
-    if path.is_dir():  # a release directory written by `multibranch convert export`
-        from multibranch.convert.export import load_export
+# The first bytes of a torch.save file: a zip archive (the default since torch 1.6) or a legacy pickle.
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+RUN_DIR_MARKERS = ("last.pt", "best.pt", "checkpoints")
 
-        return load_export(path)
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read and sanity-check a checkpoint file, or an export directory (on CPU)."""
+    path = Path(path)
+    if path.is_dir():
+        return _load_directory(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    with path.open("rb") as handle:
+        head = handle.read(4)
+    if not head.startswith(_TORCH_MAGIC):  # a text file, a YAML config, a SentencePiece model...
+        raise CheckpointError(f"{path} is not a multibranch checkpoint")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated file, not a torch file, unpickling refused...
-        raise CheckpointError(f"{path} is corrupted or not a multibranch checkpoint ({type(err).__name__}: {err})") from None
+    except Exception as err:  # truncated file, unpickling refused...
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise CheckpointError(f"{path} is corrupted or not a multibranch checkpoint ({type(err).__name__}: {reason})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a multibranch checkpoint (no '{FORMAT}' header)")
     if payload.get("version", 0) > VERSION:
@@ -85,6 +80,34 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         if key not in payload:
             raise CheckpointError(f"{path} is incomplete: missing '{key}'")
     return payload
+
+
+def _load_directory(path: Path) -> dict[str, Any]:
+    """An export directory (`multibranch convert export`); a run directory gets a pointer to its best.pt."""
+    from multibranch.convert.export import CONFIG_FILE, WEIGHTS_FILE, load_export
+
+    if (path / CONFIG_FILE).is_file() or (path / WEIGHTS_FILE).is_file():
+        return load_export(path)
+    if any((path / name).exists() for name in RUN_DIR_MARKERS):
+        raise CheckpointError(f"{path} is a run directory; did you mean {path / 'best.pt'}?")
+    raise CheckpointError(f"{path} is a directory, not a multibranch checkpoint or exported model")
+
+
+def config_differences(old: Any, new: Any, path: str, old_label: str, new_label: str) -> list[str]:
+    """Every leaf where two config dicts differ, one line each: "PATH: OLD_LABEL X, NEW_LABEL Y"."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        lines = []
+        for key in [*old, *(k for k in new if k not in old)]:
+            lines += config_differences(old.get(key), new.get(key), f"{path}.{key}", old_label, new_label)
+        return lines
+    return [] if old == new else [f"{path}: {old_label} {old!r}, {new_label} {new!r}"]
+
+
+def same_tokenizer(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] | None) -> bool:
+    """Whether two checkpoint tokenizer states (serialized SentencePiece protos) are identical."""
+    if a is None or b is None:
+        return a is b
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def state_mismatch(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> list[str]:

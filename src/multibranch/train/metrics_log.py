@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from multibranch.atomic import atomic_write_text
 
 
 class MetricsLog:
@@ -39,6 +40,4 @@ class MetricsLog:
                 continue
             if record.get("step", 0) <= step:
                 kept.append(line)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(line + "\n" for line in kept))

@@ -9,7 +9,11 @@ Run directory:
     checkpoints/step_*.pt  weights + meta at every validation (the last `keep_last`)
     best.pt, last.pt       best by `best_metric`; last also holds the full training state
     metrics.jsonl          one record per log interval / validation
-    train.log              the human log
+    train.log              the human log (every per-update line, even while a progress bar shows)
+
+A start checks everything (config, data, device, --init-from, --resume compatibility) before it
+creates or changes the run directory, then removes temporaries a killed save left behind. Every
+checkpoint's meta carries the run's origin (train/origin.py) so `average` can refuse unrelated runs.
 """
 
 from __future__ import annotations
@@ -28,15 +32,19 @@ import yaml
 from torch import nn
 
 import multibranch
+from multibranch.atomic import atomic_write_bytes, atomic_write_text, remove_stale_temporaries
 from multibranch.config import ConfigError, config_hash
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
 from multibranch.train import distributed as D
 from multibranch.train.checkpoint import (
     CheckpointError,
+    config_differences,
     load_checkpoint,
     load_state_strict,
+    same_tokenizer,
     save_checkpoint,
+    state_mismatch,
     unwrap,
 )
 from multibranch.train.config import RESUMABLE_CHANGES
@@ -44,9 +52,12 @@ from multibranch.train.hooks import ModuleHooks
 from multibranch.train.loss import output_layer_loss
 from multibranch.train.metrics_log import MetricsLog
 from multibranch.train.optim import LRScheduler, build_optimizer
+from multibranch.train.origin import make_origin, new_run_id, origin_of, weights_fingerprint
 from multibranch.train.rng import rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger("multibranch.train")
+# The per-update train lines: train.log always; the console only when no progress bar replaces them.
+step_log = logging.getLogger("multibranch.train.steps")
 
 # Which training settings a resume may only change with which reset flag.
 DATA_FIELDS = {"seed", "max_tokens", "max_sentences", "update_freq"}
@@ -65,6 +76,7 @@ class RunOptions:
     reset_optimizer: bool = False
     reset_schedule: bool = False
     reset_data: bool = False
+    allow_new_tokenizer: bool = False  # with --resume: accept data prepared with another SentencePiece model
     device: str = "auto"
     progress: bool | None = None  # None: a bar only on a TTY
     stop_at_step: int | None = None  # pause after this update; schedules still plan for train.max_steps
@@ -84,9 +96,21 @@ class TrainState:
 
 
 def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; ConfigError for a device this machine cannot use."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device {name!r} is not a device (use cpu, cuda, cuda:N or auto)") from None
+    if device.type == "cuda":
+        if torch.version.cuda is None:
+            raise ConfigError(f"--device {name}: this PyTorch build ({torch.__version__}) has no CUDA support; "
+                              "use --device cpu or install a CUDA build of PyTorch")
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            raise ConfigError(f"--device {name}: no such CUDA device ({count} visible); use --device cpu")
+    return device
 
 
 def native_cpu_bf16() -> bool:
@@ -112,13 +136,18 @@ def _comparable_train(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 class Trainer:
+    """Everything is validated before the run directory is created or changed: config, data, device,
+    the --init-from checkpoint and the --resume compatibility. Only then `_prepare_run_dir` writes."""
+
     def __init__(self, cfg: ExperimentConfig, opts: RunOptions):
         from multibranch.data.dataset import PreparedData
 
         self.cfg, self.opts = cfg, opts
         tcfg = cfg.train
+        self.run_dir = Path(opts.run_dir)
         self.device = resolve_device(opts.device)
         self.dist = D.init_distributed(self.device.type)
+        self._check_run_dir()
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
             torch.cuda.set_device(self.device)
@@ -135,14 +164,10 @@ class Trainer:
         self._fill_vocabulary()
         self.train_split = self.data.split("train")
         self.valid_split = self.data.split("valid") if "valid" in self.data.split_names else None
-        self.run_dir = Path(opts.run_dir)
-        self._prepare_run_dir()
 
         self.model = build_model(cfg.model).to(self.device)
         if opts.init_from:
-            payload = load_checkpoint(opts.init_from)
-            load_state_strict(self.model, payload["model"], str(opts.init_from))
-            log.info("initialised weights from %s", opts.init_from)
+            self._init_from(opts.init_from)
         self.hooks = ModuleHooks(self.model)
         specs = self.hooks.parameter_groups()
         self.optimizer = build_optimizer(self.model, tcfg, specs)
@@ -150,12 +175,22 @@ class Trainer:
         self.state = TrainState()
         self.amp = resolve_amp(tcfg.amp, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == "fp16")
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.dist.is_main)
         self.config_hash = config_hash({"model": self.cfg.to_dict()["model"]})
+        self.origin: dict[str, str] | None = None
         if opts.resume:
-            self._resume()
-        self._saved_at = self.state.step if opts.resume else -1
+            self._resume()  # in memory only: refuses before anything on disk changes
+        else:
+            self.origin = make_origin(new_run_id(), weights_fingerprint(self.model.state_dict()),
+                                      from_checkpoint=opts.init_from is not None)
         self._check_schedules()
+
+        # Everything checked: now the run directory may be created or changed.
+        self._log_handler: logging.Handler | None = None
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.dist.is_main)
+        self._prepare_run_dir()
+        if opts.resume:
+            self.metrics.truncate_after(self.state.step)
+        self._saved_at = self.state.step if opts.resume else -1
         self.train_model: nn.Module = self.model
         if self.dist.enabled:
             self.train_model = nn.parallel.DistributedDataParallel(
@@ -177,35 +212,70 @@ class Trainer:
             )
         m.validate()
 
-    def _prepare_run_dir(self) -> None:
+    def _check_run_dir(self) -> None:
+        """Refuse an existing run without --resume/--force, and a --resume without last.pt (reads only)."""
         run = self.run_dir
+        if run.exists() and not run.is_dir():
+            raise FileExistsError(f"run directory {run} exists and is not a directory")
+        if self.opts.resume:
+            if not (run / "last.pt").exists():
+                raise CheckpointError(f"--resume: no {run / 'last.pt'} to resume from")
+        elif run.exists() and any(run.iterdir()) and not self.opts.force:
+            raise FileExistsError(
+                f"run directory {run} already exists; pass --resume to continue it or --force to start over"
+            )
+
+    def _init_from(self, path: Path) -> None:
+        """Load --init-from weights; a mismatch names the differing config fields (else the tensors)."""
+        payload = load_checkpoint(path)
+        if state_mismatch(self.model.state_dict(), payload["model"]):
+            differences = config_differences(payload["config"].get("model"), self.cfg.to_dict()["model"], "model",
+                                             "checkpoint", "config")
+            if differences:
+                more = f"; ... ({len(differences) - 8} more)" if len(differences) > 8 else ""
+                raise CheckpointError(f"--init-from {path}: the checkpoint was trained with another model config "
+                                      f"({'; '.join(differences[:8])}{more})")
+        load_state_strict(self.model, payload["model"], str(path))
+        log.info("initialised weights from %s", path)
+
+    def _prepare_run_dir(self) -> None:
+        """Create (or, with --force, clear) the run directory; remove temporaries of a killed save;
+        write config.yaml and the tokenizer; attach train.log. Called only after every check passed."""
+        run = self.run_dir
+        D.barrier(self.dist)  # every rank has checked the run directory before rank 0 changes it
         if self.dist.is_main:
-            if run.exists() and any(run.iterdir()) and not self.opts.resume:
-                if not self.opts.force:
-                    raise FileExistsError(
-                        f"run directory {run} already exists; pass --resume to continue it or --force to start over"
-                    )
+            if self.opts.force and not self.opts.resume and run.exists():
                 for name in ("metrics.jsonl", "last.pt", "best.pt", "train.log"):
                     (run / name).unlink(missing_ok=True)
                 for old in (run / "checkpoints").glob("step_*.pt"):
                     old.unlink()
-            if self.opts.resume and not (run / "last.pt").exists():
-                raise CheckpointError(f"--resume: no {run / 'last.pt'} to resume from")
             (run / "checkpoints").mkdir(parents=True, exist_ok=True)
             (run / "tokenizer").mkdir(exist_ok=True)
-            (run / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False), encoding="utf-8")
-            (run / "tokenizer" / "src.model").write_bytes(self.tokenizer.src_proto)
-            (run / "tokenizer" / "tgt.model").write_bytes(self.tokenizer.tgt_proto)
-            handler = logging.FileHandler(run / "train.log", encoding="utf-8")
-            handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(message)s"))
-            logging.getLogger("multibranch").addHandler(handler)
+            self._log_handler = logging.FileHandler(run / "train.log", encoding="utf-8")
+            self._log_handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(message)s"))
+            logging.getLogger("multibranch").addHandler(self._log_handler)
+            removed = [p for folder in (run, run / "checkpoints", run / "tokenizer")
+                       for p in remove_stale_temporaries(folder)]
+            if removed:
+                log.warning("removed %d temporary file(s) left by an interrupted write: %s", len(removed),
+                            ", ".join(str(p) for p in removed))
+            atomic_write_text(run / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+            atomic_write_bytes(run / "tokenizer" / "src.model", self.tokenizer.src_proto)
+            atomic_write_bytes(run / "tokenizer" / "tgt.model", self.tokenizer.tgt_proto)
         D.barrier(self.dist)
+
+    def _close_log(self) -> None:
+        if self._log_handler is not None:
+            logging.getLogger("multibranch").removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
 
     def _check_schedules(self) -> None:
         """Fail before training if a rate schedule needs a number of updates nobody gave."""
         self.hooks.update_start(self.state.step, self.cfg.train.lr.warmup, self.cfg.train.max_steps)
 
     def _resume(self) -> None:
+        """Check that last.pt can continue with this config and data, then load it (in memory only)."""
         path = self.run_dir / "last.pt"
         payload = load_checkpoint(path)
         training = payload.get("training")
@@ -214,24 +284,39 @@ class Trainer:
         saved = payload["config"]
         now = self.cfg.to_dict()
         if saved["model"] != now["model"]:
+            differences = config_differences(saved["model"], now["model"], "model", "run has", "now")
             raise CheckpointError(
                 f"cannot resume {self.run_dir}: the model config differs from the saved one "
-                f"({_first_difference(saved['model'], now['model'])}); start a new run (use --init-from to reuse weights)"
+                f"({'; '.join(differences)}); start a new run (use --init-from to reuse weights)"
             )
         old_train, new_train = _comparable_train(saved["train"]), _comparable_train(now["train"])
         changed = {k for k in set(old_train) | set(new_train) if old_train.get(k) != new_train.get(k)}
+
+        def describe(fields: set[str]) -> str:
+            lines = [line for k in sorted(fields)
+                     for line in config_differences(old_train.get(k), new_train.get(k), f"train.{k}", "run has", "now")]
+            return "; ".join(lines)
+
         needs = []
         if changed & DATA_FIELDS and not self.opts.reset_data:
-            needs.append(f"batching changed ({', '.join(sorted(changed & DATA_FIELDS))}): --reset-data")
+            needs.append(f"batching changed ({describe(changed & DATA_FIELDS)}): --reset-data")
         if changed & SCHEDULE_FIELDS and not self.opts.reset_schedule:
-            needs.append("the LR schedule changed: --reset-schedule")
+            needs.append(f"the LR schedule changed ({describe(changed & SCHEDULE_FIELDS)}): --reset-schedule")
         other = changed - DATA_FIELDS - SCHEDULE_FIELDS
         if other and not self.opts.reset_optimizer:
-            needs.append(f"optimisation settings changed ({', '.join(sorted(other))}): --reset-optimizer")
+            needs.append(f"optimisation settings changed ({describe(other)}): --reset-optimizer")
         if payload["meta"].get("data_fingerprint") != self.data.fingerprint and not self.opts.reset_data:
             needs.append("the prepared data differs from the run's (fingerprint mismatch): --reset-data")
+        saved_tokenizer = payload.get("tokenizer")
+        new_tokenizer = saved_tokenizer is not None and not same_tokenizer(saved_tokenizer, self.tokenizer.to_state())
+        if new_tokenizer and not self.opts.allow_new_tokenizer:
+            needs.append("the data was prepared with another SentencePiece model than the run's (the same ids would "
+                         "mean other pieces): --allow-new-tokenizer")
         if needs:
             raise CheckpointError(f"refusing to resume {self.run_dir}: " + "; ".join(needs) + " (flags accept the change)")
+        if new_tokenizer:
+            log.warning("--allow-new-tokenizer: the run continues with the data's SentencePiece model, not the one "
+                        "it was trained with; expect the loss to jump")
         load_state_strict(self.model, payload["model"], str(path))
         st = training["state"]
         self.state = TrainState(**st)
@@ -243,13 +328,16 @@ class Trainer:
             self.state.step = 0
         if self.opts.reset_data:
             self.state.epoch, self.state.batch_in_epoch = 1, 0
+        self.origin = origin_of(payload["meta"])
+        if self.origin is None:
+            log.warning("%s was written before runs recorded their origin; its checkpoints cannot be checked by "
+                        "`average`", path)
         rng = training["rng"]
         if len(rng) != self.dist.world_size:
             log.warning("resuming with %d processes instead of %d: data order and dropout will not repeat exactly",
                         self.dist.world_size, len(rng))
         set_rng_state(rng[min(self.dist.rank, len(rng) - 1)])
-        self.metrics.truncate_after(self.state.step)
-        log.info("resumed %s at update %d (epoch %d, batch %d)", self.run_dir, self.state.step, self.state.epoch,
+        log.info("resuming %s at update %d (epoch %d, batch %d)", self.run_dir, self.state.step, self.state.epoch,
                  self.state.batch_in_epoch)
 
     # ---- batches ---------------------------------------------------------------------------------
@@ -352,7 +440,7 @@ class Trainer:
 
     def _valid_bleu(self, model: nn.Module) -> dict[str, Any]:
         from multibranch.evaluate.metrics import score_corpus
-        from multibranch.inference.translator import Translator
+        from multibranch.inference.translator import Translator, show_progress
 
         sources = self.valid_split.raw_src_lines()
         references = self.valid_split.raw_tgt_lines()
@@ -360,7 +448,8 @@ class Trainer:
             sources = sources[: self.cfg.train.valid_max_sentences]
             references = references[: self.cfg.train.valid_max_sentences]
         start = time.perf_counter()
-        hypotheses = Translator(model, self.tokenizer, self.cfg.decode, device=self.device).translate(sources)
+        translator = Translator(model, self.tokenizer, self.cfg.decode, device=self.device)
+        hypotheses = translator.translate(sources, progress=show_progress(self.opts.progress))  # a bar on a TTY
         scores = score_corpus(hypotheses, [references], metrics=("bleu",))
         return {"bleu": scores["bleu"]["score"], "bleu_signature": scores["bleu"]["signature"],
                 "decode_s": time.perf_counter() - start, "samples": list(zip(sources[:3], hypotheses[:3], references[:3]))}
@@ -372,6 +461,7 @@ class Trainer:
             "step": self.state.step, "epoch": self.state.epoch, "valid": {
                 k: v for k, v in self.state.last_valid.items() if k in ("loss", "nll", "ppl", "bleu")},
             "config_hash": self.config_hash, "data_fingerprint": self.data.fingerprint,
+            **({"origin": self.origin} if self.origin else {}),
             "multibranch_version": multibranch.__version__, "torch_version": str(torch.__version__),
         }
 
@@ -432,44 +522,49 @@ class Trainer:
         self._saved_at = self.state.step
 
     def train(self) -> TrainState:
+        try:
+            return self._train()
+        finally:
+            self._close_log()
+
+    def _train(self) -> TrainState:
         t, s = self.cfg.train, self.state
         n_params = sum(p.numel() for p in self.model.parameters())
         log.info("model: %s/%s layers, %.2fM parameters | data: %d training pairs | %d process(es) on %s, "
                  "%d thread(s), autocast %s", self.cfg.model.encoder.kind, self.cfg.model.decoder.kind, n_params / 1e6,
                  len(self.train_split), self.dist.world_size, self.device, torch.get_num_threads(), self.amp)
-        progress = self._progress_bar()
         window = {"loss_sum": 0.0, "nll_sum": 0.0, "tokens": 0.0, "time": 0.0, "updates": 0}
         start = time.perf_counter()
         stop = self._stop_reason(start)
-        while stop is None:
-            if t.max_epochs is not None and s.epoch > t.max_epochs:
-                stop = f"reached max_epochs={t.max_epochs}"
-                break
-            batches = self._epoch_batches(s.epoch)
-            while s.batch_in_epoch < len(batches) and stop is None:
-                group = batches[s.batch_in_epoch : s.batch_in_epoch + t.update_freq]
-                tick = time.perf_counter()
-                stats = self._update([self._collate(ix) for ix in group])
-                s.batch_in_epoch += len(group)
-                window["time"] += time.perf_counter() - tick
-                window["updates"] += 1
-                for key in ("loss_sum", "nll_sum", "tokens"):
-                    window[key] += stats[key]
-                if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(loss=f"{stats['loss_sum'] / stats['tokens']:.3f}", lr=f"{stats['lr']:.2e}")
-                if s.step % t.log_every == 0:
-                    self._log_train(window, stats, start)
-                    window = {k: 0.0 if k != "updates" else 0 for k in window}
-                if s.step % t.valid_every == 0:
-                    self._validate_and_save(start)
-                    start = time.perf_counter()
-                stop = self._stop_reason(start)
-            if s.batch_in_epoch >= len(batches):
-                s.epoch += 1
-                s.batch_in_epoch = 0
-        if progress is not None:
-            progress.close()
+        with self._progress_bar() as progress:
+            while stop is None:
+                if t.max_epochs is not None and s.epoch > t.max_epochs:
+                    stop = f"reached max_epochs={t.max_epochs}"
+                    break
+                batches = self._epoch_batches(s.epoch)
+                while s.batch_in_epoch < len(batches) and stop is None:
+                    group = batches[s.batch_in_epoch : s.batch_in_epoch + t.update_freq]
+                    tick = time.perf_counter()
+                    stats = self._update([self._collate(ix) for ix in group])
+                    s.batch_in_epoch += len(group)
+                    window["time"] += time.perf_counter() - tick
+                    window["updates"] += 1
+                    for key in ("loss_sum", "nll_sum", "tokens"):
+                        window[key] += stats[key]
+                    if progress is not None:
+                        progress.update(1)
+                        progress.set_postfix(loss=f"{stats['loss_sum'] / stats['tokens']:.3f}", lr=f"{stats['lr']:.2e}",
+                                             **self._budget_left(s.elapsed + time.perf_counter() - start))
+                    if s.step % t.log_every == 0:
+                        self._log_train(window, stats, start)
+                        window = {k: 0.0 if k != "updates" else 0 for k in window}
+                    if s.step % t.valid_every == 0:
+                        self._validate_and_save(start)
+                        start = time.perf_counter()
+                    stop = self._stop_reason(start)
+                if s.batch_in_epoch >= len(batches):
+                    s.epoch += 1
+                    s.batch_in_epoch = 0
         if self._saved_at != s.step:
             self._validate_and_save(start)
         log.info("training stopped at update %d: %s", s.step, stop)
@@ -492,28 +587,43 @@ class Trainer:
         if module_metrics:
             record["modules"] = module_metrics
         self.metrics.write(record)
-        if not self._showing_progress:
-            log.info("train | step %d | epoch %d | loss %.3f | ppl %.2f | lr %.2e | %.0f tok/s", s.step, s.epoch,
-                     record["loss"], record["ppl"], record["lr"], record["tokens_per_s"])
+        step_log.info("train | step %d | epoch %d | loss %.3f | ppl %.2f | lr %.2e | %.0f tok/s", s.step, s.epoch,
+                      record["loss"], record["ppl"], record["lr"], record["tokens_per_s"])
 
-    _showing_progress = False
+    def _budget_left(self, elapsed: float) -> dict[str, str]:
+        """What the stopping limits leave: updates (max_steps / --stop-at-step) and time (max_minutes)."""
+        t, left = self.cfg.train, {}
+        limits = [n for n in (t.max_steps, self.opts.stop_at_step) if n is not None]
+        if limits:
+            left["upd_left"] = str(max(min(limits) - self.state.step, 0))
+        if t.max_minutes is not None:
+            seconds = max(int(60 * t.max_minutes - elapsed), 0)
+            left["time_left"] = f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        return left
 
+    @contextlib.contextmanager
     def _progress_bar(self):
+        """A tqdm bar (with ETA when the number of updates is known) on the main process of a TTY run.
+
+        While it shows, the per-update train lines go to train.log only."""
         show = self.opts.progress if self.opts.progress is not None else sys.stderr.isatty()
         if not show or not self.dist.is_main:
-            return None
+            yield None
+            return
         from tqdm import tqdm
 
-        self._showing_progress = True
-        return tqdm(total=self.cfg.train.max_steps, initial=self.state.step, unit="upd", dynamic_ncols=True)
-
-
-def _first_difference(a: Any, b: Any, path: str = "model") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if a.get(key) != b.get(key):
-                return _first_difference(a.get(key), b.get(key), f"{path}.{key}")
-    return f"{path}: saved {a!r}, now {b!r}"
+        limits = [n for n in (self.cfg.train.max_steps, self.opts.stop_at_step) if n is not None]
+        bar = tqdm(total=min(limits) if limits else None, initial=self.state.step, unit="upd", dynamic_ncols=True)
+        step_log.propagate = False
+        if self._log_handler is not None:
+            step_log.addHandler(self._log_handler)
+        try:
+            yield bar
+        finally:
+            bar.close()
+            step_log.propagate = True
+            if self._log_handler is not None:
+                step_log.removeHandler(self._log_handler)
 
 
 def train(cfg: ExperimentConfig, opts: RunOptions) -> TrainState:

@@ -1,0 +1,370 @@
+"""Preparing classification data: labelled text -> SentencePiece + binarised splits + label arrays + a report.
+
+Inputs are labelled files read by `multibranch.data.classification` (TSV, CSV, TREC, JSONL). The
+validation split is a file (`valid`) or, the easy path for corpora that ship only a training file
+(TREC-6, SST-2), a `holdout` carved from train: a fraction in (0, 1) or a whole number of examples,
+stratified by label and chosen with a fixed seed (`stratified_holdout`). Further files are `test`,
+`test1`, ... The label vocabulary is the sorted set of training labels (sorted as strings; label id =
+position); a validation or test label that never occurs in train is an error naming the line.
+
+SentencePiece is trained on the training texts only. Texts longer than `max_len` subword tokens are
+truncated (`too_long="truncate"`, counted) or, in train only, dropped (`too_long="drop"`, counted);
+validation and test examples are never dropped for length, only truncated, so their example counts
+stay those of the files. The kept raw text is written untruncated. For each validation and test split,
+`in_train` counts its texts that also occur verbatim in train (duplicates in the corpus leak through a
+holdout: about 2% of an SST-2 holdout).
+
+Output directory (splits: `train`, `valid`, `test`, `test1`, ...):
+
+    spm.model              the SentencePiece model (pad 0, unk 1, bos 2, eos 3)
+    {split}.tokens.npy     int32, the ids of all kept texts concatenated (no BOS/EOS)
+    {split}.offsets.npy    int64 [n+1]; text i is tokens[offsets[i]:offsets[i+1]]
+    {split}.labels.npy     int64 [n], label ids (positions in data.json's `labels`)
+    {split}.txt            the kept raw texts, UTF-8, one per line
+    data.json              format, version, labels, counts per split and label, drops by reason,
+                           fingerprint, config
+    report.md              the same for humans, plus lengths and unknown-token rates
+
+It is built in a temporary sibling directory and swapped in at the end (as `prepare` does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from multibranch.atomic import atomic_directory
+from multibranch.config import ConfigError, to_dict
+from multibranch.data.classification import LabeledText, ReadOptions, read_labeled
+from multibranch.data.errors import DataError
+from multibranch.data.prepare import (  # private helpers of the translation `prepare`, shared rather than copied
+    _binarise,
+    _length_stats,
+    _processor,
+    _train_spm,
+)
+from multibranch.data.text import write_lines
+from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+FORMAT = "multibranch-classification-data"
+FORMAT_VERSION = 1
+SPM_FILE = "spm.model"
+ARRAYS = ("tokens", "offsets", "labels")
+DROP_REASONS = ("blank", "empty", "too_long")
+
+
+@dataclass
+class ClassifyPrepareConfig:
+    """Settings of the classification `prepare` (lengths in SentencePiece tokens, without BOS/EOS).
+
+    Exactly one of `valid` (a file) and `holdout` (a fraction in (0, 1) or a whole count >= 1 of
+    training examples, stratified, seeded by `seed`) gives the validation split. `max_len=None`
+    disables truncation. SentencePiece settings are those of the translation `PrepareConfig`.
+    """
+
+    train: str
+    out: str
+    valid: str | None = None
+    holdout: float | None = None
+    test: list[str] = field(default_factory=list)
+    read: ReadOptions = field(default_factory=ReadOptions)
+    vocab_size: int = 8000
+    model_type: Literal["bpe", "unigram"] = "bpe"
+    character_coverage: float = 1.0
+    max_len: int | None = 256
+    too_long: Literal["truncate", "drop"] = "truncate"
+    force: bool = False
+    seed: int = 1
+    threads: int = 1
+    spm_max_sentences: int = 1_000_000
+
+    def validate(self) -> None:
+        self.read.validate()
+        if (self.valid is None) == (self.holdout is None):
+            raise ConfigError("give exactly one of valid (a file) and holdout (a fraction or count of train)")
+        if self.holdout is not None:
+            if self.holdout <= 0 or (self.holdout >= 1 and not float(self.holdout).is_integer()):
+                raise ConfigError(f"holdout={self.holdout} must be a fraction in (0, 1) or a whole count >= 1")
+        if self.model_type not in ("bpe", "unigram"):
+            raise ConfigError(f"model_type={self.model_type!r} must be 'bpe' or 'unigram'")
+        if self.too_long not in ("truncate", "drop"):
+            raise ConfigError(f"too_long={self.too_long!r} must be 'truncate' or 'drop'")
+        if self.vocab_size < 8:
+            raise ConfigError(f"vocab_size={self.vocab_size} is too small (4 ids are special)")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise ConfigError(f"character_coverage={self.character_coverage} must be in (0, 1]")
+        if self.max_len is not None and self.max_len < 1:
+            raise ConfigError(f"max_len={self.max_len} must be >= 1 (or None to disable)")
+        if self.threads < 1 or self.spm_max_sentences < 1:
+            raise ConfigError("threads and spm_max_sentences must be >= 1")
+
+    def input_files(self) -> list[tuple[str, Path]]:
+        """(split name, file) for every input file: train, valid (unless held out), test, test1, ..."""
+        files = [("train", Path(self.train))]
+        if self.valid is not None:
+            files.append(("valid", Path(self.valid)))
+        files += [("test" if i == 0 else f"test{i}", Path(p)) for i, p in enumerate(self.test)]
+        return files
+
+
+@dataclass
+class _Split:
+    """One split in memory while preparing."""
+
+    name: str
+    source: str
+    labels: list[str]
+    texts: list[str]
+    line_numbers: list[int]
+    read: LabeledText | None  # None for a split carved from another file
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
+    truncated: int = 0
+
+
+def stratified_holdout(labels: list[str], size: float, seed: int) -> tuple[list[int], list[int]]:
+    """Split example indices into (kept, held out), both in file order.
+
+    `size` is a fraction in (0, 1) or a whole count. Each label gives its share of the held-out count
+    (largest remainder, ties by label name) but always keeps at least one example in train; the
+    examples of each label are sampled with `random.Random(seed)`, labels visited in sorted order.
+    """
+    n = len(labels)
+    count = round(size * n) if size < 1 else int(size)
+    by_label: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        by_label.setdefault(label, []).append(i)
+    capacity = n - len(by_label)
+    if not 1 <= count <= capacity:
+        raise DataError(
+            f"holdout={size:g} asks for {count} of {n} training examples; it must leave at least one example "
+            f"of each of the {len(by_label)} labels in train (at most {capacity}) and hold out at least one"
+        )
+    quota = {label: len(ix) * count / n for label, ix in by_label.items()}
+    take = {label: min(math.floor(q), len(by_label[label]) - 1) for label, q in quota.items()}
+    order = sorted(by_label, key=lambda label: (-(quota[label] - math.floor(quota[label])), label))
+    left = count - sum(take.values())
+    while left:
+        for label in order:
+            if left and take[label] < len(by_label[label]) - 1:
+                take[label] += 1
+                left -= 1
+    rng = random.Random(seed)
+    held = sorted(i for label in sorted(by_label) for i in rng.sample(by_label[label], take[label]))
+    held_set = set(held)
+    return [i for i in range(n) if i not in held_set], held
+
+
+def prepare_classification(cfg: ClassifyPrepareConfig) -> dict[str, Any]:
+    """Run the whole preparation; returns the `data.json` contents plus `out`."""
+    cfg.validate()
+    out = Path(cfg.out).resolve()
+    _check_paths(cfg, out)
+    splits = _read_splits(cfg)
+    labels = sorted(set(splits[0].labels))
+    for split in splits[1:]:
+        _check_labels(split, labels)
+
+    with atomic_directory(out) as tmp:
+        meta = _build(cfg, splits, labels, tmp)
+    return {**meta, "out": cfg.out}
+
+
+# ----------------------------------------------------------------------------------- reading
+
+
+def _check_paths(cfg: ClassifyPrepareConfig, out: Path) -> None:
+    missing = [str(path) for _, path in cfg.input_files() if not path.is_file()]
+    if missing:
+        raise DataError(f"input file(s) not found: {', '.join(missing)}")
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a directory; choose another --out")
+    if out.is_dir() and any(out.iterdir()):
+        if not cfg.force:
+            raise DataError(f"{out}: output directory exists and is not empty; pass --force to replace it")
+        for _, path in cfg.input_files():
+            if path.resolve().is_relative_to(out):
+                raise DataError(f"{out}: refusing --force because input {path} is inside it; choose another --out")
+
+
+def _from_file(name: str, read: LabeledText) -> _Split:
+    split = _Split(name, str(read.path), read.labels, read.texts, read.line_numbers, read)
+    split.dropped.update(read.dropped)
+    return split
+
+
+def _read_splits(cfg: ClassifyPrepareConfig) -> list[_Split]:
+    files = cfg.input_files()
+    train = _from_file("train", read_labeled(files[0][1], cfg.read))
+    if not train.texts:
+        raise DataError(f"{cfg.train}: no training examples")
+    splits = [train]
+    if cfg.holdout is not None:
+        kept, held = stratified_holdout(train.labels, cfg.holdout, cfg.seed)
+        splits.append(_Split(
+            "valid", f"{cfg.train} (holdout)", [train.labels[i] for i in held], [train.texts[i] for i in held],
+            [train.line_numbers[i] for i in held], None,
+        ))
+        train.labels, train.texts = [train.labels[i] for i in kept], [train.texts[i] for i in kept]
+        train.line_numbers = [train.line_numbers[i] for i in kept]
+    for name, path in files[1:]:
+        splits.append(_from_file(name, read_labeled(path, cfg.read)))
+        if not splits[-1].texts:
+            raise DataError(f"{path}: no examples (the {name} split would be empty)")
+    return splits
+
+
+def _check_labels(split: _Split, labels: list[str]) -> None:
+    known = set(labels)
+    for label, number in zip(split.labels, split.line_numbers, strict=True):
+        if label not in known:
+            shown = ", ".join(labels) if len(labels) <= 30 else ", ".join(labels[:30]) + f", ... ({len(labels)})"
+            raise DataError(
+                f"{split.source}:{number}: label {label!r} never occurs in the training data "
+                f"(known labels: {shown})"
+            )
+
+
+# ---------------------------------------------------------------------------------- building
+
+
+def _fit_lengths(cfg: ClassifyPrepareConfig, split: _Split, ids: list[list[int]]) -> list[list[int]]:
+    """Truncate (or, in train with too_long='drop', drop) texts longer than max_len tokens."""
+    if cfg.max_len is None:
+        return ids
+    drop = split.name == "train" and cfg.too_long == "drop"
+    keep = [i for i, x in enumerate(ids) if not (drop and len(x) > cfg.max_len)]
+    split.dropped["too_long"] = len(ids) - len(keep)
+    if drop and not keep:
+        raise DataError(f"{cfg.train}: every training text is longer than max_len={cfg.max_len}; raise it")
+    split.truncated = sum(len(ids[i]) > cfg.max_len for i in keep)
+    if len(keep) < len(ids):
+        split.labels = [split.labels[i] for i in keep]
+        split.texts = [split.texts[i] for i in keep]
+        split.line_numbers = [split.line_numbers[i] for i in keep]
+    return [ids[i][: cfg.max_len] for i in keep]
+
+
+def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], out: Path) -> dict[str, Any]:
+    """Train SentencePiece, encode, fit lengths and write every file into `out`; returns the metadata."""
+    import sentencepiece
+
+    from multibranch import __version__
+
+    proto = _train_spm(cfg, splits[0].texts)
+    processor = _processor(proto)
+    (out / SPM_FILE).write_bytes(proto)
+    label_ids = {label: i for i, label in enumerate(labels)}
+    split_meta: dict[str, Any] = {}
+    train_texts = set(splits[0].texts)
+    for split in splits:
+        ids = _fit_lengths(cfg, split, processor.encode(split.texts))
+        tokens, offsets = _binarise(ids)
+        label_array = np.array([label_ids[label] for label in split.labels], dtype=np.int64)
+        np.save(out / f"{split.name}.tokens.npy", tokens)
+        np.save(out / f"{split.name}.offsets.npy", offsets)
+        np.save(out / f"{split.name}.labels.npy", label_array)
+        write_lines(out / f"{split.name}.txt", split.texts)
+        counts = Counter(split.labels)
+        split_meta[split.name] = {
+            "source": split.source,
+            "lines": split.read.lines if split.read else None,
+            "header": split.read.header if split.read else False,
+            "examples": len(split.texts),
+            "dropped": dict(split.dropped),
+            "truncated": split.truncated,
+            "joined_lines": split.read.joined_lines if split.read else 0,
+            "replaced_lines": split.read.replaced_lines if split.read else 0,
+            "label_counts": {label: counts.get(label, 0) for label in labels},
+            "tokens": int(len(tokens)),
+            "length": _length_stats(np.diff(offsets)),
+            "unk_rate": float((tokens == UNK_ID).sum() / max(len(tokens), 1)),
+            "types": int(len(np.unique(tokens))),
+            "in_train": None if split.name == "train" else sum(text in train_texts for text in split.texts),
+        }
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "spm": SPM_FILE,
+        "vocab_size": processor.get_piece_size(),
+        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "labels": labels,
+        "holdout": None if cfg.holdout is None else {"size": cfg.holdout, "seed": cfg.seed,
+                                                      "examples": split_meta["valid"]["examples"]},
+        "splits": split_meta,
+        "fingerprint": fingerprint(out, labels, list(split_meta)),
+        "versions": {"multibranch": __version__, "sentencepiece": sentencepiece.__version__},
+        "config": to_dict(cfg),
+    }
+    (out / "data.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(_report(meta), encoding="utf-8")
+    return meta
+
+
+def fingerprint(directory: Path, labels: list[str], split_names: list[str]) -> str:
+    """sha256 over the label vocabulary, the SentencePiece model and every array (names and bytes)."""
+    digest = hashlib.sha256(json.dumps(labels, ensure_ascii=False).encode("utf-8") + b"\0")
+    names = [SPM_FILE] + [f"{split}.{kind}.npy" for split in split_names for kind in ARRAYS]
+    for name in names:
+        digest.update(name.encode() + b"\0")
+        with open(directory / name, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def _report(meta: dict[str, Any]) -> str:
+    """Human-readable summary of a prepared classification directory (Markdown)."""
+    cfg = meta["config"]
+    splits = meta["splits"]
+    holdout = meta["holdout"]
+    if holdout:
+        valid = f"{holdout['examples']} examples held out from train (stratified by label, seed {holdout['seed']})"
+    else:
+        valid = f"`{cfg['valid']}`"
+    lines = [
+        f"# Prepared classification data: {len(meta['labels'])} labels",
+        "",
+        f"- SentencePiece: {cfg['model_type']}, requested {cfg['vocab_size']}, got {meta['vocab_size']} "
+        f"({meta['spm']}); special ids pad={PAD_ID} unk={UNK_ID} bos={BOS_ID} eos={EOS_ID}",
+        f"- Lengths: max_len={cfg['max_len']} tokens, over-long training texts are "
+        f"{'dropped' if cfg['too_long'] == 'drop' else 'truncated'}; valid/test are only truncated",
+        f"- Validation: {valid}",
+        f"- Fingerprint: `{meta['fingerprint']}`",
+        "",
+        "## Examples",
+        "",
+        "| split | source | lines read | examples | dropped: blank | empty | too_long | truncated | joined lines | replaced bytes | also in train |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in splits.items():
+        d = s["dropped"]
+        lines.append(
+            f"| {name} | `{s['source']}` | {'-' if s['lines'] is None else s['lines']} | {s['examples']} | "
+            f"{d['blank']} | {d['empty']} | {d['too_long']} | {s['truncated']} | {s['joined_lines']} | "
+            f"{s['replaced_lines']} | {'-' if s['in_train'] is None else s['in_train']} |"
+        )
+    lines += ["", "## Labels (id, name, examples per split)", "",
+              "| id | label | " + " | ".join(splits) + " |", "|---:|---|" + "---:|" * len(splits)]
+    for i, label in enumerate(meta["labels"]):
+        lines.append(f"| {i} | `{label}` | " + " | ".join(str(s["label_counts"][label]) for s in splits.values()) + " |")
+    lines += ["", "## Lengths (subword tokens, after truncation)", "",
+              "| split | tokens | min | mean | p50 | p90 | p95 | p99 | max | distinct ids | unk rate |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, s in splits.items():
+        n = s["length"]
+        lines.append(
+            f"| {name} | {s['tokens']} | {n['min']} | {n['mean']} | {n['p50']:g} | {n['p90']:g} | {n['p95']:g} | "
+            f"{n['p99']:g} | {n['max']} | {s['types']} | {s['unk_rate']:.4%} |"
+        )
+    return "\n".join(lines) + "\n"
