@@ -6,7 +6,6 @@ Every example here is hand-written; the real corpus is only read (never copied) 
 from __future__ import annotations
 
 import logging
-import os
 import re
 from pathlib import Path
 
@@ -27,7 +26,6 @@ from multibranch.data.errors import DataError
 from multibranch.evaluate.code import parses
 
 _ESCAPE_WORDS = re.compile(r"\b(DCNL|DCSP|DCTB)\b")
-CODE_DOCSTRING_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "code-docstring"
 
 # (escaped one-line form, expected Python source) written by hand
 DECODE_CASES = [
@@ -269,16 +267,8 @@ def test_read_code_corpus_missing_file(tmp_path):
 # ---- the real corpus (read only) -----------------------------------------------------------------
 
 
-def _real_corpus_dir() -> Path:
-    path = Path(os.environ.get("MULTIBRANCH_CODE_DOCSTRING", CODE_DOCSTRING_DEFAULT))
-    if not (path / "valid.code").is_file():
-        pytest.skip(f"code-docstring corpus not found at {path}: set MULTIBRANCH_CODE_DOCSTRING "
-                    "to a directory with valid.{desc,code}")
-    return path
-
-
-def test_real_valid_split_decodes_to_parseable_code():
-    corpus = read_code_corpus(_real_corpus_dir() / "valid", docstring_errors="raw")
+def test_real_valid_split_decodes_to_parseable_code(code_docstring):
+    corpus = read_code_corpus(code_docstring / "valid", docstring_errors="raw")
     assert len(corpus.docstrings) == len(corpus.codes) > 0
     rate = sum(parses(decode_code(code)) for code in corpus.codes) / len(corpus.codes)
     assert rate >= 0.90  # the README says ~97%; the rest is Python 2
