@@ -43,3 +43,25 @@ def pruning_curve_plot(points: list[dict[str, Any]], metric: str = "BLEU") -> An
     ax.set_title("pruning curve (least important heads first)")
     ax.grid(alpha=0.3)
     return fig
+
+
+def length_buckets_plot(report: dict[str, Any]) -> Any:
+    """Grouped bars: BLEU per source-length bucket for each model, sentence counts on a second axis."""
+    labels = [b["label"] for b in report["buckets"]]
+    models = report["models"]
+    fig, ax = plt.subplots(figsize=(7.0, 3.8), layout="constrained")
+    width = 0.8 / len(models)
+    for i, model in enumerate(models):
+        xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(labels))]
+        ax.bar(xs, [math.nan if b["bleu"] is None else b["bleu"] for b in model["buckets"]], width,
+               label=model["label"])
+    counts = ax.twinx()
+    counts.plot(range(len(labels)), [b["sentences"] for b in models[0]["buckets"]], color="black", marker=".",
+                linewidth=1, label="sentences")
+    counts.set_ylabel("sentences")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel("source length (subword tokens)")
+    ax.set_ylabel("BLEU")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("BLEU by source length")
+    return fig

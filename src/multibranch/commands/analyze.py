@@ -4,13 +4,15 @@
     multibranch analyze heads --ckpt X.pt --data PREPARED_DIR --out REPORT_DIR [--split valid]
         [--max-examples N] [--no-normalize] [--bleu-split test] [--bleu-max-sentences N] [--beam K]
         [--step 0.1] [--recompute] [--keep-one] [--no-curve] [--no-dominant] [--force]
+    multibranch analyze lengths --ckpt A.pt [--ckpt B.pt] [--label A --label B] --data PREPARED_DIR
+        --out REPORT_DIR [--split test] [--buckets 15,30,45,60,75,90,105] [--max-sentences N] [--beam K] [--force]
 """
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "analyses of a checkpoint written as a report folder (heads: importance, entropy, pruning curve)"
+HELP = "analyses of a checkpoint written as a report folder (heads, lengths, ...)"
 
 
 def positive_int(text: str) -> int:
@@ -45,6 +47,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.set_defaults(analysis_run=_heads)
 
+    about = "BLEU and sentence counts by source-length bucket, one or more checkpoints (SEEDS-SPEC §4.7)"
+    p = sub.add_parser("lengths", help=about, description=about)
+    p.add_argument("--ckpt", required=True, action="append", help="checkpoint (repeat to compare several)")
+    p.add_argument("--label", action="append", default=None, help="plot label per --ckpt (default: file names)")
+    p.add_argument("--data", required=True, help="the prepared data directory the models were trained on")
+    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    p.add_argument("--split", default="test", help="split to translate")
+    p.add_argument("--buckets", default="15,30,45,60,75,90,105",
+                   help="inclusive upper edges in subword tokens (last bucket: above the last edge)")
+    p.add_argument("--max-sentences", type=positive_int, default=None, help="translate only the first N sentences")
+    p.add_argument("--beam", type=positive_int, default=None, help="beam size (default: the checkpoint's)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.set_defaults(analysis_run=_lengths)
+
 
 def run(args: argparse.Namespace) -> int:
     return int(args.analysis_run(args) or 0)
@@ -64,5 +81,24 @@ def _heads(args: argparse.Namespace) -> int:
         dominant=not args.no_dominant, device=args.device,
     )
     folder = analyze_heads(args.ckpt, args.data, args.out, options, force=args.force)
+    print(f"wrote {folder.path}: {', '.join(folder.files)}")
+    return 0
+
+
+def _lengths(args: argparse.Namespace) -> int:
+    from multibranch.analysis.lengths import LengthOptions, analyze_lengths, parse_edges
+    from multibranch.cli import UserError
+
+    try:
+        edges = parse_edges(args.buckets)
+    except ValueError as error:
+        raise UserError(f"--buckets: {error}") from None
+    if args.label is not None and len(args.label) != len(args.ckpt):
+        raise UserError(f"{len(args.label)} --label for {len(args.ckpt)} --ckpt")
+    if len(set(args.label or args.ckpt)) != len(args.ckpt):
+        raise UserError("the checkpoints (or their --label) must be distinct")
+    options = LengthOptions(split=args.split, max_sentences=args.max_sentences, edges=tuple(edges), beam=args.beam,
+                            device=args.device)
+    folder = analyze_lengths(args.ckpt, args.label, args.data, args.out, options, force=args.force)
     print(f"wrote {folder.path}: {', '.join(folder.files)}")
     return 0
