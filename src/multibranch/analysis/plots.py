@@ -65,3 +65,46 @@ def length_buckets_plot(report: dict[str, Any]) -> Any:
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title("BLEU by source length")
     return fig
+
+
+def kernel_gate_ratio_plot(gates: list[dict[str, Any]], small: int, large: int) -> Any:
+    """softmax(g)_small / softmax(g)_large against the layer, one line per side (encoder, decoder)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    for side in ("encoder", "decoder"):
+        rows = sorted((g for g in gates if g["side"] == side and g["ratio"] is not None), key=lambda g: g["layer"])
+        if rows:
+            ax.plot([g["layer"] for g in rows], [g["ratio"] for g in rows], marker="o", label=side)
+    ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(f"gate k={small} / gate k={large}")
+    ax.set_title("MUSE kernel-gate ratio")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def kappa_alpha_heatmaps(rows: list[dict[str, Any]]) -> Any:
+    """Two heatmaps (modules x branches): kappa and alpha."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 0.4 * len(rows) + 2.0), layout="constrained")
+    for ax, key in zip(axes, ("kappa", "alpha"), strict=True):
+        image = ax.imshow([r[key] for r in rows], aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set_title(key)
+        ax.set_xlabel("branch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_yticks(range(len(rows)), [f"{r['side']} {r['layer']}" for r in rows])
+        fig.colorbar(image, ax=ax)
+    return fig
+
+
+def unit_weights_plot(rows: list[dict[str, Any]]) -> Any:
+    """Unit weight w_j against j, one line per MUTE layer."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    for row in rows:
+        ax.plot(range(1, len(row["weights"]) + 1), row["weights"], marker="o", label=f"layer {row['layer']}")
+    ax.set_xlabel("unit j")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("w_j")
+    ax.set_title("MUTE unit weights")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig

@@ -6,6 +6,7 @@
         [--step 0.1] [--recompute] [--keep-one] [--no-curve] [--no-dominant] [--force]
     multibranch analyze lengths --ckpt A.pt [--ckpt B.pt] [--label A --label B] --data PREPARED_DIR
         --out REPORT_DIR [--split test] [--buckets 15,30,45,60,75,90,105] [--max-sentences N] [--beam K] [--force]
+    multibranch analyze gates --ckpt X.pt --out REPORT_DIR [--ratio 3,15] [--force]
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.set_defaults(analysis_run=_lengths)
 
+    about = "learned mixing weights: MUSE kernel-gate ratio, Weighted kappa/alpha, MUTE unit weights (§4.7, §2.5, §3.7)"
+    p = sub.add_parser("gates", help=about, description=about)
+    p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
+    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    p.add_argument("--ratio", default="3,15", help="kernel sizes SMALL,LARGE of the gate ratio")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.set_defaults(analysis_run=_gates)
+
 
 def run(args: argparse.Namespace) -> int:
     return int(args.analysis_run(args) or 0)
@@ -100,5 +109,20 @@ def _lengths(args: argparse.Namespace) -> int:
     options = LengthOptions(split=args.split, max_sentences=args.max_sentences, edges=tuple(edges), beam=args.beam,
                             device=args.device)
     folder = analyze_lengths(args.ckpt, args.label, args.data, args.out, options, force=args.force)
+    print(f"wrote {folder.path}: {', '.join(folder.files)}")
+    return 0
+
+
+def _gates(args: argparse.Namespace) -> int:
+    from multibranch.analysis.gate_report import analyze_gates
+    from multibranch.cli import UserError
+
+    parts = args.ratio.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise UserError(f"--ratio {args.ratio!r} must be two kernel sizes SMALL,LARGE, e.g. 3,15")
+    try:
+        folder = analyze_gates(args.ckpt, args.out, (int(parts[0]), int(parts[1])), force=args.force)
+    except ValueError as error:
+        raise UserError(str(error)) from None
     print(f"wrote {folder.path}: {', '.join(folder.files)}")
     return 0
