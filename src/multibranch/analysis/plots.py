@@ -108,3 +108,18 @@ def unit_weights_plot(rows: list[dict[str, Any]]) -> Any:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return fig
+
+
+def diversity_plot(layers: list[dict[str, Any]], titles: dict[str, str]) -> Any:
+    """Diversity of each variant against the encoder layer, with the identical-units level exp(-1)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    for key, title in titles.items():
+        ax.plot([row["layer"] for row in layers], [row[key] for row in layers], marker="o", label=title)
+    ax.axhline(math.exp(-1.0), color="gray", linestyle="--", linewidth=1, label="identical units")
+    ax.set_xlabel("encoder layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("diversity exp(-mean cos)")
+    ax.set_title("MUTE unit diversity (eq. 21)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig

@@ -7,6 +7,8 @@
     multibranch analyze lengths --ckpt A.pt [--ckpt B.pt] [--label A --label B] --data PREPARED_DIR
         --out REPORT_DIR [--split test] [--buckets 15,30,45,60,75,90,105] [--max-sentences N] [--beam K] [--force]
     multibranch analyze gates --ckpt X.pt --out REPORT_DIR [--ratio 3,15] [--force]
+    multibranch analyze diversity --ckpt X.pt --data PREPARED_DIR --out REPORT_DIR [--split valid]
+        [--max-examples N] [--max-tokens N] [--force]
 """
 
 from __future__ import annotations
@@ -71,6 +73,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.set_defaults(analysis_run=_gates)
 
+    about = "MUTE unit diversity (eq. 21: Att Pos., Att Sub., FFN Sub.) per encoder layer and unit weights (§3.7)"
+    p = sub.add_parser("diversity", help=about, description=about)
+    p.add_argument("--ckpt", required=True, help="MUTE checkpoint to analyse")
+    p.add_argument("--data", required=True, help="the prepared data directory the model was trained on")
+    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    p.add_argument("--split", default="valid", help="split scored (eval mode)")
+    p.add_argument("--max-examples", type=positive_int, default=None, help="use only the first N examples")
+    p.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.set_defaults(analysis_run=_diversity)
+
 
 def run(args: argparse.Namespace) -> int:
     return int(args.analysis_run(args) or 0)
@@ -123,6 +137,19 @@ def _gates(args: argparse.Namespace) -> int:
     try:
         folder = analyze_gates(args.ckpt, args.out, (int(parts[0]), int(parts[1])), force=args.force)
     except ValueError as error:
+        raise UserError(str(error)) from None
+    print(f"wrote {folder.path}: {', '.join(folder.files)}")
+    return 0
+
+
+def _diversity(args: argparse.Namespace) -> int:
+    from multibranch.analysis.diversity import NotMuteError, analyze_diversity
+    from multibranch.cli import UserError
+
+    try:
+        folder = analyze_diversity(args.ckpt, args.data, args.out, args.split, args.max_examples, args.max_tokens,
+                                   args.device, force=args.force)
+    except NotMuteError as error:
         raise UserError(str(error)) from None
     print(f"wrote {folder.path}: {', '.join(folder.files)}")
     return 0
