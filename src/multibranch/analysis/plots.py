@@ -123,3 +123,74 @@ def diversity_plot(layers: list[dict[str, Any]], titles: dict[str, str]) -> Any:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return fig
+
+
+def _grid(panels: int, width: float = 4.0, height: float = 3.0) -> tuple[Any, list[Any]]:
+    cols = min(3, panels)
+    rows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained")
+    flat = list(axes.flat)
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    return fig, flat[:panels]
+
+
+def run_curves_plot(curves: dict[str, dict[str, dict[str, list]]]) -> Any:
+    """One panel per metric name (train and valid series together)."""
+    keys = list(dict.fromkeys([*curves["train"], *curves["valid"]]))
+    fig, axes = _grid(len(keys))
+    for ax, key in zip(axes, keys, strict=True):
+        for kind, style in (("train", "-"), ("valid", "o-")):
+            series = curves[kind].get(key)
+            if series:
+                ax.plot(series["step"], series["value"], style, markersize=3, label=kind)
+        if key in ("lr",):
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+        ax.set_title(key)
+        ax.set_xlabel("update")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def metric_group(name: str) -> tuple[str, str]:
+    """'encoder.layers.0.branched.weights.kappa.2' -> ('encoder.layers.0.branched.weights.kappa', '2');
+    a name without a trailing index is its own group."""
+    head, _, last = name.rpartition(".")
+    if head and last.isdigit():
+        return head, last
+    stripped = last.rstrip("0123456789")
+    if head and stripped and stripped != last:  # 'w3', 'k15'
+        return f"{head}.{stripped}", last
+    return name, ""
+
+
+def module_curves_plot(curves: dict[str, dict[str, list]]) -> Any:
+    """One panel per metric group (e.g. a module's kappa), raw values faint, moving average solid."""
+    groups: dict[str, list[str]] = {}
+    for name in curves:
+        groups.setdefault(metric_group(name)[0], []).append(name)
+    fig, axes = _grid(len(groups), 4.2, 2.8)
+    for ax, (group, names) in zip(axes, groups.items(), strict=True):
+        for name in names:
+            series = curves[name]
+            line, = ax.plot(series["step"], series["smoothed"], label=metric_group(name)[1] or None)
+            ax.plot(series["step"], series["value"], color=line.get_color(), alpha=0.25, linewidth=0.8)
+        ax.set_title(group, fontsize=8)
+        ax.set_xlabel("update")
+        if any(metric_group(n)[1] for n in names):
+            ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def schedule_curves_plot(curves: dict[str, dict[str, Any]]) -> Any:
+    fig, ax = plt.subplots(figsize=(6.0, 3.6), layout="constrained")
+    for path, series in curves.items():
+        ax.plot(series["step"], series["value"], label=f"{path} ({series['schedule']})")
+    ax.set_xlabel("update")
+    ax.set_ylabel("rate")
+    ax.set_title("rate schedules")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
