@@ -194,3 +194,24 @@ def schedule_curves_plot(curves: dict[str, dict[str, Any]]) -> Any:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return fig
+
+
+def attention_map_plot(panels: list[tuple[str, Any]], queries: list[str], keys: list[str], title: str) -> Any:
+    """One heatmap per panel (queries down, keys across) with token labels."""
+    tokens = max(len(queries), len(keys))
+    cols = min(4 if tokens <= 20 else 2, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    size = min(0.22 * tokens + 1.5, 7.0)  # inches per panel: long sentences must not make huge images
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False, layout="constrained")
+    flat = list(axes.flat)
+    for ax in flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (name, probs) in zip(flat, panels, strict=False):
+        grid = probs.numpy() if hasattr(probs, "numpy") else probs  # a CPU tensor [L, S] or nested lists
+        ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+        ax.set_title(name, fontsize=9)
+        font = 7 if tokens <= 30 else 5
+        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=font)
+        ax.set_yticks(range(len(queries)), queries, fontsize=font)
+    fig.suptitle(title, fontsize=10)
+    return fig

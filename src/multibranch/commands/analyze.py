@@ -7,6 +7,8 @@
     multibranch analyze lengths --ckpt A.pt [--ckpt B.pt] [--label A --label B] --data PREPARED_DIR
         --out REPORT_DIR [--split test] [--buckets 15,30,45,60,75,90,105] [--max-sentences N] [--beam K] [--force]
     multibranch analyze gates --ckpt X.pt --out REPORT_DIR [--ratio 3,15] [--force]
+    multibranch analyze attention --ckpt X.pt --out REPORT_DIR (--sentences 0,5 --data PREPARED_DIR [--split valid]
+        | --text "raw source" ...) [--type cross] [--layers 0,5] [--heads 0,3 | --branch B] [--beam K] [--force]
     multibranch analyze diversity --ckpt X.pt --data PREPARED_DIR --out REPORT_DIR [--split valid]
         [--max-examples N] [--max-tokens N] [--force]
 """
@@ -85,6 +87,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.set_defaults(analysis_run=_diversity)
 
+    about = "attention maps (PNG heatmaps with token labels) of chosen sentences, layers, heads or MAT branches"
+    p = sub.add_parser("attention", help=about, description=about)
+    p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
+    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    p.add_argument("--data", default=None, help="prepared data directory (needed for --sentences)")
+    p.add_argument("--split", default="valid", help="split that --sentences indexes")
+    p.add_argument("--sentences", default=None, help="comma-separated example indices of --split (reference target)")
+    p.add_argument("--text", action="append", default=None,
+                   help="raw source sentence (repeatable); the target is the model's translation")
+    p.add_argument("--type", action="append", choices=["encoder_self", "decoder_self", "cross"], default=None,
+                   help="attention type (repeatable; default: all)")
+    p.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--heads", default=None, help="comma-separated head indices (default: all)")
+    group.add_argument("--branch", type=int, default=None, help="draw MAT branch B (its heads averaged)")
+    p.add_argument("--beam", type=positive_int, default=None, help="beam for --text translations")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.set_defaults(analysis_run=_attention)
+
 
 def run(args: argparse.Namespace) -> int:
     return int(args.analysis_run(args) or 0)
@@ -150,6 +171,38 @@ def _diversity(args: argparse.Namespace) -> int:
         folder = analyze_diversity(args.ckpt, args.data, args.out, args.split, args.max_examples, args.max_tokens,
                                    args.device, force=args.force)
     except NotMuteError as error:
+        raise UserError(str(error)) from None
+    print(f"wrote {folder.path}: {', '.join(folder.files)}")
+    return 0
+
+
+def _index_list(flag: str, text: str | None) -> tuple[int, ...] | None:
+    from multibranch.cli import UserError
+
+    if text is None:
+        return None
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"{flag} {text!r} must be comma-separated integers") from None
+    if any(v < 0 for v in values):
+        raise UserError(f"{flag} {text!r}: indices must be >= 0")
+    return values
+
+
+def _attention(args: argparse.Namespace) -> int:
+    from multibranch.analysis.attention_maps import Selection, SelectionError, analyze_attention
+    from multibranch.analysis.heads import ROLES
+    from multibranch.cli import UserError
+
+    indices = _index_list("--sentences", args.sentences)
+    selection = Selection(roles=tuple(args.type) if args.type else ROLES, layers=_index_list("--layers", args.layers),
+                          heads=_index_list("--heads", args.heads), branch=args.branch)
+    try:
+        folder = analyze_attention(args.ckpt, args.out, data_dir=args.data, split=args.split,
+                                   indices=list(indices or []), texts=args.text, selection=selection, beam=args.beam,
+                                   force=args.force)
+    except SelectionError as error:
         raise UserError(str(error)) from None
     print(f"wrote {folder.path}: {', '.join(folder.files)}")
     return 0
