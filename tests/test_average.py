@@ -8,12 +8,13 @@ import pytest
 import torch
 from conftest import tiny_experiment, tiny_model_dict
 
+from multibranch.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
+from multibranch.checkpoint.model import load_model
+from multibranch.checkpoint.origin import weights_fingerprint
 from multibranch.cli import main
 from multibranch.convert.average import average_checkpoints, select_checkpoints
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
-from multibranch.train.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
-from multibranch.train.origin import weights_fingerprint
 from multibranch.train.rng import seed_everything
 from multibranch.train.trainer import RunOptions, train
 

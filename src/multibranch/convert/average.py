@@ -6,7 +6,7 @@ are copied from the newest checkpoint (highest meta step; the last path on ties)
 have the same model config, tokenizer, keys, shapes and tie structure. Tied tensors (a shared
 embedding stored under several keys) stay one tensor. The result carries no training state.
 
-Checkpoints must share an origin (train/origin.py: the same run, or runs fine-tuned from the same
+Checkpoints must share an origin (checkpoint/origin.py: the same run, or runs fine-tuned from the same
 checkpoint); unrelated runs are refused unless force=True (a warning). Checkpoints written before
 origins were recorded are averaged with a warning that this cannot be checked.
 
@@ -25,10 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from multibranch.checkpoint.format import CheckpointError, load_checkpoint, same_tokenizer, tied_groups
+from multibranch.checkpoint.origin import origin_of, shared_origin
 from multibranch.config import ConfigError
-from multibranch.convert.payload import read_payload, tied_groups
-from multibranch.train.checkpoint import CheckpointError, same_tokenizer
-from multibranch.train.origin import origin_of, shared_origin
 
 log = logging.getLogger("multibranch.average")
 
@@ -47,7 +46,7 @@ def average_checkpoints(paths: Sequence[str | Path], *, force: bool = False) -> 
     sources = []
     origins: dict[str, dict[str, str] | None] = {}
     for path in paths:
-        payload = read_payload(path)
+        payload = load_checkpoint(path)
         state = payload["model"]
         if reference is None:
             reference, ref_path, aliases = payload, str(path), tied_groups(state)

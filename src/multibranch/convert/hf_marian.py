@@ -41,9 +41,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError, to_dict
 from multibranch.convert.payload import check_state
-from multibranch.train.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multibranch.hooks import ParamGroupSpec
 from multibranch.modules.dropout import dropout
 from multibranch.modules.state import StateView
-from multibranch.train.hooks import ParamGroupSpec
 
 KernelMix = Literal["gate", "concat"]
 ConvPath = Literal["auto", "band", "unfold"]
