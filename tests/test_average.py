@@ -73,7 +73,7 @@ def test_average_keeps_low_precision_dtype(tmp_path):
 def test_average_refuses_mismatches(tmp_path):
     good = write(tmp_path / "good.pt", make_payload(1, 1))
     other_cfg = write(tmp_path / "cfg.pt", make_payload(2, 2, dropout=0.3))
-    with pytest.raises(CheckpointError, match=r"cfg\.pt: model config differs .*model\.dropout: 0\.1 vs 0\.3"):
+    with pytest.raises(CheckpointError, match=r"cfg\.pt: model config differs .*model\.dropout: good\.pt 0\.1, cfg\.pt 0\.3"):
         average_checkpoints([good, other_cfg])
     p = make_payload(3, 3)
     del p["model"]["decoder.layers.1.ffn.fc1.bias"]
