@@ -20,7 +20,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def checkpoint(data: Path, preset: str, path: Path) -> tuple[torch.nn.Module, Path]:
-    from multibranch.train.checkpoint import save_checkpoint
+    from multibranch.checkpoint.format import save_checkpoint
 
     sizes = PreparedData.load(data).meta["vocab_size"]
     torch.manual_seed(0)

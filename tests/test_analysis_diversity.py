@@ -30,7 +30,7 @@ def model_for(data: Path, preset: str, units: int = 4) -> torch.nn.Module:
 
 
 def save(model: torch.nn.Module, path: Path) -> Path:
-    from multibranch.train.checkpoint import save_checkpoint
+    from multibranch.checkpoint.format import save_checkpoint
 
     save_checkpoint(path, {"config": ExperimentConfig(model=model.config).to_dict(),
                            "model": model.state_dict(), "meta": {}})

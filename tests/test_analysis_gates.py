@@ -24,7 +24,7 @@ def tiny_model(preset: str, **overrides) -> torch.nn.Module:
 
 
 def save(model: torch.nn.Module, path: Path) -> Path:
-    from multibranch.train.checkpoint import save_checkpoint
+    from multibranch.checkpoint.format import save_checkpoint
 
     save_checkpoint(path, {"config": ExperimentConfig(model=model.config).to_dict(),
                            "model": model.state_dict(), "meta": {}})

@@ -104,7 +104,7 @@ def analyze_attention(ckpt: str, out: str, *, data_dir: str | None = None, split
     import dataclasses
 
     from multibranch.analysis.report import ReportFolder
-    from multibranch.train.checkpoint import load_model
+    from multibranch.checkpoint.model import load_model
 
     ReportFolder.check(out, force)
     selection = selection or Selection()

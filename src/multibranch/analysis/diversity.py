@@ -64,8 +64,8 @@ def analyze_diversity(ckpt: str | Path, data_dir: str | Path, out: str | Path, s
                       force: bool = False) -> ReportFolder:
     """Score the split and write diversity.json, diversity.png, unit_weights.png and index.md."""
     from multibranch.analysis.batches import check_vocabulary, teacher_forced_batches
+    from multibranch.checkpoint.model import load_model
     from multibranch.data.dataset import PreparedData
-    from multibranch.train.checkpoint import load_model
 
     ReportFolder.check(out, force)
     loaded = load_model(ckpt, device)

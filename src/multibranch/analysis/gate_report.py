@@ -18,7 +18,7 @@ from multibranch.analysis.report import ReportFolder
 def analyze_gates(ckpt: str | Path, out: str | Path, ratio: tuple[int, int] = (3, 15),
                   force: bool = False) -> ReportFolder:
     """ValueError (before writing) when the model has no kernel gates, kappa/alpha or unit weights."""
-    from multibranch.train.checkpoint import load_model
+    from multibranch.checkpoint.model import load_model
 
     ReportFolder.check(out, force)
     model = load_model(ckpt, "cpu").model

@@ -96,9 +96,9 @@ def analyze_lengths(ckpts: list[str], labels: list[str] | None, data_dir: str | 
                     options: LengthOptions, force: bool = False) -> ReportFolder:
     """Translate the split with every checkpoint and write lengths.json, lengths.png, index.md."""
     from multibranch.analysis.batches import check_vocabulary
+    from multibranch.checkpoint.model import load_model
     from multibranch.data.dataset import PreparedData
     from multibranch.inference.translator import Translator
-    from multibranch.train.checkpoint import load_model
 
     ReportFolder.check(out, force)
     labels = labels or [Path(c).stem if len(ckpts) == 1 else str(c) for c in ckpts]
