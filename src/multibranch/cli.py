@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-COMMANDS = ["demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info", "analyze", "prune"]
+COMMANDS = ["demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info", "analyze", "prune", "serve"]
 
 
 class UserError(Exception):
