@@ -219,8 +219,10 @@ def test_shutdown_finishes_accepted_requests_and_refuses_new_ones():
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                accepted = [asyncio.create_task(client.post("/translate", json={"texts": [w]})) for w in "abc"]
-                await wait_until(lambda: stub.started.is_set() and app.state.batcher.depth == 2)
+                accepted = [asyncio.create_task(client.post("/translate", json={"texts": ["a"]}))]
+                await wait_until(stub.started.is_set)
+                accepted += [asyncio.create_task(client.post("/translate", json={"texts": [w]})) for w in "bc"]
+                await wait_until(lambda: app.state.batcher.depth == 2)
                 closing = asyncio.create_task(app.state.batcher.close())
                 await asyncio.sleep(0)
                 refused = await client.post("/translate", json={"texts": ["z"]})
@@ -306,10 +308,11 @@ def test_health_info_and_metrics(engine, experiment):  # noqa: F811
 @pytest.mark.parametrize("kind", ["weighted", "mute"])
 def test_info_reports_learned_branch_weights(kind, tokenizer):  # noqa: F811
     torch.manual_seed(0)
-    layer = {"kind": kind, **({"units": 3} if kind == "mute" else {})}
+    encoder = {"kind": kind, **({"units": 3} if kind == "mute" else {})}
+    decoder = {"kind": "transformer"} if kind == "mute" else encoder
     cfg = from_dict(ModelConfig, {"d_model": 16, "heads": 2, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1,
                                   "src_vocab_size": tokenizer.src_vocab_size, "tgt_vocab_size": tokenizer.src_vocab_size,
-                                  "encoder": layer, "decoder": layer})
+                                  "encoder": encoder, "decoder": decoder, **({"norm": "pre"} if kind == "mute" else {})})
     model = build_model(cfg).eval()
     with torch.no_grad():  # move the weights away from their uniform start, so reading them back means something
         for name, p in model.named_parameters():
