@@ -27,7 +27,7 @@ class Engine(Protocol):
 
 def branch_weights(model: Any) -> dict[str, dict[str, list[float]]]:
     """Learned branch weights read from the model: kappa/alpha per Weighted module, unit weights per
-    MUTE module (normalised as the model uses them), keyed by module name."""
+    MUTE module (the raw learned w), keyed by module name."""
     import torch
 
     from multibranch.modules.simplex import BranchWeights
@@ -137,13 +137,17 @@ class Ct2Engine:
         kept = [i for i, text in enumerate(texts) if text.strip()]
         if not kept:
             return out
-        pieces = self.src.encode([texts[i] for i in kept], out_type=str)
+        pieces = dict(zip(kept, self.src.encode([texts[i] for i in kept], out_type=str)))
         options = translate_options(dataclasses.replace(self.decode, beam=beam, nbest=nbest))
-        limit = max(max_decoding_length(self.decode, len(p)) for p in pieces)
-        results = self.translator.translate_batch(pieces, max_decoding_length=limit, **options)
-        for i, result in zip(kept, results):
-            hyps = [h[:-1] if h and h[-1] == "</s>" else h for h in result.hypotheses]
-            out[i] = [(self.tgt.decode_pieces(h), float(score)) for h, score in zip(hyps, result.scores)]
+        by_limit: dict[int, list[int]] = {}  # CT2 takes one length limit per call; ours depends on the source
+        for i in kept:
+            by_limit.setdefault(max_decoding_length(self.decode, len(pieces[i])), []).append(i)
+        for limit, group in by_limit.items():
+            results = self.translator.translate_batch([pieces[i] for i in group], max_decoding_length=limit,
+                                                      **options)
+            for i, result in zip(group, results):
+                hyps = [h[:-1] if h and h[-1] == "</s>" else h for h in result.hypotheses]
+                out[i] = [(self.tgt.decode_pieces(h), float(score)) for h, score in zip(hyps, result.scores)]
         return out
 
     def info(self) -> dict[str, Any]:
