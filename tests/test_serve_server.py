@@ -70,10 +70,10 @@ def test_ct2_engine_through_the_api_equals_ctranslate2(checkpoint, tmp_path):  #
     ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install '.[ct2]')")
     import sentencepiece as spm
 
+    from multibranch.checkpoint.format import load_checkpoint
     from multibranch.convert.ct2 import SETTINGS_FILE, export_ct2, max_decoding_length, translate_options
     from multibranch.inference.config import DecodeConfig
     from multibranch.serve.engine import Ct2Engine
-    from multibranch.train.checkpoint import load_checkpoint
 
     directory = export_ct2(load_checkpoint(checkpoint), tmp_path / "ct2")
     settings = json.loads((Path(directory) / SETTINGS_FILE).read_text())

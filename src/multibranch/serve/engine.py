@@ -59,8 +59,9 @@ class TorchEngine:
     @classmethod
     def from_checkpoint(cls, path: str, device: str = "cpu", **overrides: Any) -> TorchEngine:
         """Load a checkpoint (the one place the server imports the checkpoint loader)."""
-        from multibranch.inference.translator import resolve_device
-        from multibranch.train.checkpoint import CheckpointError, load_model
+        from multibranch.checkpoint.format import CheckpointError
+        from multibranch.checkpoint.model import load_model
+        from multibranch.device import resolve_device
 
         resolved = resolve_device(device)
         loaded = load_model(path, resolved)
