@@ -13,7 +13,10 @@ import os
 import sys
 from collections.abc import Iterator
 
-COMMANDS = ["demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info", "analyze", "prune", "plot"]
+COMMANDS = [
+    "demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info", "analyze", "prune", "plot",
+    "serve",
+]
 
 
 class UserError(Exception):

@@ -1,0 +1,109 @@
+"""`multibranch serve`: an HTTP translation server (FastAPI + uvicorn) over one loaded model.
+
+API: POST /translate {"texts": [...], "beam": N?, "nbest": N?} -> {"translations": [...]};
+GET /health, /info, /metrics (Prometheus). Concurrent requests are micro-batched by one worker.
+Binds 127.0.0.1 unless --host says otherwise. Ctrl-C / SIGTERM: stop accepting, finish the
+accepted requests, exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+HELP = "serve translations over HTTP (POST /translate; /health, /info, /metrics), micro-batching requests"
+
+logger = logging.getLogger("multibranch.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from multibranch.serve.limits import ServeLimits
+
+    d = ServeLimits()
+    parser.add_argument("--ckpt", required=True, metavar="PATH",
+                        help="checkpoint file (--engine torch) or directory from `convert ct2` (--engine ct2)")
+    parser.add_argument("--engine", choices=["torch", "ct2"], default="torch", help="decoder to run")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it to the network)")
+    parser.add_argument("--port", type=int, default=8080, help="TCP port (0: any free port)")
+    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto", help="where to run the model")
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads of the engine (unset: torch's choice)")
+    parser.add_argument("--beam", type=int, metavar="N", help="default beam size (unset: the checkpoint's; torch only)")
+    group = parser.add_argument_group("limits and batching")
+    group.add_argument("--max-items", type=int, default=d.max_items, metavar="N", help="texts per request (413)")
+    group.add_argument("--max-chars", type=int, default=d.max_chars, metavar="N", help="characters per text (413)")
+    group.add_argument("--max-total-chars", type=int, default=d.max_total_chars, metavar="N",
+                       help="characters per request (413)")
+    group.add_argument("--max-beam", type=int, default=d.max_beam, metavar="N", help="largest beam a request may ask")
+    group.add_argument("--max-queue", type=int, default=d.max_queue, metavar="N",
+                       help="requests waiting for the worker; beyond it 503 with Retry-After")
+    group.add_argument("--batch-tokens", type=int, default=d.batch_tokens, metavar="N",
+                       help="source tokens x beam gathered into one engine call")
+    group.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, metavar="MS",
+                       help="how long the worker waits for more requests after the first")
+    group.add_argument("--timeout", type=float, default=d.timeout_s, metavar="S", help="request timeout (504)")
+
+
+def limits_from_args(args: argparse.Namespace):  # noqa: ANN201
+    from multibranch.serve.limits import ServeLimits
+
+    limits = ServeLimits(max_items=args.max_items, max_chars=args.max_chars, max_total_chars=args.max_total_chars,
+                         max_queue=args.max_queue, batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms,
+                         timeout_s=args.timeout, max_beam=args.max_beam)
+    limits.validate()
+    return limits
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from multibranch.cli import UserError
+
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port {args.port}: must be between 0 and 65535")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads {args.threads}: must be >= 1")
+    if args.beam is not None and args.beam < 1:
+        raise UserError(f"--beam {args.beam}: must be >= 1")
+    path = Path(args.ckpt)
+    if args.engine == "ct2" and not path.is_dir():
+        raise UserError(f"--ckpt {args.ckpt}: --engine ct2 needs a directory written by `multibranch convert ct2`")
+    if args.engine == "torch" and not path.is_file():
+        raise FileNotFoundError(f"--ckpt {args.ckpt}: no such checkpoint file")
+    if args.engine == "ct2" and args.beam is not None:
+        raise UserError("--beam is for --engine torch; the CT2 directory's decode settings are used "
+                        "(requests may still ask for a beam)")
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UserError("serve needs FastAPI and uvicorn: pip install 'multibranch[serve]'") from None
+
+
+def load_engine(args: argparse.Namespace):  # noqa: ANN201
+    """The engine named by --engine, loaded once."""
+    if args.engine == "ct2":
+        from multibranch.serve.engine import Ct2Engine
+
+        return Ct2Engine(args.ckpt, device="cpu" if args.device == "auto" else args.device, threads=args.threads or 1)
+    from multibranch.serve.engine import TorchEngine
+
+    overrides = {} if args.beam is None else {"beam": args.beam}
+    return TorchEngine.from_checkpoint(args.ckpt, args.device, **overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from multibranch.serve.app import create_app
+
+    _check_arguments(args)
+    limits = limits_from_args(args)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    engine = load_engine(args)
+    app = create_app(engine, limits)
+    logger.info("serving %s (%s engine) on http://%s:%d", args.ckpt, args.engine, args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=None)
+    return 0

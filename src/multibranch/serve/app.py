@@ -1,0 +1,130 @@
+"""The FastAPI application: POST /translate, GET /health, /info, /metrics.
+
+`create_app(engine, limits)` builds it around an already loaded engine (one model copy); the
+batcher's worker starts with the app and, on shutdown, finishes every accepted request before it
+stops. `static_dir` mounts a directory of static files at / (for a web page), after the API routes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from multibranch.serve.batcher import MicroBatcher, QueueFull, ShuttingDown
+from multibranch.serve.engine import Engine
+from multibranch.serve.limits import ServeLimits
+from multibranch.serve.metrics import ServeMetrics
+
+
+class TranslateRequest(BaseModel):
+    """texts: the sentences; beam: beam size (unset: the model's); nbest: hypotheses per text (unset:
+    plain strings; set: a list of {text, score} per text, best first, nbest <= beam)."""
+
+    model_config = ConfigDict(extra="forbid")
+    texts: list[str]
+    beam: int | None = Field(default=None, ge=1)
+    nbest: int | None = Field(default=None, ge=1)
+
+
+class Hypothesis(BaseModel):
+    text: str
+    score: float
+
+
+class TranslateResponse(BaseModel):
+    translations: list[str] | list[list[Hypothesis]]
+
+
+def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> None:
+    """413 for too much text, 422 for settings out of range."""
+    if len(body.texts) > limits.max_items:
+        raise HTTPException(413, f"{len(body.texts)} texts: at most {limits.max_items} per request")
+    for i, text in enumerate(body.texts):
+        if len(text) > limits.max_chars:
+            raise HTTPException(413, f"texts[{i}] has {len(text)} characters: at most {limits.max_chars} per text")
+    total = sum(len(text) for text in body.texts)
+    if total > limits.max_total_chars:
+        raise HTTPException(413, f"{total} characters in all: at most {limits.max_total_chars} per request")
+    if beam > limits.max_beam:
+        raise HTTPException(422, f"beam={beam}: at most {limits.max_beam}")
+    if body.nbest is not None and body.nbest > beam:
+        raise HTTPException(422, f"nbest={body.nbest} must be <= beam={beam}")
+
+
+def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: str | Path | None = None) -> FastAPI:
+    """The server around `engine` (already loaded)."""
+    limits = limits or ServeLimits()
+    limits.validate()
+    metrics = ServeMetrics()
+    batcher = MicroBatcher(engine, limits, metrics)
+    info = engine.info()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # noqa: ANN202
+        batcher.start()
+        yield
+        await batcher.close()
+
+    app = FastAPI(title="multibranch", lifespan=lifespan)
+    app.state.batcher, app.state.metrics, app.state.limits, app.state.engine = batcher, metrics, limits, engine
+
+    @app.post("/translate", response_model=TranslateResponse)
+    async def translate(body: TranslateRequest) -> Any:
+        start = time.perf_counter()
+        status = 200
+        metrics.in_flight.inc()
+        try:
+            beam = body.beam if body.beam is not None else engine.default_beam
+            _check_limits(body, limits, beam)
+            if not body.texts:
+                results = []
+            else:
+                tokens = sum(engine.count_tokens(body.texts))
+                results = await batcher.submit(body.texts, tokens, beam, body.nbest or 1)
+        except HTTPException as err:
+            status = err.status_code
+            raise
+        except QueueFull:
+            status = 503
+            metrics.rejected.labels("queue_full").inc()
+            return JSONResponse({"detail": f"the queue is full ({limits.max_queue} requests); retry later"}, 503,
+                                headers={"Retry-After": str(limits.retry_after_s)})
+        except ShuttingDown:
+            status = 503
+            metrics.rejected.labels("shutting_down").inc()
+            return JSONResponse({"detail": "the server is shutting down"}, 503)
+        except TimeoutError:
+            status = 504
+            metrics.rejected.labels("timeout").inc()
+            return JSONResponse({"detail": f"not translated within {limits.timeout_s:g} s"}, 504)
+        finally:
+            metrics.in_flight.dec()
+            metrics.latency.labels(str(status)).observe(time.perf_counter() - start)
+        if body.nbest is None:
+            return {"translations": [entries[0][0] for entries in results]}
+        return {"translations": [[{"text": t, "score": s} for t, s in entries] for entries in results]}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "queue_depth": batcher.depth}
+
+    @app.get("/info")
+    async def get_info() -> dict[str, Any]:
+        return {**info, "limits": dataclasses.asdict(limits)}
+
+    @app.get("/metrics")
+    async def get_metrics(request: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    if static_dir is not None:
+        from fastapi.staticfiles import StaticFiles
+
+        app.mount("/", StaticFiles(directory=str(static_dir), html=True), name="static")
+    return app

@@ -1,0 +1,168 @@
+"""Micro-batching across concurrent requests: a bounded queue and one worker that owns the engine.
+
+Requests are queued whole (their texts stay together). The worker takes the oldest request, then
+keeps gathering requests with the same decode setting (beam, nbest) until the batch holds
+`batch_tokens` source tokens x beam or `max_wait_ms` has passed since the first one, translates
+the texts of all of them in one engine call (in a single worker thread, so the one model copy is
+never used concurrently), and resolves each request's future with its own slice of the results.
+Requests with another setting wait for the next round, at the head of the queue.
+A request whose caller has gone (timeout, disconnect) is dropped before the engine call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from multibranch.serve.engine import Engine, Hypotheses
+from multibranch.serve.limits import ServeLimits
+from multibranch.serve.metrics import ServeMetrics
+
+
+class QueueFull(Exception):
+    """The queue holds `max_queue` requests (answer 503 + Retry-After)."""
+
+
+class ShuttingDown(Exception):
+    """The server no longer accepts requests."""
+
+
+@dataclass
+class Job:
+    texts: list[str]
+    tokens: int
+    beam: int
+    nbest: int
+    future: asyncio.Future[list[Hypotheses]] = field(repr=False)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.beam, self.nbest
+
+
+class MicroBatcher:
+    """The queue and its worker. `start()` inside the running loop, `submit()` per request,
+    `close()` to stop accepting and finish every accepted request."""
+
+    def __init__(self, engine: Engine, limits: ServeLimits, metrics: ServeMetrics):
+        self.engine, self.limits, self.metrics = engine, limits, metrics
+        self._pending: collections.deque[Job] = collections.deque()
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="multibranch-engine")
+        self._closing = False
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._worker = asyncio.get_running_loop().create_task(self._run(), name="multibranch-batcher")
+
+    async def submit(self, texts: list[str], tokens: int, beam: int, nbest: int) -> list[Hypotheses]:
+        """Queue one request and wait for its n-best lists (raises QueueFull, ShuttingDown,
+        TimeoutError after limits.timeout_s; a timed-out request is dropped from the queue)."""
+        if self._closing or self._wakeup is None:
+            raise ShuttingDown
+        if len(self._pending) >= self.limits.max_queue:
+            raise QueueFull
+        job = Job(texts, tokens, beam, nbest, asyncio.get_running_loop().create_future())
+        self._pending.append(job)
+        self.metrics.queue_depth.set(len(self._pending))
+        self._wakeup.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.future), self.limits.timeout_s)
+        finally:
+            if not job.future.done():  # timeout or the caller was cancelled: nobody waits for it
+                job.future.cancel()
+                self._discard(job)
+
+    def _discard(self, job: Job) -> None:
+        try:
+            self._pending.remove(job)
+        except ValueError:
+            pass  # already taken by the worker, which skips cancelled jobs
+        self.metrics.queue_depth.set(len(self._pending))
+
+    async def close(self) -> None:
+        """Stop accepting, let the worker finish every queued request, then stop it."""
+        self._closing = True
+        if self._worker is not None and self._wakeup is not None:
+            self._wakeup.set()
+            await self._worker
+        self._executor.shutdown(wait=True)
+
+    # ---- the worker ---------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch = await self._gather()
+            if batch:
+                await self._translate(batch)
+
+    async def _gather(self) -> list[Job]:
+        """The oldest live request plus later ones with its setting, up to the token budget or the
+        maximum wait."""
+        assert self._wakeup is not None
+        deadline = time.monotonic() + self.limits.max_wait_ms / 1000
+        batch: list[Job] = []
+        tokens = 0
+        while True:
+            budget = self.limits.batch_tokens
+            for job in list(self._pending):
+                if job.future.done():
+                    self._pending.remove(job)
+                    continue
+                if batch and (job.key != batch[0].key or (tokens + job.tokens) * job.beam > budget):
+                    continue
+                self._pending.remove(job)
+                batch.append(job)
+                tokens += job.tokens
+                if tokens * job.beam >= budget:
+                    break
+            self.metrics.queue_depth.set(len(self._pending))
+            remaining = deadline - time.monotonic()
+            if not batch or tokens * batch[0].beam >= self.limits.batch_tokens or remaining <= 0 or self._closing:
+                return batch
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _translate(self, batch: list[Job]) -> None:
+        live = [job for job in batch if not job.future.done()]
+        if not live:
+            return
+        texts = [text for job in live for text in job.texts]
+        beam, nbest = live[0].key
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        try:
+            results = await loop.run_in_executor(self._executor, self.engine.translate, texts, beam, nbest)
+        except Exception as err:  # the engine failed: every request of the batch gets the error (500)
+            for job in live:
+                if not job.future.done():
+                    job.future.set_exception(err)
+            return
+        self.metrics.engine_seconds.inc(time.perf_counter() - start)
+        self.metrics.batch_sentences.observe(len(texts))
+        self.metrics.batch_requests.observe(len(live))
+        self.metrics.source_tokens.inc(sum(job.tokens for job in live))
+        offset = 0
+        for job in live:
+            part = results[offset:offset + len(job.texts)]
+            offset += len(job.texts)
+            if not job.future.done():
+                job.future.set_result(part)

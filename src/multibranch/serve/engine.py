@@ -1,0 +1,157 @@
+"""Translation engines behind the server: one model copy, used by one worker thread at a time.
+
+An engine turns a batch of texts into n-best lists for one decode setting (beam, nbest) and counts
+source tokens (for the batching budget). `TorchEngine` wraps our Translator (every model kind);
+`Ct2Engine` a directory written by `multibranch convert ct2`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+Hypotheses = list[tuple[str, float]]  # (text, normalised score), best first
+
+
+class Engine(Protocol):
+    default_beam: int
+
+    def count_tokens(self, texts: list[str]) -> list[int]: ...
+
+    def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+
+def branch_weights(model: Any) -> dict[str, dict[str, list[float]]]:
+    """Learned branch weights read from the model: kappa/alpha per Weighted module, unit weights per
+    MUTE module (the raw learned w), keyed by module name."""
+    import torch
+
+    from multibranch.modules.simplex import BranchWeights
+
+    out: dict[str, dict[str, list[float]]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, BranchWeights):
+            kappa, alpha = module()
+            out[name] = {"kappa": kappa.detach().float().cpu().tolist(), "alpha": alpha.detach().float().cpu().tolist()}
+        elif isinstance(getattr(module, "unit_weights", None), torch.nn.Parameter):
+            out[name] = {"unit_weights": module.unit_weights.detach().float().cpu().tolist()}
+    return out
+
+
+class TorchEngine:
+    """Our Translator over a loaded model; one Translator per decode setting, all sharing the model."""
+
+    def __init__(self, model: Any, tokenizer: Any, decode: Any, device: Any = "cpu", kind: str = "torch",
+                 summary: dict[str, Any] | None = None):
+        from multibranch.inference.translator import Translator
+
+        self.model, self.tokenizer, self.decode, self.kind = model, tokenizer, decode, kind
+        self.default_beam = decode.beam
+        self._translators: dict[int, Any] = {}
+        self._base = Translator(model, tokenizer, decode, device)
+        self._translators[decode.beam] = self._base
+        self.summary = summary or {}
+
+    @classmethod
+    def from_checkpoint(cls, path: str, device: str = "cpu", **overrides: Any) -> TorchEngine:
+        """Load a checkpoint (the one place the server imports the checkpoint loader)."""
+        from multibranch.checkpoint.format import CheckpointError
+        from multibranch.checkpoint.model import load_model
+        from multibranch.device import resolve_device
+
+        resolved = resolve_device(device)
+        loaded = load_model(path, resolved)
+        if loaded.tokenizer is None:
+            raise CheckpointError(f"{path} has no tokenizer, so it cannot translate raw text")
+        decode = dataclasses.replace(loaded.config.decode, **overrides)
+        decode.validate()
+        model_cfg = loaded.config.model
+        summary = {"d_model": model_cfg.d_model, "heads": model_cfg.heads, "ffn_dim": model_cfg.ffn_dim,
+                   "encoder_layers": model_cfg.encoder_layers, "decoder_layers": model_cfg.decoder_layers,
+                   "encoder_kind": model_cfg.encoder.kind, "decoder_kind": model_cfg.decoder.kind}
+        return cls(loaded.model, loaded.tokenizer, decode, resolved, kind=model_cfg.encoder.kind, summary=summary)
+
+    def _translator(self, beam: int) -> Any:
+        if beam not in self._translators:
+            from multibranch.inference.translator import Translator
+
+            cfg = dataclasses.replace(self.decode, beam=beam, nbest=1)
+            self._translators[beam] = Translator(self.model, self.tokenizer, cfg, self._base.device)
+        return self._translators[beam]
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [len(ids) + 1 for ids in self.tokenizer.encode_src(texts)]  # + EOS
+
+    def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
+        return self._translator(beam).translate_nbest(texts, nbest)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "engine": "torch",
+            "kind": self.kind,
+            "config": self.summary,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "decode": dataclasses.asdict(self.decode),
+            "branch_weights": branch_weights(self.model),
+        }
+
+
+class Ct2Engine:
+    """A CTranslate2 directory written by `multibranch convert ct2` (standard and folded MAT models),
+    decoded with the options equal to our beam search (`translate_options`)."""
+
+    def __init__(self, directory: str, device: str = "cpu", threads: int = 1):
+        import sentencepiece as spm
+
+        from multibranch.cli import UserError
+        from multibranch.convert.ct2 import SETTINGS_FILE
+        from multibranch.inference.config import DecodeConfig
+
+        try:
+            import ctranslate2
+        except ImportError:
+            raise UserError("--engine ct2 needs the ctranslate2 package (pip install 'multibranch[ct2]')") from None
+        root = Path(directory)
+        settings_path = root / SETTINGS_FILE
+        if not settings_path.is_file():
+            raise UserError(f"{directory}: not a directory written by `multibranch convert ct2` "
+                            f"(no {SETTINGS_FILE})")
+        self.settings = json.loads(settings_path.read_text(encoding="utf-8"))
+        self.decode = DecodeConfig(**self.settings["decode"])
+        self.default_beam = self.decode.beam
+        files = self.settings["tokenizer"]
+        self.src = spm.SentencePieceProcessor(model_file=str(root / files["src"]))
+        self.tgt = spm.SentencePieceProcessor(model_file=str(root / files["tgt"]))
+        self.translator = ctranslate2.Translator(str(root), device=device, inter_threads=1, intra_threads=threads)
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [len(ids) + 1 for ids in self.src.encode(texts)]
+
+    def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
+        from multibranch.convert.ct2 import max_decoding_length, translate_options
+
+        out: list[Hypotheses] = [[("", 0.0)] for _ in texts]
+        kept = [i for i, text in enumerate(texts) if text.strip()]
+        if not kept:
+            return out
+        pieces = dict(zip(kept, self.src.encode([texts[i] for i in kept], out_type=str)))
+        options = translate_options(dataclasses.replace(self.decode, beam=beam, nbest=nbest))
+        by_limit: dict[int, list[int]] = {}  # CT2 takes one length limit per call; ours depends on the source
+        for i in kept:
+            by_limit.setdefault(max_decoding_length(self.decode, len(pieces[i])), []).append(i)
+        for limit, group in by_limit.items():
+            results = self.translator.translate_batch([pieces[i] for i in group], max_decoding_length=limit,
+                                                      **options)
+            for i, result in zip(group, results):
+                hyps = [h[:-1] if h and h[-1] == "</s>" else h for h in result.hypotheses]
+                out[i] = [(self.tgt.decode_pieces(h), float(score)) for h, score in zip(hyps, result.scores)]
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": "ct2", "kind": self.settings.get("model_kind"), "config": {
+                    "source": self.settings.get("source"), "quantization": self.settings.get("quantization")},
+                "parameters": None, "decode": dataclasses.asdict(self.decode), "branch_weights": {}}

@@ -1,0 +1,104 @@
+"""`multibranch serve` end to end: a real uvicorn server on an ephemeral loopback port (in a thread),
+the command's argument errors, and the CTranslate2 engine through the same API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+
+from test_translator import _corpus, checkpoint, experiment, tokenizer  # noqa: E402, F401  (shared tiny model)
+
+from multibranch.cli import main  # noqa: E402
+from multibranch.inference.translator import Translator  # noqa: E402
+from multibranch.serve.app import create_app  # noqa: E402
+from multibranch.serve.engine import TorchEngine  # noqa: E402
+from multibranch.serve.limits import ServeLimits  # noqa: E402
+
+LINES = _corpus(6, seed=21)
+
+
+def test_real_uvicorn_server_on_loopback(checkpoint):  # noqa: F811
+    engine = TorchEngine.from_checkpoint(str(checkpoint), "cpu")
+    app = create_app(engine, ServeLimits(max_wait_ms=5))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(1000):
+            if server.started:
+                break
+            thread.join(0.01)
+        assert server.started
+        host, port = server.servers[0].sockets[0].getsockname()[:2]
+        assert host == "127.0.0.1"
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            assert client.get("/health").json()["status"] == "ok"
+            replies = [client.post("/translate", json={"texts": [line]}) for line in LINES[:3]]
+            info = client.get("/info").json()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert not thread.is_alive()
+    reference = Translator.from_checkpoint(str(checkpoint))
+    assert [r.json()["translations"][0] for r in replies] == reference.translate(LINES[:3])
+    assert info["decode"]["beam"] == reference.cfg.beam
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ckpt", "missing.pt"], "missing.pt"),
+    (["--ckpt", "CKPT", "--port", "70000"], "--port 70000"),
+    (["--ckpt", "CKPT", "--engine", "ct2"], "needs a directory"),
+    (["--ckpt", "CKPT", "--max-queue", "0"], "max_queue=0"),
+    (["--ckpt", "CKPT", "--timeout", "0"], "timeout_s=0"),
+])
+def test_serve_argument_errors_are_one_line(argv, message, checkpoint, capsys):  # noqa: F811
+    argv = [str(checkpoint) if a == "CKPT" else a for a in argv]
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("multibranch serve: error:") and message in err and "\n" not in err
+
+
+def test_ct2_engine_through_the_api_equals_ctranslate2(checkpoint, tmp_path):  # noqa: F811
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install '.[ct2]')")
+    import sentencepiece as spm
+
+    from multibranch.checkpoint.format import load_checkpoint
+    from multibranch.convert.ct2 import SETTINGS_FILE, export_ct2, max_decoding_length, translate_options
+    from multibranch.inference.config import DecodeConfig
+    from multibranch.serve.engine import Ct2Engine
+
+    directory = export_ct2(load_checkpoint(checkpoint), tmp_path / "ct2")
+    settings = json.loads((Path(directory) / SETTINGS_FILE).read_text())
+    decode = DecodeConfig(**settings["decode"])
+    sp = spm.SentencePieceProcessor(model_file=str(Path(directory) / settings["tokenizer"]["src"]))
+    direct = ctranslate2.Translator(str(directory), intra_threads=1)
+    lines = [line for line in _corpus(60, seed=22) if len(sp.encode(line)) <= 12][:6]  # within 24 positions
+    assert len(lines) >= 4
+    expected = []
+    for line in lines:  # one sentence at a time, each with its own length limit
+        pieces = sp.encode(line, out_type=str)
+        tokens = direct.translate_batch([pieces], max_decoding_length=max_decoding_length(decode, len(pieces)),
+                                        **translate_options(decode))[0].hypotheses[0]
+        expected.append(sp.decode_pieces(tokens[:-1] if tokens[-1] == "</s>" else tokens))
+
+    app = create_app(Ct2Engine(str(directory)))
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                replies = await asyncio.gather(*(client.post("/translate", json={"texts": [line, ""]})
+                                                 for line in lines))
+                return replies, (await client.get("/info")).json()
+
+    replies, info = asyncio.run(go())
+    assert [r.json()["translations"] for r in replies] == [[e, ""] for e in expected]
+    assert info["engine"] == "ct2" and info["decode"]["beam"] == decode.beam
