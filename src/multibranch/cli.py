@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-COMMANDS = ["demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info"]
+COMMANDS = ["demo", "prepare", "train", "translate", "classify", "evaluate", "average", "convert", "info"]
 
 
 class UserError(Exception):

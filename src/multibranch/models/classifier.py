@@ -9,7 +9,7 @@ token); "mean" averages the states of the non-pad positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -23,10 +23,11 @@ from multibranch.modules.dropout import dropout
 
 @dataclass
 class ClassifierConfig:
-    """The classification head; `num_labels` is filled in from the data by `train`."""
+    """The classification head; `num_labels` and the label names are filled in from the data by `train`."""
 
     pooling: Literal["first", "mean"] = "first"
     num_labels: int = 0
+    labels: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         if self.pooling not in ("first", "mean"):

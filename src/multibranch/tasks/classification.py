@@ -94,6 +94,7 @@ class ClassificationTask(Task):
         m.pad_id, m.bos_id, m.eos_id = tok.pad_id, tok.bos_id, tok.eos_id
         m.decoder_layers = 0  # no decoder: keeps the parameter count and the config honest
         self.cfg.classifier.num_labels = self.data.num_labels
+        self.cfg.classifier.labels = self.data.labels
         m.validate()
         self.cfg.classifier.validate()
 
