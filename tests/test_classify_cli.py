@@ -88,3 +88,32 @@ def test_prepare_classify_flag_errors(tmp_path, capsys):
     assert not (tmp_path / "d").exists()
     assert main([*base, "--task", "classify", "--holdout", "5", "--format", "trec"]) == 2  # rows are not TREC
     assert "multibranch prepare: error: " in capsys.readouterr().err
+
+
+def test_evaluate_classify_scores_and_confusion(tmp_path, capsys):
+    (tmp_path / "hyp.txt").write_text("a\ta=0.9 b=0.1\na\nb\nb\nc\nc\n", encoding="utf-8")  # --probs columns ignored
+    (tmp_path / "ref.txt").write_text("a\na\na\nb\nb\nc\n", encoding="utf-8")
+    assert main(["evaluate", "--task", "classify", "--hyp", str(tmp_path / "hyp.txt"), "--ref", str(tmp_path / "ref.txt"),
+                 "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    import json
+
+    report = json.loads(captured.out)
+    assert report["accuracy"] == pytest.approx(4 / 6)
+    assert report["macro_f1"] == pytest.approx((0.8 + 0.5 + 2 / 3) / 3)
+    assert report["confusion"] == [[2, 1, 0], [0, 1, 1], [0, 0, 1]]
+    assert "accuracy = 66.67" in captured.err
+
+
+def test_evaluate_classify_bad_input(tmp_path, capsys):
+    (tmp_path / "hyp.txt").write_text("a\n\nb\n", encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("a\nb\nb\n", encoding="utf-8")
+    (tmp_path / "short.txt").write_text("a\n", encoding="utf-8")
+    base = ["evaluate", "--task", "classify", "--hyp", str(tmp_path / "hyp.txt")]
+    assert main([*base, "--ref", str(tmp_path / "ref.txt")]) == 2  # empty label on line 2
+    assert main([*base, "--ref", str(tmp_path / "short.txt")]) == 2
+    assert main([*base, "--ref", str(tmp_path / "ref.txt"), "--sentence-level"]) == 2
+    assert main([*base, "--ref", str(tmp_path / "ref.txt"), "--ref", str(tmp_path / "ref.txt")]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 4 and all(line.startswith("multibranch evaluate: error: ") for line in errors)
+    assert "hyp.txt:2: empty label" in errors[0]
