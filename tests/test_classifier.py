@@ -161,3 +161,35 @@ def test_classification_resume_is_exact(labelled_data, tmp_path):
     legs = {r["step"]: r["loss"] for r in _records(tmp_path / "legs", "train")}
     assert sorted(legs) == list(range(1, 17))
     assert legs == straight
+
+
+CLASSIFY_PRESETS = ["trec6-tiny", "trec6-tiny-drophead", "trec6-tiny-mat", "sst2-tiny", "sst2-tiny-drophead",
+                    "sst2-tiny-mat"]
+
+
+@pytest.mark.parametrize("name", CLASSIFY_PRESETS)
+def test_classification_presets_train_shrunk(name, labelled_data, tmp_path):
+    from multibranch.experiment import resolve_config
+
+    shrink = ["model.d_model=32", "model.heads=4", "model.ffn_dim=64", "model.encoder_layers=2", "train.max_steps=4",
+              "train.valid_every=2", "train.max_minutes=null", "train.lr.warmup=2", "train.max_tokens=400"]
+    cfg = resolve_config(name, None, shrink)
+    train(cfg, RunOptions(labelled_data, tmp_path / "run"))
+    assert cfg.task == "classification" and cfg.train.best_metric == "accuracy"
+    assert [r["step"] for r in _records(tmp_path / "run", "valid")] == [2, 4]
+    assert isinstance(load_model(tmp_path / "run" / "best.pt").model, Classifier)
+
+
+def test_mat_presets_match_the_standard_encoder_parameters():
+    from multibranch.experiment import resolve_config
+
+    def encoder_parameters(name: str) -> int:
+        cfg = resolve_config(name)
+        cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
+        cfg.classifier.num_labels = 6
+        return Classifier(cfg.model, cfg.classifier).parameter_counts()["encoder"]
+
+    for data in ("trec6", "sst2"):
+        standard = encoder_parameters(f"{data}-tiny")
+        assert encoder_parameters(f"{data}-tiny-drophead") == standard
+        assert abs(encoder_parameters(f"{data}-tiny-mat") - standard) / standard < 0.001
