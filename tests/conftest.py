@@ -10,25 +10,62 @@ import torch
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
-MULTI30K_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+SHARED_DATA_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# corpus -> (per-corpus environment variable, folder under the shared data root, a file it must have)
+CORPORA = {
+    "multi30k": ("MULTIBRANCH_MULTI30K", "multi30k", "train.en"),
+    "trec6": ("MULTIBRANCH_TREC6", "trec6", "train.label"),
+    "sst2": ("MULTIBRANCH_SST2", "sst2", "train.tsv"),
+    "code_docstring": ("MULTIBRANCH_CODE_DOCSTRING", "code-docstring", "valid.code"),
+}
+
+
+def corpus_dir(name: str) -> Path | None:
+    """A real corpus: its own variable (e.g. $MULTIBRANCH_MULTI30K), else $MULTIBRANCH_SHARED_DATA/FOLDER,
+    else ../shared/data/FOLDER beside the checkout; None when absent."""
+    variable, folder, probe = CORPORA[name]
+    root = Path(os.environ.get("MULTIBRANCH_SHARED_DATA", SHARED_DATA_DEFAULT))
+    path = Path(os.environ.get(variable, root / folder))
+    return path if (path / probe).is_file() else None
 
 
 def multi30k_dir() -> Path | None:
-    """The Multi30k corpus: $MULTIBRANCH_MULTI30K, else ../shared/data/multi30k beside the checkout."""
-    path = Path(os.environ.get("MULTIBRANCH_MULTI30K", MULTI30K_DEFAULT))
-    return path if (path / "train.en").is_file() else None
+    return corpus_dir("multi30k")
+
+
+def require_corpus(name: str) -> Path:
+    """The corpus directory; skips with the reason when absent, fails instead under CI
+    (MULTIBRANCH_REQUIRE_DATA=1, or the older MULTIBRANCH_REQUIRE_MULTI30K=1)."""
+    path = corpus_dir(name)
+    if path is None:
+        variable, folder, probe = CORPORA[name]
+        reason = (f"{folder} corpus not found (no {probe}): set {variable} to its directory, or "
+                  "MULTIBRANCH_SHARED_DATA to the folder holding multi30k/, trec6/, sst2/ and code-docstring/")
+        if "1" in (os.environ.get("MULTIBRANCH_REQUIRE_DATA"), os.environ.get("MULTIBRANCH_REQUIRE_MULTI30K")):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
 
 
 @pytest.fixture
 def multi30k() -> Path:
-    """The Multi30k directory; skips when absent, fails instead under CI (MULTIBRANCH_REQUIRE_MULTI30K=1)."""
-    path = multi30k_dir()
-    if path is None:
-        reason = "Multi30k not found: set MULTIBRANCH_MULTI30K to a directory with train/val/test_2016_flickr.{en,de}"
-        if os.environ.get("MULTIBRANCH_REQUIRE_MULTI30K") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return path
+    return require_corpus("multi30k")
+
+
+@pytest.fixture
+def trec6() -> Path:
+    return require_corpus("trec6")
+
+
+@pytest.fixture
+def sst2() -> Path:
+    return require_corpus("sst2")
+
+
+@pytest.fixture
+def code_docstring() -> Path:
+    return require_corpus("code_docstring")
 
 
 @pytest.fixture(autouse=True)

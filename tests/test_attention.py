@@ -154,3 +154,56 @@ def test_sdpa_reference_for_need_weights_path():
     q, k, v = att.project_qkv(x)
     torch.testing.assert_close(weights, torch.softmax(q @ k.transpose(-1, -2) / 8**0.5, -1), atol=1e-6, rtol=1e-5)
     _ = F  # noqa
+
+
+def _hand_head_drop_attention(att: ParallelAttention, x: torch.Tensor, head_scale: torch.Tensor) -> torch.Tensor:
+    """MAT head-drop (SEEDS-SPEC §1.3) written out head by head: every head output times its own scale
+    before W_O^i, the branch biases untouched: c * sum_i (sum_j s_ij head_ij W_O^ij + b_O^i).
+    head_scale [B, N_a*M] (branch-major heads)."""
+    dk, inner, d = att.head_dim, att.inner_dim, att.d_model
+    w, b = att.in_proj.weight, att.in_proj.bias
+    out = torch.zeros(*x.shape[:2], d)
+    for h in range(att.total_heads):
+        rows = slice(h * dk, (h + 1) * dk)
+        q = x @ w[rows].T + b[rows]  # [B, L, d_k]
+        k = x @ w[inner:][rows].T + b[inner:][rows]
+        v = x @ w[2 * inner :][rows].T + b[2 * inner :][rows]
+        head = torch.softmax(q @ k.transpose(1, 2) / dk**0.5, dim=-1) @ v  # [B, L, d_k]
+        out = out + head_scale[:, h, None, None] * (head @ att.out_proj.weight[:, rows].T)
+    return att.merge_scale * (out + att.out_bias.sum(0))
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_head_drop_masks_single_heads_before_w_o_and_keeps_the_output_bias(per_sample):
+    rho, branches, heads = 0.3, 2, 2
+    att = ParallelAttention(16, heads, branches=branches, drop_branch=PathDropout(4, rho, per_sample),
+                            head_drop=True).train()
+    _randomise(att)
+    x = torch.randn(3, 5, 16)
+    k = 1 / (1 - rho)
+    if per_sample:  # sample 2 loses every head: only the biases remain
+        mask = torch.tensor([[k, 0.0, k, k], [0.0, k, k, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    else:  # branch 0 keeps head 1 only, branch 1 keeps both
+        mask = torch.tensor([[0.0, k, k, k]])
+    att.drop_branch.forward = lambda batch, device: mask
+    with torch.no_grad():
+        head_scale, branch_scale = att.head_scales(3, x.device)
+        assert branch_scale is None, "branch-level dropping is off in head-drop mode"
+        torch.testing.assert_close(att(x), _hand_head_drop_attention(att, x, mask.expand(3, 4)), atol=1e-5, rtol=1e-5)
+        del att.drop_branch.forward  # the real PathDropout again: identity in eval
+        torch.testing.assert_close(att.eval()(x), _hand_head_drop_attention(att, x, torch.ones(3, 4)), atol=1e-5, rtol=1e-5)
+
+
+def test_head_drop_layer_config_draws_one_bit_per_head_of_every_branch():
+    from multibranch.config import from_dict
+    from multibranch.models import ModelConfig, build_model
+    from tests.conftest import tiny_model_dict
+
+    layer = {"kind": "transformer", "attention_branches": 3, "drop_branch": 0.3, "head_drop": True}
+    model = build_model(from_dict(ModelConfig, tiny_model_dict(encoder=layer, decoder=layer)))
+    for att in (model.encoder.layers[0].self_attn, model.decoder.layers[1].cross_attn):
+        assert att.head_drop and att.drop_branch.paths == 3 * 4 and not att.drop_branch.per_sample
+    draws = torch.cat([model.encoder.layers[0].self_attn.train().head_scales(2, torch.device("cpu"))[0]
+                       for _ in range(500)])  # [500, 12]
+    assert torch.allclose(draws.unique(), torch.tensor([0.0, 1 / 0.7]))
+    assert abs((draws == 0).float().mean().item() - 0.3) < 0.03

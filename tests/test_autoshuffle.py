@@ -150,9 +150,12 @@ def test_excluded_from_weight_decay():
 
 
 def test_hard_permutation_rounding():
-    pytest.importorskip("scipy")
+    # scipy is in the `test` extra, so this runs in CI (no importorskip: a missing scipy fails here)
     m = normalise_shuffle(torch.eye(4)[[1, 3, 0, 2]] + 0.1 * torch.rand(4, 4))
     assert torch.equal(hard_permutation(m), torch.eye(4)[[1, 3, 0, 2]])
+    # row-wise argmax would pick column 0 twice; the best assignment is the off-diagonal one (0.8 + 0.85)
+    conflict = torch.tensor([[0.9, 0.8], [0.85, 0.1]])
+    assert torch.equal(hard_permutation(conflict), torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
     model = torch.nn.ModuleList([AutoShuffle(4), torch.nn.Linear(2, 2), AutoShuffle(3)])
     assert round_autoshuffles_(model) == 2
     for shuffle in (model[0], model[2]):

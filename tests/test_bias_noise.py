@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 import torch
@@ -65,21 +66,37 @@ def test_swap_distance_distribution_covers_the_range():
 
 @pytest.mark.parametrize("left", [False, True])
 def test_disorder_permutes_one_window_of_real_tokens(left):
-    pad = _padding(LENGTHS, 12, left).repeat(30, 1)
+    pad = _padding(LENGTHS, 12, left).repeat(60, 1)  # [600, 12]
     index = disorder_index(pad, window=3, generator=torch.Generator().manual_seed(3))
     ident = identity_index(pad)
+    eligible, permuted, moved, ends = 0, 0, Counter(), set()
     for b in range(pad.shape[0]):
-        real = (~pad[b]).nonzero().flatten()
+        real = (~pad[b]).nonzero().flatten()  # real positions, in order
         assert torch.equal(index[b][pad[b]], ident[b][pad[b]]), "pads untouched"
         assert torch.equal(index[b].sort().values, ident[b]), "a permutation of the positions"
         if len(real) < 3:
             assert torch.equal(index[b], ident[b]), "sentences shorter than the window are skipped"
             continue
+        eligible += 1
         changed = (index[b] != ident[b]).nonzero().flatten()
-        if len(changed):
-            assert not pad[b, changed].any()
-            assert changed.max() - changed.min() <= 2, "inside one window of 3 consecutive tokens"
-            assert torch.equal(index[b, changed].sort().values, changed), "the window is permuted in place"
+        assert len(changed) in (0, 2, 3), "a permutation of 3 moves 0, 2 or 3 tokens"
+        if len(changed) == 0:
+            continue
+        permuted += 1
+        assert not pad[b, changed].any(), "only real tokens move"
+        ranks = [int((real == p).nonzero()) for p in changed]  # ranks among the real tokens
+        assert max(ranks) - min(ranks) <= 2, "inside one window of 3 consecutive real tokens"
+        assert torch.equal(index[b, changed].sort().values, changed), "the window is permuted in place"
+        moved[len(changed), max(ranks) - min(ranks)] += 1  # (tokens moved, span)
+        ends |= {"first"} if 0 in ranks else set()
+        ends |= {"last"} if len(real) - 1 in ranks else set()
+    # a uniform permutation of 3 moves nothing w.p. 1/6, all three (a 3-cycle) w.p. 2/6, and swaps a
+    # pair w.p. 3/6 (adjacent pairs 2/6, the two ends 1/6)
+    assert eligible > 300
+    for key, p in {(3, 2): 2 / 6, (2, 1): 2 / 6, (2, 2): 1 / 6}.items():
+        assert abs(moved[key] / eligible - p) < 0.06, key
+    assert abs(permuted / eligible - 5 / 6) < 0.06
+    assert ends == {"first", "last"}, "windows reach both ends of the sentence"
 
 
 def test_disorder_window_longer_than_batch_is_identity():

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -22,8 +21,6 @@ from multibranch.data.prepare_classify import (
     prepare_classification,
     stratified_holdout,
 )
-
-SHARED_DATA = Path(os.environ.get("MULTIBRANCH_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def _write(path: Path, data: str | bytes) -> Path:
@@ -381,15 +378,8 @@ def test_in_memory_split():
 # ------------------------------------------------------------------------------------- real data
 
 
-def _shared(relative: str) -> Path:
-    path = SHARED_DATA / relative
-    if not path.is_file():
-        pytest.skip(f"{path} not found: set MULTIBRANCH_SHARED_DATA to the shared data directory")
-    return path
-
-
-def test_real_trec6_counts_and_prepare(tmp_path):
-    path = _shared("trec6/train.label")
+def test_real_trec6_counts_and_prepare(tmp_path, trec6):
+    path = trec6 / "train.label"
     read = read_labeled(path)
     assert len(read) == 5444 and read.lines == 5444
     assert sorted(set(read.labels)) == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
@@ -401,8 +391,8 @@ def test_real_trec6_counts_and_prepare(tmp_path):
     assert ClassificationData.load(tmp_path / "trec").num_labels == 6
 
 
-def test_real_sst2_counts():
-    read = read_labeled(_shared("sst2/train.tsv"))
+def test_real_sst2_counts(sst2):
+    read = read_labeled(sst2 / "train.tsv")
     assert read.header and len(read) == 67349
     assert sorted(set(read.labels)) == ["0", "1"]
     assert not any(t.endswith("\r") for t in read.texts)

@@ -27,56 +27,75 @@ def _layer(**kw):
     return {"kind": "transformer", **kw}
 
 
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_one_branch_mat_with_drop_branch_equals_standard_bit_for_bit_in_eval(norm):
-    standard = _model(norm=norm)
-    mat = _model(norm=norm, encoder=_layer(attention_branches=1, drop_branch=0.3),
-                 decoder=_layer(attention_branches=1, drop_branch=0.3))
-    mat.load_state_dict(standard.state_dict())
-    src, prev = _inputs()
-    assert torch.equal(standard.eval()(src, prev), mat.eval()(src, prev))
-
-
-def test_eval_output_independent_of_drop_branch_rate():
-    a = _model(encoder=_layer(attention_branches=3, ffn_branches=2, drop_branch=0.1),
-               decoder=_layer(attention_branches=3, drop_branch=0.1))
-    b = _model(encoder=_layer(attention_branches=3, ffn_branches=2, drop_branch=0.6),
-               decoder=_layer(attention_branches=3, drop_branch=0.6))
-    b.load_state_dict(a.state_dict())
-    src, prev = _inputs()
-    assert torch.equal(a.eval()(src, prev), b.eval()(src, prev))
-    a.train()
-    assert not torch.equal(a(src, prev), a(src, prev)), "training mode should be stochastic"
+def _copy_attention(ours, ref: nn.MultiheadAttention) -> None:
+    ref.in_proj_weight.copy_(ours.in_proj.weight)
+    ref.in_proj_bias.copy_(ours.in_proj.bias)
+    ref.out_proj.weight.copy_(ours.out_proj.weight)
+    ref.out_proj.bias.copy_(ours.out_bias[0])
 
 
 def _copy_to_torch_layer(ours, ref: nn.Module) -> None:
+    """Our encoder/decoder layer's weights into nn.TransformerEncoderLayer / nn.TransformerDecoderLayer."""
     with torch.no_grad():
-        ref.self_attn.in_proj_weight.copy_(ours.self_attn.in_proj.weight)
-        ref.self_attn.in_proj_bias.copy_(ours.self_attn.in_proj.bias)
-        ref.self_attn.out_proj.weight.copy_(ours.self_attn.out_proj.weight)
-        ref.self_attn.out_proj.bias.copy_(ours.self_attn.out_bias[0])
+        _copy_attention(ours.self_attn, ref.self_attn)
         ref.linear1.weight.copy_(ours.ffn.fc1.weight)
         ref.linear1.bias.copy_(ours.ffn.fc1.bias)
         ref.linear2.weight.copy_(ours.ffn.fc2.weight)
         ref.linear2.bias.copy_(ours.ffn.fc2_bias[0])
         ref.norm1.load_state_dict(ours.self_attn_residual.norm.state_dict())
-        ref.norm2.load_state_dict(ours.ffn_residual.norm.state_dict())
+        if hasattr(ours, "cross_attn"):
+            _copy_attention(ours.cross_attn, ref.multihead_attn)
+            ref.norm2.load_state_dict(ours.cross_attn_residual.norm.state_dict())
+            ref.norm3.load_state_dict(ours.ffn_residual.norm.state_dict())
+        else:
+            ref.norm2.load_state_dict(ours.ffn_residual.norm.state_dict())
 
 
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_encoder_layer_equals_torch_transformer_encoder_layer(norm):
-    model = _model(norm=norm, dropout=0.0)
-    ours = model.encoder.layers[0].eval()
-    ref = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=norm == "pre").eval()
-    _copy_to_torch_layer(ours, ref)
-    with torch.no_grad():
-        for p in list(ours.parameters()):
+# One-branch layers that must be the standard Transformer layer in eval: the default, and MAT with
+# N_a = N_f = 1 and every structured-dropout option (identity in eval; both merges give c = 1).
+ONE_BRANCH = {
+    "standard": {},
+    "mat-1-drop-branch": {"attention_branches": 1, "ffn_branches": 1, "drop_branch": 0.3},
+    "mat-1-per-sample-mean-sq": {"attention_branches": 1, "drop_branch": 0.3, "drop_branch_granularity": "sample",
+                                 "branch_merge": "mean_sq"},
+    "mat-1-head-drop": {"attention_branches": 1, "drop_branch": 0.3, "head_drop": True},
+}
+
+
+def _randomised_one_branch(norm: str, layer: dict):
+    model = _model(norm=norm, dropout=0.0, encoder=_layer(**layer), decoder=_layer(**layer))
+    with torch.no_grad():  # larger random weights (and non-zero biases) than the init
+        for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+@pytest.mark.parametrize("layer", ONE_BRANCH.values(), ids=ONE_BRANCH.keys())
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_encoder_layer_equals_torch_transformer_encoder_layer(norm, layer):
+    ours = _randomised_one_branch(norm, layer).encoder.layers[0]
+    ref = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=norm == "pre").eval()
     _copy_to_torch_layer(ours, ref)
     x = torch.randn(2, 6, 32)
     pad = torch.zeros(2, 6, dtype=torch.bool)
     pad[1, 4:] = True
-    torch.testing.assert_close(ours(x, pad)[~pad], ref(x, src_key_padding_mask=pad)[~pad], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, pad)[~pad], ref(x, src_key_padding_mask=pad)[~pad], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layer", ONE_BRANCH.values(), ids=ONE_BRANCH.keys())
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_decoder_layer_equals_torch_transformer_decoder_layer(norm, layer):
+    ours = _randomised_one_branch(norm, layer).decoder.layers[0]
+    ref = nn.TransformerDecoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=norm == "pre").eval()
+    _copy_to_torch_layer(ours, ref)
+    y, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[0, 3:] = True
+    causal = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)  # True = may not attend
+    with torch.no_grad():
+        expected = ref(y, memory, tgt_mask=causal, memory_key_padding_mask=pad)
+        torch.testing.assert_close(ours(y, memory, pad), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_drop_branch_drops_at_rate_rho_per_batch():

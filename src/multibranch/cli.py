@@ -13,7 +13,8 @@ import os
 import sys
 from collections.abc import Iterator
 
-COMMANDS = ["demo", "prepare", "train", "translate", "classify", "evaluate", "average", "convert", "info"]
+COMMANDS = ["demo", "prepare", "train", "translate", "classify", "evaluate", "average", "convert", "info", "analyze",
+            "prune"]
 
 
 class UserError(Exception):

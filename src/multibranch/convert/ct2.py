@@ -135,6 +135,9 @@ def check_exportable(model: ModelConfig, where: str) -> None:
             raise ConfigError(f"{where}: cannot export to CTranslate2: {REFUSED[kind]}")
         if kind != "transformer":
             raise ConfigError(f"{where}: cannot export to CTranslate2: the {side} layer kind {kind!r} is not supported")
+        if getattr(model, side).layer_heads is not None:
+            raise ConfigError(f"{where}: cannot export to CTranslate2: it has pruned heads (per-layer head counts, "
+                              "which a CTranslate2 model cannot express)")
     if model.relative_positions > 0 and model.positions != "none":
         raise ConfigError(f"{where}: cannot export to CTranslate2: it has no absolute positions next to relative "
                           f"ones, but this model uses positions={model.positions!r} with relative_positions="

@@ -18,10 +18,18 @@ Parameter layout (branch-major heads):
 Structured dropout (drop-branch, the MAT head-drop variant, DropHead) arrives as multiplicative
 scales on the head axis; per-batch scales are folded into the output weight (cheap), per-sample
 scales multiply the head outputs.
+
+Head gate (analysis, SEEDS-SPEC §5.5): every attention module of every layer kind is a `HeadGated`
+module. Its `head_gate` is None by default (the forward is untouched); set to a tensor [H] it scales
+head h's output before W_O (so before the output bias): 0/1 masks heads, a leaf tensor with
+requires_grad gives the importance |dL/d gate_h|. It is a non-persistent buffer: never in the
+state dict, moved with the module. Likewise `attention_probe` (None by default) is called with the
+attention probabilities [B, H, L, S] of every forward (attention entropy, attention maps).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -63,7 +71,7 @@ def attend(
                 L, S, query_offset, q.device
             )
             causal = False
-        if q.device.type == "cpu" and q.dtype != torch.float32:
+        if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
             # CPU flash attention's backward was an order of magnitude slower in bf16 than in fp32 at
             # these sizes (torch 2.13, measured while tuning the -tiny presets): attend in fp32.
             with torch.autocast("cpu", enabled=False):
@@ -85,7 +93,7 @@ def attend(
         scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
     if causal:
         scores = scores.masked_fill(~_causal_mask(L, S, query_offset, q.device), float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # [B, H, L, S]
+    probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype)  # [B, H, L, S]
     dropped = dropout(probs, dropout_p) if dropout_p > 0 else probs
     out = torch.matmul(dropped, v)  # [B, H, L, d_k]
     if relative is not None:
@@ -101,7 +109,29 @@ def _causal_mask(query_len: int, key_len: int, query_offset: int, device: torch.
     return torch.arange(key_len, device=device)[None, :] <= q_pos
 
 
-class ParallelAttention(nn.Module):
+class HeadGated(nn.Module):
+    """Base of attention modules with a per-head output gate (see the module docstring).
+
+    Subclasses call `init_head_gate(H)` and apply `self.head_gate` [H] (when not None) to their head
+    outputs before the output projection.
+    """
+
+    gate_heads: int
+    role: str | None = None  # "encoder_self", "decoder_self" or "cross", set by the layer builders
+    attention_probe: Callable[[Tensor], None] | None = None  # receives probabilities [B, H, L, S]
+
+    def init_head_gate(self, heads: int) -> None:
+        self.gate_heads = heads
+        self.register_buffer("head_gate", None, persistent=False)
+
+    def set_head_gate(self, gate: Tensor | None) -> None:
+        """Install a gate [H] (float) or remove it (None: the ungated forward)."""
+        if gate is not None and tuple(gate.shape) != (self.gate_heads,):
+            raise ValueError(f"head gate of shape {tuple(gate.shape)} for {self.gate_heads} heads")
+        self.head_gate = gate
+
+
+class ParallelAttention(HeadGated):
     """N_a branches x M heads of attention computed as one attention with N_a*M heads.
 
     Args:
@@ -147,6 +177,7 @@ class ParallelAttention(nn.Module):
         self.head_drop = head_drop
         self.drophead = drophead
         self.relative = relative
+        self.init_head_gate(self.total_heads)
         self.reset_parameters()
 
     def reset_parameters(self, scheme: str = "xavier") -> None:
@@ -189,7 +220,8 @@ class ParallelAttention(nn.Module):
         return kv[0], kv[1]
 
     def head_scales(self, batch_size: int, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
-        """Structured-dropout scales: (per head [1 or B, H], per branch bias scale [1 or B, N_a])."""
+        """Structured-dropout scales times the head gate: (per head [1 or B, H], per branch bias
+        scale [1 or B, N_a]). Both None when there is neither dropout (eval) nor a gate."""
         head_scale, branch_scale = None, None
         if self.drop_branch is not None:
             path_scale = self.drop_branch(batch_size, device)
@@ -203,6 +235,9 @@ class ParallelAttention(nn.Module):
             dh = self.drophead(batch_size, device)  # [B, H]
             if dh is not None:
                 head_scale = dh if head_scale is None else head_scale * dh
+        if self.head_gate is not None:
+            gate = self.head_gate[None, :]  # [1, H]
+            head_scale = gate if head_scale is None else head_scale * gate
         return head_scale, branch_scale
 
     def merge_heads(self, heads: Tensor, head_scale: Tensor | None = None, branch_scale: Tensor | None = None) -> Tensor:
@@ -265,7 +300,8 @@ class ParallelAttention(nn.Module):
                     cache.set("v", v, static=True)
             else:
                 v = cache.get("v")
-        return attend(
+        probe = self.attention_probe
+        heads, weights = attend(
             q,
             k,
             v,
@@ -274,8 +310,11 @@ class ParallelAttention(nn.Module):
             query_offset=query_offset,
             dropout_p=self.dropout if self.training else 0.0,
             relative=self.relative,
-            need_weights=need_weights,
+            need_weights=need_weights or probe is not None,
         )
+        if probe is not None:
+            probe(weights)
+        return heads, (weights if need_weights else None)
 
     def forward(
         self,

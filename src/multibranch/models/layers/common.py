@@ -51,7 +51,7 @@ def build_attention(
     relative = None
     if cfg.relative_positions > 0 and role != "cross":
         relative = RelativePositions(cfg.relative_positions, head_dim, cfg.share_relative_kv)
-    return ParallelAttention(
+    attention = ParallelAttention(
         cfg.d_model,
         heads,
         branches=branches,
@@ -63,3 +63,5 @@ def build_attention(
         drophead=drophead,
         relative=relative,
     )
+    attention.role = role  # which attention type it is, for the head analyses
+    return attention

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from multibranch.config import ConfigError
 from multibranch.models.config import LayerConfig, ModelConfig
-from multibranch.modules.attention import attend
+from multibranch.modules.attention import HeadGated, attend
 from multibranch.modules.autoshuffle import AutoShuffle, PenaltyReduction
 from multibranch.modules.bias_noise import BiasKind, BiasNoise, SwitchRateConfig
 from multibranch.modules.dropout import dropout
@@ -118,9 +118,10 @@ def _init_blocks(weight: Tensor, blocks: int, scheme: str, a: float = math.sqrt(
                 nn.init.kaiming_uniform_(block, a=a)
 
 
-class UnitSelfAttention(nn.Module):
+class UnitSelfAttention(HeadGated):
     """U independent multi-head self-attentions with stacked weights (F.linear layout per unit):
-    in_weight [U, 3d, d] = [W_Q; W_K; W_V] (head h = rows h*d_k..), out_weight [U, d, d]."""
+    in_weight [U, 3d, d] = [W_Q; W_K; W_V] (head h = rows h*d_k..), out_weight [U, d, d].
+    Head gate: [U*H], unit-major (gate index u*H + h); a shared attention (U = 1) has H gates."""
 
     def __init__(self, units: int, d_model: int, heads: int, dropout: float = 0.0,
                  drophead: DropHead | None = None, relative: RelativePositions | None = None):
@@ -131,6 +132,8 @@ class UnitSelfAttention(nn.Module):
         self.out_weight = nn.Parameter(torch.empty(units, d_model, d_model))
         self.out_bias = nn.Parameter(torch.zeros(units, d_model))
         self.dropout, self.drophead, self.relative = dropout, drophead, relative
+        self.init_head_gate(units * heads)
+        self.role = "encoder_self"  # MUTE is encoder-only
         self.reset_parameters()
 
     def reset_parameters(self, scheme: str = "xavier") -> None:
@@ -150,15 +153,21 @@ class UnitSelfAttention(nn.Module):
         U = qkv.shape[0]
         qkv = qkv.view(U, B, S, 3, H, dk).permute(3, 1, 0, 4, 2, 5).reshape(3, B, U * H, S, dk)  # [3, B, U*H, S, d_k]
         scale = self.drophead(B * U, u.device) if self.drophead is not None else None  # [B*U, H]
+        probe = self.attention_probe
         heads, probs = attend(
             qkv[0], qkv[1], qkv[2], key_padding_mask=padding_mask, dropout_p=self.dropout if self.training else 0.0,
-            relative=self.relative, need_weights=need_weights,
+            relative=self.relative, need_weights=need_weights or probe is not None,
         )  # [B, U*H, S, d_k]
+        if probe is not None:
+            probe(probs)  # [B, U*H, S, S], heads unit-major like the gate
         if scale is not None:  # DropHead per sample and unit, rescaled H/#kept within the unit
             heads = heads * scale.view(B, U * H, 1, 1).to(heads.dtype)
+        if self.head_gate is not None:  # [Uw*H]; a shared attention's gate covers every noised input
+            gate = self.head_gate.view(-1, H).expand(U, H).reshape(U * H)  # [U*H]
+            heads = heads * gate[None, :, None, None].to(heads.dtype)
         heads = heads.view(B, U, H, S, dk).permute(1, 0, 3, 2, 4).reshape(U, B, S, d)  # [U, B, S, H*d_k]
         out = unit_linear(heads, self.out_weight, self.out_bias)  # [U, B, S, d]
-        return out, (probs.view(B, U, H, S, S) if probs is not None else None)
+        return out, (probs.view(B, U, H, S, S) if need_weights else None)
 
     def extra_repr(self) -> str:
         return f"units={self.units}, heads={self.heads}, head_dim={self.head_dim}, dropout={self.dropout}"

@@ -38,6 +38,9 @@ class TransformerLayerConfig(LayerConfig):
     head_drop: §1.3 variant - drop individual heads of every branch with rate rho instead of branches.
     heads / head_dim: per-branch head count and head width (default model.heads, d_model / heads);
       a folded MAT (§1.6) is one branch of N_a*M heads of width d/M.
+    layer_heads: head counts after physical pruning (`multibranch prune`), one list per layer of this
+      stack with one count per attention in layer order (encoder: [self]; decoder: [self, cross]);
+      overrides `heads`, keeps the head width; needs attention_branches = 1.
     """
 
     kind: str = "transformer"
@@ -50,15 +53,35 @@ class TransformerLayerConfig(LayerConfig):
     head_drop: bool = False
     heads: int | None = None
     head_dim: int | None = None
+    layer_heads: list[list[int]] | None = None
 
     def validate(self) -> None:
         if self.attention_branches < 1 or self.ffn_branches < 1:
             raise ConfigError("attention_branches and ffn_branches must be >= 1")
+        if self.layer_heads is not None:
+            if self.attention_branches != 1:
+                raise ConfigError("layer_heads (a pruned model) needs attention_branches = 1")
+            if any(count < 1 for counts in self.layer_heads for count in counts):
+                raise ConfigError(f"layer_heads={self.layer_heads}: every attention keeps at least one head")
 
-    def attention(self, cfg: ModelConfig, role: AttentionRole) -> ParallelAttention:
+    def check(self, model: ModelConfig) -> None:
+        if self.layer_heads is None:
+            return
+        for stack, layers, per_layer in (("encoder", model.encoder_layers, 1), ("decoder", model.decoder_layers, 2)):
+            if getattr(model, stack) is not self:
+                continue
+            if len(self.layer_heads) != layers or any(len(counts) != per_layer for counts in self.layer_heads):
+                raise ConfigError(f"{stack}.layer_heads={self.layer_heads} needs {layers} lists of {per_layer} "
+                                  f"head count(s) ({'[self]' if per_layer == 1 else '[self, cross]'} per layer)")
+
+    def attention(self, cfg: ModelConfig, role: AttentionRole, index: int = 0) -> ParallelAttention:
         heads = self.heads or cfg.heads
+        head_dim = self.head_dim
+        if self.layer_heads is not None:
+            head_dim = head_dim or cfg.d_model // heads  # pruning keeps the head width
+            heads = self.layer_heads[index][1 if role == "cross" else 0]
         return build_attention(
-            cfg, role, self.attention_branches, heads=heads, head_dim=self.head_dim, merge=self.branch_merge,
+            cfg, role, self.attention_branches, heads=heads, head_dim=head_dim, merge=self.branch_merge,
             drop_branch=self.attention_dropout(heads), head_drop=self.head_drop,
         )
 
@@ -82,16 +105,16 @@ class TransformerLayerConfig(LayerConfig):
         )
 
     def build_encoder_layer(self, model: ModelConfig, index: int) -> nn.Module:
-        return TransformerEncoderLayer(model, self)
+        return TransformerEncoderLayer(model, self, index)
 
     def build_decoder_layer(self, model: ModelConfig, index: int) -> nn.Module:
-        return TransformerDecoderLayer(model, self)
+        return TransformerDecoderLayer(model, self, index)
 
 
 class TransformerEncoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: TransformerLayerConfig):
+    def __init__(self, cfg: ModelConfig, layer: TransformerLayerConfig, index: int = 0):
         super().__init__()
-        self.self_attn = layer.attention(cfg, "encoder_self")
+        self.self_attn = layer.attention(cfg, "encoder_self", index)
         self.self_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
         self.ffn = layer.ffn(cfg)
         self.ffn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
@@ -103,11 +126,11 @@ class TransformerEncoderLayer(nn.Module):
 
 
 class TransformerDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: TransformerLayerConfig):
+    def __init__(self, cfg: ModelConfig, layer: TransformerLayerConfig, index: int = 0):
         super().__init__()
-        self.self_attn = layer.attention(cfg, "decoder_self")
+        self.self_attn = layer.attention(cfg, "decoder_self", index)
         self.self_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
-        self.cross_attn = layer.attention(cfg, "cross")
+        self.cross_attn = layer.attention(cfg, "cross", index)
         self.cross_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
         self.ffn = layer.ffn(cfg)
         self.ffn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)

@@ -1,0 +1,64 @@
+"""A report folder: JSON (the numbers), PNG plots and an index.md linking them, every file written atomically.
+
+    folder = ReportFolder.create("reports/heads", force=False)   # refuses a non-empty folder
+    folder.write_json("heads.json", data)
+    folder.write_png("importance.png", figure)
+    folder.write_index("Head analysis", sections)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from multibranch.atomic import atomic_write_bytes, atomic_write_text
+
+
+class ReportFolder:
+    """An output directory of one analysis; `files` lists what was written, in order."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.files: list[str] = []
+
+    @staticmethod
+    def check(path: str | Path, force: bool) -> Path:
+        """FileExistsError if `path` is a non-empty directory and not `force`; NotADirectoryError-like
+        FileExistsError if it is a file. Touches nothing."""
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise FileExistsError(f"{path} exists and is not a directory")
+        if path.is_dir() and any(path.iterdir()) and not force:
+            raise FileExistsError(f"{path} is not empty; pass --force to write the report into it")
+        return path
+
+    @classmethod
+    def create(cls, path: str | Path, force: bool = False) -> ReportFolder:
+        path = cls.check(path, force)
+        path.mkdir(parents=True, exist_ok=True)
+        return cls(path)
+
+    def write_json(self, name: str, data: Any) -> Path:
+        atomic_write_text(self.path / name, json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+        return self._written(name)
+
+    def write_text(self, name: str, text: str) -> Path:
+        atomic_write_text(self.path / name, text)
+        return self._written(name)
+
+    def write_png(self, name: str, figure: Any) -> Path:
+        """Save a matplotlib figure as PNG (and close it)."""
+        import matplotlib.pyplot as plt
+
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+        plt.close(figure)
+        atomic_write_bytes(self.path / name, buffer.getvalue())
+        return self._written(name)
+
+    def _written(self, name: str) -> Path:
+        if name not in self.files:
+            self.files.append(name)
+        return self.path / name
