@@ -43,8 +43,8 @@ def _decode_settings(args: argparse.Namespace):
 def _ours(args: argparse.Namespace):
     import torch
 
+    from multibranch.checkpoint.model import load_model
     from multibranch.inference.translator import Translator
-    from multibranch.train.checkpoint import load_model
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.ckpt)
@@ -134,8 +134,8 @@ def main() -> None:
     if bool(args.src) != bool(args.ref):
         parser.error("--src and --ref go together")
 
+    from multibranch.checkpoint.format import load_checkpoint
     from multibranch.convert.ct2 import export_ct2
-    from multibranch.convert.payload import read_payload
     from multibranch.evaluate.metrics import score_corpus
 
     sources, references, corpus = _sentences(args)
@@ -143,7 +143,7 @@ def main() -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     lines_file = scratch / "lines.json"
     lines_file.write_text(json.dumps(sources), encoding="utf-8")
-    payload = read_payload(args.ckpt)
+    payload = load_checkpoint(args.ckpt)
     common = [str(Path(__file__).resolve()), "--ckpt", args.ckpt, "--lines", str(lines_file), "--beam", str(args.beam),
               "--batch", str(args.batch), "--rounds", str(args.rounds), "--threads", str(args.threads)]
     rows = []

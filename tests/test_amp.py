@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from multibranch import device as device_module
 from multibranch.config import from_dict
+from multibranch.device import native_cpu_bf16, resolve_amp
 from multibranch.experiment import ExperimentConfig, resolve_config
-from multibranch.train import trainer as trainer_module
-from multibranch.train.trainer import native_cpu_bf16, resolve_amp
 
 CPUINFO = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 avx512f {extra}\n\nprocessor\t: 1\n"
 
 
 def _fake_cpuinfo(monkeypatch, text: str | None) -> None:
-    """Make the trainer's /proc/cpuinfo read return `text` (None: the file cannot be read)."""
+    """Make the device module's /proc/cpuinfo read return `text` (None: the file cannot be read)."""
 
     class FakePath(type(Path())):
         def read_text(self, *args, **kwargs):
@@ -28,7 +28,7 @@ def _fake_cpuinfo(monkeypatch, text: str | None) -> None:
                 raise FileNotFoundError(str(self))
             return text
 
-    monkeypatch.setattr(trainer_module, "Path", FakePath)
+    monkeypatch.setattr(device_module, "Path", FakePath)
 
 
 @pytest.mark.parametrize(("extra", "native"), [("avx512_bf16", True), ("amx_bf16 amx_tile", True), ("", False),
@@ -48,13 +48,13 @@ def test_unreadable_cpuinfo_means_fp32(monkeypatch):
 @pytest.mark.parametrize(("bf16_supported", "expected"), [(True, "bf16"), (False, "fp16")])
 def test_auto_on_cuda_is_bf16_where_supported_else_fp16(monkeypatch, bf16_supported, expected):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16_supported)
-    monkeypatch.setattr(trainer_module, "native_cpu_bf16", lambda: not bf16_supported)  # must not matter
+    monkeypatch.setattr(device_module, "native_cpu_bf16", lambda: not bf16_supported)  # must not matter
     assert resolve_amp("auto", torch.device("cuda")) == expected
 
 
 @pytest.mark.parametrize("amp", ["none", "bf16", "fp16"])
 def test_explicit_amp_is_kept_whatever_the_hardware(monkeypatch, amp):
-    monkeypatch.setattr(trainer_module, "native_cpu_bf16", lambda: True)
+    monkeypatch.setattr(device_module, "native_cpu_bf16", lambda: True)
     assert resolve_amp(amp, torch.device("cpu")) == amp
     assert resolve_amp(amp, torch.device("cuda")) == amp
 

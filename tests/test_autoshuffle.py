@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from multibranch.hooks import ModuleHooks
 from multibranch.modules.autoshuffle import (
     AutoShuffle,
     fusion_coefficients,
@@ -17,7 +18,6 @@ from multibranch.modules.autoshuffle import (
     round_autoshuffles_,
     sequential_fusion,
 )
-from multibranch.train.hooks import ModuleHooks
 
 
 def test_normalised_matrices_are_nonnegative_with_unit_column_sums():

@@ -8,12 +8,13 @@ import pytest
 import torch
 from conftest import tiny_experiment, tiny_model_dict
 
+from multibranch.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
+from multibranch.checkpoint.model import load_model
+from multibranch.checkpoint.origin import weights_fingerprint
 from multibranch.cli import main
 from multibranch.convert.average import average_checkpoints, select_checkpoints
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
-from multibranch.train.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
-from multibranch.train.origin import weights_fingerprint
 from multibranch.train.rng import seed_everything
 from multibranch.train.trainer import RunOptions, train
 
@@ -72,7 +73,7 @@ def test_average_keeps_low_precision_dtype(tmp_path):
 def test_average_refuses_mismatches(tmp_path):
     good = write(tmp_path / "good.pt", make_payload(1, 1))
     other_cfg = write(tmp_path / "cfg.pt", make_payload(2, 2, dropout=0.3))
-    with pytest.raises(CheckpointError, match=r"cfg\.pt: model config differs .*model\.dropout: 0\.1 vs 0\.3"):
+    with pytest.raises(CheckpointError, match=r"cfg\.pt: model config differs .*model\.dropout: good\.pt 0\.1, cfg\.pt 0\.3"):
         average_checkpoints([good, other_cfg])
     p = make_payload(3, 3)
     del p["model"]["decoder.layers.1.ffn.fc1.bias"]

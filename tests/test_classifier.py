@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from multibranch.checkpoint.model import load_model
 from multibranch.config import from_dict
 from multibranch.evaluate.classification import classification_scores
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import ModelConfig
 from multibranch.models.classifier import Classifier, ClassifierConfig, pool
 from multibranch.schedules import RateConfig, rate_at
-from multibranch.train.checkpoint import load_model
 from multibranch.train.trainer import RunOptions, train
 
 KEYWORDS = {"north": "place", "seven": "number", "red": "colour"}
@@ -119,7 +119,7 @@ ENCODERS = {
 
 @pytest.mark.parametrize("kind", sorted(ENCODERS))
 def test_every_layer_kind_builds_a_classifier_and_trains_a_step(kind):
-    from multibranch.train.hooks import ModuleHooks
+    from multibranch.hooks import ModuleHooks
 
     cfg = _tiny_model_config(encoder=ENCODERS[kind], dropout=0.1, norm="pre" if kind == "mute" else "post",
                              drophead={"rate": {"schedule": "v", "rate": 0.2, "warmup_ratio": 0.1}})

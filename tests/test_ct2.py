@@ -19,6 +19,7 @@ ctranslate2 = pytest.importorskip(
 
 from conftest import tiny_experiment, tiny_model_dict  # noqa: E402
 
+from multibranch.checkpoint.format import save_checkpoint  # noqa: E402
 from multibranch.cli import main  # noqa: E402
 from multibranch.convert.ct2 import export_ct2, max_decoding_length, translate_options  # noqa: E402
 from multibranch.data.tokenizer import Tokenizer  # noqa: E402
@@ -26,7 +27,6 @@ from multibranch.experiment import ExperimentConfig  # noqa: E402
 from multibranch.inference.beam import search  # noqa: E402
 from multibranch.inference.config import DecodeConfig  # noqa: E402
 from multibranch.models import build_model  # noqa: E402
-from multibranch.train.checkpoint import save_checkpoint  # noqa: E402
 
 # min_len 0 on both sides: CT2 masks EOS *before* its log-softmax below min_length, ours after it, so
 # with min_len >= 1 the first step's log-probabilities differ by log(1 - p(EOS)) (tokens usually agree).
@@ -191,7 +191,7 @@ def trained(tiny_data, tmp_path_factory) -> Path:
 
 
 def test_trained_model_float32_and_int8(trained, tiny_data, tmp_path):
-    from multibranch.train.checkpoint import load_checkpoint
+    from multibranch.checkpoint.format import load_checkpoint
 
     payload = load_checkpoint(trained)
     lines = _source_lines(tiny_data, 16)

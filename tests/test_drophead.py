@@ -66,7 +66,7 @@ def test_model_drophead_applies_to_chosen_attention_types():
 def test_v_schedule_moves_through_the_trainer_hook():
     cfg = from_dict(ModelConfig, tiny_model_dict(drophead={"rate": {"schedule": "v", "rate": 0.2}}))
     model = build_model(cfg)
-    from multibranch.train.hooks import ModuleHooks
+    from multibranch.hooks import ModuleHooks
 
     hooks = ModuleHooks(model)
     rates = lambda: {m.p for m in model.modules() if isinstance(m, DropHead)}  # noqa: E731

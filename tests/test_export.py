@@ -12,12 +12,12 @@ import torch
 from conftest import tiny_model_dict
 from safetensors import safe_open
 
+from multibranch.checkpoint.export import export, load_export
+from multibranch.checkpoint.format import CheckpointError, load_state_strict, save_checkpoint
 from multibranch.cli import main
-from multibranch.convert.export import export, load_export
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
-from multibranch.train.checkpoint import CheckpointError, load_state_strict, save_checkpoint
 
 WORDS = "a man woman dog runs sits on the red blue house street ein Mann Hund läuft auf der Straße".split()
 
@@ -132,7 +132,7 @@ def test_exported_files_and_saved_checkpoints_get_ordinary_modes(tmp_path):
 
 
 def test_what_is_not_a_checkpoint_is_named(tmp_path):
-    from multibranch.train.checkpoint import load_checkpoint
+    from multibranch.checkpoint.format import load_checkpoint
 
     text = tmp_path / "hyp.txt"
     text.write_text("a translation\n")

@@ -6,13 +6,14 @@ import pytest
 import torch
 from conftest import tiny_model_dict
 
+from multibranch.checkpoint.format import load_state_strict, save_checkpoint
+from multibranch.checkpoint.model import load_model
 from multibranch.cli import main
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
 from multibranch.modules.state import DecoderState
-from multibranch.train.checkpoint import load_model, load_state_strict, save_checkpoint
 
 
 def mat_payload(n_a: int, n_f: int = 1, merge: str = "mean", dec_n_f: int | None = None, **model) -> dict:

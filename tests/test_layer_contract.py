@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from multibranch.config import from_dict
+from multibranch.hooks import ModuleHooks
 from multibranch.models import LayerConfig, ModelConfig, build_model
 from multibranch.modules.state import DecoderState
-from multibranch.train.hooks import ModuleHooks
 
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3
 R = 0.3  # every dropout / structured-dropout / noise rate of the models under test

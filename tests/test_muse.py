@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from multibranch.config import ConfigError, deep_merge, from_dict
 from multibranch.experiment import ExperimentConfig, load_preset_dict, resolve_config
+from multibranch.hooks import ModuleHooks
 from multibranch.models import ModelConfig, build_model
 from multibranch.models.layers.muse import MultiScaleSelfAttention
 from multibranch.modules.attention import ParallelAttention
-from multibranch.train.hooks import ModuleHooks
 
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3
 

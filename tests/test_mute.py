@@ -9,11 +9,11 @@ import torch
 
 from multibranch.config import ConfigError, from_dict
 from multibranch.experiment import resolve_config
+from multibranch.hooks import ModuleHooks
 from multibranch.models import LayerConfig, ModelConfig, build_model
 from multibranch.models.layers.mute import MuteEncoderLayer, diversity_score, encoder_diversity
 from multibranch.modules.autoshuffle import normalise_shuffle, sequential_fusion
 from multibranch.train.config import TrainConfig
-from multibranch.train.hooks import ModuleHooks
 from multibranch.train.optim import build_optimizer
 from tests.conftest import tiny_model_dict
 
@@ -366,7 +366,7 @@ def _train_records(run) -> list[dict]:
 
 
 def test_short_training_run_through_the_trainer(tiny_data, tmp_path):
-    from multibranch.train.checkpoint import load_model
+    from multibranch.checkpoint.model import load_model
     from multibranch.train.trainer import RunOptions, train
 
     train(_mute_experiment(), RunOptions(tiny_data, tmp_path / "run"))

@@ -256,8 +256,9 @@ def test_pruning_every_head_of_a_module_or_a_missing_head_is_refused():
 
 def test_prune_cli_fraction_and_heads_json(tiny_data, tmp_path, capsys):
     from multibranch.analysis.heads import gates_installed, mask_gates
+    from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
+    from multibranch.checkpoint.model import load_model
     from multibranch.cli import main
-    from multibranch.train.checkpoint import load_checkpoint, load_model, save_checkpoint
 
     vocab = PreparedData.load(tiny_data).meta["vocab_size"]["src"]
     model = _model(vocab=vocab)

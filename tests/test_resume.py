@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from multibranch.train.checkpoint import CheckpointError, load_checkpoint
+from multibranch.checkpoint.format import CheckpointError, load_checkpoint
 from multibranch.train.trainer import RunOptions, train
 from tests.conftest import tiny_experiment
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from multibranch.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
 from multibranch.config import ConfigError
 from multibranch.data.errors import DataError
 from multibranch.experiment import resolve_config
-from multibranch.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from multibranch.train.trainer import RunOptions, train
 from tests.conftest import tiny_experiment
 

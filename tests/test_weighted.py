@@ -13,11 +13,11 @@ import torch.nn.functional as F
 
 from multibranch.config import ConfigError, from_dict
 from multibranch.experiment import ExperimentConfig, resolve_config
+from multibranch.hooks import ModuleHooks
 from multibranch.models import ModelConfig, build_model
 from multibranch.models.layers.weighted import BranchedAttention, branch_heads
 from multibranch.modules.simplex import BranchWeights, on_simplex, replace_branch_weights
 from multibranch.schedules import learning_rate_at
-from multibranch.train.hooks import ModuleHooks
 from multibranch.train.optim import LRScheduler, build_optimizer
 
 VOCAB = 40
@@ -321,7 +321,7 @@ def small_data(tmp_path_factory):
 
 
 def test_trainer_keeps_kappa_alpha_on_the_simplex_logs_them_and_freezes_them(small_data, tmp_path):
-    from multibranch.train.checkpoint import load_model
+    from multibranch.checkpoint.model import load_model
     from multibranch.train.trainer import RunOptions, train
 
     steps, freeze = 8, 3

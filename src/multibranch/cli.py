@@ -22,9 +22,9 @@ class UserError(Exception):
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
+    from multibranch.checkpoint.format import CheckpointError
     from multibranch.config import ConfigError
     from multibranch.data.errors import DataError
-    from multibranch.train.checkpoint import CheckpointError
 
     return (UserError, ConfigError, DataError, CheckpointError, FileNotFoundError, FileExistsError)
 

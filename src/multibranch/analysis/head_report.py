@@ -54,8 +54,8 @@ class HeadAnalysisOptions:
 def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, options: HeadAnalysisOptions,
                   force: bool = False) -> ReportFolder:
     """Run the head analyses and write the report folder; validates everything before writing."""
+    from multibranch.checkpoint.model import load_model
     from multibranch.data.dataset import PreparedData
-    from multibranch.train.checkpoint import load_model
 
     ReportFolder.check(out, force)
     if not 0.0 < options.step <= 1.0:

@@ -40,18 +40,18 @@ def format_line(labels: list[str], probs: list[float] | None, with_probs: bool) 
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from multibranch.checkpoint.format import CheckpointError
+    from multibranch.checkpoint.model import load_model
     from multibranch.cli import UserError
     from multibranch.data.text import check_input_file, check_output_file, iter_lines, open_input, open_output
+    from multibranch.device import resolve_device
     from multibranch.inference.classify import classify_lines
-    from multibranch.inference.translator import resolve_device
-    from multibranch.train.checkpoint import CheckpointError, load_model
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size}: must be >= 1")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: must be >= 1")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available (use --device cpu or auto)")
+    resolve_device(args.device)  # ConfigError for a device this machine cannot use
     if args.input != "-":
         check_input_file(args.input)
     check_output_file(args.output, [args.input])

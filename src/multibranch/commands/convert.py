@@ -71,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _proximal(args: argparse.Namespace) -> int:
-    from multibranch.convert.payload import read_payload, refuse_overwrite
+    from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
+    from multibranch.convert.payload import refuse_overwrite
     from multibranch.convert.proximal import proximal_init
     from multibranch.data.text import check_output_file
-    from multibranch.train.checkpoint import save_checkpoint
 
     refuse_overwrite(args.out, args.force)
     check_output_file(args.out, [args.ckpt], parent_must_exist=False)
@@ -84,7 +84,7 @@ def _proximal(args: argparse.Namespace) -> int:
     if args.merge is not None:
         layer["branch_merge"] = args.merge
     payload = proximal_init(
-        read_payload(args.ckpt), args.branches, args.ffn_branches, layer, overrides=args.set, source=str(args.ckpt)
+        load_checkpoint(args.ckpt), args.branches, args.ffn_branches, layer, overrides=args.set, source=str(args.ckpt)
     )
     save_checkpoint(args.out, payload)
     conv = payload["meta"]["conversion"]
@@ -97,14 +97,14 @@ def _proximal(args: argparse.Namespace) -> int:
 
 
 def _fold(args: argparse.Namespace) -> int:
+    from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
     from multibranch.convert.fold import fold_mat
-    from multibranch.convert.payload import read_payload, refuse_overwrite
+    from multibranch.convert.payload import refuse_overwrite
     from multibranch.data.text import check_output_file
-    from multibranch.train.checkpoint import save_checkpoint
 
     refuse_overwrite(args.out, args.force)
     check_output_file(args.out, [args.ckpt], parent_must_exist=False)
-    payload = fold_mat(read_payload(args.ckpt), source=str(args.ckpt))
+    payload = fold_mat(load_checkpoint(args.ckpt), source=str(args.ckpt))
     save_checkpoint(args.out, payload)
     conv = payload["meta"]["conversion"]
     ffn = "and FFN branches" if conv["ffn_folded"] else "(FFN branches kept: encoder/decoder N_f differ)"
@@ -113,9 +113,9 @@ def _fold(args: argparse.Namespace) -> int:
 
 
 def _from_hf(args: argparse.Namespace) -> int:
+    from multibranch.checkpoint.format import save_checkpoint
     from multibranch.convert.hf_marian import import_marian
     from multibranch.convert.payload import refuse_overwrite
-    from multibranch.train.checkpoint import save_checkpoint
 
     refuse_overwrite(args.out, args.force)
     payload = import_marian(args.model_dir, use_tokenizer=not args.no_tokenizer)
@@ -126,19 +126,19 @@ def _from_hf(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from multibranch.convert.export import export
-    from multibranch.convert.payload import read_payload
+    from multibranch.checkpoint.export import export
+    from multibranch.checkpoint.format import load_checkpoint
 
-    files = export(read_payload(args.ckpt), args.out, force=args.force)
+    files = export(load_checkpoint(args.ckpt), args.out, force=args.force)
     print(f"exported {args.ckpt} to {args.out}: {', '.join(p.name for p in files)}")
     return 0
 
 
 def _ct2(args: argparse.Namespace) -> int:
+    from multibranch.checkpoint.format import load_checkpoint
     from multibranch.convert.ct2 import export_ct2
-    from multibranch.convert.payload import read_payload
 
-    out = export_ct2(read_payload(args.ckpt), args.out, quantization=args.quantization, force=args.force,
+    out = export_ct2(load_checkpoint(args.ckpt), args.out, quantization=args.quantization, force=args.force,
                      source=str(args.ckpt))
     print(f"wrote {out}: CTranslate2 model ({args.quantization}) with its SentencePiece model(s)")
     return 0

@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from multibranch.atomic import atomic_write_text
+    from multibranch.checkpoint.model import load_model
     from multibranch.cli import UserError
     from multibranch.commands.translate import one_line
     from multibranch.data.dataset import PreparedData
@@ -32,7 +33,6 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.evaluate.metrics import score_corpus
     from multibranch.experiment import resolve_config
     from multibranch.inference.translator import Translator, show_progress
-    from multibranch.train.checkpoint import load_model
     from multibranch.train.trainer import RunOptions, train
 
     out: Path = args.out

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:24s} {' '.join(description.split())}")
         return 0
     if args.ckpt:
-        from multibranch.train.checkpoint import load_model
+        from multibranch.checkpoint.model import load_model
 
         loaded = load_model(args.ckpt)
         cfg, model = loaded.config, loaded.model

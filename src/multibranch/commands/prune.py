@@ -36,11 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
     from multibranch.cli import UserError
-    from multibranch.convert.payload import read_payload, refuse_overwrite
+    from multibranch.convert.payload import refuse_overwrite
     from multibranch.convert.prune import check_prunable, prune_heads
     from multibranch.data.text import check_output_file
-    from multibranch.train.checkpoint import save_checkpoint
 
     if args.fraction is not None and not 0.0 < args.fraction < 1.0:
         raise UserError(f"--fraction {args.fraction} must be between 0 and 1 (exclusive)")
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--fraction ranks heads by importance on data: give --data PREPARED_DIR")
     refuse_overwrite(args.out, args.force)
     check_output_file(args.out, [args.ckpt], parent_must_exist=False)
-    payload = read_payload(args.ckpt)
+    payload = load_checkpoint(args.ckpt)
     check_prunable(payload, str(args.ckpt))
     if args.heads_json:
         remove = _read_heads(args.heads_json)
@@ -85,9 +85,9 @@ def _least_important(args: argparse.Namespace) -> list[tuple[str, int]]:
     from multibranch.analysis.heads import attention_sites, total_heads
     from multibranch.analysis.importance import head_importance
     from multibranch.analysis.pruning import select_heads
+    from multibranch.checkpoint.model import load_model
     from multibranch.cli import UserError
     from multibranch.data.dataset import PreparedData
-    from multibranch.train.checkpoint import load_model
 
     loaded = load_model(args.ckpt)
     data = PreparedData.load(args.data)

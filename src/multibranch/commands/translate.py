@@ -122,13 +122,11 @@ def _is_interactive(args: argparse.Namespace) -> bool:
 
 def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
     """Every user error that needs no model: before anything is loaded or written."""
-    import torch
-
     from multibranch.cli import UserError
     from multibranch.data.text import check_input_file, check_output_file
+    from multibranch.device import resolve_device
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available (use --device cpu or auto)")
+    resolve_device(args.device)  # ConfigError for a device this machine cannot use
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: must be >= 1")
     if interactive and (args.input != "-" or args.output != "-"):
@@ -151,9 +149,11 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from multibranch.checkpoint.format import CheckpointError
+    from multibranch.checkpoint.model import load_model
     from multibranch.data.text import iter_lines, open_input, open_output
-    from multibranch.inference.translator import Translator, progress_bar, resolve_device, show_progress
-    from multibranch.train.checkpoint import CheckpointError, load_model
+    from multibranch.device import resolve_device
+    from multibranch.inference.translator import Translator, progress_bar, show_progress
 
     interactive = _is_interactive(args)
     _check_arguments(args, interactive)

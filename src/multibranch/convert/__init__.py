@@ -4,5 +4,7 @@
 - `fold.fold_mat`           MAT -> one attention of N_a*M heads, same eval output (§1.6)
 - `hf_marian.import_marian` local Hugging Face MarianMTModel directory -> standard model
 - `average.average_checkpoints` / `select_checkpoints`  weight averaging of a run's checkpoints
-- `export.export` / `load_export`  safetensors + config.json + SentencePiece release directory
+- `ct2.export_ct2`          CTranslate2 model directory
+
+The release directory (`export`/`load_export`) lives in `multibranch.checkpoint.export`.
 """

@@ -6,7 +6,7 @@ are copied from the newest checkpoint (highest meta step; the last path on ties)
 have the same model config, tokenizer, keys, shapes and tie structure. Tied tensors (a shared
 embedding stored under several keys) stay one tensor. The result carries no training state.
 
-Checkpoints must share an origin (train/origin.py: the same run, or runs fine-tuned from the same
+Checkpoints must share an origin (checkpoint/origin.py: the same run, or runs fine-tuned from the same
 checkpoint); unrelated runs are refused unless force=True (a warning). Checkpoints written before
 origins were recorded are averaged with a warning that this cannot be checked.
 
@@ -25,10 +25,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from multibranch.checkpoint.format import (
+    CheckpointError,
+    config_differences,
+    load_checkpoint,
+    same_tokenizer,
+    tied_groups,
+)
+from multibranch.checkpoint.origin import origin_of, shared_origin
 from multibranch.config import ConfigError
-from multibranch.convert.payload import read_payload, tied_groups
-from multibranch.train.checkpoint import CheckpointError, same_tokenizer
-from multibranch.train.origin import origin_of, shared_origin
 
 log = logging.getLogger("multibranch.average")
 
@@ -47,7 +52,7 @@ def average_checkpoints(paths: Sequence[str | Path], *, force: bool = False) -> 
     sources = []
     origins: dict[str, dict[str, str] | None] = {}
     for path in paths:
-        payload = read_payload(path)
+        payload = load_checkpoint(path)
         state = payload["model"]
         if reference is None:
             reference, ref_path, aliases = payload, str(path), tied_groups(state)
@@ -96,7 +101,7 @@ def _require_compatible(
     """CheckpointError naming `path` and the first offending key unless `other` can be averaged with `ref`."""
     a, b = ref["config"].get("model"), other["config"].get("model")
     if a != b:
-        diff = _first_difference(a, b, "model")
+        diff = config_differences(a, b, "model", Path(ref_path).name, Path(path).name)[0]
         raise CheckpointError(f"{path}: model config differs from {ref_path} ({diff}); cannot average")
     if not same_tokenizer(ref.get("tokenizer"), other.get("tokenizer")):
         raise CheckpointError(f"{path}: tokenizer differs from {ref_path}; cannot average")
@@ -136,14 +141,6 @@ def _check_origins(origins: dict[str, dict[str, str] | None], force: bool) -> No
     if not force:
         raise CheckpointError(f"{message}; pass --force to average them anyway")
     log.warning("--force: %s", message)
-
-
-def _first_difference(a: Any, b: Any, where: str) -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in list(a) + [k for k in b if k not in a]:
-            if a.get(key) != b.get(key):
-                return _first_difference(a.get(key), b.get(key), f"{where}.{key}")
-    return f"{where}: {a!r} vs {b!r}"
 
 
 # ---- choosing checkpoints of a run ---------------------------------------------------------------

@@ -46,11 +46,12 @@ import torch
 from torch import Tensor
 
 from multibranch.atomic import atomic_directory
+from multibranch.checkpoint.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM
+from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError
-from multibranch.convert.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM
-from multibranch.convert.fold import fold_mat, fold_output, merge_constant
+from multibranch.convert.fold import fold_mat, fold_output
 from multibranch.convert.payload import experiment_config
-from multibranch.train.checkpoint import CheckpointError
+from multibranch.modules.merge import merge_constant
 
 if TYPE_CHECKING:
     from multibranch.data.tokenizer import Tokenizer

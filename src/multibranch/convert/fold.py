@@ -26,17 +26,13 @@ from torch import Tensor
 
 from multibranch.config import ConfigError, to_dict
 from multibranch.convert.payload import check_state, describe_source, experiment_config, weights_only
+from multibranch.modules.merge import merge_constant
 from multibranch.schedules import RateConfig
 
 log = logging.getLogger(__name__)
 
 ATTENTION_OUT = re.compile(r"^(encoder|decoder)\.layers\.\d+\.(self_attn|cross_attn)\.(out_proj\.weight|out_bias)$")
 FFN_OUT = re.compile(r"^(encoder|decoder)\.layers\.\d+\.ffn\.(fc2\.weight|fc2_bias)$")
-
-
-def merge_constant(branches: int, merge: str) -> float:
-    """c = 1/N ("mean") or 1/N^2 ("mean_sq"); exactly the constant the modules use."""
-    return 1.0 / branches if merge == "mean" else 1.0 / branches**2
 
 
 def fold_mat(payload: dict[str, Any], source: str | None = None) -> dict[str, Any]:

@@ -41,9 +41,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError, to_dict
 from multibranch.convert.payload import check_state
-from multibranch.train.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -270,14 +270,10 @@ def _spm_vocab_map(directory: Path, c: Any, enc_rows: int, dec_rows: int) -> Voc
     files = [directory / "source.spm", directory / "target.spm", directory / "vocab.json"]
     if not all(f.is_file() for f in files):
         return None
-    import sentencepiece as spm
-
-    from multibranch.data.tokenizer import Tokenizer
+    from multibranch.data.tokenizer import Tokenizer, load_processor
 
     src_bytes, tgt_bytes = files[0].read_bytes(), files[1].read_bytes()
-    sp_src, sp_tgt = spm.SentencePieceProcessor(), spm.SentencePieceProcessor()
-    sp_src.LoadFromSerializedProto(src_bytes)
-    sp_tgt.LoadFromSerializedProto(tgt_bytes)
+    sp_src, sp_tgt = load_processor(src_bytes), load_processor(tgt_bytes)
     vocab_src: dict[str, int] = json.loads(files[2].read_text(encoding="utf-8"))
     target_vocab = directory / "target_vocab.json"
     separate = _separate_vocabs(directory) and target_vocab.is_file()

@@ -1,6 +1,6 @@
 """Helpers shared by every checkpoint conversion: reading, validating and re-packing payloads.
 
-A payload is the dict stored in a checkpoint file (see `multibranch.train.checkpoint`): `config`
+A payload is the dict stored in a checkpoint file (see `multibranch.checkpoint.format`): `config`
 (ExperimentConfig dict), `model` (state dict), `tokenizer`, `meta`, optional `training`. Every
 conversion produces a *weights-only* payload: training state (optimizer, schedules, RNG, data
 position) never survives a conversion.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from multibranch.train.checkpoint import CheckpointError, load_checkpoint, state_mismatch
+from multibranch.checkpoint.format import CheckpointError, state_mismatch
 
 if TYPE_CHECKING:
     from multibranch.experiment import ExperimentConfig
@@ -22,16 +22,6 @@ if TYPE_CHECKING:
 
 # meta keys that describe the training run's progress; they stop being true after surgery
 RUN_META_KEYS = ("valid", "config_hash")
-
-
-def read_payload(path: str | Path) -> dict[str, Any]:
-    """A checkpoint file, or a directory written by `multibranch convert export`."""
-    path = Path(path)
-    if path.is_dir():
-        from multibranch.convert.export import load_export
-
-        return load_export(path)
-    return load_checkpoint(path)
 
 
 def experiment_config(payload: dict[str, Any]) -> ExperimentConfig:
@@ -71,26 +61,6 @@ def check_state(model_cfg: ModelConfig, state: dict[str, Tensor], source: str) -
     problems = state_mismatch(reference, state)
     if problems:
         raise CheckpointError("\n".join([f"{source}: converted weights do not fit the converted config", *problems]))
-
-
-def storage_key(t: Tensor) -> tuple[Any, ...]:
-    """Identity of the memory a tensor views: equal keys = the same (tied) tensor."""
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
-def tied_groups(state: dict[str, Tensor]) -> dict[str, str]:
-    """Map every key whose tensor is tied to an earlier key onto that earlier (canonical) key."""
-    first: dict[tuple[Any, ...], str] = {}
-    aliases: dict[str, str] = {}
-    for key, tensor in state.items():
-        if tensor.device.type == "meta" or tensor.numel() == 0:
-            continue
-        ident = storage_key(tensor)
-        if ident in first:
-            aliases[key] = first[ident]
-        else:
-            first[ident] = key
-    return aliases
 
 
 def refuse_overwrite(path: str | Path, force: bool) -> None:

@@ -26,9 +26,9 @@ from typing import Any
 
 from torch import Tensor
 
+from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError, deep_merge, parse_override, to_dict
 from multibranch.convert.payload import check_state, describe_source, experiment_config, weights_only
-from multibranch.train.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 

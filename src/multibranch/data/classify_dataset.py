@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from multibranch.data.errors import DataError
+from multibranch.data.meta import AGAIN, META_FILE, read_meta
 from multibranch.data.prepare import _binarise
 from multibranch.data.prepare_classify import ARRAYS, FORMAT, FORMAT_VERSION, fingerprint
 from multibranch.data.text import read_lines
@@ -25,7 +25,6 @@ from multibranch.data.text import read_lines
 if TYPE_CHECKING:
     from multibranch.data.tokenizer import Tokenizer
 
-AGAIN = "run `multibranch prepare` again"
 
 
 @dataclass
@@ -76,23 +75,9 @@ class ClassificationData:
     @classmethod
     def load(cls, directory: str | Path) -> ClassificationData:
         directory = Path(directory)
-        meta_path = directory / "data.json"
-        if not meta_path.is_file():
-            hint = "" if directory.is_dir() else " (the directory does not exist)"
-            raise DataError(f"{meta_path}: not found{hint}; create the directory with `multibranch prepare`")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise DataError(f"{meta_path}: corrupted ({err}); {AGAIN}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            found = meta.get("format") if isinstance(meta, dict) else None
-            raise DataError(f"{meta_path}: not a classification data directory (format {found!r})")
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise DataError(f"{meta_path}: format version {meta.get('format_version')} but this multibranch "
-                            f"reads version {FORMAT_VERSION}; {AGAIN}")
-        for key in ("spm", "labels", "splits", "fingerprint", "vocab_size"):
-            if key not in meta:
-                raise DataError(f"{meta_path}: corrupted (missing {key!r}); {AGAIN}")
+        meta = read_meta(directory, FORMAT, FORMAT_VERSION, ("spm", "labels", "splits", "fingerprint", "vocab_size"),
+                         "classification")
+        meta_path = directory / META_FILE
         labels = meta["labels"]
         if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels) \
                 or len(set(labels)) != len(labels):

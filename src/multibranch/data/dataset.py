@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from multibranch.data.errors import DataError
+from multibranch.data.meta import read_meta
 from multibranch.data.prepare import FORMAT, FORMAT_VERSION, SIDES, fingerprint
 from multibranch.data.text import read_lines
 
@@ -90,24 +90,7 @@ class PreparedData:
     @classmethod
     def load(cls, directory: str | Path) -> PreparedData:
         directory = Path(directory)
-        meta_path = directory / "data.json"
-        if not meta_path.is_file():
-            hint = "" if directory.is_dir() else " (the directory does not exist)"
-            raise DataError(f"{meta_path}: not found{hint}; create the directory with `multibranch prepare`")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise DataError(f"{meta_path}: corrupted ({err}); run `multibranch prepare` again") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise DataError(f"{meta_path}: not a multibranch data directory (format {meta.get('format')!r})")
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise DataError(
-                f"{meta_path}: format version {meta.get('format_version')} but this multibranch reads "
-                f"version {FORMAT_VERSION}; run `multibranch prepare` again"
-            )
-        for key in ("spm", "splits", "fingerprint", "vocab_size"):
-            if key not in meta:
-                raise DataError(f"{meta_path}: corrupted (missing {key!r}); run `multibranch prepare` again")
+        meta = read_meta(directory, FORMAT, FORMAT_VERSION, ("spm", "splits", "fingerprint", "vocab_size"), "multibranch")
         for name in sorted(set(meta["spm"].values())):
             if not (directory / name).is_file():
                 raise DataError(f"{directory / name}: missing; run `multibranch prepare` again")

@@ -38,7 +38,7 @@ from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
 from multibranch.data.errors import DataError
 from multibranch.data.text import ParallelText, read_parallel, write_lines
-from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_processor
 
 FORMAT = "multibranch-data"
 FORMAT_VERSION = 1
@@ -211,14 +211,6 @@ def _train_spm(cfg: PrepareConfig, sentences: list[str]) -> bytes:
     return writer.getvalue()
 
 
-def _processor(proto: bytes):
-    import sentencepiece as spm
-
-    processor = spm.SentencePieceProcessor()
-    processor.LoadFromSerializedProto(proto)
-    return processor
-
-
 # ------------------------------------------------------------------------------------- building
 
 
@@ -281,7 +273,7 @@ def _build(cfg: PrepareConfig, splits: list[_Split], out: Path) -> dict[str, Any
     else:
         protos = {"src": _train_spm(cfg, train_src), "tgt": _train_spm(cfg, train_tgt)}
         spm_files = {"src": "spm.src.model", "tgt": "spm.tgt.model"}
-    processors = {side: _processor(protos[side]) for side in SIDES}
+    processors = {side: load_processor(protos[side]) for side in SIDES}
     for side in SIDES:
         (out / spm_files[side]).write_bytes(protos[side])
 

@@ -48,11 +48,10 @@ from multibranch.data.errors import DataError
 from multibranch.data.prepare import (  # private helpers of the translation `prepare`, shared rather than copied
     _binarise,
     _length_stats,
-    _processor,
     _train_spm,
 )
 from multibranch.data.text import write_lines
-from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_processor
 
 FORMAT = "multibranch-classification-data"
 FORMAT_VERSION = 1
@@ -259,7 +258,7 @@ def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], 
     from multibranch import __version__
 
     proto = _train_spm(cfg, splits[0].texts)
-    processor = _processor(proto)
+    processor = load_processor(proto)
     (out / SPM_FILE).write_bytes(proto)
     label_ids = {label: i for i, label in enumerate(labels)}
     split_meta: dict[str, Any] = {}

@@ -16,7 +16,8 @@ import torch
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
-def _load(proto: bytes) -> spm.SentencePieceProcessor:
+def load_processor(proto: bytes) -> spm.SentencePieceProcessor:
+    """A SentencePiece processor from a serialized model (the bytes of a .model file)."""
     processor = spm.SentencePieceProcessor()
     processor.LoadFromSerializedProto(proto)
     return processor
@@ -30,8 +31,8 @@ class Tokenizer:
     tgt_proto: bytes
 
     def __post_init__(self) -> None:
-        self.src = _load(self.src_proto)
-        self.tgt = self.src if self.tgt_proto == self.src_proto else _load(self.tgt_proto)
+        self.src = load_processor(self.src_proto)
+        self.tgt = self.src if self.tgt_proto == self.src_proto else load_processor(self.tgt_proto)
 
     @classmethod
     def from_files(cls, src_model: str | Path, tgt_model: str | Path | None = None) -> Tokenizer:

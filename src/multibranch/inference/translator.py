@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from multibranch.data.errors import DataError
+from multibranch.device import resolve_device
 from multibranch.inference.beam import Hypothesis, forced_scores, length_penalty, search
 from multibranch.inference.config import DecodeConfig
 
@@ -77,13 +78,6 @@ class ForcedScore:
     tokens: int
 
 
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def input_limit(model_config: Any, decode: DecodeConfig) -> int | None:
     """Most source tokens (EOS included) a line may keep; None = unlimited."""
     limits = []
@@ -134,7 +128,8 @@ class Translator:
     @classmethod
     def from_checkpoint(cls, path: str, device: str | torch.device = "cpu", **overrides: Any) -> Translator:
         """Load a checkpoint; `overrides` replace fields of its decode config (e.g. beam=4)."""
-        from multibranch.train.checkpoint import CheckpointError, load_model
+        from multibranch.checkpoint.format import CheckpointError
+        from multibranch.checkpoint.model import load_model
 
         device = resolve_device(device) if isinstance(device, str) else device
         loaded = load_model(path, device)

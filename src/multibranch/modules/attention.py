@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multibranch.modules.dropout import dropout
+from multibranch.modules.init import init_blocks, init_weight
+from multibranch.modules.merge import merge_constant
 from multibranch.modules.positions import RelativePositions
 from multibranch.modules.state import StateView
 from multibranch.modules.structured_dropout import DropHead, PathDropout
@@ -169,7 +171,7 @@ class ParallelAttention(HeadGated):
         self.inner_dim = self.total_heads * head_dim
         self.dropout = dropout
         self.merge = merge
-        self.merge_scale = 1.0 / branches if merge == "mean" else 1.0 / branches**2
+        self.merge_scale = merge_constant(branches, merge)
         self.in_proj = nn.Linear(d_model, 3 * self.inner_dim)
         self.out_proj = nn.Linear(self.inner_dim, d_model, bias=False)
         self.out_bias = nn.Parameter(torch.zeros(branches, d_model))
@@ -185,15 +187,8 @@ class ParallelAttention(HeadGated):
         torch: PyTorch's Linear default (MUSE's recipe). Biases start at zero."""
         inner = self.inner_dim
         with torch.no_grad():
-            for block in self.in_proj.weight.split(inner, dim=0):
-                if scheme == "xavier":
-                    nn.init.xavier_uniform_(block)
-                else:
-                    nn.init.kaiming_uniform_(block, a=5**0.5)
-            if scheme == "xavier":
-                nn.init.xavier_uniform_(self.out_proj.weight)
-            else:
-                nn.init.kaiming_uniform_(self.out_proj.weight, a=1.0)
+            init_blocks(self.in_proj.weight, inner, 0, scheme)
+            init_weight(self.out_proj.weight, scheme, a=1.0)
             self.in_proj.bias.zero_()
             self.out_bias.zero_()
 

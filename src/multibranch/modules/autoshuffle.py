@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from multibranch.train.hooks import ParamGroupSpec
+from multibranch.hooks import ParamGroupSpec
 
 PenaltyReduction = Literal["mean", "per_token_sum"]
 

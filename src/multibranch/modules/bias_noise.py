@@ -30,8 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.config import ConfigError
+from multibranch.hooks import ParamGroupSpec
 from multibranch.schedules import RateConfig, ScheduledRate
-from multibranch.train.hooks import ParamGroupSpec
 
 BiasKind = Literal["identity", "swap", "disorder", "mask"]
 BIAS_KINDS: tuple[str, ...] = ("identity", "swap", "disorder", "mask")

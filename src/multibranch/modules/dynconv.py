@@ -28,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multibranch.hooks import ParamGroupSpec
 from multibranch.modules.dropout import dropout
+from multibranch.modules.init import init_blocks
 from multibranch.modules.state import StateView
-from multibranch.train.hooks import ParamGroupSpec
 
 KernelMix = Literal["gate", "concat"]
 ConvPath = Literal["auto", "band", "unfold"]
@@ -109,12 +110,7 @@ class DynamicConv(nn.Module):
         """Kernel predictor: one Xavier block per kernel size (fans d, H*K) or nn.Linear's default;
         gate 1/|K|. The model-wide `scheme` does not apply (§4.5: the predictor is Xavier under both)."""
         with torch.no_grad():
-            blocks = self.kernel_proj.weight.split([self.heads * k for k in self.kernel_sizes], dim=0)
-            for block in blocks:
-                if self.kernel_init == "xavier":
-                    nn.init.xavier_uniform_(block)
-                else:
-                    nn.init.kaiming_uniform_(block, a=5**0.5)
+            init_blocks(self.kernel_proj.weight, [self.heads * k for k in self.kernel_sizes], 0, self.kernel_init)
             if self.gate is not None:
                 self.gate.fill_(1.0 / len(self.kernel_sizes))
 

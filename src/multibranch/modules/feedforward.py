@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multibranch.modules.dropout import dropout
+from multibranch.modules.init import init_bias, init_blocks, init_weight
+from multibranch.modules.merge import merge_constant
 from multibranch.modules.structured_dropout import PathDropout
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
@@ -40,7 +42,7 @@ class FeedForward(nn.Module):
         self.d_model, self.hidden_dim, self.branches = d_model, hidden_dim, branches
         self.activation = ACTIVATIONS[activation]
         self.activation_dropout = activation_dropout
-        self.merge_scale = 1.0 / branches if merge == "mean" else 1.0 / branches**2
+        self.merge_scale = merge_constant(branches, merge)
         self.fc1 = nn.Linear(d_model, branches * hidden_dim)
         self.fc2 = nn.Linear(branches * hidden_dim, d_model, bias=False)
         self.fc2_bias = nn.Parameter(torch.zeros(branches, d_model))
@@ -49,19 +51,13 @@ class FeedForward(nn.Module):
 
     def reset_parameters(self, scheme: str = "xavier") -> None:
         with torch.no_grad():
-            for layer in (self.fc1, self.fc2):
-                if scheme == "xavier":
-                    for block in layer.weight.split(self.hidden_dim, dim=0 if layer is self.fc1 else 1):
-                        nn.init.xavier_uniform_(block)
-                else:
-                    nn.init.kaiming_uniform_(layer.weight, a=5**0.5)
-            if scheme == "xavier":
-                self.fc1.bias.zero_()
-                self.fc2_bias.zero_()
-            else:
-                bound = self.d_model**-0.5
-                nn.init.uniform_(self.fc1.bias, -bound, bound)
-                nn.init.uniform_(self.fc2_bias, -self.hidden_dim**-0.5, self.hidden_dim**-0.5)
+            for layer, dim in ((self.fc1, 0), (self.fc2, 1)):
+                if scheme == "xavier":  # one block per branch, each with its own fans
+                    init_blocks(layer.weight, self.hidden_dim, dim, scheme)
+                else:  # the whole Linear's default
+                    init_weight(layer.weight, scheme)
+            init_bias(self.fc1.bias, scheme, self.d_model)
+            init_bias(self.fc2_bias, scheme, self.hidden_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         """x [B, L, d] -> [B, L, d]."""

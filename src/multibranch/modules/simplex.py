@@ -7,7 +7,7 @@ vectorised over leading dimensions):
     theta = (sum_{r<=rho} u_r - 1) / rho;  P(v) = max(v - theta, 0)
 
 `BranchWeights` holds kappa, alpha in R^M for one BranchedAttention module and talks to the trainer
-through the module hooks (train/hooks.py): projection after every optimizer step, its own parameter
+through the module hooks (hooks.py): projection after every optimizer step, its own parameter
 group (noam schedule, no weight decay, frozen for the last `freeze_last` updates) and kappa/alpha
 values for metrics.jsonl. Ablations (§2.3, marked as such): softmax ("mixture-of-experts")
 normalisation, top-k gating of alpha, and test-time replacement by uniform or random weights.
@@ -21,8 +21,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from multibranch.hooks import ParamGroupSpec
 from multibranch.schedules import LRConfig
-from multibranch.train.hooks import ParamGroupSpec
 
 Normalization = Literal["simplex", "softmax"]
 
@@ -98,7 +98,7 @@ class BranchWeights(nn.Module):
             alpha = gated / gated.sum().clamp_min(1e-12)
         return kappa, alpha
 
-    # ---- trainer hooks (train/hooks.py) ---------------------------------------------------------
+    # ---- trainer hooks (hooks.py) ---------------------------------------------------------
 
     def on_update_start(self, step: int, warmup: int | None, total: int | None) -> None:
         """Update `step + 1` is frozen iff the trainer's LRScheduler gives this group LR 0."""

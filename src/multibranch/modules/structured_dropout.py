@@ -23,7 +23,7 @@ from multibranch.schedules import RateConfig, ScheduledRate
 
 
 class _ScheduledDropout(nn.Module):
-    may_skip_parameters = True  # a dropped path's parameters get no gradient (see train/hooks.py)
+    may_skip_parameters = True  # a dropped path's parameters get no gradient (see hooks.py)
 
     def __init__(self, paths: int, rate: RateConfig | float | None):
         super().__init__()

@@ -1,8 +1,9 @@
 """The training loop: token-batched, accumulated, validated, checkpointed, exactly resumable.
 
 The trainer knows no task and no paper: data, model, batches, loss and validation come from the
-task (multibranch.tasks, chosen by the prepared data's format and recorded as `cfg.task`); schedules, projections, auxiliary losses and parameter groups come from
-the model's modules through `ModuleHooks` (train/hooks.py).
+task (multibranch.tasks, chosen by the prepared data's format and recorded as `cfg.task`); schedules,
+projections, auxiliary losses and parameter groups come from the model's modules through
+`ModuleHooks` (hooks.py).
 
 Run directory:
     config.yaml            resolved experiment config
@@ -14,7 +15,7 @@ Run directory:
 
 A start checks everything (config, data, device, --init-from, --resume compatibility) before it
 creates or changes the run directory, then removes temporaries a killed save left behind. Every
-checkpoint's meta carries the run's origin (train/origin.py) so `average` can refuse unrelated runs.
+checkpoint's meta carries the run's origin (checkpoint/origin.py) so `average` can refuse unrelated runs.
 """
 
 from __future__ import annotations
@@ -34,11 +35,7 @@ from torch import nn
 
 import multibranch
 from multibranch.atomic import atomic_write_bytes, atomic_write_text, remove_stale_temporaries
-from multibranch.config import ConfigError, config_hash
-from multibranch.experiment import ExperimentConfig
-from multibranch.tasks import task_for_data
-from multibranch.train import distributed as D
-from multibranch.train.checkpoint import (
+from multibranch.checkpoint.format import (
     CheckpointError,
     config_differences,
     load_checkpoint,
@@ -48,11 +45,16 @@ from multibranch.train.checkpoint import (
     state_mismatch,
     unwrap,
 )
+from multibranch.checkpoint.origin import make_origin, new_run_id, origin_of, weights_fingerprint
+from multibranch.config import config_hash
+from multibranch.device import resolve_amp, resolve_device
+from multibranch.experiment import ExperimentConfig
+from multibranch.hooks import ModuleHooks
+from multibranch.tasks import task_for_data
+from multibranch.train import distributed as D
 from multibranch.train.config import RESUMABLE_CHANGES
-from multibranch.train.hooks import ModuleHooks
 from multibranch.train.metrics_log import MetricsLog
 from multibranch.train.optim import LRScheduler, build_optimizer
-from multibranch.train.origin import make_origin, new_run_id, origin_of, weights_fingerprint
 from multibranch.train.rng import rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger("multibranch.train")
@@ -93,42 +95,6 @@ class TrainState:
     bad_validations: int = 0
     elapsed: float = 0.0
     last_valid: dict[str, Any] = field(default_factory=dict)
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu; ConfigError for a device this machine cannot use."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"--device {name!r} is not a device (use cpu, cuda, cuda:N or auto)") from None
-    if device.type == "cuda":
-        if torch.version.cuda is None:
-            raise ConfigError(f"--device {name}: this PyTorch build ({torch.__version__}) has no CUDA support; "
-                              "use --device cpu or install a CUDA build of PyTorch")
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0 or (device.index or 0) >= count:
-            raise ConfigError(f"--device {name}: no such CUDA device ({count} visible); use --device cpu")
-    return device
-
-
-def native_cpu_bf16() -> bool:
-    """True on CPUs that compute bf16 natively (AVX512-BF16 or AMX), where bf16 autocast pays off."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_amp(amp: str, device: torch.device) -> str:
-    """The autocast precision for `amp` on `device`: "none", "bf16" or "fp16"."""
-    if amp != "auto":
-        return amp
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if device.type == "cpu" and native_cpu_bf16() else "none"
 
 
 def _comparable_train(cfg: dict[str, Any]) -> dict[str, Any]:

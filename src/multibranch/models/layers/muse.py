@@ -15,7 +15,6 @@ Input dropout acts on the self-attention/conv input only.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,6 +28,7 @@ from multibranch.modules.attention import ParallelAttention
 from multibranch.modules.dropout import dropout
 from multibranch.modules.dynconv import DynamicConv, check_kernel_sizes
 from multibranch.modules.feedforward import FeedForward
+from multibranch.modules.init import init_weight
 from multibranch.modules.state import StateView
 
 
@@ -134,17 +134,11 @@ class MultiScaleSelfAttention(nn.Module):
         self.conv.reset_parameters()
         with torch.no_grad():
             if self.conv_in is not None:  # like the attention's V projection
-                if scheme == "xavier":
-                    nn.init.xavier_uniform_(self.conv_in.weight)
-                else:
-                    nn.init.kaiming_uniform_(self.conv_in.weight, a=math.sqrt(5))
+                init_weight(self.conv_in.weight, scheme)
                 self.conv_in.bias.zero_()
             w_attn, w_conv = self.attn.out_proj.weight, self.conv_out.weight
             joint = torch.empty(w_attn.shape[0], w_attn.shape[1] + w_conv.shape[1])  # [d, (n+1)d]
-            if scheme == "xavier":
-                nn.init.xavier_uniform_(joint)
-            else:
-                nn.init.kaiming_uniform_(joint, a=1.0)
+            init_weight(joint, scheme, a=1.0)
             w_attn.copy_(joint[:, : w_attn.shape[1]])
             w_conv.copy_(joint[:, w_attn.shape[1] :])
 

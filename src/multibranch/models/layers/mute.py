@@ -33,6 +33,7 @@ from multibranch.modules.autoshuffle import AutoShuffle, PenaltyReduction
 from multibranch.modules.bias_noise import BiasKind, BiasNoise, SwitchRateConfig
 from multibranch.modules.dropout import dropout
 from multibranch.modules.feedforward import ACTIVATIONS
+from multibranch.modules.init import init_bias, init_weight
 from multibranch.modules.positions import RelativePositions
 from multibranch.modules.structured_dropout import DropHead
 
@@ -112,10 +113,7 @@ def _init_blocks(weight: Tensor, blocks: int, scheme: str, a: float = math.sqrt(
     """Glorot (or PyTorch's default) on each unit's each [rows/blocks, cols] block, as separate Linears."""
     for unit in weight:
         for block in unit.chunk(blocks, dim=0):
-            if scheme == "xavier":
-                nn.init.xavier_uniform_(block)
-            else:
-                nn.init.kaiming_uniform_(block, a=a)
+            init_weight(block, scheme, a)
 
 
 class UnitSelfAttention(HeadGated):
@@ -196,11 +194,7 @@ class UnitFeedForward(nn.Module):
             self.norm_bias.zero_()
             for weight, bias in ((self.fc1_weight, self.fc1_bias), (self.fc2_weight, self.fc2_bias)):
                 _init_blocks(weight, 1, scheme)
-                if scheme == "xavier":
-                    bias.zero_()
-                else:
-                    bound = weight.shape[-1] ** -0.5
-                    bias.uniform_(-bound, bound)
+                init_bias(bias, scheme, weight.shape[-1])
 
     def forward(self, s: Tensor) -> Tensor:
         """s [Us, B, S, d] -> FFN_i(s_i) [U, B, S, d]."""

@@ -36,6 +36,7 @@ from multibranch.models.layers.common import AttentionRole, Residual, build_atte
 from multibranch.modules.attention import ParallelAttention
 from multibranch.modules.dropout import dropout
 from multibranch.modules.feedforward import ACTIVATIONS
+from multibranch.modules.init import init_bias, init_weight, uniform_fan_in
 from multibranch.modules.simplex import BranchWeights, replace_branch_weights
 from multibranch.modules.state import StateView
 from multibranch.schedules import LRConfig
@@ -148,15 +149,11 @@ class BranchedAttention(nn.Module):
             for w, fan_in in ((self.w1, self.d_model), (self.w2, self.hidden)):
                 for block in w:  # [d, d_h] / [d_h, d]; xavier is symmetric in the fans
                     if scheme == "xavier":
-                        nn.init.xavier_uniform_(block)
-                    else:
-                        nn.init.uniform_(block, -(fan_in**-0.5), fan_in**-0.5)  # torch Linear default bound
-            if scheme == "xavier":
-                self.b1.zero_()
-                self.b2.zero_()
-            else:
-                nn.init.uniform_(self.b1, -(self.d_model**-0.5), self.d_model**-0.5)
-                nn.init.uniform_(self.b2, -(self.hidden**-0.5), self.hidden**-0.5)
+                        init_weight(block, scheme)
+                    else:  # torch Linear default bound, with the fan-in of x @ block
+                        uniform_fan_in(block, fan_in)
+            init_bias(self.b1, scheme, self.d_model)
+            init_bias(self.b2, scheme, self.hidden)
         if self.branch_norm is not None:
             self.branch_norm.reset_parameters()
         self.weights.reset_parameters()

@@ -1,4 +1,4 @@
-"""Checkpoints: one self-contained file per save, written atomically, loadable with weights_only=True.
+"""The checkpoint file format: one self-contained file per save, written atomically, loadable with weights_only=True.
 
 Layout (plain containers and tensors only):
     format: "multibranch-checkpoint", version: 1
@@ -11,7 +11,6 @@ Layout (plain containers and tensors only):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +83,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def _load_directory(path: Path) -> dict[str, Any]:
     """An export directory (`multibranch convert export`); a run directory gets a pointer to its best.pt."""
-    from multibranch.convert.export import CONFIG_FILE, WEIGHTS_FILE, load_export
+    from multibranch.checkpoint.export import CONFIG_FILE, WEIGHTS_FILE, load_export
 
     if (path / CONFIG_FILE).is_file() or (path / WEIGHTS_FILE).is_file():
         return load_export(path)
@@ -133,24 +132,21 @@ def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: 
     model.load_state_dict(state)
 
 
-@dataclass
-class LoadedModel:
-    model: nn.Module
-    tokenizer: Any
-    config: Any  # ExperimentConfig
-    payload: dict[str, Any]
+def storage_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """Identity of the memory a tensor views: equal keys = the same (tied) tensor."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
-    """Rebuild the model of a checkpoint (eval mode) with its tokenizer and experiment config."""
-    from multibranch.data.tokenizer import Tokenizer
-    from multibranch.experiment import ExperimentConfig
-    from multibranch.tasks import build_task_model
-
-    payload = load_checkpoint(path)
-    config = ExperimentConfig.from_dict(payload["config"])
-    model = build_task_model(config)
-    load_state_strict(model, payload["model"], str(path))
-    model.to(device).eval()
-    tokenizer = Tokenizer.from_state(payload["tokenizer"]) if payload.get("tokenizer") else None
-    return LoadedModel(model, tokenizer, config, payload)
+def tied_groups(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Map every key whose tensor is tied to an earlier key onto that earlier (canonical) key."""
+    first: dict[tuple[Any, ...], str] = {}
+    aliases: dict[str, str] = {}
+    for key, tensor in state.items():
+        if tensor.device.type == "meta" or tensor.numel() == 0:
+            continue
+        ident = storage_key(tensor)
+        if ident in first:
+            aliases[key] = first[ident]
+        else:
+            first[ident] = key
+    return aliases

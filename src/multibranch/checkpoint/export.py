@@ -6,7 +6,7 @@
                               order, tokenizer file names, meta (step, validation scores, ...)
     OUT/sentencepiece.model   joint vocabulary, or OUT/source.model + OUT/target.model
 
-`load_export(OUT)` returns a payload shaped like `train.checkpoint.load_checkpoint`'s, so any code
+`load_export(OUT)` returns a payload shaped like `checkpoint.format.load_checkpoint`'s, so any code
 that takes a payload (load_model, averaging, conversions) can read an exported directory.
 """
 
@@ -19,9 +19,8 @@ from typing import Any
 from torch import Tensor
 
 from multibranch.atomic import atomic_write_bytes
+from multibranch.checkpoint.format import FORMAT, VERSION, CheckpointError, tied_groups
 from multibranch.config import to_dict
-from multibranch.convert.payload import experiment_config, tied_groups
-from multibranch.train.checkpoint import FORMAT, VERSION, CheckpointError
 
 EXPORT_FORMAT = "multibranch-export"
 EXPORT_VERSION = 1
@@ -39,7 +38,9 @@ def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False)
         raise FileExistsError(f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise FileExistsError(f"{out} is not empty; pass --force to overwrite the exported files in it")
-    config = to_dict(experiment_config(payload))  # validated, every default resolved
+    from multibranch.experiment import ExperimentConfig
+
+    config = to_dict(ExperimentConfig.from_dict(payload["config"]))  # validated, every default resolved
     state: dict[str, Tensor] = payload["model"]
     aliases = tied_groups(state)
     tensors = {key: _standalone(t) for key, t in state.items() if key not in aliases}

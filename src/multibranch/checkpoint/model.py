@@ -1,0 +1,35 @@
+"""Model loading: rebuild a checkpoint's (or export directory's) model with its tokenizer and config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from multibranch.checkpoint.format import load_checkpoint, load_state_strict
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: Any
+    config: Any  # ExperimentConfig
+    payload: dict[str, Any]
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
+    """Rebuild the model of a checkpoint (eval mode) with its tokenizer and experiment config."""
+    from multibranch.data.tokenizer import Tokenizer
+    from multibranch.experiment import ExperimentConfig
+    from multibranch.tasks import build_task_model
+
+    payload = load_checkpoint(path)
+    config = ExperimentConfig.from_dict(payload["config"])
+    model = build_task_model(config)
+    load_state_strict(model, payload["model"], str(path))
+    model.to(device).eval()
+    tokenizer = Tokenizer.from_state(payload["tokenizer"]) if payload.get("tokenizer") else None
+    return LoadedModel(model, tokenizer, config, payload)

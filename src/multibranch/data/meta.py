@@ -1,0 +1,37 @@
+"""data.json, the description every prepared data directory (translation or classification) starts with."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from multibranch.data.errors import DataError
+
+AGAIN = "run `multibranch prepare` again"
+META_FILE = "data.json"
+
+
+def read_meta(directory: Path, fmt: str, version: int, required: Sequence[str], kind: str) -> dict[str, Any]:
+    """The checked data.json of `directory`: a JSON object of format `fmt` and version `version`
+    holding every `required` key; DataError (naming the file) otherwise. `kind` names the directory
+    type in the messages ("multibranch", "classification")."""
+    meta_path = directory / META_FILE
+    if not meta_path.is_file():
+        hint = "" if directory.is_dir() else " (the directory does not exist)"
+        raise DataError(f"{meta_path}: not found{hint}; create the directory with `multibranch prepare`")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{meta_path}: corrupted ({err}); {AGAIN}") from None
+    if not isinstance(meta, dict) or meta.get("format") != fmt:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise DataError(f"{meta_path}: not a {kind} data directory (format {found!r})")
+    if meta.get("format_version") != version:
+        raise DataError(f"{meta_path}: format version {meta.get('format_version')} but this multibranch "
+                        f"reads version {version}; {AGAIN}")
+    for key in required:
+        if key not in meta:
+            raise DataError(f"{meta_path}: corrupted (missing {key!r}); {AGAIN}")
+    return meta
