@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 
 COMMANDS = ["demo", "prepare", "train", "translate", "classify", "evaluate", "average", "convert", "info", "analyze",
-            "prune"]
+            "prune", "plot"]
 
 
 class UserError(Exception):

@@ -43,3 +43,175 @@ def pruning_curve_plot(points: list[dict[str, Any]], metric: str = "BLEU") -> An
     ax.set_title("pruning curve (least important heads first)")
     ax.grid(alpha=0.3)
     return fig
+
+
+def length_buckets_plot(report: dict[str, Any]) -> Any:
+    """Grouped bars: BLEU per source-length bucket for each model, sentence counts on a second axis."""
+    labels = [b["label"] for b in report["buckets"]]
+    models = report["models"]
+    fig, ax = plt.subplots(figsize=(7.0, 3.8), layout="constrained")
+    width = 0.8 / len(models)
+    for i, model in enumerate(models):
+        xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(labels))]
+        ax.bar(xs, [math.nan if b["bleu"] is None else b["bleu"] for b in model["buckets"]], width,
+               label=model["label"])
+    counts = ax.twinx()
+    counts.plot(range(len(labels)), [b["sentences"] for b in models[0]["buckets"]], color="black", marker=".",
+                linewidth=1, label="sentences")
+    counts.set_ylabel("sentences")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel("source length (subword tokens)")
+    ax.set_ylabel("BLEU")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("BLEU by source length")
+    return fig
+
+
+def kernel_gate_ratio_plot(gates: list[dict[str, Any]], small: int, large: int) -> Any:
+    """softmax(g)_small / softmax(g)_large against the layer, one line per side (encoder, decoder)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    for side in ("encoder", "decoder"):
+        rows = sorted((g for g in gates if g["side"] == side and g["ratio"] is not None), key=lambda g: g["layer"])
+        if rows:
+            ax.plot([g["layer"] for g in rows], [g["ratio"] for g in rows], marker="o", label=side)
+    ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(f"gate k={small} / gate k={large}")
+    ax.set_title("MUSE kernel-gate ratio")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def kappa_alpha_heatmaps(rows: list[dict[str, Any]]) -> Any:
+    """Two heatmaps (modules x branches): kappa and alpha."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 0.4 * len(rows) + 2.0), layout="constrained")
+    for ax, key in zip(axes, ("kappa", "alpha"), strict=True):
+        image = ax.imshow([r[key] for r in rows], aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set_title(key)
+        ax.set_xlabel("branch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_yticks(range(len(rows)), [f"{r['side']} {r['layer']}" for r in rows])
+        fig.colorbar(image, ax=ax)
+    return fig
+
+
+def unit_weights_plot(rows: list[dict[str, Any]]) -> Any:
+    """Unit weight w_j against j, one line per MUTE layer."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    for row in rows:
+        ax.plot(range(1, len(row["weights"]) + 1), row["weights"], marker="o", label=f"layer {row['layer']}")
+    ax.set_xlabel("unit j")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("w_j")
+    ax.set_title("MUTE unit weights")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def diversity_plot(layers: list[dict[str, Any]], titles: dict[str, str]) -> Any:
+    """Diversity of each variant against the encoder layer, with the identical-units level exp(-1)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    for key, title in titles.items():
+        ax.plot([row["layer"] for row in layers], [row[key] for row in layers], marker="o", label=title)
+    ax.axhline(math.exp(-1.0), color="gray", linestyle="--", linewidth=1, label="identical units")
+    ax.set_xlabel("encoder layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("diversity exp(-mean cos)")
+    ax.set_title("MUTE unit diversity (eq. 21)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _grid(panels: int, width: float = 4.0, height: float = 3.0) -> tuple[Any, list[Any]]:
+    cols = min(3, panels)
+    rows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained")
+    flat = list(axes.flat)
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    return fig, flat[:panels]
+
+
+def run_curves_plot(curves: dict[str, dict[str, dict[str, list]]]) -> Any:
+    """One panel per metric name (train and valid series together)."""
+    keys = list(dict.fromkeys([*curves["train"], *curves["valid"]]))
+    fig, axes = _grid(len(keys))
+    for ax, key in zip(axes, keys, strict=True):
+        for kind, style in (("train", "-"), ("valid", "o-")):
+            series = curves[kind].get(key)
+            if series:
+                ax.plot(series["step"], series["value"], style, markersize=3, label=kind)
+        if key in ("lr",):
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+        ax.set_title(key)
+        ax.set_xlabel("update")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def metric_group(name: str) -> tuple[str, str]:
+    """'encoder.layers.0.branched.weights.kappa.2' -> ('encoder.layers.0.branched.weights.kappa', '2');
+    a name without a trailing index is its own group."""
+    head, _, last = name.rpartition(".")
+    if head and last.isdigit():
+        return head, last
+    stripped = last.rstrip("0123456789")
+    if head and stripped and stripped != last:  # 'w3', 'k15'
+        return f"{head}.{stripped}", last
+    return name, ""
+
+
+def module_curves_plot(curves: dict[str, dict[str, list]]) -> Any:
+    """One panel per metric group (e.g. a module's kappa), raw values faint, moving average solid."""
+    groups: dict[str, list[str]] = {}
+    for name in curves:
+        groups.setdefault(metric_group(name)[0], []).append(name)
+    fig, axes = _grid(len(groups), 4.2, 2.8)
+    for ax, (group, names) in zip(axes, groups.items(), strict=True):
+        for name in names:
+            series = curves[name]
+            line, = ax.plot(series["step"], series["smoothed"], label=metric_group(name)[1] or None)
+            ax.plot(series["step"], series["value"], color=line.get_color(), alpha=0.25, linewidth=0.8)
+        ax.set_title(group, fontsize=8)
+        ax.set_xlabel("update")
+        if any(metric_group(n)[1] for n in names):
+            ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def schedule_curves_plot(curves: dict[str, dict[str, Any]]) -> Any:
+    fig, ax = plt.subplots(figsize=(6.0, 3.6), layout="constrained")
+    for path, series in curves.items():
+        ax.plot(series["step"], series["value"], label=f"{path} ({series['schedule']})")
+    ax.set_xlabel("update")
+    ax.set_ylabel("rate")
+    ax.set_title("rate schedules")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def attention_map_plot(panels: list[tuple[str, Any]], queries: list[str], keys: list[str], title: str) -> Any:
+    """One heatmap per panel (queries down, keys across) with token labels."""
+    tokens = max(len(queries), len(keys))
+    cols = min(4 if tokens <= 20 else 2, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    size = min(0.22 * tokens + 1.5, 7.0)  # inches per panel: long sentences must not make huge images
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False, layout="constrained")
+    flat = list(axes.flat)
+    for ax in flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (name, probs) in zip(flat, panels, strict=False):
+        grid = probs.numpy() if hasattr(probs, "numpy") else probs  # a CPU tensor [L, S] or nested lists
+        ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+        ax.set_title(name, fontsize=9)
+        font = 7 if tokens <= 30 else 5
+        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=font)
+        ax.set_yticks(range(len(queries)), queries, fontsize=font)
+    fig.suptitle(title, fontsize=10)
+    return fig

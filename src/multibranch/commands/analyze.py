@@ -4,13 +4,20 @@
     multibranch analyze heads --ckpt X.pt --data PREPARED_DIR --out REPORT_DIR [--split valid]
         [--max-examples N] [--no-normalize] [--bleu-split test] [--bleu-max-sentences N] [--beam K]
         [--step 0.1] [--recompute] [--keep-one] [--no-curve] [--no-dominant] [--force]
+    multibranch analyze lengths --ckpt A.pt [--ckpt B.pt] [--label A --label B] --data PREPARED_DIR
+        --out REPORT_DIR [--split test] [--buckets 15,30,45,60,75,90,105] [--max-sentences N] [--beam K] [--force]
+    multibranch analyze gates --ckpt X.pt --out REPORT_DIR [--ratio 3,15] [--force]
+    multibranch analyze attention --ckpt X.pt --out REPORT_DIR (--sentences 0,5 --data PREPARED_DIR [--split valid]
+        | --text "raw source" ...) [--type cross] [--layers 0,5] [--heads 0,3 | --branch B] [--beam K] [--force]
+    multibranch analyze diversity --ckpt X.pt --data PREPARED_DIR --out REPORT_DIR [--split valid]
+        [--max-examples N] [--max-tokens N] [--force]
 """
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "analyses of a checkpoint written as a report folder (heads: importance, entropy, pruning curve)"
+HELP = "analyses of a checkpoint written as a report folder (heads, lengths, ...)"
 
 
 def positive_int(text: str) -> int:
@@ -45,6 +52,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.set_defaults(analysis_run=_heads)
 
+    about = "BLEU and sentence counts by source-length bucket, one or more checkpoints (SEEDS-SPEC §4.7)"
+    p = sub.add_parser("lengths", help=about, description=about)
+    p.add_argument("--ckpt", required=True, action="append", help="checkpoint (repeat to compare several)")
+    p.add_argument("--label", action="append", default=None, help="plot label per --ckpt (default: file names)")
+    p.add_argument("--data", required=True, help="the prepared data directory the models were trained on")
+    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    p.add_argument("--split", default="test", help="split to translate")
+    p.add_argument("--buckets", default="15,30,45,60,75,90,105",
+                   help="inclusive upper edges in subword tokens (last bucket: above the last edge)")
+    p.add_argument("--max-sentences", type=positive_int, default=None, help="translate only the first N sentences")
+    p.add_argument("--beam", type=positive_int, default=None, help="beam size (default: the checkpoint's)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.set_defaults(analysis_run=_lengths)
+
+    about = "learned mixing weights: MUSE kernel-gate ratio, Weighted kappa/alpha, MUTE unit weights (§4.7, §2.5, §3.7)"
+    p = sub.add_parser("gates", help=about, description=about)
+    p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
+    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    p.add_argument("--ratio", default="3,15", help="kernel sizes SMALL,LARGE of the gate ratio")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.set_defaults(analysis_run=_gates)
+
+    about = "MUTE unit diversity (eq. 21: Att Pos., Att Sub., FFN Sub.) per encoder layer and unit weights (§3.7)"
+    p = sub.add_parser("diversity", help=about, description=about)
+    p.add_argument("--ckpt", required=True, help="MUTE checkpoint to analyse")
+    p.add_argument("--data", required=True, help="the prepared data directory the model was trained on")
+    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    p.add_argument("--split", default="valid", help="split scored (eval mode)")
+    p.add_argument("--max-examples", type=positive_int, default=None, help="use only the first N examples")
+    p.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.set_defaults(analysis_run=_diversity)
+
+    about = "attention maps (PNG heatmaps with token labels) of chosen sentences, layers, heads or MAT branches"
+    p = sub.add_parser("attention", help=about, description=about)
+    p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
+    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    p.add_argument("--data", default=None, help="prepared data directory (needed for --sentences)")
+    p.add_argument("--split", default="valid", help="split that --sentences indexes")
+    p.add_argument("--sentences", default=None, help="comma-separated example indices of --split (reference target)")
+    p.add_argument("--text", action="append", default=None,
+                   help="raw source sentence (repeatable); the target is the model's translation")
+    p.add_argument("--type", action="append", choices=["encoder_self", "decoder_self", "cross"], default=None,
+                   help="attention type (repeatable; default: all)")
+    p.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--heads", default=None, help="comma-separated head indices (default: all)")
+    group.add_argument("--branch", type=int, default=None, help="draw MAT branch B (its heads averaged)")
+    p.add_argument("--beam", type=positive_int, default=None, help="beam for --text translations")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.set_defaults(analysis_run=_attention)
+
 
 def run(args: argparse.Namespace) -> int:
     return int(args.analysis_run(args) or 0)
@@ -66,5 +127,84 @@ def _heads(args: argparse.Namespace) -> int:
         dominant=not args.no_dominant, device=args.device,
     )
     folder = analyze_heads(args.ckpt, args.data, args.out, options, force=args.force)
+    print(f"wrote {folder.path}: {', '.join(folder.files)}")
+    return 0
+
+
+def _lengths(args: argparse.Namespace) -> int:
+    from multibranch.analysis.lengths import LengthOptions, analyze_lengths, parse_edges
+    from multibranch.cli import UserError
+
+    try:
+        edges = parse_edges(args.buckets)
+    except ValueError as error:
+        raise UserError(f"--buckets: {error}") from None
+    if args.label is not None and len(args.label) != len(args.ckpt):
+        raise UserError(f"{len(args.label)} --label for {len(args.ckpt)} --ckpt")
+    if len(set(args.label or args.ckpt)) != len(args.ckpt):
+        raise UserError("the checkpoints (or their --label) must be distinct")
+    options = LengthOptions(split=args.split, max_sentences=args.max_sentences, edges=tuple(edges), beam=args.beam,
+                            device=args.device)
+    folder = analyze_lengths(args.ckpt, args.label, args.data, args.out, options, force=args.force)
+    print(f"wrote {folder.path}: {', '.join(folder.files)}")
+    return 0
+
+
+def _gates(args: argparse.Namespace) -> int:
+    from multibranch.analysis.gate_report import analyze_gates
+    from multibranch.cli import UserError
+
+    parts = args.ratio.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise UserError(f"--ratio {args.ratio!r} must be two kernel sizes SMALL,LARGE, e.g. 3,15")
+    try:
+        folder = analyze_gates(args.ckpt, args.out, (int(parts[0]), int(parts[1])), force=args.force)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    print(f"wrote {folder.path}: {', '.join(folder.files)}")
+    return 0
+
+
+def _diversity(args: argparse.Namespace) -> int:
+    from multibranch.analysis.diversity import NotMuteError, analyze_diversity
+    from multibranch.cli import UserError
+
+    try:
+        folder = analyze_diversity(args.ckpt, args.data, args.out, args.split, args.max_examples, args.max_tokens,
+                                   args.device, force=args.force)
+    except NotMuteError as error:
+        raise UserError(str(error)) from None
+    print(f"wrote {folder.path}: {', '.join(folder.files)}")
+    return 0
+
+
+def _index_list(flag: str, text: str | None) -> tuple[int, ...] | None:
+    from multibranch.cli import UserError
+
+    if text is None:
+        return None
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"{flag} {text!r} must be comma-separated integers") from None
+    if any(v < 0 for v in values):
+        raise UserError(f"{flag} {text!r}: indices must be >= 0")
+    return values
+
+
+def _attention(args: argparse.Namespace) -> int:
+    from multibranch.analysis.attention_maps import Selection, SelectionError, analyze_attention
+    from multibranch.analysis.heads import ROLES
+    from multibranch.cli import UserError
+
+    indices = _index_list("--sentences", args.sentences)
+    selection = Selection(roles=tuple(args.type) if args.type else ROLES, layers=_index_list("--layers", args.layers),
+                          heads=_index_list("--heads", args.heads), branch=args.branch)
+    try:
+        folder = analyze_attention(args.ckpt, args.out, data_dir=args.data, split=args.split,
+                                   indices=list(indices or []), texts=args.text, selection=selection, beam=args.beam,
+                                   force=args.force)
+    except SelectionError as error:
+        raise UserError(str(error)) from None
     print(f"wrote {folder.path}: {', '.join(folder.files)}")
     return 0
