@@ -14,8 +14,8 @@ import sys
 from collections.abc import Iterator
 
 COMMANDS = [
-    "demo", "prepare", "train", "translate", "evaluate", "average", "convert", "info", "analyze", "prune", "plot",
-    "serve",
+    "demo", "prepare", "train", "translate", "classify", "evaluate", "average", "convert", "info", "analyze",
+    "prune", "plot", "serve",
 ]
 
 

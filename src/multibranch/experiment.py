@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from multibranch.config import ConfigError, deep_merge, from_dict, load_yaml, parse_override, to_dict
 from multibranch.inference.config import DecodeConfig
 from multibranch.models import ModelConfig
+from multibranch.models.classifier import ClassifierConfig
 from multibranch.train.config import TrainConfig
 
 
@@ -23,6 +24,9 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_epochs=100))
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     description: str = ""
+    # the task (multibranch.tasks) is set by `train` from the prepared data's format
+    task: Literal["translation", "classification"] = "translation"
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

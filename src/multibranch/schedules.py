@@ -27,8 +27,9 @@ class RateConfig:
     - curriculum:      p(t) = rate * min(t / T, 1)
     - anti_curriculum: p(t) = rate * max(1 - t / T, 0)
 
-    `start`/`end` default to `rate`; `warmup` (T_w) defaults to the LR warm-up and `total` (T) to the
-    run's `max_steps`. A bare number in YAML means a constant rate.
+    `start`/`end` default to `rate`; `warmup` (T_w) defaults to `warmup_ratio * T` when that is set
+    (the DropHead paper's 0.1 for text classification), else to the LR warm-up; `total` (T) defaults to
+    the run's `max_steps`. A bare number in YAML means a constant rate.
     """
 
     schedule: RateSchedule = "constant"
@@ -36,6 +37,7 @@ class RateConfig:
     start: float | None = None
     end: float | None = None
     warmup: int | None = None
+    warmup_ratio: float | None = None
     total: int | None = None
 
     @classmethod
@@ -49,6 +51,11 @@ class RateConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name}={value} must be in [0, 1)")
+        if self.warmup_ratio is not None:
+            if self.warmup is not None:
+                raise ConfigError("give at most one of warmup and warmup_ratio")
+            if not 0.0 < self.warmup_ratio < 1.0:
+                raise ConfigError(f"warmup_ratio={self.warmup_ratio} must be in (0, 1)")
 
     @property
     def is_zero(self) -> bool:
@@ -87,7 +94,12 @@ def rate_at(cfg: RateConfig, t: int, warmup: int | None = None, total: int | Non
     if cfg.schedule == "anti_curriculum":
         return cfg.rate * max(1.0 - t / total, 0.0)
     # V-shaped
-    tw = cfg.warmup if cfg.warmup is not None else warmup
+    if cfg.warmup is not None:
+        tw = cfg.warmup
+    elif cfg.warmup_ratio is not None:
+        tw = round(cfg.warmup_ratio * total)
+    else:
+        tw = warmup
     if tw is None:
         raise ConfigError("the 'v' rate schedule needs a warm-up length: set its `warmup` or train.lr.warmup")
     if t < tw:

@@ -24,11 +24,11 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
     """Rebuild the model of a checkpoint (eval mode) with its tokenizer and experiment config."""
     from multibranch.data.tokenizer import Tokenizer
     from multibranch.experiment import ExperimentConfig
-    from multibranch.models import build_model
+    from multibranch.tasks import build_task_model
 
     payload = load_checkpoint(path)
     config = ExperimentConfig.from_dict(payload["config"])
-    model = build_model(config.model)
+    model = build_task_model(config)
     load_state_strict(model, payload["model"], str(path))
     model.to(device).eval()
     tokenizer = Tokenizer.from_state(payload["tokenizer"]) if payload.get("tokenizer") else None

@@ -5,6 +5,10 @@ Prints one line per metric, the score followed by its sacreBLEU signature, e.g.
 Optionally: per-line scores (--sentence-level), a paired bootstrap test against a second system
 (--compare), and everything as JSON (--json FILE, or --json - for stdout).
 
+With `--task classify`, --hyp holds one predicted label per line (the output of `multibranch classify`;
+anything after a TAB, such as --probs, is ignored) and the one --ref one gold label per line: accuracy,
+macro-F1 (percent) and the confusion matrix (rows: reference, columns: prediction).
+
 stdout carries exactly one kind of output: the JSON with `--json -`, else the per-line rows with
 `--sentence-level`, else the score lines; everything else goes to stderr.
 """
@@ -21,6 +25,9 @@ HELP = "score translations with sacreBLEU (BLEU, chrF), per line or with paired 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", choices=["translate", "classify"], default="translate",
+                        help="translate: sacreBLEU scores; classify: accuracy, macro-F1 and confusion matrix of "
+                             "one label per line")
     parser.add_argument("--hyp", required=True, metavar="FILE", help="detokenised system output ('-' = stdin)")
     parser.add_argument("--ref", required=True, action="append", metavar="FILE",
                         help="raw reference text; repeat for several references")
@@ -87,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     _check_arguments(args)
+    if args.task == "classify":
+        return _run_classify(args)
     hypotheses = _read(args.hyp, args.encoding_errors)
     references = [_read(path, args.encoding_errors) for path in args.ref]
     for path, ref in zip(args.ref, references, strict=True):
@@ -132,3 +141,57 @@ def run(args: argparse.Namespace) -> int:
             atomic_write_text(out, text)
     sys.stdout.flush()
     return 0
+
+
+def _run_classify(args: argparse.Namespace) -> int:
+    from multibranch.atomic import atomic_write_text
+    from multibranch.cli import UserError
+    from multibranch.data.errors import DataError
+    from multibranch.evaluate.classification import classification_scores
+
+    translation_only = [flag for flag, given in (("--sentence-level", args.sentence_level), ("--compare", args.compare),
+                                                 ("--lowercase", args.lowercase)) if given]
+    if translation_only:
+        raise UserError(f"{', '.join(translation_only)}: only for --task translate")
+    if len(args.ref) != 1:
+        raise UserError("--task classify takes exactly one --ref (one gold label per line)")
+    hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
+    predictions = [line.split("\t", 1)[0].strip() for line in _read(args.hyp, args.encoding_errors)]
+    references = [line.strip() for line in _read(args.ref[0], args.encoding_errors)]
+    if len(predictions) != len(references):
+        raise DataError(f"line counts differ: {hyp_name} has {len(predictions)} lines, {args.ref[0]} has "
+                        f"{len(references)}")
+    if not references:
+        raise DataError(f"{args.ref[0]}: no labels to score")
+    for name, labels in ((hyp_name, predictions), (args.ref[0], references)):
+        empty = next((i for i, label in enumerate(labels) if not label), None)
+        if empty is not None:
+            raise DataError(f"{name}:{empty + 1}: empty label (an empty input line has no prediction; remove the "
+                            "line from both files)")
+    result = classification_scores(predictions, references)
+    human = sys.stderr if args.json == "-" else sys.stdout
+    for line in format_classification(result):
+        print(line, file=human, flush=True)
+    if args.json:
+        text = json.dumps({"hyp": args.hyp, "ref": args.ref[0], **result}, indent=2, ensure_ascii=False) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            out = Path(args.json)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(out, text)
+    sys.stdout.flush()
+    return 0
+
+
+def format_classification(result: dict[str, Any]) -> list[str]:
+    """Accuracy / macro-F1 line, then the confusion matrix (rows: reference, columns: prediction)."""
+    labels = result["labels"]
+    width = max(8, *(len(x) for x in labels)) + 1
+    lines = [f"accuracy = {100 * result['accuracy']:.2f} | macro-F1 = {100 * result['macro_f1']:.2f} | "
+             f"{result['examples']} examples",
+             "confusion matrix (rows: reference, columns: prediction):",
+             " " * width + "".join(f"{x:>{width}}" for x in labels)]
+    for label, row in zip(labels, result["confusion"]):
+        lines.append(f"{label:>{width}}" + "".join(f"{n:>{width}}" for n in row))
+    return lines

@@ -1,21 +1,50 @@
-"""`multibranch prepare`: train SentencePiece on raw parallel text and binarise it for training."""
+"""`multibranch prepare`: train SentencePiece on raw parallel text (or, with `--task classify`, labelled
+text) and binarise it for training."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "train SentencePiece on PREFIX.LANG files, clean and binarise them into a data directory"
+HELP = ("train SentencePiece on PREFIX.LANG files (or labelled text files with --task classify), clean and binarise "
+        "them into a data directory")
+
+TRANSLATION_ONLY = ("src", "tgt")
+CLASSIFY_ONLY = ("holdout", "format", "header", "label_column", "text_column", "label_key", "text_key", "fine_labels",
+                 "empty_text", "too_long")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--src", required=True, metavar="LANG", help="source language code (file suffix)")
-    parser.add_argument("--tgt", required=True, metavar="LANG", help="target language code (file suffix)")
-    parser.add_argument("--train", required=True, metavar="PREFIX", help="training files PREFIX.SRC / PREFIX.TGT")
-    parser.add_argument("--valid", required=True, metavar="PREFIX", help="validation files PREFIX.SRC / PREFIX.TGT")
+    parser.add_argument("--task", choices=["translate", "classify"], default="translate",
+                        help="translate: parallel PREFIX.LANG files; classify: labelled text (TSV, CSV, TREC, JSONL)")
+    parser.add_argument("--src", metavar="LANG", help="source language code (file suffix; translate, required)")
+    parser.add_argument("--tgt", metavar="LANG", help="target language code (file suffix; translate, required)")
+    parser.add_argument("--train", required=True, metavar="PREFIX|FILE",
+                        help="training files PREFIX.SRC / PREFIX.TGT, or the labelled training FILE (classify)")
+    parser.add_argument("--valid", metavar="PREFIX|FILE",
+                        help="validation files PREFIX.SRC / PREFIX.TGT (required for translate), or the labelled "
+                             "validation FILE (classify; or use --holdout)")
     parser.add_argument(
-        "--test", nargs="+", action="extend", default=[], metavar="PREFIX",
-        help="test file prefixes (become splits test, test1, ...)",
+        "--test", nargs="+", action="extend", default=[], metavar="PREFIX|FILE",
+        help="test file prefixes or labelled test files (become splits test, test1, ...)",
     )
+    classify = parser.add_argument_group("classification (--task classify)")
+    classify.add_argument("--holdout", type=float, metavar="N",
+                          help="validation = a stratified, seeded part of train: a fraction in (0, 1) or a count")
+    classify.add_argument("--format", choices=["auto", "tsv", "csv", "trec", "jsonl"], default="auto",
+                          help="input format (auto: from the file extension)")
+    classify.add_argument("--header", choices=["auto", "yes", "no"], default="auto",
+                          help="whether TSV/CSV files start with a header row")
+    classify.add_argument("--label-column", default="0", metavar="COL",
+                          help="TSV/CSV label column: 0-based index or header name")
+    classify.add_argument("--text-column", default="1", metavar="COL",
+                          help="TSV/CSV text column: 0-based index or header name")
+    classify.add_argument("--label-key", default="label", metavar="KEY", help="JSONL label key")
+    classify.add_argument("--text-key", default="text", metavar="KEY", help="JSONL text key")
+    classify.add_argument("--fine-labels", action="store_true", help="TREC: use the fine labels (COARSE:fine)")
+    classify.add_argument("--empty-text", choices=["error", "drop"], default="error",
+                          help="an example with empty text: stop with file:line, or drop it (counted)")
+    classify.add_argument("--too-long", choices=["truncate", "drop"], default="truncate",
+                          help="texts longer than --max-len: truncate, or drop (train only)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output data directory")
     parser.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size")
     parser.add_argument(
@@ -26,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--character-coverage", type=float, default=1.0, help="SentencePiece character coverage"
     )
     parser.add_argument(
-        "--max-len", type=int, default=256, help="drop training pairs longer than N subword tokens (0: no limit)"
+        "--max-len", type=int, default=256,
+        help="drop training pairs (classify: truncate texts) longer than N subword tokens (0: no limit)"
     )
     parser.add_argument(
         "--max-len-ratio", type=float, default=3.0,
@@ -40,7 +70,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="seed for SentencePiece sampling")
 
 
+def _given(args: argparse.Namespace, names: tuple[str, ...], parser_defaults: dict) -> list[str]:
+    return ["--" + n.replace("_", "-") for n in names if getattr(args, n) != parser_defaults.get(n)]
+
+
+DEFAULTS = {"holdout": None, "format": "auto", "header": "auto", "label_column": "0", "text_column": "1",
+            "label_key": "label", "text_key": "text", "fine_labels": False, "empty_text": "error",
+            "too_long": "truncate", "src": None, "tgt": None}
+
+
 def run(args: argparse.Namespace) -> int:
+    from multibranch.cli import UserError
+
+    if args.task == "classify":
+        wrong = _given(args, TRANSLATION_ONLY, DEFAULTS)
+        if wrong:
+            raise UserError(f"{', '.join(wrong)}: only for --task translate")
+        return run_classify(args)
+    wrong = _given(args, CLASSIFY_ONLY, DEFAULTS)
+    if wrong:
+        raise UserError(f"{', '.join(wrong)}: only for --task classify")
+    missing = [f"--{n}" for n in ("src", "tgt", "valid") if getattr(args, n) is None]
+    if missing:
+        raise UserError(f"the following arguments are required: {', '.join(missing)}")
     from multibranch.data.prepare import PrepareConfig, prepare
 
     cfg = PrepareConfig(
@@ -63,6 +115,38 @@ def run(args: argparse.Namespace) -> int:
     meta = prepare(cfg)
     print(summary(meta))
     return 0
+
+
+def run_classify(args: argparse.Namespace) -> int:
+    from multibranch.cli import UserError
+    from multibranch.data.classification import ReadOptions
+    from multibranch.data.prepare_classify import ClassifyPrepareConfig, prepare_classification
+
+    if (args.valid is None) == (args.holdout is None):
+        raise UserError("--task classify needs exactly one of --valid FILE and --holdout N")
+    read = ReadOptions(format=args.format, header=args.header, label_column=args.label_column,
+                       text_column=args.text_column, label_key=args.label_key, text_key=args.text_key,
+                       fine_labels=args.fine_labels, empty_text=args.empty_text,
+                       encoding_errors=args.encoding_errors)
+    cfg = ClassifyPrepareConfig(train=args.train, out=args.out, valid=args.valid, holdout=args.holdout,
+                                test=list(args.test), read=read, vocab_size=args.vocab_size,
+                                model_type=args.model_type, character_coverage=args.character_coverage,
+                                max_len=args.max_len or None, too_long=args.too_long, force=args.force,
+                                seed=args.seed)
+    cfg.validate()
+    meta = prepare_classification(cfg)
+    print(classify_summary(meta, args.out))
+    return 0
+
+
+def classify_summary(meta: dict, out: str) -> str:
+    """A few lines: examples per split, labels, output location."""
+    lines = [f"prepared {len(meta['labels'])}-label classification data in {out} ({meta['vocab_size']} pieces; "
+             f"labels: {', '.join(meta['labels'])})"]
+    for name, entry in meta["splits"].items():
+        lines.append(f"  {name:<6} {entry['examples']:>8} examples")
+    lines.append(f"  details: {out}/report.md, {out}/data.json")
+    return "\n".join(lines)
 
 
 def summary(meta: dict) -> str:

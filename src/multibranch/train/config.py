@@ -16,7 +16,8 @@ class TrainConfig:
     Batches hold at most `max_tokens` padded tokens (source or target side, whichever is larger);
     gradients of `update_freq` batches are accumulated per update. Training stops at the first of
     `max_steps` updates, `max_epochs` epochs, `max_minutes` minutes, or `patience` validations
-    without improvement of `best_metric`. `amp`: autocast precision; "auto" is bf16 where the
+    without improvement of `best_metric` (the task's own metric when the task does not report it).
+    `amp`: autocast precision; "auto" is bf16 where the
     hardware computes it natively (CUDA with bf16, CPUs with AVX512-BF16/AMX), else fp16 on CUDA and
     fp32 on other CPUs.
     """
@@ -36,7 +37,7 @@ class TrainConfig:
     max_epochs: int | None = None
     max_minutes: float | None = None
     patience: int | None = None
-    best_metric: Literal["bleu", "loss"] = "bleu"
+    best_metric: Literal["bleu", "loss", "accuracy", "macro_f1"] = "bleu"
     valid_every: int = 1000
     valid_bleu: bool = True
     valid_max_sentences: int | None = None

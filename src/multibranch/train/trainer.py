@@ -1,7 +1,9 @@
 """The training loop: token-batched, accumulated, validated, checkpointed, exactly resumable.
 
-The trainer knows no paper: schedules, projections, auxiliary losses and parameter groups come from
-the model's modules through `ModuleHooks` (hooks.py).
+The trainer knows no task and no paper: data, model, batches, loss and validation come from the
+task (multibranch.tasks, chosen by the prepared data's format and recorded as `cfg.task`); schedules,
+projections, auxiliary losses and parameter groups come from the model's modules through
+`ModuleHooks` (hooks.py).
 
 Run directory:
     config.yaml            resolved experiment config
@@ -44,14 +46,13 @@ from multibranch.checkpoint.format import (
     unwrap,
 )
 from multibranch.checkpoint.origin import make_origin, new_run_id, origin_of, weights_fingerprint
-from multibranch.config import ConfigError, config_hash
+from multibranch.config import config_hash
 from multibranch.device import resolve_amp, resolve_device
 from multibranch.experiment import ExperimentConfig
 from multibranch.hooks import ModuleHooks
-from multibranch.models import build_model
+from multibranch.tasks import task_for_data
 from multibranch.train import distributed as D
 from multibranch.train.config import RESUMABLE_CHANGES
-from multibranch.train.loss import output_layer_loss
 from multibranch.train.metrics_log import MetricsLog
 from multibranch.train.optim import LRScheduler, build_optimizer
 from multibranch.train.rng import rng_state, seed_everything, set_rng_state
@@ -105,8 +106,6 @@ class Trainer:
     the --init-from checkpoint and the --resume compatibility. Only then `_prepare_run_dir` writes."""
 
     def __init__(self, cfg: ExperimentConfig, opts: RunOptions):
-        from multibranch.data.dataset import PreparedData
-
         self.cfg, self.opts = cfg, opts
         tcfg = cfg.train
         self.run_dir = Path(opts.run_dir)
@@ -122,15 +121,13 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         seed_everything(tcfg.seed + self.dist.rank)
 
-        self.data = PreparedData.load(opts.data_dir)
+        self.task = task_for_data(cfg, opts.data_dir)
         if opts.resume:
-            self.data.verify()  # files changed since `prepare` would silently change the data order
-        self.tokenizer = self.data.tokenizer()
-        self._fill_vocabulary()
-        self.train_split = self.data.split("train")
-        self.valid_split = self.data.split("valid") if "valid" in self.data.split_names else None
+            self.task.verify()  # files changed since `prepare` would silently change the data order
+        self.tokenizer = self.task.tokenizer
+        self.task.fill_config()
 
-        self.model = build_model(cfg.model).to(self.device)
+        self.model = self.task.build_model(cfg).to(self.device)
         if opts.init_from:
             self._init_from(opts.init_from)
         self.hooks = ModuleHooks(self.model)
@@ -140,7 +137,7 @@ class Trainer:
         self.state = TrainState()
         self.amp = resolve_amp(tcfg.amp, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == "fp16")
-        self.config_hash = config_hash({"model": self.cfg.to_dict()["model"]})
+        self.config_hash = config_hash(self._model_sections(self.cfg.to_dict()))
         self.origin: dict[str, str] | None = None
         if opts.resume:
             self._resume()  # in memory only: refuses before anything on disk changes
@@ -165,17 +162,12 @@ class Trainer:
 
     # ---- set-up ----------------------------------------------------------------------------------
 
-    def _fill_vocabulary(self) -> None:
-        m, tok = self.cfg.model, self.tokenizer
-        m.src_vocab_size, m.tgt_vocab_size = tok.src_vocab_size, tok.tgt_vocab_size
-        m.pad_id, m.bos_id, m.eos_id = tok.pad_id, tok.bos_id, tok.eos_id
-        if m.share_embeddings == "all" and not tok.joint:
-            raise ConfigError(
-                "model.share_embeddings='all' needs a joint vocabulary, but the data was prepared with separate "
-                "source/target SentencePiece models; re-run prepare without --separate-vocab or set "
-                "model.share_embeddings=decoder"
-            )
-        m.validate()
+    @staticmethod
+    def _model_sections(cfg: dict[str, Any]) -> dict[str, Any]:
+        """The config sections that define the model (a translation run's are just "model", as before tasks)."""
+        if cfg.get("task", "translation") == "translation":
+            return {"model": cfg["model"]}
+        return {k: cfg.get(k) for k in ("model", "task", "classifier")}
 
     def _check_run_dir(self) -> None:
         """Refuse an existing run without --resume/--force, and a --resume without last.pt (reads only)."""
@@ -248,8 +240,9 @@ class Trainer:
             raise CheckpointError(f"{path} holds no training state (was it averaged or converted?)")
         saved = payload["config"]
         now = self.cfg.to_dict()
-        if saved["model"] != now["model"]:
-            differences = config_differences(saved["model"], now["model"], "model", "run has", "now")
+        if self._model_sections(saved) != self._model_sections(now):
+            differences = config_differences(self._model_sections(saved), self._model_sections(now), "config",
+                                             "run has", "now")
             raise CheckpointError(
                 f"cannot resume {self.run_dir}: the model config differs from the saved one "
                 f"({'; '.join(differences)}); start a new run (use --init-from to reuse weights)"
@@ -270,7 +263,7 @@ class Trainer:
         other = changed - DATA_FIELDS - SCHEDULE_FIELDS
         if other and not self.opts.reset_optimizer:
             needs.append(f"optimisation settings changed ({describe(other)}): --reset-optimizer")
-        if payload["meta"].get("data_fingerprint") != self.data.fingerprint and not self.opts.reset_data:
+        if payload["meta"].get("data_fingerprint") != self.task.fingerprint and not self.opts.reset_data:
             needs.append("the prepared data differs from the run's (fingerprint mismatch): --reset-data")
         saved_tokenizer = payload.get("tokenizer")
         new_tokenizer = saved_tokenizer is not None and not same_tokenizer(saved_tokenizer, self.tokenizer.to_state())
@@ -308,20 +301,12 @@ class Trainer:
     # ---- batches ---------------------------------------------------------------------------------
 
     def _epoch_batches(self, epoch: int) -> list:
-        from multibranch.data.batching import shard_batches, token_batches
+        from multibranch.data.batching import shard_batches
 
-        t = self.cfg.train
-        batches = token_batches(
-            self.train_split.src_lengths, self.train_split.tgt_lengths, t.max_tokens,
-            seed=t.seed, epoch=epoch, shuffle=True, max_sentences=t.max_sentences,
-        )
-        return shard_batches(batches, self.dist.rank, self.dist.world_size)
+        return shard_batches(self.task.train_batches(epoch), self.dist.rank, self.dist.world_size)
 
     def _collate(self, indices):
-        from multibranch.data.batching import collate
-
-        m = self.cfg.model
-        return collate(self.train_split, indices, m.pad_id, m.bos_id, m.eos_id).to(self.device)
+        return self.task.collate(indices, self.device)
 
     # ---- one update ------------------------------------------------------------------------------
 
@@ -332,11 +317,11 @@ class Trainer:
 
     def _update(self, batches: list) -> dict[str, float]:
         """Forward/backward over the update's batches, then one optimizer step."""
-        t, m = self.cfg.train, self.cfg.model
+        t = self.cfg.train
         self.train_model.train()
         self.hooks.update_start(self.state.step, t.lr.warmup, t.max_steps)
         lrs = self.scheduler.set_step(self.state.step + 1)
-        local_tokens = float(sum(b.n_tgt_tokens for b in batches))
+        local_tokens = float(sum(self.task.sample_size(b) for b in batches))
         (total_tokens,) = D.all_reduce_sum([local_tokens], self.dist, self.device)
         loss_sum = nll_sum = 0.0
         extras_logged: dict[str, float] = {}
@@ -345,12 +330,7 @@ class Trainer:
             sync = contextlib.nullcontext() if (last or not self.dist.enabled) else self.train_model.no_sync()
             with sync:
                 with self._autocast():
-                    features = self.train_model(batch.src, batch.prev, features_only=True)  # [B, T, d]
-                    keep = batch.tgt.ne(m.pad_id)  # [B, T]
-                    loss, nll = output_layer_loss(
-                        features[keep], self.model.output_projection, self.model.output_bias, batch.tgt[keep],
-                        eps=t.label_smoothing, kind=t.label_smoothing_kind, pad_id=m.pad_id,
-                    )
+                    loss, nll = self.task.loss(self.train_model, self.model, batch)
                 objective = loss * (self.dist.world_size / total_tokens)
                 if i == 0:
                     extras = self.hooks.extra_losses(update_tokens=total_tokens, world_size=self.dist.world_size)
@@ -379,53 +359,16 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, Any]:
-        """Valid loss / NLL / perplexity (+ BLEU with the decode settings) on the main process."""
-        from multibranch.data.batching import collate, token_batches
-
-        t, m = self.cfg.train, self.cfg.model
-        split = self.valid_split
-        model = self.model.eval()
-        loss_sum = nll_sum = tokens = 0.0
-        for indices in token_batches(split.src_lengths, split.tgt_lengths, t.max_tokens, seed=0, epoch=0, shuffle=False):
-            batch = collate(split, indices, m.pad_id, m.bos_id, m.eos_id).to(self.device)
-            with self._autocast():
-                features = model(batch.src, batch.prev, features_only=True)
-                keep = batch.tgt.ne(m.pad_id)
-                loss, nll = output_layer_loss(features[keep], model.output_projection, model.output_bias,
-                                              batch.tgt[keep], eps=t.label_smoothing, kind=t.label_smoothing_kind,
-                                              pad_id=m.pad_id)
-            loss_sum += float(loss)
-            nll_sum += float(nll)
-            tokens += batch.n_tgt_tokens
-        result: dict[str, Any] = {"loss": loss_sum / tokens, "nll": nll_sum / tokens,
-                                  "ppl": math.exp(min(nll_sum / tokens, 50.0))}
-        if t.valid_bleu:
-            result.update(self._valid_bleu(model))
-        return result
-
-    def _valid_bleu(self, model: nn.Module) -> dict[str, Any]:
-        from multibranch.evaluate.metrics import score_corpus
-        from multibranch.inference.translator import Translator, show_progress
-
-        sources = self.valid_split.raw_src_lines()
-        references = self.valid_split.raw_tgt_lines()
-        if self.cfg.train.valid_max_sentences:
-            sources = sources[: self.cfg.train.valid_max_sentences]
-            references = references[: self.cfg.train.valid_max_sentences]
-        start = time.perf_counter()
-        translator = Translator(model, self.tokenizer, self.cfg.decode, device=self.device)
-        hypotheses = translator.translate(sources, progress=show_progress(self.opts.progress))  # a bar on a TTY
-        scores = score_corpus(hypotheses, [references], metrics=("bleu",))
-        return {"bleu": scores["bleu"]["score"], "bleu_signature": scores["bleu"]["signature"],
-                "decode_s": time.perf_counter() - start, "samples": list(zip(sources[:3], hypotheses[:3], references[:3]))}
+        """The task's validation metrics (loss, ...) on the main process."""
+        return self.task.validate(self.model.eval(), self.device, self._autocast, self.opts.progress)
 
     # ---- checkpoints -----------------------------------------------------------------------------
 
     def _meta(self) -> dict[str, Any]:
         return {
             "step": self.state.step, "epoch": self.state.epoch, "valid": {
-                k: v for k, v in self.state.last_valid.items() if k in ("loss", "nll", "ppl", "bleu")},
-            "config_hash": self.config_hash, "data_fingerprint": self.data.fingerprint,
+                k: v for k, v in self.state.last_valid.items() if k in ("loss", "nll", "ppl", "bleu", "accuracy", "macro_f1")},
+            "config_hash": self.config_hash, "data_fingerprint": self.task.fingerprint,
             **({"origin": self.origin} if self.origin else {}),
             "multibranch_version": multibranch.__version__, "torch_version": str(torch.__version__),
         }
@@ -463,11 +406,12 @@ class Trainer:
 
     def _validate_and_save(self, start: float) -> None:
         t = self.cfg.train
-        result = self.validate() if (self.valid_split is not None and self.dist.is_main) else {}
+        result = self.validate() if (self.task.has_valid and self.dist.is_main) else {}
         result = D.broadcast_object(result, self.dist)
         improved = False
         if result:
-            metric = result.get("bleu") if t.best_metric == "bleu" and "bleu" in result else -result["loss"]
+            name = next((n for n in (t.best_metric, self.task.best_metric) if n != "loss" and n in result), "loss")
+            metric = -result["loss"] if name == "loss" else result[name]
             improved = self.state.best is None or metric > self.state.best
             if improved:
                 self.state.best, self.state.bad_validations = metric, 0
@@ -477,8 +421,7 @@ class Trainer:
             self.state.last_valid = result
             self.metrics.write({"type": "valid", "step": self.state.step, "epoch": self.state.epoch,
                                 **{k: v for k, v in result.items()}, "best": self.state.best})
-            bleu = f" | bleu {result['bleu']:.2f}" if "bleu" in result else ""
-            log.info("valid | step %d | loss %.3f | ppl %.2f%s%s", self.state.step, result["loss"], result["ppl"], bleu,
+            log.info("valid | step %d | %s%s", self.state.step, self.task.describe_valid(result),
                      " | new best" if improved else "")
             for src, hyp, ref in samples:
                 log.debug("  src: %s\n  hyp: %s\n  ref: %s", src, hyp, ref)
@@ -495,9 +438,9 @@ class Trainer:
     def _train(self) -> TrainState:
         t, s = self.cfg.train, self.state
         n_params = sum(p.numel() for p in self.model.parameters())
-        log.info("model: %s/%s layers, %.2fM parameters | data: %d training pairs | %d process(es) on %s, "
-                 "%d thread(s), autocast %s", self.cfg.model.encoder.kind, self.cfg.model.decoder.kind, n_params / 1e6,
-                 len(self.train_split), self.dist.world_size, self.device, torch.get_num_threads(), self.amp)
+        log.info("%s model: %s, %.2fM parameters | data: %d training examples | %d process(es) on %s, "
+                 "%d thread(s), autocast %s", self.task.name, self.task.describe_model(), n_params / 1e6,
+                 self.task.train_size, self.dist.world_size, self.device, torch.get_num_threads(), self.amp)
         window = {"loss_sum": 0.0, "nll_sum": 0.0, "tokens": 0.0, "time": 0.0, "updates": 0}
         start = time.perf_counter()
         stop = self._stop_reason(start)

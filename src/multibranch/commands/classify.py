@@ -1,0 +1,78 @@
+"""`multibranch classify`: label lines of text with a trained classifier checkpoint.
+
+One output line per input line: the label, or with --probs `LABEL<TAB>name=p name=p ...` (every
+label's probability, in the checkpoint's label order). An empty (or whitespace-only) input line has
+no text to classify and gives an empty output line. -o is written atomically and never over -i.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "label lines of text (one label per line) with a classifier checkpoint"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ckpt", required=True, metavar="PATH", help="classifier checkpoint file")
+    parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text, one example per line ('-' = stdin)")
+    parser.add_argument("-o", "--output", default="-", metavar="FILE",
+                        help="output labels ('-' = stdout); a file is replaced only when labelling succeeds")
+    parser.add_argument("--probs", action="store_true",
+                        help="print 'LABEL<TAB>name=p name=p ...' with every label's probability")
+    parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="lines per batch")
+    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
+                        help="where to run the model (auto: cuda when available)")
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (unset: torch's choice)")
+    parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
+                        help="invalid UTF-8 in the input: error naming the line (strict) or replace with U+FFFD")
+
+
+def format_line(labels: list[str], probs: list[float] | None, with_probs: bool) -> str:
+    """One output line (without newline); probs None = an empty input line."""
+    if probs is None:
+        return ""
+    best = labels[max(range(len(probs)), key=probs.__getitem__)]
+    if not with_probs:
+        return best
+    return best + "\t" + " ".join(f"{name}={p:.4f}" for name, p in zip(labels, probs))
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from multibranch.checkpoint.format import CheckpointError
+    from multibranch.checkpoint.model import load_model
+    from multibranch.cli import UserError
+    from multibranch.data.text import check_input_file, check_output_file, iter_lines, open_input, open_output
+    from multibranch.device import resolve_device
+    from multibranch.inference.classify import classify_lines
+
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size {args.batch_size}: must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads {args.threads}: must be >= 1")
+    resolve_device(args.device)  # ConfigError for a device this machine cannot use
+    if args.input != "-":
+        check_input_file(args.input)
+    check_output_file(args.output, [args.input])
+    device = resolve_device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.ckpt, device)
+    if loaded.config.task != "classification":
+        raise CheckpointError(f"{args.ckpt} is a {loaded.config.task} model, not a classifier "
+                              "(use `multibranch translate`)")
+    if loaded.tokenizer is None:
+        raise CheckpointError(f"{args.ckpt} has no tokenizer, so it cannot label raw text")
+    labels = loaded.config.classifier.labels or [str(i) for i in range(loaded.config.classifier.num_labels)]
+    name = "<stdin>" if args.input == "-" else args.input
+    with open_input(args.input) as source:
+        lines = list(iter_lines(source, name, args.encoding_errors))
+    texts = [i for i, line in enumerate(lines) if line.strip()]
+    probs = classify_lines(loaded.model, loaded.tokenizer, [lines[i] for i in texts], device, args.batch_size)
+    per_line: list[list[float] | None] = [None] * len(lines)
+    for row, i in enumerate(texts):
+        per_line[i] = probs[row].tolist()
+    with open_output(args.output) as sink:
+        sink.write("".join(format_line(labels, p, args.probs) + "\n" for p in per_line).encode("utf-8"))
+    return 0

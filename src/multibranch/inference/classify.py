@@ -1,0 +1,26 @@
+"""Labelling raw text with a trained classifier: SentencePiece, batches, softmax."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from multibranch.data.tokenizer import Tokenizer
+from multibranch.tasks.classification import encode_batch
+
+
+@torch.no_grad()
+def classify_lines(model: nn.Module, tokenizer: Tokenizer, lines: list[str], device: torch.device | str = "cpu",
+                   batch_size: int = 64) -> Tensor:
+    """Class probabilities [n, C] (fp32) of `lines` (non-empty texts); inputs longer than the model's
+    positions are truncated."""
+    cfg = model.config
+    limit = cfg.max_positions - 2  # BOS + EOS
+    ids = [seq[:limit] for seq in tokenizer.encode_src(lines)]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
+    probs = torch.zeros(len(ids), model.head.num_labels)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        src = encode_batch([ids[i] for i in chunk], cfg.pad_id, cfg.bos_id, cfg.eos_id).to(device)  # [B, S]
+        probs[chunk] = model(src).float().softmax(-1).cpu()  # [B, C]
+    return probs

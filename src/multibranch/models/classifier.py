@@ -1,0 +1,77 @@
+"""Sequence classifier: the shared Transformer encoder + pooling + dense tanh + dropout + linear.
+
+    src [B, S] (BOS + ids + EOS, right-padded) -> Encoder -> [B, S, d] -> pool -> [B, d]
+        -> tanh(dense) -> dropout -> logits [B, C]
+
+Pooling "first" takes the encoder state of the first position (the tasks put BOS there, as a CLS
+token); "mean" averages the states of the non-pad positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from multibranch.config import ConfigError
+from multibranch.models.config import ModelConfig
+from multibranch.models.encoder import Encoder, reset_model_parameters
+from multibranch.modules.dropout import dropout
+
+
+@dataclass
+class ClassifierConfig:
+    """The classification head; `num_labels` and the label names are filled in from the data by `train`."""
+
+    pooling: Literal["first", "mean"] = "first"
+    num_labels: int = 0
+    labels: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if self.pooling not in ("first", "mean"):
+            raise ConfigError(f"classifier.pooling={self.pooling!r} must be 'first' or 'mean'")
+
+
+def pool(states: Tensor, padding_mask: Tensor, how: str) -> Tensor:
+    """states [B, S, d], padding_mask [B, S] (True at padding) -> [B, d]."""
+    if how == "first":
+        return states[:, 0]
+    keep = (~padding_mask).unsqueeze(-1).to(states.dtype)  # [B, S, 1]
+    return (states * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+
+
+class Classifier(nn.Module):
+    """Encoder of any layer kind + pooling head (see module docstring)."""
+
+    def __init__(self, cfg: ModelConfig, head: ClassifierConfig):
+        super().__init__()
+        cfg.validate()
+        head.validate()
+        if head.num_labels < 2:
+            raise ConfigError(f"classifier.num_labels={head.num_labels} must be >= 2 (it is filled in from the data)")
+        self.config, self.head = cfg, head
+        self.encoder = Encoder(cfg, nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id))
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, head.num_labels)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        reset_model_parameters(self, self.config)
+
+    def forward(self, src: Tensor) -> Tensor:
+        """src [B, S] -> logits [B, C]."""
+        enc = self.encoder(src)
+        pooled = pool(enc.out, enc.padding_mask, self.head.pooling)  # [B, d]
+        hidden = dropout(torch.tanh(self.dense(pooled)), self.config.dropout, self.training)
+        return self.out(hidden)
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters per component: embeddings, encoder (layers), head, total."""
+        counts = {"embeddings": 0, "encoder": 0, "head": 0}
+        for name, param in self.named_parameters():
+            component = "embeddings" if ".embed." in name else name.split(".")[0]
+            counts["head" if component in ("dense", "out") else component] += param.numel()
+        counts["total"] = sum(counts.values())
+        return counts

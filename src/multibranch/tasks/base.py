@@ -1,0 +1,106 @@
+"""The Task interface: everything task-specific the trainer needs, and nothing else.
+
+A task is built from the experiment config and a prepared data directory. The trainer asks it for
+the model, the training batches (index arrays into the train split), their collation, the loss of
+a batch (summed, with the count it is normalised by) and the validation metrics.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from multibranch.data.tokenizer import Tokenizer
+    from multibranch.experiment import ExperimentConfig
+
+Autocast = Callable[[], AbstractContextManager]
+
+
+class Task(ABC):
+    """One kind of training objective over one kind of prepared data.
+
+    `best_metric` is the task's default validation metric (higher is better; "loss" is lower-better).
+    """
+
+    name: ClassVar[str]
+    best_metric: ClassVar[str]
+
+    def __init__(self, cfg: ExperimentConfig, data_dir: Path) -> None:
+        self.cfg, self.data_dir = cfg, data_dir
+
+    # ---- data ------------------------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """The prepared data's fingerprint (recorded in checkpoints; a resume checks it)."""
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> Tokenizer: ...
+
+    @abstractmethod
+    def verify(self) -> None:
+        """DataError if the data files changed since `prepare` (checked before a resume)."""
+
+    @property
+    @abstractmethod
+    def train_size(self) -> int:
+        """Number of training examples."""
+
+    @property
+    @abstractmethod
+    def has_valid(self) -> bool: ...
+
+    # ---- model -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def fill_config(self) -> None:
+        """Fill the data facts (vocabulary sizes, special ids, label count) into `cfg` and validate it."""
+
+    @classmethod
+    @abstractmethod
+    def build_model(cls, cfg: ExperimentConfig) -> nn.Module:
+        """A freshly initialised model for `cfg` (also used by `load_model`)."""
+
+    @abstractmethod
+    def describe_model(self) -> str:
+        """A few words for the log, e.g. 'transformer/transformer layers'."""
+
+    # ---- batches and loss ------------------------------------------------------------------------
+
+    @abstractmethod
+    def train_batches(self, epoch: int) -> list[np.ndarray]:
+        """This epoch's batches of training example indices (seeded by train.seed and `epoch`)."""
+
+    @abstractmethod
+    def collate(self, indices: np.ndarray, device: torch.device) -> Any:
+        """The batch of training examples `indices`, on `device`."""
+
+    @abstractmethod
+    def sample_size(self, batch: Any) -> float:
+        """What the loss of `batch` is normalised by (target tokens, sentences...)."""
+
+    @abstractmethod
+    def loss(self, forward: nn.Module, model: nn.Module, batch: Any) -> tuple[Tensor, Tensor]:
+        """(training loss, NLL), both summed over `batch`'s `sample_size` units. `forward` is the module
+        to call (a DistributedDataParallel wrapper in multi-process runs), `model` the bare model."""
+
+    # ---- validation ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def validate(self, model: nn.Module, device: torch.device, autocast: Autocast,
+                 progress: bool | None) -> dict[str, Any]:
+        """Metrics on the valid split (at least "loss"; an optional "samples" list is logged at debug)."""
+
+    @abstractmethod
+    def describe_valid(self, result: dict[str, Any]) -> str:
+        """The metrics part of the 'valid | step N | ...' log line."""

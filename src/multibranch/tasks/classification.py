@@ -1,0 +1,161 @@
+"""Text classification: labelled prepared data, encoder + pooling classifier, cross-entropy,
+validation loss / accuracy / macro-F1 (best metric: accuracy).
+
+Every example is fed as BOS + ids + EOS: BOS is the CLS position that "first" pooling reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from multibranch.tasks.base import Autocast, Task
+
+if TYPE_CHECKING:
+    from multibranch.data.classify_dataset import ClassificationSplit
+    from multibranch.experiment import ExperimentConfig
+
+
+@dataclass
+class LabelBatch:
+    """src [B, S] long: BOS + ids + EOS, right-padded; labels [B] long; indices [B] into the split."""
+
+    src: Tensor
+    labels: Tensor
+    indices: np.ndarray
+
+    def __len__(self) -> int:
+        return self.src.shape[0]
+
+    def to(self, device: torch.device | str) -> LabelBatch:
+        return dataclasses.replace(self, src=self.src.to(device), labels=self.labels.to(device))
+
+
+def encode_batch(ids: list[np.ndarray] | list[list[int]], pad_id: int, bos_id: int, eos_id: int) -> Tensor:
+    """Token id sequences (no BOS/EOS) -> [B, max_len + 2] long: BOS + ids + EOS, right-padded."""
+    width = max(len(x) for x in ids) + 2
+    src = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    for row, seq in enumerate(ids):
+        src[row, 0] = bos_id
+        src[row, 1 : len(seq) + 1] = torch.as_tensor(np.asarray(seq, dtype=np.int64))
+        src[row, len(seq) + 1] = eos_id
+    return src
+
+
+def collate_labels(split: ClassificationSplit, indices: np.ndarray, pad_id: int, bos_id: int,
+                   eos_id: int) -> LabelBatch:
+    idx = np.asarray(indices, dtype=np.int64)
+    src = encode_batch([split.ids(int(i)) for i in idx], pad_id, bos_id, eos_id)
+    return LabelBatch(src, torch.as_tensor(np.asarray(split.labels[idx], dtype=np.int64)), idx)
+
+
+class ClassificationTask(Task):
+    name = "classification"
+    best_metric = "accuracy"
+
+    def __init__(self, cfg: ExperimentConfig, data_dir: Path) -> None:
+        from multibranch.data.classify_dataset import ClassificationData
+
+        super().__init__(cfg, data_dir)
+        self.data = ClassificationData.load(data_dir)
+        self._tokenizer = self.data.tokenizer()
+        self.train_split = self.data.split("train")
+        self.valid_split = self.data.split("valid") if "valid" in self.data.split_names else None
+
+    @property
+    def fingerprint(self) -> str:
+        return self.data.fingerprint
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def verify(self) -> None:
+        self.data.verify()
+
+    @property
+    def train_size(self) -> int:
+        return len(self.train_split)
+
+    @property
+    def has_valid(self) -> bool:
+        return self.valid_split is not None
+
+    def fill_config(self) -> None:
+        m, tok = self.cfg.model, self._tokenizer
+        m.src_vocab_size = m.tgt_vocab_size = tok.src_vocab_size
+        m.pad_id, m.bos_id, m.eos_id = tok.pad_id, tok.bos_id, tok.eos_id
+        m.decoder_layers = 0  # no decoder: keeps the parameter count and the config honest
+        self.cfg.classifier.num_labels = self.data.num_labels
+        self.cfg.classifier.labels = self.data.labels
+        m.validate()
+        self.cfg.classifier.validate()
+
+    @classmethod
+    def build_model(cls, cfg: ExperimentConfig) -> nn.Module:
+        from multibranch.models.classifier import Classifier
+
+        return Classifier(cfg.model, cfg.classifier)
+
+    def describe_model(self) -> str:
+        return f"{self.cfg.model.encoder.kind} encoder, {self.cfg.classifier.pooling} pooling, " \
+               f"{self.cfg.classifier.num_labels} labels"
+
+    def train_batches(self, epoch: int) -> list[np.ndarray]:
+        return self._batches(self.train_split, epoch, shuffle=True)
+
+    def _batches(self, split: ClassificationSplit, epoch: int, shuffle: bool) -> list[np.ndarray]:
+        from multibranch.data.batching import token_batches
+
+        t = self.cfg.train
+        lengths = split.lengths + 1  # + BOS; token_batches adds the EOS
+        return token_batches(lengths, lengths, t.max_tokens, seed=t.seed, epoch=epoch, shuffle=shuffle,
+                             max_sentences=t.max_sentences)
+
+    def collate(self, indices: np.ndarray, device: torch.device, split: ClassificationSplit | None = None) -> LabelBatch:
+        m = self.cfg.model
+        return collate_labels(split or self.train_split, indices, m.pad_id, m.bos_id, m.eos_id).to(device)
+
+    def sample_size(self, batch: LabelBatch) -> float:
+        return float(len(batch))
+
+    def loss(self, forward: nn.Module, model: nn.Module, batch: LabelBatch) -> tuple[Tensor, Tensor]:
+        """Cross-entropy (label-smoothed by train.label_smoothing) and NLL, summed over the sentences."""
+        logits = forward(batch.src).float()  # [B, C]
+        nll = F.cross_entropy(logits, batch.labels, reduction="sum")
+        eps = self.cfg.train.label_smoothing
+        loss = F.cross_entropy(logits, batch.labels, reduction="sum", label_smoothing=eps) if eps > 0 else nll
+        return loss, nll
+
+    def validate(self, model: nn.Module, device: torch.device, autocast: Autocast,
+                 progress: bool | None) -> dict[str, Any]:
+        """Valid loss / NLL per sentence, accuracy and macro-F1 (fractions in [0, 1])."""
+        from multibranch.evaluate.classification import classification_scores
+
+        split = self.valid_split
+        loss_sum = nll_sum = 0.0
+        predictions = np.zeros(len(split), dtype=np.int64)
+        for indices in self._batches(split, 0, shuffle=False):
+            batch = self.collate(indices, device, split)
+            with autocast():
+                logits = model(batch.src).float()  # [B, C]
+            loss_sum += float(F.cross_entropy(logits, batch.labels, reduction="sum",
+                                              label_smoothing=self.cfg.train.label_smoothing))
+            nll_sum += float(F.cross_entropy(logits, batch.labels, reduction="sum"))
+            predictions[batch.indices] = logits.argmax(-1).cpu().numpy()
+        scores = classification_scores(predictions.tolist(), np.asarray(split.labels).tolist(),
+                                       labels=list(range(self.data.num_labels)))
+        n = len(split)
+        return {"loss": loss_sum / n, "nll": nll_sum / n, "accuracy": scores["accuracy"],
+                "macro_f1": scores["macro_f1"]}
+
+    def describe_valid(self, result: dict[str, Any]) -> str:
+        return f"loss {result['loss']:.3f} | accuracy {100 * result['accuracy']:.2f} | " \
+               f"macro-F1 {100 * result['macro_f1']:.2f}"

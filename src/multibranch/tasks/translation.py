@@ -1,0 +1,138 @@
+"""Translation: parallel data, the encoder-decoder model, label-smoothed token loss, loss/ppl/BLEU."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from multibranch.config import ConfigError
+from multibranch.tasks.base import Autocast, Task
+from multibranch.train.loss import output_layer_loss
+
+if TYPE_CHECKING:
+    from multibranch.data.batching import Batch
+    from multibranch.experiment import ExperimentConfig
+
+
+class TranslationTask(Task):
+    name = "translation"
+    best_metric = "bleu"
+
+    def __init__(self, cfg: ExperimentConfig, data_dir: Path) -> None:
+        from multibranch.data.dataset import PreparedData
+
+        super().__init__(cfg, data_dir)
+        self.data = PreparedData.load(data_dir)
+        self._tokenizer = self.data.tokenizer()
+        self.train_split = self.data.split("train")
+        self.valid_split = self.data.split("valid") if "valid" in self.data.split_names else None
+
+    @property
+    def fingerprint(self) -> str:
+        return self.data.fingerprint
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def verify(self) -> None:
+        self.data.verify()
+
+    @property
+    def train_size(self) -> int:
+        return len(self.train_split)
+
+    @property
+    def has_valid(self) -> bool:
+        return self.valid_split is not None
+
+    def fill_config(self) -> None:
+        m, tok = self.cfg.model, self._tokenizer
+        m.src_vocab_size, m.tgt_vocab_size = tok.src_vocab_size, tok.tgt_vocab_size
+        m.pad_id, m.bos_id, m.eos_id = tok.pad_id, tok.bos_id, tok.eos_id
+        if m.share_embeddings == "all" and not tok.joint:
+            raise ConfigError(
+                "model.share_embeddings='all' needs a joint vocabulary, but the data was prepared with separate "
+                "source/target SentencePiece models; re-run prepare without --separate-vocab or set "
+                "model.share_embeddings=decoder"
+            )
+        m.validate()
+
+    @classmethod
+    def build_model(cls, cfg: ExperimentConfig) -> nn.Module:
+        from multibranch.models import build_model
+
+        return build_model(cfg.model)
+
+    def describe_model(self) -> str:
+        return f"{self.cfg.model.encoder.kind}/{self.cfg.model.decoder.kind} layers"
+
+    def train_batches(self, epoch: int) -> list[np.ndarray]:
+        from multibranch.data.batching import token_batches
+
+        t, split = self.cfg.train, self.train_split
+        return token_batches(split.src_lengths, split.tgt_lengths, t.max_tokens, seed=t.seed, epoch=epoch,
+                             shuffle=True, max_sentences=t.max_sentences)
+
+    def collate(self, indices: np.ndarray, device: torch.device, split=None) -> Batch:
+        from multibranch.data.batching import collate
+
+        m = self.cfg.model
+        return collate(split or self.train_split, indices, m.pad_id, m.bos_id, m.eos_id).to(device)
+
+    def sample_size(self, batch: Batch) -> float:
+        return float(batch.n_tgt_tokens)
+
+    def loss(self, forward: nn.Module, model: nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
+        t, m = self.cfg.train, self.cfg.model
+        features = forward(batch.src, batch.prev, features_only=True)  # [B, T, d]
+        keep = batch.tgt.ne(m.pad_id)  # [B, T]
+        return output_layer_loss(features[keep], model.output_projection, model.output_bias, batch.tgt[keep],
+                                 eps=t.label_smoothing, kind=t.label_smoothing_kind, pad_id=m.pad_id)
+
+    def validate(self, model: nn.Module, device: torch.device, autocast: Autocast,
+                 progress: bool | None) -> dict[str, Any]:
+        """Valid loss / NLL / perplexity (+ BLEU with the decode settings)."""
+        from multibranch.data.batching import token_batches
+
+        split = self.valid_split
+        loss_sum = nll_sum = tokens = 0.0
+        for indices in token_batches(split.src_lengths, split.tgt_lengths, self.cfg.train.max_tokens, seed=0,
+                                     epoch=0, shuffle=False):
+            batch = self.collate(indices, device, split)
+            with autocast():
+                loss, nll = self.loss(model, model, batch)
+            loss_sum += float(loss)
+            nll_sum += float(nll)
+            tokens += batch.n_tgt_tokens
+        result: dict[str, Any] = {"loss": loss_sum / tokens, "nll": nll_sum / tokens,
+                                  "ppl": math.exp(min(nll_sum / tokens, 50.0))}
+        if self.cfg.train.valid_bleu:
+            result.update(self._valid_bleu(model, device, progress))
+        return result
+
+    def _valid_bleu(self, model: nn.Module, device: torch.device, progress: bool | None) -> dict[str, Any]:
+        from multibranch.evaluate.metrics import score_corpus
+        from multibranch.inference.translator import Translator, show_progress
+
+        sources = self.valid_split.raw_src_lines()
+        references = self.valid_split.raw_tgt_lines()
+        if self.cfg.train.valid_max_sentences:
+            sources = sources[: self.cfg.train.valid_max_sentences]
+            references = references[: self.cfg.train.valid_max_sentences]
+        start = time.perf_counter()
+        translator = Translator(model, self._tokenizer, self.cfg.decode, device=device)
+        hypotheses = translator.translate(sources, progress=show_progress(progress))  # a bar on a TTY
+        scores = score_corpus(hypotheses, [references], metrics=("bleu",))
+        return {"bleu": scores["bleu"]["score"], "bleu_signature": scores["bleu"]["signature"],
+                "decode_s": time.perf_counter() - start, "samples": list(zip(sources[:3], hypotheses[:3], references[:3]))}
+
+    def describe_valid(self, result: dict[str, Any]) -> str:
+        bleu = f" | bleu {result['bleu']:.2f}" if "bleu" in result else ""
+        return f"loss {result['loss']:.3f} | ppl {result['ppl']:.2f}{bleu}"
