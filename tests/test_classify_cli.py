@@ -71,7 +71,16 @@ def test_classify_refuses_a_translation_checkpoint(tiny_data, tmp_path, capsys):
     train(tiny_experiment(max_steps=1, valid_every=1), RunOptions(tiny_data, tmp_path / "run"))
     (tmp_path / "in.txt").write_text("a b\n", encoding="utf-8")
     assert main(["classify", "--ckpt", str(tmp_path / "run" / "last.pt"), "-i", str(tmp_path / "in.txt")]) == 2
-    assert "not a classifier" in capsys.readouterr().err
+    assert "is a translation model, not a classification model; use `multibranch translate`" in capsys.readouterr().err
+
+
+def test_translate_refuses_a_classification_checkpoint(classify_run, tmp_path, capsys):
+    ckpt = classify_run / "run" / "best.pt"
+    (tmp_path / "in.txt").write_text("a b\n", encoding="utf-8")
+    assert main(["translate", "--ckpt", str(ckpt), "-i", str(tmp_path / "in.txt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"multibranch translate: error: {ckpt} is a classification model, not a translation model; "
+                   "use `multibranch classify`"]
 
 
 def test_prepare_classify_flag_errors(tmp_path, capsys):

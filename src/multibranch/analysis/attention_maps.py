@@ -108,7 +108,7 @@ def analyze_attention(ckpt: str, out: str, *, data_dir: str | None = None, split
 
     ReportFolder.check(out, force)
     selection = selection or Selection()
-    loaded = load_model(ckpt, "cpu")
+    loaded = load_model(ckpt, "cpu", task="translation")
     model, tokenizer = loaded.model, loaded.tokenizer
     sentences: list[dict[str, Any]] = []
     data = None

@@ -60,7 +60,7 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
     ReportFolder.check(out, force)
     if not 0.0 < options.step <= 1.0:
         raise ValueError(f"pruning-curve step {options.step} must be in (0, 1]")
-    loaded = load_model(ckpt, options.device)
+    loaded = load_model(ckpt, options.device, task="translation")
     model, cfg = loaded.model, loaded.config
     data = PreparedData.load(data_dir)
     check_vocabulary(data, cfg.model, str(ckpt))

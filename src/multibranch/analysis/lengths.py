@@ -112,7 +112,7 @@ def analyze_lengths(ckpts: list[str], labels: list[str] | None, data_dir: str | 
     lengths = split.src_lengths[:n].tolist()
     models = []
     for ckpt, label in zip(ckpts, labels, strict=True):
-        loaded = load_model(ckpt, options.device)
+        loaded = load_model(ckpt, options.device, task="translation")
         check_vocabulary(data, loaded.config.model, str(ckpt))
         decode = loaded.config.decode
         if options.beam is not None:

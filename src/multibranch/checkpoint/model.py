@@ -9,7 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from multibranch.checkpoint.format import load_checkpoint, load_state_strict
+from multibranch.checkpoint.format import CheckpointError, load_checkpoint, load_state_strict
+
+# the command that uses a checkpoint of each task
+TASK_COMMANDS = {"translation": "multibranch translate", "classification": "multibranch classify"}
 
 
 @dataclass
@@ -20,14 +23,22 @@ class LoadedModel:
     payload: dict[str, Any]
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
-    """Rebuild the model of a checkpoint (eval mode) with its tokenizer and experiment config."""
+def load_model(path: str | Path, device: str | torch.device = "cpu", task: str | None = None) -> LoadedModel:
+    """Rebuild the model of a checkpoint (eval mode) with its tokenizer and experiment config.
+
+    `task`: the task the caller needs ("translation", "classification"); a checkpoint of another task
+    is a CheckpointError naming the command that uses it, before any weights are built.
+    """
     from multibranch.data.tokenizer import Tokenizer
     from multibranch.experiment import ExperimentConfig
     from multibranch.tasks import build_task_model
 
     payload = load_checkpoint(path)
     config = ExperimentConfig.from_dict(payload["config"])
+    if task is not None and config.task != task:
+        use = TASK_COMMANDS.get(config.task)
+        hint = f"; use `{use}`" if use else ""
+        raise CheckpointError(f"{path} is a {config.task} model, not a {task} model{hint}")
     model = build_task_model(config)
     load_state_strict(model, payload["model"], str(path))
     model.to(device).eval()

@@ -58,10 +58,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.ckpt, device)
-    if loaded.config.task != "classification":
-        raise CheckpointError(f"{args.ckpt} is a {loaded.config.task} model, not a classifier "
-                              "(use `multibranch translate`)")
+    loaded = load_model(args.ckpt, device, task="classification")
     if loaded.tokenizer is None:
         raise CheckpointError(f"{args.ckpt} has no tokenizer, so it cannot label raw text")
     labels = loaded.config.classifier.labels or [str(i) for i in range(loaded.config.classifier.num_labels)]

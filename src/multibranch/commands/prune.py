@@ -89,7 +89,7 @@ def _least_important(args: argparse.Namespace) -> list[tuple[str, int]]:
     from multibranch.cli import UserError
     from multibranch.data.dataset import PreparedData
 
-    loaded = load_model(args.ckpt)
+    loaded = load_model(args.ckpt, task="translation")
     data = PreparedData.load(args.data)
     check_vocabulary(data, loaded.config.model, args.ckpt)
     batches = teacher_forced_batches(data.split(args.split), loaded.config.model, args.max_tokens, args.max_examples)

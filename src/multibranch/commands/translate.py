@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.ckpt, device)
+    loaded = load_model(args.ckpt, device, task="translation")
     if loaded.tokenizer is None:
         raise CheckpointError(f"{args.ckpt} has no tokenizer, so it cannot translate raw text")
     cfg = dataclasses.replace(loaded.config.decode, **_decode_overrides(args))

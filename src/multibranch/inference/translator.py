@@ -132,7 +132,7 @@ class Translator:
         from multibranch.checkpoint.model import load_model
 
         device = resolve_device(device) if isinstance(device, str) else device
-        loaded = load_model(path, device)
+        loaded = load_model(path, device, task="translation")
         if loaded.tokenizer is None:
             raise CheckpointError(f"{path} has no tokenizer, so it cannot translate raw text")
         cfg = replace(loaded.config.decode, **overrides)

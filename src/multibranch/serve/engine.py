@@ -64,7 +64,7 @@ class TorchEngine:
         from multibranch.device import resolve_device
 
         resolved = resolve_device(device)
-        loaded = load_model(path, resolved)
+        loaded = load_model(path, resolved, task="translation")
         if loaded.tokenizer is None:
             raise CheckpointError(f"{path} has no tokenizer, so it cannot translate raw text")
         decode = dataclasses.replace(loaded.config.decode, **overrides)
