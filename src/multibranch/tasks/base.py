@@ -35,30 +35,40 @@ class Task(ABC):
 
     def __init__(self, cfg: ExperimentConfig, data_dir: Path) -> None:
         self.cfg, self.data_dir = cfg, data_dir
+        self.data = self.load_data(data_dir)
+        self._tokenizer = self.data.tokenizer()
+        self.train_split = self.data.split("train")
+        self.valid_split = self.data.split("valid") if "valid" in self.data.split_names else None
 
     # ---- data ------------------------------------------------------------------------------------
 
-    @property
+    @staticmethod
     @abstractmethod
+    def load_data(data_dir: Path) -> Any:
+        """The prepared directory's loader (PreparedData, ClassificationData): it has `fingerprint`,
+        `verify()`, `tokenizer()`, `split_names` and `split(name)`; DataError when it is not one."""
+
+    @property
     def fingerprint(self) -> str:
         """The prepared data's fingerprint (recorded in checkpoints; a resume checks it)."""
+        return self.data.fingerprint
 
     @property
-    @abstractmethod
-    def tokenizer(self) -> Tokenizer: ...
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
 
-    @abstractmethod
     def verify(self) -> None:
         """DataError if the data files changed since `prepare` (checked before a resume)."""
+        self.data.verify()
 
     @property
-    @abstractmethod
     def train_size(self) -> int:
         """Number of training examples."""
+        return len(self.train_split)
 
     @property
-    @abstractmethod
-    def has_valid(self) -> bool: ...
+    def has_valid(self) -> bool:
+        return self.valid_split is not None
 
     # ---- model -----------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from multibranch.tasks.base import Autocast, Task
 
 if TYPE_CHECKING:
-    from multibranch.data.classify_dataset import ClassificationSplit
+    from multibranch.data.classify_dataset import ClassificationData, ClassificationSplit
     from multibranch.experiment import ExperimentConfig
 
 
@@ -60,33 +60,11 @@ class ClassificationTask(Task):
     name = "classification"
     best_metric = "accuracy"
 
-    def __init__(self, cfg: ExperimentConfig, data_dir: Path) -> None:
+    @staticmethod
+    def load_data(data_dir: Path) -> ClassificationData:
         from multibranch.data.classify_dataset import ClassificationData
 
-        super().__init__(cfg, data_dir)
-        self.data = ClassificationData.load(data_dir)
-        self._tokenizer = self.data.tokenizer()
-        self.train_split = self.data.split("train")
-        self.valid_split = self.data.split("valid") if "valid" in self.data.split_names else None
-
-    @property
-    def fingerprint(self) -> str:
-        return self.data.fingerprint
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
-    def verify(self) -> None:
-        self.data.verify()
-
-    @property
-    def train_size(self) -> int:
-        return len(self.train_split)
-
-    @property
-    def has_valid(self) -> bool:
-        return self.valid_split is not None
+        return ClassificationData.load(data_dir)
 
     def fill_config(self) -> None:
         m, tok = self.cfg.model, self._tokenizer

@@ -17,6 +17,7 @@ from multibranch.train.loss import output_layer_loss
 
 if TYPE_CHECKING:
     from multibranch.data.batching import Batch
+    from multibranch.data.dataset import PreparedData
     from multibranch.experiment import ExperimentConfig
 
 
@@ -24,33 +25,11 @@ class TranslationTask(Task):
     name = "translation"
     best_metric = "bleu"
 
-    def __init__(self, cfg: ExperimentConfig, data_dir: Path) -> None:
+    @staticmethod
+    def load_data(data_dir: Path) -> PreparedData:
         from multibranch.data.dataset import PreparedData
 
-        super().__init__(cfg, data_dir)
-        self.data = PreparedData.load(data_dir)
-        self._tokenizer = self.data.tokenizer()
-        self.train_split = self.data.split("train")
-        self.valid_split = self.data.split("valid") if "valid" in self.data.split_names else None
-
-    @property
-    def fingerprint(self) -> str:
-        return self.data.fingerprint
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
-    def verify(self) -> None:
-        self.data.verify()
-
-    @property
-    def train_size(self) -> int:
-        return len(self.train_split)
-
-    @property
-    def has_valid(self) -> bool:
-        return self.valid_split is not None
+        return PreparedData.load(data_dir)
 
     def fill_config(self) -> None:
         m, tok = self.cfg.model, self._tokenizer
