@@ -83,7 +83,6 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.atomic import atomic_write_text
     from multibranch.data.errors import DataError
     from multibranch.evaluate.metrics import (
         format_bootstrap,
@@ -132,19 +131,12 @@ def run(args: argparse.Namespace) -> int:
             report["sentences"] = sentences
         if bootstrap is not None:
             report["compare"] = {"system": args.compare, **bootstrap}
-        text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
-        if json_to_stdout:
-            sys.stdout.write(text)
-        else:
-            out = Path(args.json)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(out, text)
+        _write_json(args.json, report)
     sys.stdout.flush()
     return 0
 
 
 def _run_classify(args: argparse.Namespace) -> int:
-    from multibranch.atomic import atomic_write_text
     from multibranch.cli import UserError
     from multibranch.data.errors import DataError
     from multibranch.evaluate.classification import classification_scores
@@ -173,15 +165,22 @@ def _run_classify(args: argparse.Namespace) -> int:
     for line in format_classification(result):
         print(line, file=human, flush=True)
     if args.json:
-        text = json.dumps({"hyp": args.hyp, "ref": args.ref[0], **result}, indent=2, ensure_ascii=False) + "\n"
-        if args.json == "-":
-            sys.stdout.write(text)
-        else:
-            out = Path(args.json)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(out, text)
+        _write_json(args.json, {"hyp": args.hyp, "ref": args.ref[0], **result})
     sys.stdout.flush()
     return 0
+
+
+def _write_json(target: str, report: dict[str, Any]) -> None:
+    """The JSON report to stdout (`-`) or atomically to a file."""
+    from multibranch.atomic import atomic_write_text
+
+    text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+        return
+    out = Path(target)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, text)
 
 
 def format_classification(result: dict[str, Any]) -> list[str]:

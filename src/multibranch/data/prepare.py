@@ -46,6 +46,18 @@ SIDES = ("src", "tgt")
 DROP_REASONS = ("empty", "too_long", "ratio")
 
 
+def check_spm_settings(model_type: str, vocab_size: int, character_coverage: float, max_len: int | None) -> None:
+    """ConfigError for SentencePiece / length settings that every `prepare` (any task) refuses."""
+    if model_type not in ("bpe", "unigram"):
+        raise ConfigError(f"model_type={model_type!r} must be 'bpe' or 'unigram'")
+    if vocab_size < 8:
+        raise ConfigError(f"vocab_size={vocab_size} is too small (4 ids are special)")
+    if not 0.0 < character_coverage <= 1.0:
+        raise ConfigError(f"character_coverage={character_coverage} must be in (0, 1]")
+    if max_len is not None and max_len < 1:
+        raise ConfigError(f"max_len={max_len} must be >= 1 (or None to disable)")
+
+
 @dataclass
 class PrepareConfig:
     """Settings of `prepare`. Lengths are counted in SentencePiece tokens, without BOS/EOS.
@@ -84,16 +96,9 @@ class PrepareConfig:
                 raise ConfigError(f"{name}={lang!r} must be a non-empty language code such as 'en'")
         if self.src_lang == self.tgt_lang:
             raise ConfigError(f"src_lang and tgt_lang are both {self.src_lang!r}: the files would be the same")
-        if self.model_type not in ("bpe", "unigram"):
-            raise ConfigError(f"model_type={self.model_type!r} must be 'bpe' or 'unigram'")
+        check_spm_settings(self.model_type, self.vocab_size, self.character_coverage, self.max_len)
         if self.encoding_errors not in ("strict", "replace"):
             raise ConfigError(f"encoding_errors={self.encoding_errors!r} must be 'strict' or 'replace'")
-        if self.vocab_size < 8:
-            raise ConfigError(f"vocab_size={self.vocab_size} is too small (4 ids are special)")
-        if not 0.0 < self.character_coverage <= 1.0:
-            raise ConfigError(f"character_coverage={self.character_coverage} must be in (0, 1]")
-        if self.max_len is not None and self.max_len < 1:
-            raise ConfigError(f"max_len={self.max_len} must be >= 1 (or None to disable)")
         if self.max_len_ratio is not None and self.max_len_ratio < 1.0:
             raise ConfigError(f"max_len_ratio={self.max_len_ratio} must be >= 1 (or None to disable)")
         if self.ratio_allowance < 0 or self.threads < 1 or self.spm_max_sentences < 1:

@@ -49,6 +49,7 @@ from multibranch.data.prepare import (  # private helpers of the translation `pr
     _binarise,
     _length_stats,
     _train_spm,
+    check_spm_settings,
 )
 from multibranch.data.text import write_lines
 from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_processor
@@ -92,16 +93,9 @@ class ClassifyPrepareConfig:
         if self.holdout is not None:
             if self.holdout <= 0 or (self.holdout >= 1 and not float(self.holdout).is_integer()):
                 raise ConfigError(f"holdout={self.holdout} must be a fraction in (0, 1) or a whole count >= 1")
-        if self.model_type not in ("bpe", "unigram"):
-            raise ConfigError(f"model_type={self.model_type!r} must be 'bpe' or 'unigram'")
+        check_spm_settings(self.model_type, self.vocab_size, self.character_coverage, self.max_len)
         if self.too_long not in ("truncate", "drop"):
             raise ConfigError(f"too_long={self.too_long!r} must be 'truncate' or 'drop'")
-        if self.vocab_size < 8:
-            raise ConfigError(f"vocab_size={self.vocab_size} is too small (4 ids are special)")
-        if not 0.0 < self.character_coverage <= 1.0:
-            raise ConfigError(f"character_coverage={self.character_coverage} must be in (0, 1]")
-        if self.max_len is not None and self.max_len < 1:
-            raise ConfigError(f"max_len={self.max_len} must be >= 1 (or None to disable)")
         if self.threads < 1 or self.spm_max_sentences < 1:
             raise ConfigError("threads and spm_max_sentences must be >= 1")
 
