@@ -10,7 +10,7 @@ split gives `LabelBatch`es (BOS + ids + EOS, label). The analyses stay task-agno
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from multibranch.tasks.classification import LabelBatch, collate_labels
 if TYPE_CHECKING:
     from multibranch.models import ModelConfig
 
-AnyBatch = Union[Batch, LabelBatch]
+AnyBatch = Batch | LabelBatch
 
 
 def check_vocabulary(data: Any, model_cfg: ModelConfig, ckpt: str) -> None:
