@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         if selection["mode"] == "max_drop":
             report["masked_score"] = chosen.score  # the pruned model must score exactly like the masked one
     save_checkpoint(args.out, pruned)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(report_path, json.dumps(report, indent=2, allow_nan=False) + "\n")
     print(summary(report))
     print(f"wrote {args.out} and {report_path}")
