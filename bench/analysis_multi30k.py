@@ -14,6 +14,8 @@ It runs, each as the `multibranch analyze ...` command it prints (all logged in 
   diversity-{mute,mute-bias,mute-bias-seq}, diversity-compare   MUTE eq. 21 on --importance-examples of valid
   gates-muse                         MUSE kernel-gate ratios (no data)
   lengths                            BLEU by source length, standard vs MUSE, first --length-sentences of test
+  prune-transformer                  `prune --max-drop` of the standard model: heads removed while test BLEU
+                                     stays within --max-drop; before/after parameters, sentences/s, BLEU
 A finished step (its index.md exists) is not redone unless --force. Then OUT/summary.json (the numbers
 the doc quotes), bench/results/analysis_multi30k.json (the same) and the PNGs the doc shows copied into
 docs/images/analysis/ (--images).
@@ -66,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--length-sentences", type=int, default=1000, help="test sentences for BLEU by length")
     p.add_argument("--beam", type=int, default=None, help="beam size (default: each checkpoint's)")
     p.add_argument("--step", type=float, default=0.1, help="pruning-curve step (fraction of all heads)")
+    p.add_argument("--max-drop", type=float, default=0.5, help="BLEU drop allowed by the prune step (points)")
     p.add_argument("--only", default=None, help="comma-separated steps to run (e.g. heads-transformer,gates-muse)")
     p.add_argument("--force", action="store_true", help="redo finished steps")
     args = p.parse_args(argv)
@@ -75,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, list[str], list[str]]]:
-    """(step name, `multibranch` arguments, checkpoints it needs) in running order."""
+    """(step name, `multibranch` arguments, checkpoints it needs) in running order; a step is done when
+    OUT/<step name>/ has an index.md (or, for prune, its report JSON)."""
     ckpt = {name: str(args.runs / name / "best.pt") for name in MODELS}
     out = args.out
     beam = ["--beam", str(args.beam)] if args.beam else []
@@ -102,7 +106,17 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str], list[str]]]:
                               "--ckpt", ckpt["muse"], "--label", "muse", *data, "--split", "test",
                               "--max-sentences", str(args.length_sentences), *beam, "--out", str(out / "lengths")],
                   ["transformer", "muse"]))
+    prune = out / "prune-transformer"
+    steps.append(("prune-transformer", ["prune", "--ckpt", ckpt["transformer"], *data, "--max-drop", str(args.max_drop),
+                                        "--split", "valid", "--max-examples", str(args.importance_examples),
+                                        "--score-split", "test", "--max-sentences", str(args.score_sentences),
+                                        "--step", str(args.step), *beam, "--out", str(prune / "pruned.pt"),
+                                        "--report", str(prune / "index.json")], ["transformer"]))
     return steps
+
+
+def finished(folder: Path) -> bool:
+    return (folder / "index.md").is_file() or (folder / "index.json").is_file()
 
 
 def summarize(out: Path) -> dict[str, Any]:
@@ -112,6 +126,11 @@ def summarize(out: Path) -> dict[str, Any]:
         return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
 
     summary: dict[str, Any] = {}
+    prune = read("prune-transformer/index.json")
+    if prune:
+        summary["prune"] = {k: prune.get(k) for k in ("selection", "parameters", "before", "after", "score_change",
+                                                      "speedup", "identical_outputs")}
+        summary["prune"]["removed_heads"] = len(prune["removed"])
     heads = read("heads-compare/compare.json")
     if heads:
         summary["pruning"] = {m["label"]: {"baseline": m["baseline"],
@@ -150,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         entry: dict[str, Any] = {"step": name, "command": " ".join(["multibranch", *cli])}
         if missing:
             entry["skipped"] = f"no checkpoint for {', '.join(missing)}"
-        elif (folder / "index.md").is_file() and not args.force:
+        elif finished(folder) and not args.force:
             entry["skipped"] = "done before (use --force to redo)"
         else:
             print(f"[{time.strftime('%H:%M:%S')}] {name}: {entry['command']}", flush=True)
