@@ -90,3 +90,26 @@ def test_tensorboard_without_the_extra_is_one_clear_error(tiny_data, tmp_path, m
     err = capsys.readouterr().err
     assert code == 2 and "pip install 'multibranch[tb]'" in err and "Traceback" not in err
     assert not run.exists() and not (tmp_path / "tb").exists()
+
+
+def test_tensorboard_of_a_resumed_run_keeps_one_value_per_step(tiny_data, tmp_path):
+    pytest.importorskip("tensorboard", reason="the [tb] extra (tensorboard) is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, board = tmp_path / "run", tmp_path / "tb"
+    cfg = tiny_experiment(max_steps=8, valid_every=4)
+    train(cfg, RunOptions(tiny_data, run, device="cpu", progress=False, tensorboard=board, stop_at_step=4))
+    from torch.utils.tensorboard import SummaryWriter
+
+    killed = SummaryWriter(str(board))  # what a run killed after update 6 (checkpoint at 4) left behind
+    for step in (5, 6):
+        killed.add_scalar("train/loss", 999.0, step)
+    killed.close()
+    train(tiny_experiment(max_steps=8, valid_every=4),
+          RunOptions(tiny_data, run, device="cpu", progress=False, tensorboard=board, resume=True))
+    events = EventAccumulator(str(board))
+    events.Reload()
+    expected = [(r["step"], r["loss"]) for r in _records(run) if r["type"] == "train"]
+    got = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert [s for s, _ in got] == [s for s, _ in expected] == list(range(1, 9))
+    assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-6)

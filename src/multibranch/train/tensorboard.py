@@ -38,8 +38,8 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 class TensorBoardSink:
     """Writes every metrics record as scalars into an event file under `log_dir`.
 
-    `purge_step`: on a resume, events at or after this step (from the interrupted run) are dropped,
-    as metrics.jsonl drops its records after the resumed step."""
+    `purge_step`: events at or after this step already in `log_dir` (an interrupted run's, or a
+    previous run's) are hidden, as metrics.jsonl drops its records after a resumed step."""
 
     def __init__(self, log_dir: str | Path, purge_step: int | None = None):
         check_tensorboard()

@@ -145,6 +145,8 @@ class Trainer:
             from multibranch.train.tensorboard import check_tensorboard
 
             check_tensorboard()
+            if opts.tensorboard.exists() and not opts.tensorboard.is_dir():
+                raise FileExistsError(f"--tensorboard {opts.tensorboard} exists and is not a directory")
         if opts.resume:
             self._resume()  # in memory only: refuses before anything on disk changes
         else:
@@ -159,7 +161,8 @@ class Trainer:
         if opts.tensorboard is not None and self.dist.is_main:
             from multibranch.train.tensorboard import TensorBoardSink
 
-            self.metrics.sinks.append(TensorBoardSink(opts.tensorboard, self.state.step + 1 if opts.resume else None))
+            # events of steps this run will (re)write are dropped: after the resumed step, or all on a fresh start
+            self.metrics.sinks.append(TensorBoardSink(opts.tensorboard, self.state.step + 1 if opts.resume else 0))
         if opts.resume:
             self.metrics.truncate_after(self.state.step)
         self._saved_at = self.state.step if opts.resume else -1
