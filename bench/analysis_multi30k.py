@@ -1,7 +1,7 @@
 """Every analysis of issue 9's results section on the trained Multi30k checkpoints, as report folders.
 
     python bench/analysis_multi30k.py [--runs DIR] [--data DIR] [--out DIR] [--threads 1]
-        [--importance-examples 500] [--score-sentences 300] [--length-sentences 1000] [--beam K] [--step 0.1]
+        [--importance-examples 500] [--score-sentences 200] [--length-sentences 1000] [--beam K] [--step 0.1]
 
 Inputs: RUNS/{transformer,drophead,muse,mute,mute-bias,mute-bias-seq}/best.pt (--runs, env
 MULTIBRANCH_M30K_RUNS, default /work/runs/m30k) and the prepared data they were trained on (--data,
@@ -26,7 +26,7 @@ CPU cost is dominated by the translations: per head report, (1 + 1/step) curve p
 step 0.1) that is 2 x (11 + 36) + up to 11 + 6 + 2 x 5 translations of 200 sentences: roughly 30-50 minutes
 at --threads 1 on a quiet 2-core machine (checked on the transformer checkpoint with small settings:
 --importance-examples 100 --score-sentences 40 --beam 2 --step 0.25 took 7 min for heads-transformer
-and 2.5 min for prune-transformer on a machine loaded ~8x; about 1 min of CPU time each).
+and 2.5 min for prune-transformer on a machine loaded ~8x, 75 s of CPU time together).
 """
 
 from __future__ import annotations
