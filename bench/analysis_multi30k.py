@@ -4,7 +4,7 @@
         [--importance-examples 500] [--score-sentences 200] [--length-sentences 1000] [--beam K] [--step 0.1]
 
 Inputs: RUNS/{transformer,drophead,muse,mute,mute-bias,mute-bias-seq}/best.pt (--runs, env
-MULTIBRANCH_M30K_RUNS, default /work/runs/m30k) and the prepared data they were trained on (--data,
+MULTIBRANCH_M30K_RUNS, default ../runs/m30k next to the clone, like bench/common.py's data) and the prepared data they were trained on (--data,
 env MULTIBRANCH_M30K_DATA, default RUNS/data). A missing checkpoint skips the analyses that need it.
 
 It runs, each as the `multibranch analyze ...` command it prints (all logged in OUT/commands.md):
@@ -58,7 +58,7 @@ IMAGES = {  # report file -> name under docs/images/analysis
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    runs = Path(os.environ.get("MULTIBRANCH_M30K_RUNS", "/work/runs/m30k"))
+    runs = Path(os.environ.get("MULTIBRANCH_M30K_RUNS", ROOT.parent / "runs" / "m30k"))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=Path, default=runs, help="directory holding NAME/best.pt (default %(default)s)")
     p.add_argument("--data", type=Path, default=None, help="prepared data (default: $MULTIBRANCH_M30K_DATA or RUNS/data)")
