@@ -12,38 +12,36 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from multibranch.analysis.batches import AnyBatch, run_batch
 from multibranch.analysis.heads import AttentionSite, attention_sites
 from multibranch.analysis.importance import HeadScores
-from multibranch.data.batching import Batch
 
 
 @torch.no_grad()
-def attention_entropy(model: nn.Module, batches: Iterable[Batch], sites: list[AttentionSite] | None = None) -> HeadScores:
-    """Mean attention entropy [H] per site (site name -> CPU fp32 tensor)."""
+def attention_entropy(model: nn.Module, batches: Iterable[AnyBatch], sites: list[AttentionSite] | None = None) -> HeadScores:
+    """Mean attention entropy [H] per site (site name -> CPU fp32 tensor); translation or classification batches."""
     sites = attention_sites(model) if sites is None else sites
     model.eval()
-    pad = model.config.pad_id
     sums = {s.name: torch.zeros(s.heads, dtype=torch.float64) for s in sites}
     counts = {s.name: 0 for s in sites}
-    queries: dict[str, Tensor] = {}  # role -> real query positions [B, L] of the current batch
+    entropies: dict[str, Tensor] = {}  # site name -> [B, H, L] of the current batch
 
     def probe_for(site: AttentionSite):
         def probe(probs: Tensor) -> None:  # [B, H' (= k*H), L, S]
             B, _, L, S = probs.shape
-            real = queries[site.role]  # [B, L]
             entropy = torch.special.entr(probs.double()).sum(-1)  # [B, H', L]
-            entropy = entropy.view(B, -1, site.heads, L).mean(1)  # [B, H, L] (copies of shared weights averaged)
-            sums[site.name] += (entropy * real[:, None, :]).sum((0, 2)).cpu()
-            counts[site.name] += int(real.sum())
+            entropies[site.name] = entropy.view(B, -1, site.heads, L).mean(1)  # [B, H, L] (shared copies averaged)
         return probe
 
     try:
         for site in sites:
             site.module.attention_probe = probe_for(site)
         for batch in batches:
-            src_real, tgt_real = batch.src.ne(pad), batch.tgt.ne(pad)
-            queries.update(encoder_self=src_real, decoder_self=tgt_real, cross=tgt_real)
-            model(batch.src, batch.prev, features_only=True)
+            queries = run_batch(model, batch)  # role -> real query positions [B, L]
+            for site in sites:
+                real = queries[site.role].to(entropies[site.name].dtype)  # [B, L]
+                sums[site.name] += (entropies[site.name] * real[:, None, :]).sum((0, 2)).cpu()
+                counts[site.name] += int(real.sum())
     finally:
         for site in sites:
             site.module.attention_probe = None

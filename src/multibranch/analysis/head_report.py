@@ -2,13 +2,16 @@
 written as one report folder (heads.json, PNG plots, index.md).
 
 heads.json:
-    {"checkpoint", "data", "split", "examples", "target_tokens", "normalized",
+    {"checkpoint", "data", "task", "split", "examples", "target_tokens" (null for a classifier), "normalized",
      "modules": [{"name", "role", "layer", "heads", "importance": [H], "entropy": [H]}],
-     "bleu": {"split", "sentences", "signature", "decode": {...}},
+     "metric": "bleu" | "accuracy",
+     "score": {"metric", "split", "sentences", "signature", "decode": {...} | null},
+     "bleu": the same as "score" for a translation model, else null,
      "pruning_curve": {"step", "recompute", "keep_one", "points": [{"fraction", "masked_heads", "score", "masked"}]},
      "dominant_heads": {"baseline", "modules": [{"name", "role", "layer", "deltas", "dominant_head",
                         "dominant_delta"}], "mean_dominant_delta": {role: mean}}}
-(pruning_curve / dominant_heads are null when switched off.)
+(pruning_curve / dominant_heads / score are null when switched off.) A classifier (encoder self-attention
+only) is scored by accuracy in percent and its importance comes from the summed classification loss.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multibranch.analysis.batches import check_vocabulary, teacher_forced_batches
+from multibranch.analysis.batches import batch_units, check_vocabulary, teacher_forced_batches
 from multibranch.analysis.entropy import attention_entropy
 from multibranch.analysis.heads import attention_sites
 from multibranch.analysis.importance import head_importance
 from multibranch.analysis.pruning import dominant_heads, pruning_curve
 from multibranch.analysis.report import ReportFolder
-from multibranch.analysis.scoring import BleuScorer
+from multibranch.analysis.scoring import make_scorer
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +56,24 @@ class HeadAnalysisOptions:
 
 def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, options: HeadAnalysisOptions,
                   force: bool = False) -> ReportFolder:
-    """Run the head analyses and write the report folder; validates everything before writing."""
+    """Run the head analyses and write the report folder; validates everything before writing.
+
+    A translation model is scored by BLEU, a classifier by accuracy (%) and its importance comes from
+    the classification loss."""
     from multibranch.checkpoint.model import load_model
-    from multibranch.data.dataset import PreparedData
+    from multibranch.tasks import task_class
 
     ReportFolder.check(out, force)
     if not 0.0 < options.step <= 1.0:
         raise ValueError(f"pruning-curve step {options.step} must be in (0, 1]")
-    loaded = load_model(ckpt, options.device, task="translation")
+    loaded = load_model(ckpt, options.device)
     model, cfg = loaded.model, loaded.config
-    data = PreparedData.load(data_dir)
+    data = task_class(cfg.task).load_data(Path(data_dir))
     check_vocabulary(data, cfg.model, str(ckpt))
     split = data.split(options.split)
-    bleu_split = data.split(options.bleu_split or options.split) if (options.curve or options.dominant) else None
+    score_split = options.bleu_split or options.split
+    if options.curve or options.dominant:
+        data.split(score_split)  # DataError for a missing split before the long part
     sites = attention_sites(model)
 
     batches = teacher_forced_batches(split, cfg.model, options.max_tokens, options.max_examples, options.device)
@@ -73,19 +81,19 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
     importance = head_importance(model, batches, sites, normalize=options.normalize)
     entropy = attention_entropy(model, batches, sites)
     report: dict[str, Any] = {
-        "checkpoint": str(ckpt), "data": str(data_dir), "split": options.split,
-        "examples": int(sum(len(b) for b in batches)), "target_tokens": int(sum(b.n_tgt_tokens for b in batches)),
+        "checkpoint": str(ckpt), "data": str(data_dir), "task": cfg.task, "split": options.split,
+        "examples": int(sum(len(b) for b in batches)),
+        "target_tokens": int(sum(batch_units(b) for b in batches)) if cfg.task == "translation" else None,
         "normalized": options.normalize,
         "modules": [{"name": s.name, "role": s.role, "layer": s.layer, "heads": s.heads,
                      "importance": importance[s.name].tolist(), "entropy": entropy[s.name].tolist()} for s in sites],
-        "bleu": None, "pruning_curve": None, "dominant_heads": None,
+        "metric": "bleu" if cfg.task == "translation" else "accuracy",
+        "bleu": None, "score": None, "pruning_curve": None, "dominant_heads": None,
     }
-    if bleu_split is not None:
+    if options.curve or options.dominant:
         decode = cfg.decode if options.beam is None else dataclasses.replace(cfg.decode, beam=options.beam)
-        n = len(bleu_split) if options.bleu_max_sentences is None else min(options.bleu_max_sentences, len(bleu_split))
-        tokenizer = loaded.tokenizer or data.tokenizer()
-        scorer = BleuScorer(model, tokenizer, bleu_split.raw_src_lines()[:n], bleu_split.raw_tgt_lines()[:n], decode,
-                            options.device)
+        scorer = make_scorer(model, loaded.tokenizer or data.tokenizer(), data, score_split,
+                             options.bleu_max_sentences, decode, options.device, options.max_tokens)
         baseline = None
         if options.curve:
             def importance_under(gates):  # the first ranking is the one already computed
@@ -96,10 +104,13 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
             report["pruning_curve"] = {"step": options.step, "recompute": options.recompute,
                                        "keep_one": options.keep_one, "points": [p.to_dict() for p in points]}
         if options.dominant:
-            log.info("dominant heads: %d translations of %d sentences", sum(s.heads for s in sites), n)
+            log.info("dominant heads: %d scorings of %d sentences", sum(s.heads for s in sites), scorer.sentences)
             report["dominant_heads"] = dominant_heads(sites, scorer, baseline)
-        report["bleu"] = {"split": bleu_split.name, "sentences": n, "signature": scorer.signature,
-                          "decode": dataclasses.asdict(decode)}
+        report["score"] = {"metric": scorer.metric, "split": score_split, "sentences": scorer.sentences,
+                           "signature": scorer.signature,
+                           "decode": dataclasses.asdict(decode) if scorer.metric == "bleu" else None}
+        if scorer.metric == "bleu":
+            report["bleu"] = report["score"]
     return write_report(report, out, force)
 
 
@@ -113,32 +124,40 @@ def write_report(report: dict[str, Any], out: str | Path, force: bool) -> Report
     folder.write_png("importance.png", plots.head_heatmaps(report["modules"], "importance", "head importance", label))
     folder.write_png("entropy.png", plots.head_heatmaps(report["modules"], "entropy", "attention entropy", "nats"))
     if report["pruning_curve"] is not None:
-        folder.write_png("pruning_curve.png", plots.pruning_curve_plot(report["pruning_curve"]["points"]))
+        folder.write_png("pruning_curve.png", plots.pruning_curve_plot(report["pruning_curve"]["points"],
+                                                                       metric_title(report["metric"])))
     folder.write_text("index.md", index_markdown(report))
     return folder
 
 
+def metric_title(metric: str) -> str:
+    return "BLEU" if metric == "bleu" else "accuracy (%)"
+
+
 def index_markdown(report: dict[str, Any]) -> str:
+    metric = metric_title(report.get("metric", "bleu"))
+    units = f" ({report['target_tokens']} target tokens)" if report.get("target_tokens") is not None else ""
+    loss = "teacher-forced token NLL" if report.get("task", "translation") == "translation" else "classification NLL"
     lines = [f"# Head analysis of `{report['checkpoint']}`", "",
-             f"Importance and entropy over {report['examples']} examples ({report['target_tokens']} target tokens) "
+             f"Importance and entropy over {report['examples']} examples{units} "
              f"of split `{report['split']}` of `{report['data']}`. Numbers: [heads.json](heads.json).", ""]
-    lines += ["## Head importance", "", "Importance = |dNLL/d gate| per head (Michel et al.), teacher-forced, no label smoothing"
+    lines += ["## Head importance", "", f"Importance = |d loss/d gate| per head (Michel et al.), {loss}, no label smoothing"
               + (", l2-normalised per module." if report["normalized"] else "."), "", "![importance](importance.png)", "",
               "## Attention entropy", "", "Mean entropy (nats) of each head's attention over real query positions.", "",
               "![entropy](entropy.png)", ""]
     if report["pruning_curve"] is not None:
-        bleu = report["bleu"]
-        lines += ["## Pruning curve", "", f"BLEU on {bleu['sentences']} sentences of `{bleu['split']}` "
-                  f"({bleu['signature']}) with the globally least important heads masked.", "",
-                  "![pruning curve](pruning_curve.png)", "", "| heads masked | fraction | BLEU |", "|---:|---:|---:|"]
+        score = report["score"]
+        lines += ["## Pruning curve", "", f"{metric} on {score['sentences']} sentences of `{score['split']}` "
+                  f"({score['signature']}) with the globally least important heads masked.", "",
+                  "![pruning curve](pruning_curve.png)", "", f"| heads masked | fraction | {metric} |", "|---:|---:|---:|"]
         lines += [f"| {p['masked_heads']} | {p['fraction']:.0%} | {p['score']:.2f} |"
                   for p in report["pruning_curve"]["points"]]
         lines.append("")
     if report["dominant_heads"] is not None:
         table = report["dominant_heads"]
-        lines += ["## Dominant heads", "", f"BLEU without masking: {table['baseline']:.2f}. Change when the "
+        lines += ["## Dominant heads", "", f"{metric} without masking: {table['baseline']:.2f}. Change when the "
                   "dominant head (largest drop) of each module is masked, averaged over layers:", "",
-                  "| attention | mean BLEU change |", "|---|---:|"]
+                  f"| attention | mean {metric} change |", "|---|---:|"]
         lines += [f"| {role} | {delta:+.2f} |" for role, delta in table["mean_dominant_delta"].items()]
         lines.append("")
     return "\n".join(lines)

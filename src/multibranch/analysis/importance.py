@@ -5,7 +5,8 @@ For every head h of every attention module, with all gates at 1 (or at a given m
     I_h = (1 / N_tokens) * sum over batches |d NLL_batch / d gate_h|
 
 NLL_batch is the summed teacher-forced token NLL of the batch without label smoothing (the fused
-output loss of train/loss.py with eps = 0), in eval mode. `normalize` divides each module's scores
+output loss of train/loss.py with eps = 0), in eval mode; for a classifier it is the summed
+cross-entropy of the labels and N counts sentences. `normalize` divides each module's scores
 by their l2 norm (Michel's --normalize-by-layer), which makes modules comparable.
 """
 
@@ -14,17 +15,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multibranch.analysis.batches import AnyBatch, batch_units
 from multibranch.analysis.heads import AttentionSite, attention_sites, gates_installed
-from multibranch.data.batching import Batch
+from multibranch.tasks.classification import LabelBatch
 from multibranch.train.loss import output_layer_loss
 
 HeadScores = dict[str, Tensor]  # site name -> [H] (CPU, fp32)
 
 
-def batch_nll(model: nn.Module, batch: Batch) -> Tensor:
-    """Summed token NLL of the batch's targets (teacher forcing, no label smoothing), differentiable."""
+def batch_nll(model: nn.Module, batch: AnyBatch) -> Tensor:
+    """Summed NLL without label smoothing, differentiable: of the target tokens (teacher forcing) of a
+    translation batch, of the labels of a classification batch."""
+    if isinstance(batch, LabelBatch):
+        logits = model(batch.src).float()  # [B, C]
+        return F.cross_entropy(logits, batch.labels, reduction="sum")
     pad = model.config.pad_id
     features = model(batch.src, batch.prev, features_only=True)  # [B, T, d]
     keep = batch.tgt.ne(pad)  # [B, T]
@@ -35,7 +42,7 @@ def batch_nll(model: nn.Module, batch: Batch) -> Tensor:
 
 def head_importance(
     model: nn.Module,
-    batches: Iterable[Batch],
+    batches: Iterable[AnyBatch],
     sites: list[AttentionSite] | None = None,
     normalize: bool = True,
     gates: Mapping[str, Tensor] | None = None,
@@ -47,7 +54,7 @@ def head_importance(
     """
     sites = attention_sites(model) if sites is None else sites
     model.eval()
-    device = model.output_projection.device
+    device = next(model.parameters()).device
     gates = gates or {}
     leaves = {
         s.name: (gates[s.name] if s.name in gates else torch.ones(s.heads)).detach().to(device).float().requires_grad_()
@@ -61,7 +68,7 @@ def head_importance(
             for name, grad in zip(leaves, grads, strict=True):
                 if grad is not None:
                     totals[name] += grad.detach().abs().double().cpu()
-            tokens += batch.n_tgt_tokens
+            tokens += batch_units(batch)
     if tokens == 0:
         raise ValueError("the importance set has no target tokens")
     scores = {name: (total / tokens).float() for name, total in totals.items()}

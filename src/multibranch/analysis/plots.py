@@ -215,3 +215,53 @@ def attention_map_plot(panels: list[tuple[str, Any]], queries: list[str], keys: 
         ax.set_yticks(range(len(queries)), queries, fontsize=font)
     fig.suptitle(title, fontsize=10)
     return fig
+
+
+def pruning_curves_overlay(models: list[dict[str, Any]], metric: str = "BLEU") -> Any:
+    """Two panels: each model's pruning curve (score) and its change from the model's unpruned score."""
+    fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.6), layout="constrained")
+    for model in models:
+        xs = [100 * p["fraction"] for p in model["curve"]]
+        axes[0].plot(xs, [p["score"] for p in model["curve"]], marker="o", label=model["label"])
+        axes[1].plot(xs, [p["change"] for p in model["curve"]], marker="o", label=model["label"])
+    for ax, ylabel in zip(axes, (metric, f"{metric} change from unpruned"), strict=True):
+        ax.set_xlabel("heads masked (%)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("pruning curves (least important heads first)")
+    return fig
+
+
+def dominant_heads_bars(models: list[dict[str, Any]], roles: list[str], metric: str = "BLEU") -> Any:
+    """Grouped bars: mean score change when each module's dominant head is masked, per attention type and model."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.6), layout="constrained")
+    width = 0.8 / len(models)
+    for i, model in enumerate(models):
+        xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(roles))]
+        ax.bar(xs, [model["mean_dominant_delta"].get(r, math.nan) for r in roles], width, label=model["label"])
+    ax.set_xticks(range(len(roles)), [ROLE_TITLES.get(r, r) for r in roles], fontsize=8)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_ylabel(f"{metric} change")
+    ax.set_title("dominant head masked (mean over layers)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return fig
+
+
+def diversity_comparison_plot(models: list[dict[str, Any]], titles: dict[str, str]) -> Any:
+    """One panel per diversity variant: diversity against the encoder layer, one line per model."""
+    fig, axes = plt.subplots(1, len(titles), figsize=(4.0 * len(titles), 3.4), squeeze=False, layout="constrained")
+    for ax, (key, title) in zip(axes[0], titles.items(), strict=True):
+        for model in models:
+            ax.plot([row["layer"] for row in model["layers"]], [row[key] for row in model["layers"]], marker="o",
+                    label=model["label"])
+        ax.axhline(math.exp(-1.0), color="gray", linestyle="--", linewidth=1)
+        ax.set_title(title)
+        ax.set_xlabel("encoder layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("diversity exp(-mean cos)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("MUTE unit diversity (eq. 21; dashed: identical units)")
+    return fig

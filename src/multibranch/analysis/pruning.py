@@ -10,13 +10,16 @@ Dominant heads: for every module and head, the score change when only that head 
 module's dominant head is the one with the largest drop, and the table averages that (negative)
 change over layers, per attention type.
 
-Both take `evaluate`, a function of no arguments returning the score of the model as it is (with the
+Threshold (`prune --max-drop`): walk the same curve and keep the last step whose score is at most
+`max_drop` below the unpruned score, stopping at the first step that drops more (`within_drop`).
+
+All take `evaluate`, a function of no arguments returning the score of the model as it is (with the
 gates installed around the call), e.g. `analysis.scoring.BleuScorer`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from torch import Tensor
@@ -86,6 +89,28 @@ def select_heads(
     return masked
 
 
+def pruning_steps(
+    sites: list[AttentionSite],
+    importance: Importance,
+    evaluate: Callable[[], float],
+    step: float = 0.1,
+    recompute: bool = False,
+    keep_one: bool = False,
+) -> Iterator[CurvePoint]:
+    """The curve's points one at a time (a caller may stop early; no gate stays installed between points)."""
+    total = total_heads(sites)
+    maskable = total - len(sites) if keep_one else total
+    scores = importance({})
+    masked: list[HeadId] = []
+    for fraction, count in planned_counts(total, step, maskable):
+        if recompute and masked:
+            scores = importance(mask_gates(sites, masked))
+        masked = select_heads(sites, scores, count, masked, keep_one)
+        with gates_installed(sites, mask_gates(sites, masked)):
+            score = evaluate()
+        yield CurvePoint(fraction, score, list(masked))
+
+
 def pruning_curve(
     sites: list[AttentionSite],
     importance: Importance,
@@ -95,18 +120,26 @@ def pruning_curve(
     keep_one: bool = False,
 ) -> list[CurvePoint]:
     """The score after masking the globally least important 0%, step, 2*step, ... of all heads."""
-    total = total_heads(sites)
-    maskable = total - len(sites) if keep_one else total
-    scores = importance({})
-    points: list[CurvePoint] = []
-    masked: list[HeadId] = []
-    for fraction, count in planned_counts(total, step, maskable):
-        if recompute and masked:
-            scores = importance(mask_gates(sites, masked))
-        masked = select_heads(sites, scores, count, masked, keep_one)
-        with gates_installed(sites, mask_gates(sites, masked)):
-            points.append(CurvePoint(fraction, evaluate(), list(masked)))
-    return points
+    return list(pruning_steps(sites, importance, evaluate, step, recompute, keep_one))
+
+
+def within_drop(points: Iterable[CurvePoint], max_drop: float) -> tuple[CurvePoint, list[CurvePoint]]:
+    """Walk the curve until a point scores more than `max_drop` below the first (unpruned) one.
+
+    Returns (the last point within the threshold, every point evaluated, the failing one included);
+    the walk stops at the first failure, so later points are never computed."""
+    if max_drop < 0:
+        raise ValueError(f"max_drop={max_drop} must be >= 0")
+    seen: list[CurvePoint] = []
+    chosen: CurvePoint | None = None
+    for point in points:
+        seen.append(point)
+        if point.score < seen[0].score - max_drop:
+            break
+        chosen = point
+    if chosen is None:
+        raise ValueError("the curve has no point")
+    return chosen, seen
 
 
 def dominant_heads(sites: list[AttentionSite], evaluate: Callable[[], float], baseline: float | None = None) -> dict:

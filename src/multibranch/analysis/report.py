@@ -53,7 +53,7 @@ class ReportFolder:
         import matplotlib.pyplot as plt
 
         buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+        figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
         plt.close(figure)
         atomic_write_bytes(self.path / name, buffer.getvalue())
         return self._written(name)

@@ -11,6 +11,7 @@
         | --text "raw source" ...) [--type cross] [--layers 0,5] [--heads 0,3 | --branch B] [--beam K] [--force]
     multibranch analyze diversity --ckpt X.pt --data PREPARED_DIR --out REPORT_DIR [--split valid]
         [--max-examples N] [--max-tokens N] [--force]
+    multibranch analyze compare --report R1 --report R2 [--label A --label B] --out REPORT_DIR [--force]
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def positive_int(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
-    about = "head importance (Michel et al.), attention entropy, pruning curve, dominant heads (SEEDS-SPEC §5.5)"
+    about = ("head importance (Michel et al.), attention entropy, pruning curve, dominant heads (SEEDS-SPEC §5.5); "
+             "translation models (BLEU) and classifiers (accuracy)")
     p = sub.add_parser("heads", help=about, description=about)
     p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
     p.add_argument("--data", required=True, help="the prepared data directory the model was trained on")
@@ -39,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--max-examples", type=positive_int, default=None, help="use only the first N examples of --split")
     p.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch")
     p.add_argument("--no-normalize", action="store_true", help="do not l2-normalise importance per module")
-    p.add_argument("--bleu-split", default=None, help="split translated for BLEU (default: --split)")
-    p.add_argument("--bleu-max-sentences", type=positive_int, default=None, help="translate only its first N sentences")
+    p.add_argument("--bleu-split", default=None,
+                   help="split scored: BLEU, or accuracy for a classifier (default: --split)")
+    p.add_argument("--bleu-max-sentences", type=positive_int, default=None, help="score only its first N sentences")
     p.add_argument("--beam", type=positive_int, default=None, help="beam size (default: the checkpoint's)")
     p.add_argument("--step", type=float, default=0.1, help="pruning-curve step as a fraction of all heads")
     p.add_argument("--recompute", action="store_true", help="recompute importance after every pruning step")
@@ -105,6 +108,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--beam", type=positive_int, default=None, help="beam for --text translations")
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.set_defaults(analysis_run=_attention)
+
+    about = "overlay several heads or diversity reports: pruning curves, dominant heads, MUTE diversity"
+    p = sub.add_parser("compare", help=about, description=about)
+    p.add_argument("--report", required=True, action="append", help="report folder of `analyze heads` or "
+                   "`analyze diversity` (repeat; at least two of one kind)")
+    p.add_argument("--label", action="append", default=None, help="label per --report (default: folder names)")
+    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.set_defaults(analysis_run=_compare)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,6 +217,18 @@ def _attention(args: argparse.Namespace) -> int:
                                    indices=list(indices or []), texts=args.text, selection=selection, beam=args.beam,
                                    force=args.force)
     except SelectionError as error:
+        raise UserError(str(error)) from None
+    print(f"wrote {folder.path}: {', '.join(folder.files)}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from multibranch.analysis.compare import compare_reports
+    from multibranch.cli import UserError
+
+    try:
+        folder = compare_reports(args.report, args.label, args.out, force=args.force)
+    except ValueError as error:
         raise UserError(str(error)) from None
     print(f"wrote {folder.path}: {', '.join(folder.files)}")
     return 0

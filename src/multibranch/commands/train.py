@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--stop-at-step", type=int, metavar="N",
                      help="pause after update N (checkpointed; --resume continues; schedules still plan for max_steps)")
     run.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
+    run.add_argument("--tensorboard", type=Path, metavar="DIR",
+                     help="also write the training metrics as TensorBoard events into DIR (needs multibranch[tb])")
+    run.add_argument("--plots", action="store_true",
+                     help="redraw the run's curves into OUT/plots at every validation (as `multibranch plot OUT`)")
     run.add_argument("--no-progress", action="store_true",
                      help="no progress bar even on a terminal (the per-update lines then go to the console too)")
 
@@ -81,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data, run_dir=args.out, resume=args.resume, force=args.force, init_from=args.init_from,
         reset_optimizer=args.reset_optimizer, reset_schedule=args.reset_schedule, reset_data=args.reset_data,
         allow_new_tokenizer=args.allow_new_tokenizer, device=args.device, progress=False if args.no_progress else None, stop_at_step=args.stop_at_step,
+        tensorboard=args.tensorboard, plots=args.plots,
     )
     state = train(cfg, opts)
     valid = state.last_valid

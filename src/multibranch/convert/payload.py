@@ -51,13 +51,16 @@ def describe_source(payload: dict[str, Any], source: str | None) -> dict[str, An
     }
 
 
-def check_state(model_cfg: ModelConfig, state: dict[str, Tensor], source: str) -> None:
+def check_state(model_cfg: ModelConfig | ExperimentConfig, state: dict[str, Tensor], source: str) -> None:
     """Raise CheckpointError unless `state` has exactly the keys and shapes of a model built from
-    `model_cfg`. The reference model is built on the meta device, so this costs no memory."""
+    `model_cfg` (a translation model; an experiment config builds its task's model). The reference
+    model is built on the meta device, so this costs no memory."""
     from multibranch.models import build_model
+    from multibranch.tasks import build_task_model
 
     with torch.device("meta"):
-        reference = build_model(model_cfg).state_dict()
+        model = build_task_model(model_cfg) if hasattr(model_cfg, "task") else build_model(model_cfg)
+        reference = model.state_dict()
     problems = state_mismatch(reference, state)
     if problems:
         raise CheckpointError("\n".join([f"{source}: converted weights do not fit the converted config", *problems]))

@@ -1,4 +1,5 @@
-"""Physical head pruning (SEEDS-SPEC §5.5): remove attention heads from a standard or MAT checkpoint.
+"""Physical head pruning (SEEDS-SPEC §5.5): remove attention heads from a standard or MAT checkpoint
+(a translation model, or a classifier: its encoder's self-attentions).
 
 For an attention with heads h = 0..H-1 of width d_k (modules/attention.py layout), keeping the heads K:
     in_proj.weight [3*H*d_k, d] -> the rows of K in each of the Q, K and V blocks   [3*|K|*d_k, d]
@@ -37,8 +38,9 @@ WHY_NOT = {
 
 def check_prunable(payload: dict[str, Any], where: str = "checkpoint") -> None:
     """ConfigError naming the reason unless both stacks are standard/MAT layers."""
-    cfg = experiment_config(payload).model
-    for stack in ("encoder", "decoder"):
+    experiment = experiment_config(payload)
+    cfg = experiment.model
+    for stack in ("encoder", "decoder") if experiment.task == "translation" else ("encoder",):
         kind = getattr(cfg, stack).kind
         if kind != "transformer":
             reason = WHY_NOT.get(kind, "only standard/MAT layers can be pruned physically")
@@ -90,7 +92,7 @@ def prune_heads(payload: dict[str, Any], remove: Iterable[tuple[str, int]], sour
             layer.ffn_drop_branch = layer.drop_branch  # keep the FFN's effective rate
         layer.drop_branch = RateConfig()  # drop-branch on one attention branch would drop the sublayer
         layer.head_drop = False
-    check_state(model, state, where)
+    check_state(cfg, state, where)
 
     meta = {k: v for k, v in (payload.get("meta") or {}).items() if k not in ("config_hash", "valid")}
     meta["conversion"] = {"kind": "prune", "removed": [[n, h] for n, h in remove], "kept": kept}

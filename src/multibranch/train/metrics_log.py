@@ -10,17 +10,27 @@ from multibranch.atomic import atomic_write_text
 
 
 class MetricsLog:
-    """Append-only JSON-lines log; `truncate_after(step)` drops entries a resumed run will redo."""
+    """Append-only JSON-lines log; `truncate_after(step)` drops entries a resumed run will redo.
 
-    def __init__(self, path: str | Path, enabled: bool = True):
+    `sinks` (objects with `write(record)` and `close()`, e.g. train/tensorboard.py) get every record too."""
+
+    def __init__(self, path: str | Path, enabled: bool = True, sinks: list[Any] | None = None):
         self.path = Path(path)
         self.enabled = enabled
+        self.sinks = list(sinks or []) if enabled else []
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, sort_keys=False) + "\n")
+        for sink in self.sinks:
+            sink.write(record)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():

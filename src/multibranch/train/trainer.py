@@ -82,6 +82,8 @@ class RunOptions:
     device: str = "auto"
     progress: bool | None = None  # None: a bar only on a TTY
     stop_at_step: int | None = None  # pause after this update; schedules still plan for train.max_steps
+    tensorboard: Path | None = None  # mirror metrics.jsonl into TensorBoard event files there (needs [tb])
+    plots: bool = False  # redraw RUN/plots (as `multibranch plot RUN`) at every validation
 
 
 @dataclass
@@ -139,6 +141,12 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == "fp16")
         self.config_hash = config_hash(self._model_sections(self.cfg.to_dict()))
         self.origin: dict[str, str] | None = None
+        if opts.tensorboard is not None:
+            from multibranch.train.tensorboard import check_tensorboard
+
+            check_tensorboard()
+            if opts.tensorboard.exists() and not opts.tensorboard.is_dir():
+                raise FileExistsError(f"--tensorboard {opts.tensorboard} exists and is not a directory")
         if opts.resume:
             self._resume()  # in memory only: refuses before anything on disk changes
         else:
@@ -150,6 +158,11 @@ class Trainer:
         self._log_handler: logging.Handler | None = None
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.dist.is_main)
         self._prepare_run_dir()
+        if opts.tensorboard is not None and self.dist.is_main:
+            from multibranch.train.tensorboard import TensorBoardSink
+
+            # events of steps this run will (re)write are dropped: after the resumed step, or all on a fresh start
+            self.metrics.sinks.append(TensorBoardSink(opts.tensorboard, self.state.step + 1 if opts.resume else 0))
         if opts.resume:
             self.metrics.truncate_after(self.state.step)
         self._saved_at = self.state.step if opts.resume else -1
@@ -428,11 +441,23 @@ class Trainer:
         self.state.elapsed += time.perf_counter() - start
         self.save(improved)
         self._saved_at = self.state.step
+        if self.opts.plots and self.dist.is_main:
+            self._plot()
+
+    def _plot(self) -> None:
+        """Redraw RUN/plots from metrics.jsonl; a failure is logged, never fatal to the training."""
+        from multibranch.analysis.run_plots import plot_run
+
+        try:
+            plot_run(self.run_dir, force=True)
+        except Exception as error:  # plots are a by-product: the run must go on
+            log.warning("could not draw %s: %s", self.run_dir / "plots", error)
 
     def train(self) -> TrainState:
         try:
             return self._train()
         finally:
+            self.metrics.close()
             self._close_log()
 
     def _train(self) -> TrainState:

@@ -1,0 +1,75 @@
+"""What `multibranch prune` measures: which heads go (a target fraction or a metric threshold) and the
+before/after report (parameters, decoding speed, BLEU or accuracy).
+
+Speed is measured side by side: each round times one pass of every model over the same set with the
+same settings, the order alternating from round to round (A B, B A, ...), and a model's speed is its
+sentences / its fastest pass, which is the least disturbed by other processes on the machine.
+
+    remove = least_important(sites, scores, fraction)
+    chosen, walked = heads_within_drop(sites, importance, scorer, max_drop, step, recompute)
+    timings = side_by_side({"before": scorer_a, "after": scorer_b}, rounds=3)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from multibranch.analysis.heads import AttentionSite, HeadId, total_heads
+from multibranch.analysis.pruning import CurvePoint, Importance, pruning_steps, select_heads, within_drop
+
+
+def least_important(sites: list[AttentionSite], scores: Mapping[str, torch.Tensor], fraction: float) -> list[HeadId]:
+    """round(fraction * all heads) least important heads, every module keeping one (ValueError if impossible)."""
+    count = round(fraction * total_heads(sites))
+    maskable = total_heads(sites) - len(sites)
+    if count > maskable:
+        raise ValueError(f"fraction {fraction} removes {count} heads but only {maskable} can go "
+                         f"(every one of the {len(sites)} attention modules keeps one)")
+    return select_heads(sites, scores, count, [], keep_one=True)
+
+
+def heads_within_drop(sites: list[AttentionSite], importance: Importance, evaluate: Callable[[], float],
+                      max_drop: float, step: float = 0.1,
+                      recompute: bool = False) -> tuple[CurvePoint, list[CurvePoint]]:
+    """The pruning curve (every module keeping one head) walked until the score drops more than
+    `max_drop` below the unpruned one: (the last step within it, every step evaluated)."""
+    return within_drop(pruning_steps(sites, importance, evaluate, step, recompute, keep_one=True), max_drop)
+
+
+def side_by_side(scorers: Mapping[str, Callable[[], float]], rounds: int = 3,
+                 clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, Any]]:
+    """Time every scorer once per round, alternating the order; {label: {"score", "seconds": [...]}}.
+
+    The score is the first pass's (a model in eval mode scores the same set the same way every time)."""
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds} must be >= 1")
+    labels = list(scorers)
+    out: dict[str, dict[str, Any]] = {label: {"score": None, "seconds": []} for label in labels}
+    for r in range(rounds):
+        for label in labels if r % 2 == 0 else labels[::-1]:
+            start = clock()
+            score = scorers[label]()
+            out[label]["seconds"].append(clock() - start)
+            if out[label]["score"] is None:
+                out[label]["score"] = score
+    return out
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_of(payload: dict[str, Any], where: str, device: str = "cpu") -> nn.Module:
+    """The (eval-mode) model of an in-memory checkpoint payload."""
+    from multibranch.checkpoint.format import load_state_strict
+    from multibranch.convert.payload import experiment_config
+    from multibranch.tasks import build_task_model
+
+    model = build_task_model(experiment_config(payload))
+    load_state_strict(model, payload["model"], where)
+    return model.to(device).eval()
