@@ -90,7 +90,7 @@ def prune_heads(payload: dict[str, Any], remove: Iterable[tuple[str, int]], sour
             layer.ffn_drop_branch = layer.drop_branch  # keep the FFN's effective rate
         layer.drop_branch = RateConfig()  # drop-branch on one attention branch would drop the sublayer
         layer.head_drop = False
-    check_state(model, state, where)
+    check_state(cfg, state, where)
 
     meta = {k: v for k, v in (payload.get("meta") or {}).items() if k not in ("config_hash", "valid")}
     meta["conversion"] = {"kind": "prune", "removed": [[n, h] for n, h in remove], "kept": kept}
