@@ -155,7 +155,7 @@ def _read_config(directory: Path) -> tuple[dict[str, Any], Path]:
         raise CheckpointError(f"{config_file}: not valid JSON ({err})") from None
     if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
         found = raw.get("model_type") if isinstance(raw, dict) else None
-        raise ConfigError(f"{config_file}: model_type={found!r}; `convert hf-bert` imports only BERT and RoBERTa "
+        raise ConfigError(f"{config_file}: model_type={found!r}; `convert from-hf-bert` imports only BERT and RoBERTa "
                           "encoders (model_type 'bert' or 'roberta')")
     return raw, config_file
 

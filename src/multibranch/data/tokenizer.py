@@ -107,6 +107,7 @@ class Tokenizer:
 
 
 HF_STATE_KEYS = ("hf_json", "hf_ids")  # checkpoint form of an HFTokenizer
+HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")  # a directory needs one of them
 HF_ID_NAMES = ("vocab_size", "pad", "bos", "eos", "unk")
 
 
@@ -135,6 +136,9 @@ class HFTokenizer:
         directory = Path(directory)
         if not directory.is_dir():
             raise DataError(f"{directory}: not a directory (expected a local Hugging Face model or tokenizer directory)")
+        if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
+            # transformers would build an empty-vocabulary tokenizer from config.json alone
+            raise DataError(f"{directory}: no Hugging Face tokenizer ({', '.join(HF_TOKENIZER_FILES)})")
         try:
             from transformers import AutoTokenizer
         except ImportError:
@@ -144,8 +148,7 @@ class HFTokenizer:
             backend = hf.backend_tokenizer
         except (OSError, ValueError, AttributeError, TypeError, KeyError) as err:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise DataError(f"{directory}: no usable Hugging Face fast tokenizer (tokenizer.json, or vocab.txt / "
-                            f"vocab.json + merges.txt): {reason}") from None
+            raise DataError(f"{directory}: transformers cannot load its tokenizer: {reason}") from None
         specials = {"pad": hf.pad_token_id, "bos": hf.cls_token_id, "eos": hf.sep_token_id}
         missing = [f"{name} ({token})" for name, token in zip(specials, ("pad", "cls", "sep")) if specials[name] is None]
         if missing:
@@ -195,6 +198,14 @@ class HFTokenizer:
         """Vocabulary size and special ids (for data.json and reports)."""
         return dict(self.ids)
 
+    @classmethod
+    def from_description(cls, tokenizer_json: bytes, ids: dict[str, Any], where: str) -> HFTokenizer:
+        """The inverse of `describe` (unk -1 = none); DataError naming `where` for missing or bad ids."""
+        if not all(isinstance(ids.get(name), int) for name in HF_ID_NAMES):
+            raise DataError(f"{where}: corrupted (the Hugging Face tokenizer needs integer {', '.join(HF_ID_NAMES)})")
+        unk = ids["unk"] if ids["unk"] >= 0 else None
+        return cls(tokenizer_json, ids["vocab_size"], ids["pad"], ids["bos"], ids["eos"], unk)
+
     def encode_src(self, lines: list[str]) -> list[list[int]]:
         return [enc.ids for enc in self.backend.encode_batch(list(lines), add_special_tokens=False)]
 
@@ -215,9 +226,7 @@ class HFTokenizer:
     @classmethod
     def from_state(cls, state: dict[str, torch.Tensor]) -> HFTokenizer:
         values = dict(zip(HF_ID_NAMES, state["hf_ids"].tolist(), strict=True))
-        unk = values["unk"] if values["unk"] >= 0 else None
-        return cls(bytes(state["hf_json"].numpy().tobytes()), values["vocab_size"], values["pad"], values["bos"],
-                   values["eos"], unk)
+        return cls.from_description(bytes(state["hf_json"].numpy().tobytes()), values, "checkpoint tokenizer")
 
 
 AnyTokenizer = Tokenizer | HFTokenizer

@@ -7,7 +7,7 @@ projections, auxiliary losses and parameter groups come from the model's modules
 
 Run directory:
     config.yaml            resolved experiment config
-    tokenizer/             SentencePiece model(s) (also embedded in every checkpoint)
+    tokenizer/             SentencePiece model(s) or HF tokenizer.json (also embedded in every checkpoint)
     checkpoints/step_*.pt  weights + meta at every validation (the last `keep_last`)
     best.pt, last.pt       best by `best_metric`; last also holds the full training state
     metrics.jsonl          one record per log interval / validation
@@ -217,8 +217,8 @@ class Trainer:
                 log.warning("removed %d temporary file(s) left by an interrupted write: %s", len(removed),
                             ", ".join(str(p) for p in removed))
             atomic_write_text(run / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
-            atomic_write_bytes(run / "tokenizer" / "src.model", self.tokenizer.src_proto)
-            atomic_write_bytes(run / "tokenizer" / "tgt.model", self.tokenizer.tgt_proto)
+            for name, content in self.tokenizer.files().items():
+                atomic_write_bytes(run / "tokenizer" / name, content)
         D.barrier(self.dist)
 
     def _close_log(self) -> None:
