@@ -19,8 +19,9 @@ Architecture mapping (a post-norm encoder with learned positions and an embeddin
     BERT classifier   | RoBERTa classifier.out_proj -> out
     layer_norm_eps -> model.norm_eps; hidden_act -> activation; scale_embedding=False
 
-In eval mode the logits equal HF's `...ForSequenceClassification` logits. In training, RoBERTa's head
-applies one more dropout (before its dense layer) than ours; BERT's head matches exactly.
+In eval mode the logits equal HF's `...ForSequenceClassification` logits. The head's dropouts follow HF
+too: classifier_dropout (else hidden_dropout_prob) before the output layer, and for RoBERTa also before
+the dense layer (classifier.input_dropout).
 Ids are the HF model's: the tokenizer of the directory is stored in the checkpoint
 (`data.tokenizer.HFTokenizer`), bos/eos = CLS/SEP as HF puts them around a single text.
 """
@@ -107,7 +108,8 @@ def import_bert(directory: str | Path, labels: list[str] | None = None, num_labe
     config = ExperimentConfig(
         model=_model_config(c, max_positions, tokenizer), train=_fine_tuning_defaults(), task="classification",
         classifier=ClassifierConfig(pooling="first", num_labels=len(head_labels) if head_labels else num_labels or 0,
-                                    labels=head_labels),
+                                    labels=head_labels, dropout=_classifier_dropout(c),
+                                    input_dropout=c.model_type == "roberta"),
         description=f"imported from Hugging Face {c.model_type} {directory}",
     )
     fresh = _fresh_head(config, seed) if dense is None or rows is None else {}
@@ -205,6 +207,12 @@ def _model_config(c: Any, max_positions: int, tokenizer: Any) -> Any:
         bos_id=tokenizer.bos_id,
         eos_id=tokenizer.eos_id,
     )
+
+
+def _classifier_dropout(c: Any) -> float | None:
+    """HF's head dropout: classifier_dropout when set, else hidden_dropout_prob (= our default, None)."""
+    value = getattr(c, "classifier_dropout", None)
+    return None if value is None else float(value)
 
 
 def _fine_tuning_defaults() -> Any:

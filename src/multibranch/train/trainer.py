@@ -183,8 +183,14 @@ class Trainer:
             )
 
     def _init_from(self, path: Path) -> None:
-        """Load --init-from weights; a mismatch names the differing config fields (else the tensors)."""
+        """Load --init-from weights; a mismatch names the differing config fields (else the tensors).
+        Weights imported with a Hugging Face tokenizer need data prepared with that tokenizer."""
         payload = load_checkpoint(path)
+        tokenizer = payload.get("tokenizer")
+        if tokenizer and "hf_json" in tokenizer and not same_tokenizer(tokenizer, self.tokenizer.to_state()):
+            raise CheckpointError(f"--init-from {path}: its weights expect the ids of its Hugging Face tokenizer, "
+                                  f"but {self.opts.data_dir} was prepared with another tokenizer; prepare it with "
+                                  "`multibranch prepare --task classify --hf-tokenizer DIR` (DIR: the imported model)")
         if state_mismatch(self.model.state_dict(), payload["model"]):
             differences = config_differences(payload["config"].get("model"), self.cfg.to_dict()["model"], "model",
                                              "checkpoint", "config")
@@ -238,7 +244,7 @@ class Trainer:
         training = payload.get("training")
         if training is None:
             raise CheckpointError(f"{path} holds no training state (was it averaged or converted?)")
-        saved = payload["config"]
+        saved = ExperimentConfig.from_dict(payload["config"]).to_dict()  # fields added since: their defaults
         now = self.cfg.to_dict()
         if self._model_sections(saved) != self._model_sections(now):
             differences = config_differences(self._model_sections(saved), self._model_sections(now), "config",
