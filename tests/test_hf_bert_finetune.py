@@ -122,3 +122,35 @@ def test_fine_tune_an_imported_bert_end_to_end(tmp_path, capsys):
     assert len(out) == 5 and all(line.split("\t")[0] in ("animal", "other") for line in out)
     probs = np.array([[float(x.split("=")[1]) for x in line.split("\t")[1].split()] for line in out])
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-3)
+
+
+def test_init_from_an_import_needs_its_tokenizer(tmp_path, capsys):
+    """Data tokenized with SentencePiece would feed the imported embeddings other ids: refused, one line."""
+    bert_dir(tmp_path / "hf", num_labels=2)
+    write_tsv(tmp_path / "train.tsv", sentences(40, seed=11))
+    ckpt = tmp_path / "bert.pt"
+    assert main(["convert", "from-hf-bert", "--model-dir", str(tmp_path / "hf"), "--out", str(ckpt)]) == 0
+    assert main(["prepare", "--task", "classify", "--train", str(tmp_path / "train.tsv"), "--holdout", "4",
+                 "--vocab-size", "40", "--out", str(tmp_path / "data")]) == 0
+    capsys.readouterr()
+    assert main(["train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--init-from", str(ckpt),
+                 "--max-steps", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "its weights expect the ids of its Hugging Face tokenizer" in err and "--hf-tokenizer" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_exported_import_keeps_its_tokenizer(tmp_path, capsys):
+    """convert export writes tokenizer.json + its ids; the exported directory classifies like the checkpoint."""
+    bert_dir(tmp_path / "hf", num_labels=3)
+    ckpt, out = tmp_path / "bert.pt", tmp_path / "export"
+    assert main(["convert", "from-hf-bert", "--model-dir", str(tmp_path / "hf"), "--out", str(ckpt)]) == 0
+    assert main(["convert", "export", "--ckpt", str(ckpt), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert (out / "tokenizer.json").is_file()
+    from multibranch.inference.classify import classify_lines
+
+    texts = sentences(6, seed=4)
+    a, b = load_model(ckpt, task="classification"), load_model(out, task="classification")
+    assert type(a.tokenizer) is type(b.tokenizer) and a.tokenizer.describe() == b.tokenizer.describe()
+    torch.testing.assert_close(classify_lines(b.model, b.tokenizer, texts), classify_lines(a.model, a.tokenizer, texts))
