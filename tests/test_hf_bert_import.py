@@ -96,7 +96,7 @@ def test_cli_import_then_classify_raw_text_like_hf(tmp_path, capsys):
     capsys.readouterr()  # save_pretrained's progress bar
     out = tmp_path / "roberta.pt"
     assert main(["convert", "from-hf-bert", "--model-dir", str(tmp_path / "hf"), "--out", str(out)]) == 0
-    assert "HF roberta 2 layers" in capsys.readouterr().out
+    assert "HF roberta 2 layers" in capsys.readouterr().out  # summary line
     loaded = load_model(out, task="classification")
     probs = classify_lines(loaded.model, loaded.tokenizer, TEXTS, batch_size=3)
     enc = tok(TEXTS, padding=True, return_tensors="pt")

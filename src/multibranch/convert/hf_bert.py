@@ -307,7 +307,8 @@ def _choose_head(hf_labels: list[str], labels: list[str] | None, num_labels: int
         if not hf_labels:
             raise ConfigError(f"{directory} has no classification head (a base model); give --labels or "
                               "--num-labels for a new one")
-        return hf_labels, list(range(len(hf_labels))), f"classification head kept ({len(hf_labels)} labels)"
+        order = "" if hf_labels == sorted(hf_labels) else "; `prepare` sorts labels: give --labels to reorder the head"
+        return hf_labels, list(range(len(hf_labels))), f"classification head kept (labels {', '.join(hf_labels)}{order})"
     if labels is not None:
         if len(set(labels)) != len(labels) or len(labels) < 2:
             raise ConfigError(f"--labels {','.join(labels)}: give at least two distinct labels")

@@ -106,7 +106,6 @@ class Tokenizer:
         return cls(src, tgt)
 
 
-HF_STATE_KEYS = ("hf_json", "hf_ids")  # checkpoint form of an HFTokenizer
 HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")  # a directory needs one of them
 HF_ID_NAMES = ("vocab_size", "pad", "bos", "eos", "unk")
 
