@@ -161,6 +161,10 @@ def test_bad_input_is_one_clear_line(tmp_path, capsys):
         (no_tok / name).unlink()
     _one_error_line(capsys, convert(no_tok), "no Hugging Face tokenizer (tokenizer.json, vocab.txt, vocab.json)")
 
+    bad_tok = variant("bad_tokenizer")
+    (bad_tok / "tokenizer.json").write_text("{not json")
+    _one_error_line(capsys, convert(bad_tok), "transformers cannot load its tokenizer")
+
     relative = variant("relative")
     (relative / "config.json").write_text(json.dumps({**config, "position_embedding_type": "relative_key"}))
     _one_error_line(capsys, convert(relative), "only 'absolute' positions")

@@ -61,7 +61,10 @@ def import_bert(directory: str | Path, labels: list[str] | None = None, num_labe
         from transformers import AutoConfig
     except ImportError:
         raise ConfigError("importing Hugging Face models needs transformers: pip install 'multibranch[hf]'") from None
-    c = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    try:
+        c = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, TypeError) as err:
+        raise ConfigError(f"{config_file}: transformers cannot read it ({str(err).splitlines()[0]})") from None
     _check_config(c, raw, config_file)
     from multibranch.data.errors import DataError
     from multibranch.data.tokenizer import HFTokenizer

@@ -145,7 +145,7 @@ class HFTokenizer:
         try:
             hf = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
             backend = hf.backend_tokenizer
-        except (OSError, ValueError, AttributeError, TypeError, KeyError) as err:
+        except Exception as err:  # any failure of transformers/tokenizers to read the files: one line
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise DataError(f"{directory}: transformers cannot load its tokenizer: {reason}") from None
         specials = {"pad": hf.pad_token_id, "bos": hf.cls_token_id, "eos": hf.sep_token_id}
