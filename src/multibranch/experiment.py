@@ -65,10 +65,12 @@ def load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 def resolve_config(
-    preset: str | None = None, config_file: str | None = None, overrides: list[str] | None = None
+    preset: str | None = None, config_file: str | None = None, overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
 ) -> ExperimentConfig:
-    """Preset, then a config file, then `key=value` overrides, validated into an ExperimentConfig."""
-    data: dict[str, Any] = load_preset_dict(preset) if preset else {}
+    """Preset (or the config dict `base`, e.g. a checkpoint's), then a config file, then `key=value`
+    overrides, validated into an ExperimentConfig."""
+    data: dict[str, Any] = load_preset_dict(preset) if preset else deep_merge({}, base or {})
     if config_file:
         file_data = load_yaml(config_file)
         base = file_data.pop("base", None)

@@ -4,7 +4,8 @@
                               stored once, the other keys are listed in config.json "tied_weights"
     OUT/config.json           format + version, the resolved ExperimentConfig, tied weights, key
                               order, tokenizer file names, meta (step, validation scores, ...)
-    OUT/sentencepiece.model   joint vocabulary, or OUT/source.model + OUT/target.model
+    OUT/sentencepiece.model   joint vocabulary, or OUT/source.model + OUT/target.model, or
+    OUT/tokenizer.json        a Hugging Face tokenizer (imported BERT/RoBERTa; its ids in config.json)
 
 `load_export(OUT)` returns a payload shaped like `checkpoint.format.load_checkpoint`'s, so any code
 that takes a payload (load_model, averaging, conversions) can read an exported directory.
@@ -27,6 +28,7 @@ EXPORT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 JOINT_SPM, SOURCE_SPM, TARGET_SPM = "sentencepiece.model", "source.model", "target.model"
+HF_TOKENIZER = "tokenizer.json"
 
 
 def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False) -> list[Path]:
@@ -52,10 +54,13 @@ def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False)
 
     tokenizer_files = None
     if payload.get("tokenizer"):
-        from multibranch.data.tokenizer import Tokenizer
+        from multibranch.data.tokenizer import HFTokenizer, tokenizer_from_state
 
-        tok = Tokenizer.from_state(payload["tokenizer"])
-        if tok.joint:
+        tok = tokenizer_from_state(payload["tokenizer"])
+        if isinstance(tok, HFTokenizer):
+            tokenizer_files = {"hf": HF_TOKENIZER, "ids": tok.describe()}
+            written.append(_write_bytes(out / HF_TOKENIZER, tok.tokenizer_json))
+        elif tok.joint:
             tokenizer_files = {"src": JOINT_SPM, "tgt": JOINT_SPM}
             written.append(_write_bytes(out / JOINT_SPM, tok.src_proto))
         else:
@@ -113,13 +118,17 @@ def load_export(directory: str | Path) -> dict[str, Any]:
     tokenizer = None
     files = document.get("tokenizer")
     if files:
-        from multibranch.data.tokenizer import Tokenizer
+        from multibranch.data.tokenizer import HFTokenizer, Tokenizer
 
-        paths = [directory / files["src"], directory / files["tgt"]]
+        paths = [directory / files[side] for side in (("hf",) if "hf" in files else ("src", "tgt"))]
         for path in paths:
             if not path.is_file():
                 raise CheckpointError(f"{directory} is incomplete: missing {path.name}")
-        tokenizer = Tokenizer(paths[0].read_bytes(), paths[1].read_bytes()).to_state()
+        if "hf" in files:
+            tokenizer = HFTokenizer.from_description(paths[0].read_bytes(), files.get("ids") or {},
+                                                     str(config_path)).to_state()
+        else:
+            tokenizer = Tokenizer(paths[0].read_bytes(), paths[1].read_bytes()).to_state()
     return {
         "format": FORMAT,
         "version": VERSION,

@@ -29,7 +29,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", task: str |
     `task`: the task the caller needs ("translation", "classification"); a checkpoint of another task
     is a CheckpointError naming the command that uses it, before any weights are built.
     """
-    from multibranch.data.tokenizer import Tokenizer
+    from multibranch.data.tokenizer import tokenizer_from_state
     from multibranch.experiment import ExperimentConfig
     from multibranch.tasks import build_task_model
 
@@ -42,5 +42,5 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", task: str |
     model = build_task_model(config)
     load_state_strict(model, payload["model"], str(path))
     model.to(device).eval()
-    tokenizer = Tokenizer.from_state(payload["tokenizer"]) if payload.get("tokenizer") else None
+    tokenizer = tokenizer_from_state(payload["tokenizer"]) if payload.get("tokenizer") else None
     return LoadedModel(model, tokenizer, config, payload)

@@ -4,6 +4,7 @@
                                  [--drop-branch RHO] [--merge mean|mean_sq] [--set model.x=y ...]
     multibranch convert fold     --ckpt MAT.pt --out FOLDED.pt
     multibranch convert from-hf  --model-dir DIR --out OUT.pt
+    multibranch convert from-hf-bert --model-dir DIR --out OUT.pt [--labels A,B,... | --num-labels N]
     multibranch convert export   --ckpt X.pt --out DIR
     multibranch convert ct2      --ckpt X.pt --out DIR [--quantization float32|int8|...]
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "checkpoint surgery: proximal init (standard -> MAT), MAT folding, HF Marian import, export"
+HELP = "checkpoint surgery: proximal init (standard -> MAT), MAT folding, HF Marian / BERT / RoBERTa import, export"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +50,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="ignore source.spm/target.spm/vocab.json: keep HF ids (weights-only import)")
     p.add_argument("--force", action="store_true", help="overwrite --out")
     p.set_defaults(convert_run=_from_hf)
+
+    p = sub.add_parser("from-hf-bert",
+                       help="import a local Hugging Face BERT or RoBERTa directory as a classifier (needs transformers)")
+    p.add_argument("--model-dir", required=True,
+                   help="local directory with config.json, model.safetensors or pytorch_model.bin and the tokenizer "
+                        "(never the hub)")
+    p.add_argument("--out", required=True, help="classifier checkpoint to write")
+    head = p.add_mutually_exclusive_group()
+    head.add_argument("--labels", metavar="A,B,...",
+                      help="label names in the order `prepare` gives them (sorted): a new head, or the model's own "
+                           "head reordered when it has exactly these labels (unset: keep the model's head)")
+    head.add_argument("--num-labels", type=int, metavar="N", help="a new classification head with N labels")
+    p.add_argument("--seed", type=int, default=1, help="seed of a new head's random initialisation")
+    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.set_defaults(convert_run=_from_hf_bert)
 
     p = sub.add_parser("export", help="write model.safetensors + config.json + SentencePiece model(s) to a directory")
     p.add_argument("--ckpt", required=True, help="checkpoint to export")
@@ -122,6 +138,21 @@ def _from_hf(args: argparse.Namespace) -> int:
     save_checkpoint(args.out, payload)
     conv = payload["meta"]["conversion"]
     print(f"wrote {args.out}: {conv['summary']}")
+    return 0
+
+
+def _from_hf_bert(args: argparse.Namespace) -> int:
+    from multibranch.checkpoint.format import save_checkpoint
+    from multibranch.convert.hf_bert import import_bert
+    from multibranch.convert.payload import refuse_overwrite
+    from multibranch.data.text import check_output_file
+
+    refuse_overwrite(args.out, args.force)
+    check_output_file(args.out, [], parent_must_exist=False)
+    labels = [name.strip() for name in args.labels.split(",")] if args.labels is not None else None
+    payload = import_bert(args.model_dir, labels=labels, num_labels=args.num_labels, seed=args.seed)
+    save_checkpoint(args.out, payload)
+    print(f"wrote {args.out}: {payload['meta']['conversion']['summary']}")
     return 0
 
 

@@ -10,7 +10,8 @@ HELP = ("train SentencePiece on PREFIX.LANG files (or labelled text files with -
 
 TRANSLATION_ONLY = ("src", "tgt")
 CLASSIFY_ONLY = ("holdout", "format", "header", "label_column", "text_column", "label_key", "text_key", "fine_labels",
-                 "empty_text", "too_long")
+                 "empty_text", "too_long", "hf_tokenizer")
+SENTENCEPIECE_ONLY = ("vocab_size", "model_type", "character_coverage")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="an example with empty text: stop with file:line, or drop it (counted)")
     classify.add_argument("--too-long", choices=["truncate", "drop"], default="truncate",
                           help="texts longer than --max-len: truncate, or drop (train only)")
+    classify.add_argument("--hf-tokenizer", metavar="DIR",
+                          help="tokenize with the Hugging Face tokenizer in DIR (the model directory given to "
+                               "`convert from-hf-bert`) instead of training SentencePiece: ids and CLS/SEP are the "
+                               "HF model's")
     parser.add_argument("--out", required=True, metavar="DIR", help="output data directory")
     parser.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size")
     parser.add_argument(
@@ -76,7 +81,8 @@ def _given(args: argparse.Namespace, names: tuple[str, ...], parser_defaults: di
 
 DEFAULTS = {"holdout": None, "format": "auto", "header": "auto", "label_column": "0", "text_column": "1",
             "label_key": "label", "text_key": "text", "fine_labels": False, "empty_text": "error",
-            "too_long": "truncate", "src": None, "tgt": None}
+            "too_long": "truncate", "src": None, "tgt": None, "hf_tokenizer": None, "vocab_size": 8000,
+            "model_type": "bpe", "character_coverage": 1.0}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,6 +130,10 @@ def run_classify(args: argparse.Namespace) -> int:
 
     if (args.valid is None) == (args.holdout is None):
         raise UserError("--task classify needs exactly one of --valid FILE and --holdout N")
+    if args.hf_tokenizer is not None:
+        wrong = _given(args, SENTENCEPIECE_ONLY, DEFAULTS)
+        if wrong:
+            raise UserError(f"{', '.join(wrong)}: SentencePiece settings, not used with --hf-tokenizer")
     read = ReadOptions(format=args.format, header=args.header, label_column=args.label_column,
                        text_column=args.text_column, label_key=args.label_key, text_key=args.text_key,
                        fine_labels=args.fine_labels, empty_text=args.empty_text,
@@ -132,7 +142,7 @@ def run_classify(args: argparse.Namespace) -> int:
                                 test=list(args.test), read=read, vocab_size=args.vocab_size,
                                 model_type=args.model_type, character_coverage=args.character_coverage,
                                 max_len=args.max_len or None, too_long=args.too_long, force=args.force,
-                                seed=args.seed)
+                                seed=args.seed, hf_tokenizer=args.hf_tokenizer)
     cfg.validate()
     meta = prepare_classification(cfg)
     print(classify_summary(meta, args.out))
@@ -141,7 +151,9 @@ def run_classify(args: argparse.Namespace) -> int:
 
 def classify_summary(meta: dict, out: str) -> str:
     """A few lines: examples per split, labels, output location."""
-    lines = [f"prepared {len(meta['labels'])}-label classification data in {out} ({meta['vocab_size']} pieces; "
+    vocabulary = (f"Hugging Face tokenizer, {meta['vocab_size']} ids" if meta.get("hf_tokenizer")
+                  else f"{meta['vocab_size']} pieces")
+    lines = [f"prepared {len(meta['labels'])}-label classification data in {out} ({vocabulary}; "
              f"labels: {', '.join(meta['labels'])})"]
     for name, entry in meta["splits"].items():
         lines.append(f"  {name:<6} {entry['examples']:>8} examples")

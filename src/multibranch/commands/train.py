@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, type=Path, help="directory written by `multibranch prepare`")
     parser.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, metrics.jsonl, logs)")
     parser.add_argument("--preset", help="named preset, e.g. mat-tiny (see `multibranch info --list`)")
-    parser.add_argument("--config", help="YAML config file (applied after the preset)")
+    parser.add_argument("--config", help="YAML config file (applied after the preset); without --preset and --config, "
+                                         "--init-from CKPT uses the checkpoint's config (e.g. an imported BERT)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config value, e.g. --set model.encoder.attention_branches=3 (repeatable)")
     group = parser.add_argument_group("common settings (shortcuts for --set train.*)")
@@ -74,13 +75,18 @@ def run(args: argparse.Namespace) -> int:
     if args.deterministic:
         overrides.append("train.deterministic=true")
     config_file = args.config
+    base = None
     if args.preset is None and config_file is None:
         saved = args.out / "config.yaml"
         if args.resume and saved.exists():
             config_file = str(saved)
+        elif args.init_from is not None and not args.resume:
+            from multibranch.checkpoint.format import load_checkpoint
+
+            base = load_checkpoint(args.init_from)["config"]  # the model (and settings) the weights come with
         else:
             raise UserError("choose a model with --preset NAME or --config FILE (presets: `multibranch info --list`)")
-    cfg = resolve_config(args.preset, config_file, overrides)
+    cfg = resolve_config(args.preset, config_file, overrides, base=base)
     opts = RunOptions(
         data_dir=args.data, run_dir=args.out, resume=args.resume, force=args.force, init_from=args.init_from,
         reset_optimizer=args.reset_optimizer, reset_schedule=args.reset_schedule, reset_data=args.reset_data,

@@ -139,6 +139,9 @@ def check_exportable(model: ModelConfig, where: str) -> None:
         if getattr(model, side).layer_heads is not None:
             raise ConfigError(f"{where}: cannot export to CTranslate2: it has pruned heads (per-layer head counts, "
                               "which a CTranslate2 model cannot express)")
+    if model.embedding_norm or model.norm_eps != 1e-5:
+        raise ConfigError(f"{where}: cannot export to CTranslate2: embedding_norm={model.embedding_norm} and "
+                          f"norm_eps={model.norm_eps} are not mapped (only the defaults False and 1e-05 are)")
     if model.relative_positions > 0 and model.positions != "none":
         raise ConfigError(f"{where}: cannot export to CTranslate2: it has no absolute positions next to relative "
                           f"ones, but this model uses positions={model.positions!r} with relative_positions="

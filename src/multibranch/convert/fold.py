@@ -80,7 +80,7 @@ def fold_mat(payload: dict[str, Any], source: str | None = None) -> dict[str, An
             layer.ffn_drop_branch = None
     for layer in layers.values():
         layer.attention_branches = 1
-    check_state(model, state, where)
+    check_state(cfg, state, where)
 
     src_meta = payload.get("meta") or {}
     meta = {k: v for k, v in src_meta.items() if k != "config_hash"}  # same function: scores still hold

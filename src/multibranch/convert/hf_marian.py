@@ -159,7 +159,7 @@ def import_marian(directory: str | Path, *, use_tokenizer: bool = True) -> dict[
 
     config = ExperimentConfig(model=model, decode=_decode_config(directory),
                               description=f"imported from Hugging Face MarianMTModel {directory}")
-    check_state(model, state, str(directory))
+    check_state(config, state, str(directory))
     summary = (f"HF Marian {model.encoder_layers}+{model.decoder_layers} layers, d={model.d_model}, "
                f"share_embeddings={share}, {vocab.note}")
     meta = {

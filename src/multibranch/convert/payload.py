@@ -18,7 +18,6 @@ from multibranch.checkpoint.format import CheckpointError, state_mismatch
 
 if TYPE_CHECKING:
     from multibranch.experiment import ExperimentConfig
-    from multibranch.models import ModelConfig
 
 # meta keys that describe the training run's progress; they stop being true after surgery
 RUN_META_KEYS = ("valid", "config_hash")
@@ -51,16 +50,13 @@ def describe_source(payload: dict[str, Any], source: str | None) -> dict[str, An
     }
 
 
-def check_state(model_cfg: ModelConfig | ExperimentConfig, state: dict[str, Tensor], source: str) -> None:
-    """Raise CheckpointError unless `state` has exactly the keys and shapes of a model built from
-    `model_cfg` (a translation model; an experiment config builds its task's model). The reference
-    model is built on the meta device, so this costs no memory."""
-    from multibranch.models import build_model
+def check_state(config: ExperimentConfig, state: dict[str, Tensor], source: str) -> None:
+    """Raise CheckpointError unless `state` has exactly the keys and shapes of the model (of its task)
+    built from `config`. The reference model is built on the meta device, so this costs no memory."""
     from multibranch.tasks import build_task_model
 
     with torch.device("meta"):
-        model = build_task_model(model_cfg) if hasattr(model_cfg, "task") else build_model(model_cfg)
-        reference = model.state_dict()
+        reference = build_task_model(config).state_dict()
     problems = state_mismatch(reference, state)
     if problems:
         raise CheckpointError("\n".join([f"{source}: converted weights do not fit the converted config", *problems]))

@@ -88,7 +88,7 @@ def proximal_init(
             state[key] = duplicate_ffn(key, tensor, branches[m.group(1)].ffn_branches)
         else:
             state[key] = tensor  # same object: tied embeddings stay tied
-    check_state(new.model, state, where)
+    check_state(new, state, where)
 
     merges = {side: layer.branch_merge for side, layer in branches.items() if layer.attention_branches > 1}
     if "mean_sq" in merges.values():

@@ -23,7 +23,7 @@ from multibranch.data.prepare_classify import ARRAYS, FORMAT, FORMAT_VERSION, fi
 from multibranch.data.text import read_lines
 
 if TYPE_CHECKING:
-    from multibranch.data.tokenizer import Tokenizer
+    from multibranch.data.tokenizer import HFTokenizer, Tokenizer
 
 
 
@@ -82,9 +82,21 @@ class ClassificationData:
         if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels) \
                 or len(set(labels)) != len(labels):
             raise DataError(f"{meta_path}: corrupted (labels must be a list of distinct strings); {AGAIN}")
-        if not (directory / meta["spm"]).is_file():
-            raise DataError(f"{directory / meta['spm']}: missing; {AGAIN}")
+        hf = meta.get("hf_tokenizer")
+        if hf is not None and not (isinstance(hf, dict) and isinstance(hf.get("file"), str)):
+            raise DataError(f"{meta_path}: corrupted (hf_tokenizer); {AGAIN}")
+        if meta["spm"] is None and hf is None:
+            raise DataError(f"{meta_path}: corrupted (neither spm nor hf_tokenizer); {AGAIN}")
+        tokenizer_file = directory / (hf["file"] if hf else meta["spm"])
+        if not tokenizer_file.is_file():
+            raise DataError(f"{tokenizer_file}: missing; {AGAIN}")
         return cls(directory, meta)
+
+    @property
+    def tokenizer_file(self) -> str:
+        """The tokenizer's file name in the directory (SentencePiece model or HF tokenizer.json)."""
+        hf = self.meta.get("hf_tokenizer")
+        return hf["file"] if hf else self.meta["spm"]
 
     @property
     def fingerprint(self) -> str:
@@ -105,13 +117,18 @@ class ClassificationData:
 
     def verify(self) -> None:
         """Recompute the fingerprint from the files; DataError if they changed since `prepare`."""
-        if fingerprint(self.directory, self.labels, self.split_names) != self.fingerprint:
+        if fingerprint(self.directory, self.labels, self.split_names, self.tokenizer_file) != self.fingerprint:
             raise DataError(f"{self.directory}: files do not match data.json's fingerprint; {AGAIN}")
 
-    def tokenizer(self) -> Tokenizer:
-        """The SentencePiece model of this data (as a joint `Tokenizer`: use `encode_src`)."""
-        from multibranch.data.tokenizer import Tokenizer  # imports torch: only when asked
+    def tokenizer(self) -> Tokenizer | HFTokenizer:
+        """The tokenizer of this data: its SentencePiece model (as a joint `Tokenizer`), or the Hugging Face
+        tokenizer it was prepared with; use `encode_src`."""
+        from multibranch.data.tokenizer import HFTokenizer, Tokenizer  # imports torch: only when asked
 
+        hf = self.meta.get("hf_tokenizer")
+        if hf:
+            return HFTokenizer.from_description((self.directory / hf["file"]).read_bytes(), hf,
+                                                str(self.directory / META_FILE))
         return Tokenizer.from_files(self.directory / self.meta["spm"])
 
     def split(self, name: str) -> ClassificationSplit:

@@ -7,7 +7,9 @@ stratified by label and chosen with a fixed seed (`stratified_holdout`). Further
 `test1`, ... The label vocabulary is the sorted set of training labels (sorted as strings; label id =
 position); a validation or test label that never occurs in train is an error naming the line.
 
-SentencePiece is trained on the training texts only. Texts longer than `max_len` subword tokens are
+SentencePiece is trained on the training texts only; with `hf_tokenizer` (a local Hugging Face model
+or tokenizer directory) no SentencePiece is trained and the texts are tokenized with that tokenizer
+(ids = the HF model's ids, bos/eos = its CLS/SEP), for fine-tuning an imported BERT/RoBERTa. Texts longer than `max_len` subword tokens are
 truncated (`too_long="truncate"`, counted) or, in train only, dropped (`too_long="drop"`, counted);
 validation and test examples are never dropped for length, only truncated, so their example counts
 stay those of the files. The kept raw text is written untruncated. For each validation and test split,
@@ -16,7 +18,8 @@ holdout: about 2% of an SST-2 holdout).
 
 Output directory (splits: `train`, `valid`, `test`, `test1`, ...):
 
-    spm.model              the SentencePiece model (pad 0, unk 1, bos 2, eos 3)
+    spm.model              the SentencePiece model (pad 0, unk 1, bos 2, eos 3), or
+    tokenizer.json         the Hugging Face tokenizer (with hf_tokenizer; its ids are in data.json)
     {split}.tokens.npy     int32, the ids of all kept texts concatenated (no BOS/EOS)
     {split}.offsets.npy    int64 [n+1]; text i is tokens[offsets[i]:offsets[i+1]]
     {split}.labels.npy     int64 [n], label ids (positions in data.json's `labels`)
@@ -52,11 +55,12 @@ from multibranch.data.prepare import (  # private helpers of the translation `pr
     check_spm_settings,
 )
 from multibranch.data.text import write_lines
-from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_processor
+from multibranch.data.tokenizer import HFTokenizer, Tokenizer
 
 FORMAT = "multibranch-classification-data"
 FORMAT_VERSION = 1
 SPM_FILE = "spm.model"
+HF_TOKENIZER_FILE = "tokenizer.json"
 ARRAYS = ("tokens", "offsets", "labels")
 DROP_REASONS = ("blank", "empty", "too_long")
 
@@ -67,7 +71,8 @@ class ClassifyPrepareConfig:
 
     Exactly one of `valid` (a file) and `holdout` (a fraction in (0, 1) or a whole count >= 1 of
     training examples, stratified, seeded by `seed`) gives the validation split. `max_len=None`
-    disables truncation. SentencePiece settings are those of the translation `PrepareConfig`.
+    disables truncation. SentencePiece settings are those of the translation `PrepareConfig`;
+    `hf_tokenizer` (a local HF model/tokenizer directory) replaces SentencePiece.
     """
 
     train: str
@@ -85,6 +90,7 @@ class ClassifyPrepareConfig:
     seed: int = 1
     threads: int = 1
     spm_max_sentences: int = 1_000_000
+    hf_tokenizer: str | None = None
 
     def validate(self) -> None:
         self.read.validate()
@@ -160,13 +166,14 @@ def prepare_classification(cfg: ClassifyPrepareConfig) -> dict[str, Any]:
     cfg.validate()
     out = Path(cfg.out).resolve()
     _check_paths(cfg, out)
+    hf = HFTokenizer.from_pretrained(cfg.hf_tokenizer) if cfg.hf_tokenizer is not None else None
     splits = _read_splits(cfg)
     labels = sorted(set(splits[0].labels))
     for split in splits[1:]:
         _check_labels(split, labels)
 
     with atomic_directory(out) as tmp:
-        meta = _build(cfg, splits, labels, tmp)
+        meta = _build(cfg, splits, labels, tmp, hf)
     return {**meta, "out": cfg.out}
 
 
@@ -245,20 +252,27 @@ def _fit_lengths(cfg: ClassifyPrepareConfig, split: _Split, ids: list[list[int]]
     return [ids[i][: cfg.max_len] for i in keep]
 
 
-def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], out: Path) -> dict[str, Any]:
-    """Train SentencePiece, encode, fit lengths and write every file into `out`; returns the metadata."""
+def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], out: Path,
+           hf: HFTokenizer | None) -> dict[str, Any]:
+    """Train SentencePiece (unless `hf` is given), encode, fit lengths and write every file into `out`;
+    returns the metadata."""
     import sentencepiece
 
     from multibranch import __version__
 
-    proto = _train_spm(cfg, splits[0].texts)
-    processor = load_processor(proto)
-    (out / SPM_FILE).write_bytes(proto)
+    tokenizer: Tokenizer | HFTokenizer
+    if hf is None:
+        proto = _train_spm(cfg, splits[0].texts)
+        tokenizer, tokenizer_file = Tokenizer(proto, proto), SPM_FILE
+        (out / SPM_FILE).write_bytes(proto)
+    else:
+        tokenizer, tokenizer_file = hf, HF_TOKENIZER_FILE
+        (out / HF_TOKENIZER_FILE).write_bytes(hf.tokenizer_json)
     label_ids = {label: i for i, label in enumerate(labels)}
     split_meta: dict[str, Any] = {}
     train_texts = set(splits[0].texts)
     for split in splits:
-        ids = _fit_lengths(cfg, split, processor.encode(split.texts))
+        ids = _fit_lengths(cfg, split, tokenizer.encode_src(split.texts))
         tokens, offsets = _binarise(ids)
         label_array = np.array([label_ids[label] for label in split.labels], dtype=np.int64)
         np.save(out / f"{split.name}.tokens.npy", tokens)
@@ -278,21 +292,24 @@ def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], 
             "label_counts": {label: counts.get(label, 0) for label in labels},
             "tokens": int(len(tokens)),
             "length": _length_stats(np.diff(offsets)),
-            "unk_rate": float((tokens == UNK_ID).sum() / max(len(tokens), 1)),
+            "unk_rate": float((tokens == tokenizer.unk_id).sum() / max(len(tokens), 1)),
             "types": int(len(np.unique(tokens))),
             "in_train": None if split.name == "train" else sum(text in train_texts for text in split.texts),
         }
     meta: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "spm": SPM_FILE,
-        "vocab_size": processor.get_piece_size(),
-        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "spm": SPM_FILE if hf is None else None,
+        "hf_tokenizer": None if hf is None else {"file": HF_TOKENIZER_FILE, "source": str(cfg.hf_tokenizer),
+                                                 **hf.describe()},
+        "vocab_size": tokenizer.src_vocab_size,
+        "special_ids": {"pad": tokenizer.pad_id, "unk": tokenizer.unk_id, "bos": tokenizer.bos_id,
+                        "eos": tokenizer.eos_id},
         "labels": labels,
         "holdout": None if cfg.holdout is None else {"size": cfg.holdout, "seed": cfg.seed,
                                                       "examples": split_meta["valid"]["examples"]},
         "splits": split_meta,
-        "fingerprint": fingerprint(out, labels, list(split_meta)),
+        "fingerprint": fingerprint(out, labels, list(split_meta), tokenizer_file),
         "versions": {"multibranch": __version__, "sentencepiece": sentencepiece.__version__},
         "config": to_dict(cfg),
     }
@@ -301,10 +318,10 @@ def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], 
     return meta
 
 
-def fingerprint(directory: Path, labels: list[str], split_names: list[str]) -> str:
-    """sha256 over the label vocabulary, the SentencePiece model and every array (names and bytes)."""
+def fingerprint(directory: Path, labels: list[str], split_names: list[str], tokenizer_file: str = SPM_FILE) -> str:
+    """sha256 over the label vocabulary, the tokenizer file and every array (names and bytes)."""
     digest = hashlib.sha256(json.dumps(labels, ensure_ascii=False).encode("utf-8") + b"\0")
-    names = [SPM_FILE] + [f"{split}.{kind}.npy" for split in split_names for kind in ARRAYS]
+    names = [tokenizer_file] + [f"{split}.{kind}.npy" for split in split_names for kind in ARRAYS]
     for name in names:
         digest.update(name.encode() + b"\0")
         with open(directory / name, "rb") as handle:
@@ -325,11 +342,18 @@ def _report(meta: dict[str, Any]) -> str:
         valid = f"{holdout['examples']} examples held out from train (stratified by label, seed {holdout['seed']})"
     else:
         valid = f"`{cfg['valid']}`"
+    ids = meta["special_ids"]
+    if meta.get("hf_tokenizer"):
+        tokenizer = (f"- Tokenizer: Hugging Face tokenizer of `{meta['hf_tokenizer']['source']}` "
+                     f"({meta['hf_tokenizer']['file']}, {meta['vocab_size']} ids); special ids pad={ids['pad']} "
+                     f"unk={ids['unk']} bos/CLS={ids['bos']} eos/SEP={ids['eos']}")
+    else:
+        tokenizer = (f"- SentencePiece: {cfg['model_type']}, requested {cfg['vocab_size']}, got {meta['vocab_size']} "
+                     f"({meta['spm']}); special ids pad={ids['pad']} unk={ids['unk']} bos={ids['bos']} eos={ids['eos']}")
     lines = [
         f"# Prepared classification data: {len(meta['labels'])} labels",
         "",
-        f"- SentencePiece: {cfg['model_type']}, requested {cfg['vocab_size']}, got {meta['vocab_size']} "
-        f"({meta['spm']}); special ids pad={PAD_ID} unk={UNK_ID} bos={BOS_ID} eos={EOS_ID}",
+        tokenizer,
         f"- Lengths: max_len={cfg['max_len']} tokens, over-long training texts are "
         f"{'dropped' if cfg['too_long'] == 'drop' else 'truncated'}; valid/test are only truncated",
         f"- Validation: {valid}",

@@ -1,17 +1,28 @@
-"""SentencePiece tokenisation: one source of truth for ids, shared by prepare, train and translate.
+"""Tokenisation: one source of truth for ids, shared by prepare, train, translate and classify.
 
-Model ids are SentencePiece ids. Every model we train uses pad=0, unk=1, bos=2, eos=3 (set when
-`prepare` trains the SentencePiece model). The serialized SentencePiece protos travel inside every
-checkpoint, so a checkpoint alone can translate raw text.
+`Tokenizer` (SentencePiece): model ids are SentencePiece ids. Every model we train uses pad=0, unk=1,
+bos=2, eos=3 (set when `prepare` trains the SentencePiece model). The serialized SentencePiece protos
+travel inside every checkpoint, so a checkpoint alone can translate raw text.
+
+`HFTokenizer` (classification with an imported BERT/RoBERTa): the Hugging Face model's own fast
+tokenizer (its `tokenizers` JSON), so the ids are the HF model's ids; bos/eos are its CLS/SEP
+(`[CLS]`/`[SEP]`, `<s>`/`</s>`), which the classification task puts around every text, as HF does.
+
+Both have the same interface (vocabulary sizes, special ids, encode/decode, `to_state`/`files`);
+`tokenizer_from_state` rebuilds either from a checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 import torch
+
+from multibranch.data.errors import DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -69,9 +80,17 @@ class Tokenizer:
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:
         return self.tgt.encode(lines)
 
+    @property
+    def unk_id(self) -> int:
+        return self.src.unk_id()
+
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Detokenise target ids (special ids are dropped by SentencePiece)."""
         return self.tgt.decode(ids)
+
+    def files(self) -> dict[str, bytes]:
+        """The files a run directory's tokenizer/ folder holds."""
+        return {"src.model": self.src_proto, "tgt.model": self.tgt_proto}
 
     def to_state(self) -> dict[str, torch.Tensor]:
         """Checkpoint form: the serialized protos as uint8 tensors (loadable with weights_only=True)."""
@@ -85,3 +104,133 @@ class Tokenizer:
         src = bytes(state["src"].numpy().tobytes())
         tgt = bytes(state["tgt"].numpy().tobytes()) if "tgt" in state else src
         return cls(src, tgt)
+
+
+HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")  # a directory needs one of them
+HF_ID_NAMES = ("vocab_size", "pad", "bos", "eos", "unk")
+
+
+class HFTokenizer:
+    """A Hugging Face fast tokenizer (`tokenizers` JSON) with the special ids of its model.
+
+    `vocab_size` is the number of embedding rows the ids address (the model's config.json
+    `vocab_size`, which may exceed the tokenizer's own count); bos/eos are the CLS/SEP tokens.
+    `encode_src` gives ids without special tokens (the task adds bos and eos).
+    """
+
+    joint = True
+
+    def __init__(self, tokenizer_json: bytes, vocab_size: int, pad: int, bos: int, eos: int, unk: int | None):
+        from tokenizers import Tokenizer as Backend
+
+        self.tokenizer_json = tokenizer_json
+        self.backend = Backend.from_str(tokenizer_json.decode("utf-8"))
+        self.vocab_size = vocab_size
+        self.ids = {"vocab_size": vocab_size, "pad": pad, "bos": bos, "eos": eos, "unk": -1 if unk is None else unk}
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> HFTokenizer:
+        """The tokenizer of a local HF model directory (tokenizer.json, or vocab.txt / vocab.json +
+        merges.txt converted by transformers); never the hub. DataError when there is none."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise DataError(f"{directory}: not a directory (expected a local Hugging Face model or tokenizer directory)")
+        if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
+            # transformers would build an empty-vocabulary tokenizer from config.json alone
+            raise DataError(f"{directory}: no Hugging Face tokenizer ({', '.join(HF_TOKENIZER_FILES)})")
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise DataError("Hugging Face tokenizers need transformers: pip install 'multibranch[hf]'") from None
+        try:
+            hf = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+            backend = hf.backend_tokenizer
+        except Exception as err:  # any failure of transformers/tokenizers to read the files: one line
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise DataError(f"{directory}: transformers cannot load its tokenizer: {reason}") from None
+        specials = {"pad": hf.pad_token_id, "bos": hf.cls_token_id, "eos": hf.sep_token_id}
+        missing = [f"{name} ({token})" for name, token in zip(specials, ("pad", "cls", "sep")) if specials[name] is None]
+        if missing:
+            raise DataError(f"{directory}: the tokenizer has no {', '.join(missing)} token; a BERT/RoBERTa classifier "
+                            "needs CLS, SEP and pad tokens")
+        size = backend.get_vocab_size(with_added_tokens=True)
+        vocab_size = max(size, max(backend.get_vocab(with_added_tokens=True).values()) + 1)
+        config = directory / "config.json"
+        if config.is_file():  # the model's embedding table may have more rows than the tokenizer has ids
+            try:
+                rows = json.loads(config.read_text(encoding="utf-8")).get("vocab_size")
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                rows = None
+            if isinstance(rows, int):
+                if rows < vocab_size:
+                    raise DataError(f"{directory}: the tokenizer has ids up to {vocab_size - 1} but config.json has "
+                                    f"vocab_size={rows}; tokenizer and model do not belong together")
+                vocab_size = rows
+        return cls(backend.to_str().encode("utf-8"), vocab_size, specials["pad"], specials["bos"], specials["eos"],
+                   hf.unk_token_id)
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.vocab_size
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.vocab_size
+
+    @property
+    def pad_id(self) -> int:
+        return self.ids["pad"]
+
+    @property
+    def bos_id(self) -> int:
+        return self.ids["bos"]
+
+    @property
+    def eos_id(self) -> int:
+        return self.ids["eos"]
+
+    @property
+    def unk_id(self) -> int:
+        return self.ids["unk"]
+
+    def describe(self) -> dict[str, int]:
+        """Vocabulary size and special ids (for data.json and reports)."""
+        return dict(self.ids)
+
+    @classmethod
+    def from_description(cls, tokenizer_json: bytes, ids: dict[str, Any], where: str) -> HFTokenizer:
+        """The inverse of `describe` (unk -1 = none); DataError naming `where` for missing or bad ids."""
+        if not all(isinstance(ids.get(name), int) for name in HF_ID_NAMES):
+            raise DataError(f"{where}: corrupted (the Hugging Face tokenizer needs integer {', '.join(HF_ID_NAMES)})")
+        unk = ids["unk"] if ids["unk"] >= 0 else None
+        return cls(tokenizer_json, ids["vocab_size"], ids["pad"], ids["bos"], ids["eos"], unk)
+
+    def encode_src(self, lines: list[str]) -> list[list[int]]:
+        return [enc.ids for enc in self.backend.encode_batch(list(lines), add_special_tokens=False)]
+
+    encode_tgt = encode_src
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        return self.backend.decode_batch(ids)
+
+    def files(self) -> dict[str, bytes]:
+        return {"tokenizer.json": self.tokenizer_json,
+                "special_ids.json": (json.dumps(self.ids, indent=2) + "\n").encode("utf-8")}
+
+    def to_state(self) -> dict[str, torch.Tensor]:
+        """Checkpoint form: the JSON bytes and [vocab_size, pad, bos, eos, unk] as tensors."""
+        return {"hf_json": torch.frombuffer(bytearray(self.tokenizer_json), dtype=torch.uint8),
+                "hf_ids": torch.tensor([self.ids[k] for k in HF_ID_NAMES], dtype=torch.int64)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> HFTokenizer:
+        values = dict(zip(HF_ID_NAMES, state["hf_ids"].tolist(), strict=True))
+        return cls.from_description(bytes(state["hf_json"].numpy().tobytes()), values, "checkpoint tokenizer")
+
+
+AnyTokenizer = Tokenizer | HFTokenizer
+
+
+def tokenizer_from_state(state: dict[str, Any]) -> AnyTokenizer:
+    """The tokenizer of a checkpoint's `tokenizer` entry (SentencePiece or Hugging Face)."""
+    return HFTokenizer.from_state(state) if "hf_json" in state else Tokenizer.from_state(state)

@@ -1,16 +1,16 @@
-"""Labelling raw text with a trained classifier: SentencePiece, batches, softmax."""
+"""Labelling raw text with a trained classifier: its tokenizer (SentencePiece or HF), batches, softmax."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from multibranch.data.tokenizer import Tokenizer
+from multibranch.data.tokenizer import AnyTokenizer
 from multibranch.tasks.classification import encode_batch
 
 
 @torch.no_grad()
-def classify_lines(model: nn.Module, tokenizer: Tokenizer, lines: list[str], device: torch.device | str = "cpu",
+def classify_lines(model: nn.Module, tokenizer: AnyTokenizer, lines: list[str], device: torch.device | str = "cpu",
                    batch_size: int = 64) -> Tensor:
     """Class probabilities [n, C] (fp32) of `lines` (non-empty texts); inputs longer than the model's
     positions are truncated."""

@@ -1,7 +1,7 @@
 """Sequence classifier: the shared Transformer encoder + pooling + dense tanh + dropout + linear.
 
     src [B, S] (BOS + ids + EOS, right-padded) -> Encoder -> [B, S, d] -> pool -> [B, d]
-        -> tanh(dense) -> dropout -> logits [B, C]
+        -> (dropout, if input_dropout) -> tanh(dense) -> dropout -> logits [B, C]
 
 Pooling "first" takes the encoder state of the first position (the tasks put BOS there, as a CLS
 token); "mean" averages the states of the non-pad positions.
@@ -23,15 +23,23 @@ from multibranch.modules.dropout import dropout
 
 @dataclass
 class ClassifierConfig:
-    """The classification head; `num_labels` and the label names are filled in from the data by `train`."""
+    """The classification head; `num_labels` and the label names are filled in from the data by `train`.
+
+    `dropout`: the head's dropout rate (None: model.dropout); `input_dropout` also applies it to the
+    pooled vector before the dense layer (RoBERTa's head does; BERT's does not).
+    """
 
     pooling: Literal["first", "mean"] = "first"
     num_labels: int = 0
     labels: list[str] = field(default_factory=list)
+    dropout: float | None = None
+    input_dropout: bool = False
 
     def validate(self) -> None:
         if self.pooling not in ("first", "mean"):
             raise ConfigError(f"classifier.pooling={self.pooling!r} must be 'first' or 'mean'")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"classifier.dropout={self.dropout} must be in [0, 1)")
 
 
 def pool(states: Tensor, padding_mask: Tensor, how: str) -> Tensor:
@@ -63,8 +71,11 @@ class Classifier(nn.Module):
     def forward(self, src: Tensor) -> Tensor:
         """src [B, S] -> logits [B, C]."""
         enc = self.encoder(src)
+        rate = self.config.dropout if self.head.dropout is None else self.head.dropout
         pooled = pool(enc.out, enc.padding_mask, self.head.pooling)  # [B, d]
-        hidden = dropout(torch.tanh(self.dense(pooled)), self.config.dropout, self.training)
+        if self.head.input_dropout:
+            pooled = dropout(pooled, rate, self.training)
+        hidden = dropout(torch.tanh(self.dense(pooled)), rate, self.training)  # [B, d]
         return self.out(hidden)
 
     def parameter_counts(self) -> dict[str, int]:

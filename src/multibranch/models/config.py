@@ -50,6 +50,8 @@ class ModelConfig:
     Widths follow the papers' notation: `ffn_dim` is the inner width d_h of one FFN (branch).
     `share_embeddings`: "none" (three tables), "decoder" (decoder input = output projection),
     "all" (joint vocabulary: encoder, decoder and output share one table).
+    `embedding_norm` adds a LayerNorm on the summed token + position embeddings (before dropout; BERT,
+    RoBERTa); `norm_eps` is the epsilon of every LayerNorm.
     """
 
     d_model: int = 512
@@ -68,6 +70,8 @@ class ModelConfig:
     share_relative_kv: bool = False
     share_embeddings: Literal["none", "decoder", "all"] = "all"
     scale_embedding: bool = True
+    embedding_norm: bool = False
+    norm_eps: float = 1e-5
     output_bias: bool = False
     init: Literal["xavier", "torch"] = "xavier"
     encoder: LayerConfig = field(default_factory=lambda: LayerConfig.variant("transformer")())
@@ -83,6 +87,8 @@ class ModelConfig:
     def validate(self) -> None:
         if self.d_model % self.heads:
             raise ConfigError(f"d_model={self.d_model} must be divisible by heads={self.heads}")
+        if not self.norm_eps > 0:
+            raise ConfigError(f"norm_eps={self.norm_eps} must be > 0")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be in [0, 1)")

@@ -31,7 +31,7 @@ class EncoderOut:
 
 
 class Embedder(nn.Module):
-    """Token embedding * sqrt(d) (optional) + absolute positions, then dropout."""
+    """Token embedding * sqrt(d) (optional) + absolute positions, LayerNorm (optional), then dropout."""
 
     def __init__(self, cfg: ModelConfig, tokens: nn.Embedding):
         super().__init__()
@@ -43,6 +43,7 @@ class Embedder(nn.Module):
             self.positions = LearnedPositions(cfg.d_model, cfg.max_positions)
         else:
             self.positions = None
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embedding_norm else None
         self.dropout = cfg.dropout
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
@@ -52,6 +53,8 @@ class Embedder(nn.Module):
             x = x * self.scale
         if self.positions is not None:
             x = x + self.positions(ids.shape[1], offset)
+        if self.norm is not None:
+            x = self.norm(x)
         return dropout(x, self.dropout, self.training)
 
 
@@ -60,7 +63,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.embed = Embedder(cfg, tokens)
         self.layers = nn.ModuleList(cfg.encoder.build_encoder_layer(cfg, i) for i in range(cfg.encoder_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm == "pre" else None
         self.pad_id = cfg.pad_id
 
     def forward(self, src: Tensor) -> EncoderOut:

@@ -24,7 +24,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embed = Embedder(cfg, tokens)
         self.layers = nn.ModuleList(cfg.decoder.build_decoder_layer(cfg, i) for i in range(cfg.decoder_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm == "pre" else None
 
     def forward(self, prev_tokens: Tensor, enc: EncoderOut, state: DecoderState | None = None) -> Tensor:
         """prev_tokens [B, T] (the new tokens only, when `state` is given) -> features [B, T, d]."""

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from multibranch.data.tokenizer import Tokenizer
+    from multibranch.data.tokenizer import AnyTokenizer
     from multibranch.experiment import ExperimentConfig
 
 Autocast = Callable[[], AbstractContextManager]
@@ -54,7 +54,7 @@ class Task(ABC):
         return self.data.fingerprint
 
     @property
-    def tokenizer(self) -> Tokenizer:
+    def tokenizer(self) -> AnyTokenizer:
         return self._tokenizer
 
     def verify(self) -> None:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multibranch.config import ConfigError
 from multibranch.tasks.base import Autocast, Task
 
 if TYPE_CHECKING:
@@ -75,6 +76,13 @@ class ClassificationTask(Task):
         self.cfg.classifier.labels = self.data.labels
         m.validate()
         self.cfg.classifier.validate()
+        if m.positions == "learned":  # a learned table has no row beyond max_positions
+            splits = [s for s in (self.train_split, self.valid_split) if s is not None and len(s)]
+            longest = max(int(s.lengths.max()) for s in splits) + 2  # + BOS + EOS
+            if longest > m.max_positions:
+                raise ConfigError(f"{self.data_dir}: texts of up to {longest - 2} tokens (+ BOS and EOS) do not fit "
+                                  f"model.max_positions={m.max_positions} (learned positions); prepare the data "
+                                  f"with --max-len {m.max_positions - 2}")
 
     @classmethod
     def build_model(cls, cfg: ExperimentConfig) -> nn.Module:

@@ -7,7 +7,7 @@ projections, auxiliary losses and parameter groups come from the model's modules
 
 Run directory:
     config.yaml            resolved experiment config
-    tokenizer/             SentencePiece model(s) (also embedded in every checkpoint)
+    tokenizer/             SentencePiece model(s) or HF tokenizer.json (also embedded in every checkpoint)
     checkpoints/step_*.pt  weights + meta at every validation (the last `keep_last`)
     best.pt, last.pt       best by `best_metric`; last also holds the full training state
     metrics.jsonl          one record per log interval / validation
@@ -196,8 +196,14 @@ class Trainer:
             )
 
     def _init_from(self, path: Path) -> None:
-        """Load --init-from weights; a mismatch names the differing config fields (else the tensors)."""
+        """Load --init-from weights; a mismatch names the differing config fields (else the tensors).
+        Weights imported with a Hugging Face tokenizer need data prepared with that tokenizer."""
         payload = load_checkpoint(path)
+        tokenizer = payload.get("tokenizer")
+        if tokenizer and "hf_json" in tokenizer and not same_tokenizer(tokenizer, self.tokenizer.to_state()):
+            raise CheckpointError(f"--init-from {path}: its weights expect the ids of its Hugging Face tokenizer, "
+                                  f"but {self.opts.data_dir} was prepared with another tokenizer; prepare it with "
+                                  "`multibranch prepare --task classify --hf-tokenizer DIR` (DIR: the imported model)")
         if state_mismatch(self.model.state_dict(), payload["model"]):
             differences = config_differences(payload["config"].get("model"), self.cfg.to_dict()["model"], "model",
                                              "checkpoint", "config")
@@ -230,8 +236,8 @@ class Trainer:
                 log.warning("removed %d temporary file(s) left by an interrupted write: %s", len(removed),
                             ", ".join(str(p) for p in removed))
             atomic_write_text(run / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
-            atomic_write_bytes(run / "tokenizer" / "src.model", self.tokenizer.src_proto)
-            atomic_write_bytes(run / "tokenizer" / "tgt.model", self.tokenizer.tgt_proto)
+            for name, content in self.tokenizer.files().items():
+                atomic_write_bytes(run / "tokenizer" / name, content)
         D.barrier(self.dist)
 
     def _close_log(self) -> None:
@@ -251,7 +257,7 @@ class Trainer:
         training = payload.get("training")
         if training is None:
             raise CheckpointError(f"{path} holds no training state (was it averaged or converted?)")
-        saved = payload["config"]
+        saved = ExperimentConfig.from_dict(payload["config"]).to_dict()  # fields added since: their defaults
         now = self.cfg.to_dict()
         if self._model_sections(saved) != self._model_sections(now):
             differences = config_differences(self._model_sections(saved), self._model_sections(now), "config",

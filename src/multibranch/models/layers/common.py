@@ -19,10 +19,10 @@ AttentionRole = Literal["encoder_self", "decoder_self", "cross"]
 class Residual(nn.Module):
     """One residual sublayer: post-norm LN(x + Drop(f(x))) or pre-norm x + Drop(f(LN(x)))."""
 
-    def __init__(self, d_model: int, norm: Literal["post", "pre"], dropout: float):
+    def __init__(self, d_model: int, norm: Literal["post", "pre"], dropout: float, eps: float = 1e-5):
         super().__init__()
         self.pre_norm = norm == "pre"
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
         self.dropout = dropout
 
     def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:

@@ -179,7 +179,7 @@ class _MuseLayer(nn.Module):
         self.self_attn = layer.self_attention(cfg, index, decoder)
         self.cross_attn = build_attention(cfg, "cross") if decoder else None
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
-        self.norm = nn.LayerNorm(cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
         self.pre_norm = cfg.norm == "pre"
         self.dropout = cfg.dropout
         self.input_dropout = layer.input_dropout

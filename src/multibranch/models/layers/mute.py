@@ -225,7 +225,7 @@ class MuteEncoderLayer(nn.Module):
         units, d = layer.units, cfg.d_model
         self.units = units
         self.dropout = cfg.dropout
-        self.norm = nn.LayerNorm(d)  # LN_a, shared by the units
+        self.norm = nn.LayerNorm(d, eps=cfg.norm_eps)  # LN_a, shared by the units
         kinds = layer.bias_modules or ["identity"] * units
         self.bias = None
         if any(k != "identity" for k in kinds):

@@ -115,9 +115,9 @@ class TransformerEncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: TransformerLayerConfig, index: int = 0):
         super().__init__()
         self.self_attn = layer.attention(cfg, "encoder_self", index)
-        self.self_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
+        self.self_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout, cfg.norm_eps)
         self.ffn = layer.ffn(cfg)
-        self.ffn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
+        self.ffn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout, cfg.norm_eps)
 
     def forward(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
         """x [B, S, d], padding_mask [B, S] (True at padding) -> [B, S, d]."""
@@ -129,11 +129,11 @@ class TransformerDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: TransformerLayerConfig, index: int = 0):
         super().__init__()
         self.self_attn = layer.attention(cfg, "decoder_self", index)
-        self.self_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
+        self.self_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout, cfg.norm_eps)
         self.cross_attn = layer.attention(cfg, "cross", index)
-        self.cross_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
+        self.cross_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout, cfg.norm_eps)
         self.ffn = layer.ffn(cfg)
-        self.ffn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
+        self.ffn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout, cfg.norm_eps)
 
     def forward(
         self, y: Tensor, memory: Tensor, memory_padding_mask: Tensor | None, cache: StateView | None = None

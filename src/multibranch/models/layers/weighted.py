@@ -138,7 +138,7 @@ class BranchedAttention(nn.Module):
         self.activation_dropout = cfg.activation_dropout
         self.branch_residual = layer.branch_residual
         self.pre_norm = cfg.norm == "pre"
-        self.branch_norm = nn.LayerNorm(d) if layer.branch_norm else None
+        self.branch_norm = nn.LayerNorm(d, eps=cfg.norm_eps) if layer.branch_norm else None
         self.weights = weights
         self.reset_parameters()
 
@@ -198,7 +198,7 @@ class WeightedEncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: WeightedLayerConfig):
         super().__init__()
         self.branched = layer.branched(cfg, "encoder_self", "encoder")
-        self.branched_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
+        self.branched_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout, cfg.norm_eps)
 
     def forward(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
         """x [B, S, d], padding_mask [B, S] (True at padding) -> [B, S, d]."""
@@ -211,14 +211,14 @@ class WeightedDecoderLayer(nn.Module):
         self.layout = layer.decoder_branched
         if self.layout == "cross":  # masked MHA, then branched attention over the encoder output
             self.self_attn = build_attention(cfg, "decoder_self")
-            self.self_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
+            self.self_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout, cfg.norm_eps)
             self.branched = layer.branched(cfg, "cross", "decoder")
-            self.branched_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
+            self.branched_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout, cfg.norm_eps)
         else:  # masked branched self-attention, then a standard cross-attention (no further FFN)
             self.branched = layer.branched(cfg, "decoder_self", "decoder")
-            self.branched_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
+            self.branched_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout, cfg.norm_eps)
             self.cross_attn = build_attention(cfg, "cross")
-            self.cross_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout)
+            self.cross_attn_residual = Residual(cfg.d_model, cfg.norm, cfg.dropout, cfg.norm_eps)
 
     def forward(
         self, y: Tensor, memory: Tensor, memory_padding_mask: Tensor | None, cache: StateView | None = None
