@@ -77,10 +77,11 @@ class ScriptedModel:
         view = state.view("scripted")
         prefix = tokens if state.step == 0 else torch.cat([view.get("prefix"), tokens], dim=1)
         view.set("prefix", prefix)
-        sentence = enc.out[:, 0, 0].long()
+        sources = enc.out[:, 0, 0].long()  # one row per source; a sentence's hypotheses may share it
         if state.step == 0:
-            view.set("sentence", sentence, static=True)
-        assert torch.equal(view.get("sentence"), sentence), "rows moved across sentences"
+            view.set("sentence", sources, static=True)
+        assert torch.equal(view.get("sentence"), sources), "rows moved across sentences"
+        sentence = sources.repeat_interleave(tokens.shape[0] // sources.shape[0])  # [N]
         state.step += 1
         self.batch_sizes.append(tokens.shape[0])
         logits = torch.full((tokens.shape[0], V), float("-inf"))
@@ -175,7 +176,7 @@ def test_early_eos_finalises_and_length_penalty_picks_the_winner(kind, alpha, no
     assert len(hyps) == 2
     for hyp, key in zip(hyps, order, strict=True):
         assert_hyp(hyp, *expected[key])
-    assert model.batch_sizes == [2, 2, 2]  # done after step 2
+    assert model.batch_sizes == [1, 2, 2]  # step 0 decodes one row per sentence; done after step 2
 
 
 def test_the_hand_computed_winners_really_differ():
@@ -275,11 +276,12 @@ def test_max_length_follows_each_source_length_and_the_learned_position_limit():
 
 def test_finished_sentences_leave_the_batch_and_results_match_decoding_alone():
     """Sentence 1 (EOS_SCRIPT) is done after step 2; sentence 7 never ends before its maximum
-    length floor(1.0 * 6 + 0) = 6, so steps 3..6 run on its 2 hypotheses only."""
+    length floor(1.0 * 6 + 0) = 6, so steps 3..6 run on its 2 hypotheses only (step 0 runs one row
+    per sentence: every hypothesis is `<s>` then)."""
     scripts = {1: EOS_SCRIPT, 7: -30.0}
     model = ScriptedModel(scripts)
     both = beam_search(model, batch(src_of(1, 3), src_of(7, 6)), 2, max_len_a=1.0, max_len_b=0)
-    assert model.batch_sizes == [4, 4, 4, 2, 2, 2, 2]
+    assert model.batch_sizes == [2, 4, 4, 2, 2, 2, 2]
     alone = [beam_search(ScriptedModel(scripts), batch(src), 2, max_len_a=1.0, max_len_b=0)[0]
              for src in (src_of(1, 3), src_of(7, 6))]
     assert [[h.tokens for h in hs] for hs in both] == [[h.tokens for h in hs] for hs in alone]

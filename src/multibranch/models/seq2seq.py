@@ -3,7 +3,8 @@
     src [B, S] -> encode -> EncoderOut(out [B, S, d], padding_mask [B, S])
     prev_tokens [B, T] + EncoderOut -> decoder features [B, T, d] -> logits [B, T, V]
 
-Incremental decoding: `decode_step(tokens [B, 1], enc, state)` advances a `DecoderState`.
+Incremental decoding: `decode_step(tokens [B, 1], enc, state)` advances a `DecoderState`; `enc` may
+have B / g rows, each shared by g consecutive token rows (beam search's hypotheses of one sentence).
 """
 
 from __future__ import annotations

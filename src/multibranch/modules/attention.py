@@ -105,6 +105,21 @@ def attend(
     return out, (probs if need_weights else None)
 
 
+def _query_groups(queries: int, memories: int) -> int:
+    """Query rows per memory row (1, or g when g consecutive queries share one memory row)."""
+    if queries == memories:
+        return 1
+    if memories == 0 or queries % memories:
+        raise ValueError(f"{queries} query rows cannot share {memories} memory rows (need a whole multiple)")
+    return queries // memories
+
+
+def _ungroup(x: Tensor, groups: int) -> Tensor:
+    """[B/g, H, g*L, n] -> [B, H, L, n] (the inverse of grouping g consecutive rows' queries)."""
+    b, H, gL, n = x.shape
+    return x.transpose(1, 2).reshape(b * groups, gL // groups, H, n).transpose(1, 2)
+
+
 def _causal_mask(query_len: int, key_len: int, query_offset: int, device: torch.device) -> Tensor:
     """[L, S] bool, True where key position <= query position."""
     q_pos = torch.arange(query_offset, query_offset + query_len, device=device)[:, None]
@@ -271,10 +286,14 @@ class ParallelAttention(HeadGated):
         Self-attention over x [B, L, d] (memory None) or cross-attention over memory [B, S, d];
         key_padding_mask [B, S] is True at padding. With a `cache` (incremental decoding) the keys and
         values of earlier steps are appended to (self), or the projected memory is computed once (cross).
+        Cross-attention memory may also be shared: memory [B / g, S, d] with its mask [B / g, S] serves
+        g consecutive query rows each (beam search: the hypotheses of one sentence), so its keys and
+        values are projected, cached and read once per sentence instead of g times.
         `qkv`: the self-attention projections of x if the caller already made them (MUSE shares V).
         Structured dropout is not applied here (see `head_scales`).
         """
         query_offset = 0
+        groups = 1
         if memory is None:
             q, k, v = qkv if qkv is not None else self.project_qkv(x)  # [B, H, L, d_k] each
             if cache is not None:
@@ -295,6 +314,10 @@ class ParallelAttention(HeadGated):
                     cache.set("v", v, static=True)
             else:
                 v = cache.get("v")
+            groups = _query_groups(q.shape[0], k.shape[0])
+            if groups > 1:  # [B, H, L, d_k] -> [B/g, H, g*L, d_k]: a sentence's queries side by side
+                B, H, L, d_k = q.shape
+                q = q.transpose(1, 2).reshape(B // groups, groups * L, H, d_k).transpose(1, 2)
         probe = self.attention_probe
         heads, weights = attend(
             q,
@@ -307,6 +330,9 @@ class ParallelAttention(HeadGated):
             relative=self.relative,
             need_weights=need_weights or probe is not None,
         )
+        if groups > 1:  # back to one row per query: [B/g, H, g*L, .] -> [B, H, L, .]
+            heads = _ungroup(heads, groups)
+            weights = _ungroup(weights, groups) if weights is not None else None
         if probe is not None:
             probe(weights)
         return heads, (weights if need_weights else None)
