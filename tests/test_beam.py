@@ -366,3 +366,46 @@ def test_real_model_batched_equals_one_sentence_at_a_time(tiny_model, beam):
         assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-5)
         lengths.add(len(hyps[0].tokens))
     assert len(lengths) > 1
+
+
+def _reference_beam(model, src: list[int], beam: int, alpha: float, max_len: int) -> list[tuple[list[int], float]]:
+    """The search written the plain way, for one sentence: a Python list of hypotheses, a full
+    teacher-forced forward of every prefix per step (no cache, no batching), fairseq's rules
+    (2K candidates; EOS among the top K finishes; K non-EOS continue; at the limit EOS is forced;
+    pad/bos never; done at K finished). Returns (tokens, normalised score), best first."""
+    live: list[tuple[list[int], float]] = [([], 0.0)]
+    finished: list[tuple[list[int], float]] = []
+    source = torch.tensor([src])
+    for step in range(max_len + 1):
+        candidates = []  # (score, hypothesis index, token)
+        for i, (toks, score) in enumerate(live):
+            logits = model(source, torch.tensor([[BOS] + toks]))[0, -1].float()
+            logits[PAD] = logits[BOS] = float("-inf")
+            lprobs = torch.log_softmax(logits, dim=-1)
+            if step == max_len:  # only EOS at the limit
+                candidates.append((score + lprobs[EOS].item(), i, EOS))
+                continue
+            candidates += [(score + lp, i, t) for t, lp in enumerate(lprobs.tolist()) if lp > float("-inf")]
+        candidates.sort(key=lambda c: -c[0])
+        candidates = candidates[: 2 * beam]
+        for score, i, token in candidates[:beam]:
+            if token == EOS and len(finished) < beam:
+                finished.append((live[i][0], score / (step + 1) ** alpha))
+        if len(finished) >= beam or step == max_len:
+            break
+        live = [(live[i][0] + [t], s) for s, i, t in candidates if t != EOS][:beam]
+    return sorted(finished, key=lambda h: -h[1])
+
+
+def test_real_model_search_equals_a_plain_reference_search(tiny_model):
+    """The batched, cached search (shared encoder rows, step 0 on one row per sentence, finished
+    sentences leaving the batch) finds what the plain per-sentence search above finds."""
+    sources, beam, alpha = _sources(6, seed=4), 3, 1.0
+    cfg = DecodeConfig(beam=beam, nbest=beam, length_penalty=alpha, min_len=0, max_len_a=1.0, max_len_b=2)
+    with torch.inference_mode():
+        batched = search(tiny_model, batch(*sources), cfg)
+        for src, hyps in zip(sources, batched, strict=True):
+            expected = _reference_beam(tiny_model, src, beam, alpha, max_len=len(src) + 2)
+            assert [h.tokens for h in hyps] == [toks for toks, _ in expected]
+            assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
+    assert len({len(hs[0].tokens) for hs in batched}) > 1  # EOS is really generated at different steps
