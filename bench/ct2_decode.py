@@ -1,22 +1,33 @@
-"""Beam-search speed and BLEU: our Translator (fp32) vs CTranslate2 float32 and int8, same weights.
+"""Beam-search speed and BLEU, side by side on the same weights and sentences: our Translator (fp32 and
+int8) against CTranslate2 float32 and int8.
 
-The checkpoint (standard or MAT) is exported with `multibranch convert ct2` twice (float32, int8);
-each engine then decodes the same sentences in its own process (fresh memory and thread pools):
-beam 5, length penalty 1.0, max length 1.2*src+10, sentences sorted longest-first in batches of 32,
-the same number of intra-op threads. CT2 gets our SentencePiece pieces and the `translate_batch`
-options of `multibranch.convert.ct2.translate_options` (our search's semantics); its maximum length
-is per batch (that of the longest sentence), ours per sentence, which only matters for sentences that
-reach the limit. Each engine decodes once to warm up, then `--rounds` times; the fastest round is
-reported, with sacreBLEU of its output. Measurement only: no goal is asserted.
+The checkpoint (standard or MAT) is exported with `multibranch convert ct2` twice (float32, int8).
+Every engine runs in its own long-lived process (own memory and thread pools), loads its model and
+decodes the sentences once to warm up; then the driver runs `--rounds` rounds, and in each round
+every engine decodes all sentences once, one engine at a time, in an order that rotates from round to
+round. So the engines take turns on a shared, loaded machine, and the speed ratio to
+multibranch-fp32 is computed within each round (the median over rounds is reported), which cancels
+most of the load that changes between rounds. Per engine: the fastest round's sentences/s, the
+median per-round ratio, CPU seconds of the fastest round (process time: less sensitive to other
+processes than wall time), and sacreBLEU of its output.
 
-    python bench/ct2_decode.py --ckpt runs/bench/quality/transformer-tiny/best.pt [--sentences 1000]
-    python bench/ct2_decode.py --ckpt CKPT --src test.src --ref test.tgt --sentences 20   # smoke run
+Settings: beam 5, length penalty 1.0, max length 1.2*src+10, sentences sorted longest-first in
+batches of `--batch`, the same number of intra-op threads (`--threads`) for every engine. CT2 gets our
+SentencePiece pieces and the `translate_batch` options of `multibranch.convert.ct2.translate_options`
+(our search's semantics); its maximum length is per batch (that of the longest sentence), ours per
+sentence, which only matters for sentences that reach the limit. Measurement only: no goal is asserted.
+
+    python bench/ct2_decode.py --ckpt CKPT --src test.src --ref test.tgt --sentences 1000 --rounds 5 --threads 2
+    python bench/ct2_decode.py --ckpt CKPT --src test.src --ref test.tgt --sentences 20 --rounds 1   # smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,9 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "src"))
 
-from bench.common import environment, multi30k_data, run_isolated, save_results, work_dir  # noqa: E402
+from bench.common import environment, multi30k_data, save_results, work_dir  # noqa: E402
 
-ENGINES = ("multibranch-fp32", "ct2-float32", "ct2-int8")
+ENGINES = ("multibranch-fp32", "multibranch-int8", "ct2-float32", "ct2-int8")
+BASE = "multibranch-fp32"  # speed ratios are relative to this engine when it runs
 
 
 # ---- workers (one engine per process) -----------------------------------------------------------
@@ -40,15 +52,16 @@ def _decode_settings(args: argparse.Namespace):
                         batch_size=args.batch, batch_tokens=10**9)
 
 
-def _ours(args: argparse.Namespace):
+def _ours(args: argparse.Namespace, precision: str):
     import torch
 
     from multibranch.checkpoint.model import load_model
+    from multibranch.inference.precision import for_decoding
     from multibranch.inference.translator import Translator
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.ckpt)
-    translator = Translator(loaded.model, loaded.tokenizer, _decode_settings(args))
+    translator = Translator(for_decoding(loaded.model, precision), loaded.tokenizer, _decode_settings(args))
     return translator.translate
 
 
@@ -85,17 +98,45 @@ def _ct2(args: argparse.Namespace):
 
 
 def worker(args: argparse.Namespace) -> None:
+    """Load one engine, warm it up, then decode all lines once per "go" line on stdin, printing one JSON
+    line per round: wall seconds, CPU seconds of this process, translations."""
     lines = json.loads(Path(args.lines).read_text(encoding="utf-8"))
-    translate = _ours(args) if args.worker == "multibranch-fp32" else _ct2(args)
+    engine = args.worker
+    translate = _ours(args, engine.removeprefix("multibranch-")) if engine.startswith("multibranch-") else _ct2(args)
     translate(lines)  # warm-up
-    best_seconds, best_hyps = float("inf"), []
-    for _ in range(args.rounds):
-        start = time.perf_counter()
+    print(json.dumps({"ready": True}), flush=True)
+    for _ in sys.stdin:
+        start, cpu = time.perf_counter(), time.process_time()
         hyps = translate(lines)
-        seconds = time.perf_counter() - start
-        if seconds < best_seconds:
-            best_seconds, best_hyps = seconds, hyps
-    print(json.dumps({"seconds": best_seconds, "hyps": best_hyps}))
+        print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
+                          "hyps": hyps}), flush=True)
+
+
+class Engine:
+    """A worker process of one engine, driven round by round over its stdin/stdout."""
+
+    def __init__(self, name: str, cmd: list[str], log: Path):
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.name, self.log = name, log
+        with open(log, "w", encoding="utf-8") as stderr:  # a file, so a chatty worker cannot block on a pipe
+            self.proc = subprocess.Popen([sys.executable, *cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=stderr, text=True, env=env, cwd=ROOT)
+        self._read()  # {"ready": true} after loading and the warm-up
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} worker failed:\n{self.log.read_text(encoding='utf-8')[-3000:]}")
+        return json.loads(line)
+
+    def round(self) -> dict:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 # ---- driver -------------------------------------------------------------------------------------
@@ -121,7 +162,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds after each engine's warm-up")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     parser.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
@@ -145,32 +186,49 @@ def main() -> None:
     lines_file.write_text(json.dumps(sources), encoding="utf-8")
     payload = load_checkpoint(args.ckpt)
     common = [str(Path(__file__).resolve()), "--ckpt", args.ckpt, "--lines", str(lines_file), "--beam", str(args.beam),
-              "--batch", str(args.batch), "--rounds", str(args.rounds), "--threads", str(args.threads)]
-    rows = []
-    for engine in args.engines:
-        cmd = [*common, "--worker", engine]
-        if engine.startswith("ct2-"):
-            directory = scratch / engine
-            export_ct2(payload, directory, quantization=engine.removeprefix("ct2-"), force=True, source=args.ckpt)
-            cmd += ["--model-dir", str(directory)]
-        result = run_isolated(cmd)
-        bleu = score_corpus(result["hyps"], [references], metrics=("bleu",))["bleu"]["score"]
-        rows.append({"engine": engine, "seconds": result["seconds"],
-                     "sentences_per_s": len(sources) / result["seconds"], "bleu": bleu})
-        print(f"{engine}: {rows[-1]['sentences_per_s']:.1f} sentences/s, BLEU {bleu:.2f}", flush=True)
+              "--batch", str(args.batch), "--threads", str(args.threads)]
+    engines = []
+    try:
+        for name in args.engines:  # loaded one after the other (each warms up alone)
+            cmd = [*common, "--worker", name]
+            if name.startswith("ct2-"):
+                directory = scratch / name
+                export_ct2(payload, directory, quantization=name.removeprefix("ct2-"), force=True, source=args.ckpt)
+                cmd += ["--model-dir", str(directory)]
+            engines.append(Engine(name, cmd, scratch / f"{name}.stderr"))
+        runs: dict[str, list[dict]] = {e.name: [] for e in engines}
+        for r in range(args.rounds):
+            shift = r % len(engines)
+            for engine in engines[shift:] + engines[:shift]:  # rotate who goes first
+                runs[engine.name].append(engine.round())
+                print(f"round {r + 1}: {engine.name} {len(sources) / runs[engine.name][-1]['seconds']:.1f} "
+                      f"sentences/s", flush=True)
+    finally:
+        for engine in engines:
+            engine.close()
 
-    base = rows[0]
-    print(f"\n| engine | sentences/s | BLEU | vs {base['engine']} |")
-    print("|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['engine']} | {row['sentences_per_s']:.1f} | {row['bleu']:.2f} | "
-              f"{row['sentences_per_s'] / base['sentences_per_s']:.2f}x |")
+    base = BASE if BASE in runs else args.engines[0]
+    rows = []
+    for name, rounds in runs.items():
+        best = min(rounds, key=lambda run: run["seconds"])
+        ratios = [runs[base][i]["seconds"] / run["seconds"] for i, run in enumerate(rounds)]
+        cpu_ratios = [runs[base][i]["cpu_seconds"] / run["cpu_seconds"] for i, run in enumerate(rounds)]
+        bleu = score_corpus(best["hyps"], [references], metrics=("bleu",))["bleu"]["score"]
+        rows.append({"engine": name, "seconds": best["seconds"], "cpu_seconds": best["cpu_seconds"],
+                     "sentences_per_s": len(sources) / best["seconds"], "bleu": bleu,
+                     "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                     "cpu_ratio_median": statistics.median(cpu_ratios),
+                     "round_seconds": [run["seconds"] for run in rounds]})
     import ctranslate2
 
     path = save_results(args.name, {"environment": {**environment(), "ctranslate2": ctranslate2.__version__},
                                     "checkpoint": args.ckpt, "corpus": corpus, "sentences": len(sources),
-                                    "beam": args.beam, "batch": args.batch, "threads": args.threads, "rows": rows})
-    print(f"\nwritten {path}")
+                                    "beam": args.beam, "batch": args.batch, "threads": args.threads,
+                                    "rounds": args.rounds, "base": base, "rows": rows})
+    from bench.report import ct2_decode
+
+    print("\n" + "\n".join(ct2_decode(args.name)))
+    print(f"written {path}")
 
 
 if __name__ == "__main__":

@@ -84,6 +84,29 @@ def decode_speed(name: str, title: str) -> list[str]:
     return lines + [""]
 
 
+def ct2_decode(name: str) -> list[str]:
+    """Our decoder (fp32, int8) against CTranslate2 (float32, int8), alternating rounds."""
+    result = load(name)
+    if result is None:
+        return []
+    env, base = result["environment"], result.get("base", result["rows"][0]["engine"])
+    fp32 = next((row["bleu"] for row in result["rows"] if row["engine"] == base), None)
+    lines = [f"### Our decoder against CTranslate2 ({result['sentences']} sentences of {result['corpus']})", "",
+             f"`{env['command']}` (commit {env['commit']}, torch {env['torch']}, ctranslate2 {env.get('ctranslate2')}, "
+             f"{result['threads']} threads, beam {result['beam']}, batch {result['batch']}, "
+             f"{result.get('rounds', '?')} alternating rounds)", "",
+             f"| engine | sentences/s (best round) | vs {base} (median of rounds, min–max) | CPU time vs {base} | "
+             f"BLEU | BLEU - {base} |", "|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        ratio = row.get("ratio_median", row["sentences_per_s"] / result["rows"][0]["sentences_per_s"])
+        spread = f" ({row['ratio_min']:.2f}–{row['ratio_max']:.2f})" if "ratio_min" in row else ""
+        cpu = f"{row['cpu_ratio_median']:.2f}x" if "cpu_ratio_median" in row else "–"
+        delta = f"{row['bleu'] - fp32:+.2f}" if fp32 is not None else "–"
+        lines.append(f"| {row['engine']} | {row['sentences_per_s']:.1f} | {ratio:.2f}x{spread} | {cpu} | "
+                     f"{row['bleu']:.2f} | {delta} |")
+    return lines + [""]
+
+
 def quality(name: str, title: str) -> list[str]:
     result = load(name)
     if result is None:
@@ -110,6 +133,7 @@ def main() -> None:
         *presets_speed("presets_speed_bf16"),
         *decode_speed("decode_speed", "Beam search vs HF generate"),
         *decode_speed("decode_presets", "Beam search per preset"),
+        *ct2_decode("ct2_decode"),
         *quality("quality", "Multi30k quality: standard, MAT, HF Marian"),
         *quality("quality_presets", "Multi30k quality: every preset against the standard model"),
     ]

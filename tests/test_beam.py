@@ -77,10 +77,11 @@ class ScriptedModel:
         view = state.view("scripted")
         prefix = tokens if state.step == 0 else torch.cat([view.get("prefix"), tokens], dim=1)
         view.set("prefix", prefix)
-        sentence = enc.out[:, 0, 0].long()
+        sources = enc.out[:, 0, 0].long()  # one row per source; a sentence's hypotheses may share it
         if state.step == 0:
-            view.set("sentence", sentence, static=True)
-        assert torch.equal(view.get("sentence"), sentence), "rows moved across sentences"
+            view.set("sentence", sources, static=True)
+        assert torch.equal(view.get("sentence"), sources), "rows moved across sentences"
+        sentence = sources.repeat_interleave(tokens.shape[0] // sources.shape[0])  # [N]
         state.step += 1
         self.batch_sizes.append(tokens.shape[0])
         logits = torch.full((tokens.shape[0], V), float("-inf"))
@@ -175,7 +176,7 @@ def test_early_eos_finalises_and_length_penalty_picks_the_winner(kind, alpha, no
     assert len(hyps) == 2
     for hyp, key in zip(hyps, order, strict=True):
         assert_hyp(hyp, *expected[key])
-    assert model.batch_sizes == [2, 2, 2]  # done after step 2
+    assert model.batch_sizes == [1, 2, 2]  # step 0 decodes one row per sentence; done after step 2
 
 
 def test_the_hand_computed_winners_really_differ():
@@ -275,11 +276,12 @@ def test_max_length_follows_each_source_length_and_the_learned_position_limit():
 
 def test_finished_sentences_leave_the_batch_and_results_match_decoding_alone():
     """Sentence 1 (EOS_SCRIPT) is done after step 2; sentence 7 never ends before its maximum
-    length floor(1.0 * 6 + 0) = 6, so steps 3..6 run on its 2 hypotheses only."""
+    length floor(1.0 * 6 + 0) = 6, so steps 3..6 run on its 2 hypotheses only (step 0 runs one row
+    per sentence: every hypothesis is `<s>` then)."""
     scripts = {1: EOS_SCRIPT, 7: -30.0}
     model = ScriptedModel(scripts)
     both = beam_search(model, batch(src_of(1, 3), src_of(7, 6)), 2, max_len_a=1.0, max_len_b=0)
-    assert model.batch_sizes == [4, 4, 4, 2, 2, 2, 2]
+    assert model.batch_sizes == [2, 4, 4, 2, 2, 2, 2]
     alone = [beam_search(ScriptedModel(scripts), batch(src), 2, max_len_a=1.0, max_len_b=0)[0]
              for src in (src_of(1, 3), src_of(7, 6))]
     assert [[h.tokens for h in hs] for hs in both] == [[h.tokens for h in hs] for hs in alone]
@@ -364,3 +366,46 @@ def test_real_model_batched_equals_one_sentence_at_a_time(tiny_model, beam):
         assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-5)
         lengths.add(len(hyps[0].tokens))
     assert len(lengths) > 1
+
+
+def _reference_beam(model, src: list[int], beam: int, alpha: float, max_len: int) -> list[tuple[list[int], float]]:
+    """The search written the plain way, for one sentence: a Python list of hypotheses, a full
+    teacher-forced forward of every prefix per step (no cache, no batching), fairseq's rules
+    (2K candidates; EOS among the top K finishes; K non-EOS continue; at the limit EOS is forced;
+    pad/bos never; done at K finished). Returns (tokens, normalised score), best first."""
+    live: list[tuple[list[int], float]] = [([], 0.0)]
+    finished: list[tuple[list[int], float]] = []
+    source = torch.tensor([src])
+    for step in range(max_len + 1):
+        candidates = []  # (score, hypothesis index, token)
+        for i, (toks, score) in enumerate(live):
+            logits = model(source, torch.tensor([[BOS] + toks]))[0, -1].float()
+            logits[PAD] = logits[BOS] = float("-inf")
+            lprobs = torch.log_softmax(logits, dim=-1)
+            if step == max_len:  # only EOS at the limit
+                candidates.append((score + lprobs[EOS].item(), i, EOS))
+                continue
+            candidates += [(score + lp, i, t) for t, lp in enumerate(lprobs.tolist()) if lp > float("-inf")]
+        candidates.sort(key=lambda c: -c[0])
+        candidates = candidates[: 2 * beam]
+        for score, i, token in candidates[:beam]:
+            if token == EOS and len(finished) < beam:
+                finished.append((live[i][0], score / (step + 1) ** alpha))
+        if len(finished) >= beam or step == max_len:
+            break
+        live = [(live[i][0] + [t], s) for s, i, t in candidates if t != EOS][:beam]
+    return sorted(finished, key=lambda h: -h[1])
+
+
+def test_real_model_search_equals_a_plain_reference_search(tiny_model):
+    """The batched, cached search (shared encoder rows, step 0 on one row per sentence, finished
+    sentences leaving the batch) finds what the plain per-sentence search above finds."""
+    sources, beam, alpha = _sources(6, seed=4), 3, 1.0
+    cfg = DecodeConfig(beam=beam, nbest=beam, length_penalty=alpha, min_len=0, max_len_a=1.0, max_len_b=2)
+    with torch.inference_mode():
+        batched = search(tiny_model, batch(*sources), cfg)
+        for src, hyps in zip(sources, batched, strict=True):
+            expected = _reference_beam(tiny_model, src, beam, alpha, max_len=len(src) + 2)
+            assert [h.tokens for h in hyps] == [toks for toks, _ in expected]
+            assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
+    assert len({len(hs[0].tokens) for hs in batched}) > 1  # EOS is really generated at different steps

@@ -7,6 +7,7 @@ dropout or noise at rate R):
 
 - cached incremental decoding (`decode_step`) equals the full teacher-forced forward;
 - a beam-style reorder of the decoder state continues like the full forward of the reordered prefixes;
+- a memory row shared by a sentence's hypotheses (beam search) equals a copy per hypothesis;
 - eval is deterministic and independent of every dropout / noise rate (same weights, rates 0);
   training is stochastic;
 - state_dict -> fresh model -> the same output;
@@ -163,6 +164,36 @@ def test_reordered_state_continues_like_the_full_forward_of_reordered_prefixes(k
         full = model(src[order], new_prev)
     for i, logits in enumerate(steps):
         torch.testing.assert_close(logits, full[:, 3 + i], atol=1e-5, rtol=1e-5, msg=f"position {3 + i}")
+
+
+@pytest.mark.parametrize(("kind", "name"), _params())
+def test_memory_shared_by_a_sentences_hypotheses_equals_a_copy_per_hypothesis(kind, name):
+    """Beam search passes one memory row per sentence for its G hypotheses (and keeps the static
+    caches at one row per sentence): the logits equal those with the memory copied to every row,
+    before and after a reorder that drops a sentence (`DecoderState.reorder(order, sources=keep)`)."""
+    G = 2
+    model = _perturbed(_config(kind, name, R)).eval()
+    src, _ = _batch()  # 3 sentences
+    g = torch.Generator().manual_seed(5)
+    prev = torch.randint(4, VOCAB, (3 * G, 6), generator=g)  # G different prefixes per sentence
+    prev[:, 0] = BOS
+    keep, order = torch.tensor([0, 2]), torch.tensor([1, 1, 4, 5])  # drop sentence 1; rows stay in-sentence
+    with torch.inference_mode():
+        shared_enc = model.encode(src)  # [3, S, d]
+        copied_enc = shared_enc.index_select(torch.arange(3).repeat_interleave(G))  # [3G, S, d]
+        shared, copied = DecoderState(), DecoderState()
+        for t in range(3):
+            torch.testing.assert_close(model.decode_step(prev[:, t : t + 1], shared_enc, shared),
+                                       model.decode_step(prev[:, t : t + 1], copied_enc, copied),
+                                       atol=1e-5, rtol=1e-5, msg=f"position {t}")
+        shared.reorder(order, sources=keep)
+        copied.reorder(order)
+        shared_enc, copied_enc = shared_enc.index_select(keep), copied_enc.index_select(order)
+        for t in range(3, prev.shape[1]):
+            tokens = prev[order, t : t + 1]
+            torch.testing.assert_close(model.decode_step(tokens, shared_enc, shared),
+                                       model.decode_step(tokens, copied_enc, copied),
+                                       atol=1e-5, rtol=1e-5, msg=f"position {t} after the reorder")
 
 
 @pytest.mark.parametrize(("kind", "name"), _params())

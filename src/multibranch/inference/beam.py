@@ -16,6 +16,10 @@ Beam search keeps `beam` live hypotheses per sentence in one [sentences * beam] 
    (`EncoderOut.index_select` + `DecoderState.reorder`), so late steps only compute the rest;
    otherwise hypotheses are reordered within their sentence (`reorder_within_sentences`).
 
+The encoder output keeps one row per sentence: the decoder's cross-attention shares it (and its
+cached keys/values) between the sentence's hypotheses rather than copying it K times, and step 0
+decodes one row per sentence (the K hypotheses are all `<s>` then) and fans out to K afterwards.
+
 Finished scores are normalised by a length penalty (`length_penalty`); raw cumulative
 log-probabilities rank candidates during the search. `beam == 1` runs `greedy_search`, which takes
 the argmax without candidate bookkeeping and returns exactly what the beam search would.
@@ -46,7 +50,10 @@ class Decodable(Protocol):
 
     def encode(self, src: Tensor) -> EncoderOut: ...
 
-    def decode_step(self, tokens: Tensor, enc: EncoderOut, state: DecoderState) -> Tensor: ...
+    def decode_step(self, tokens: Tensor, enc: EncoderOut, state: DecoderState) -> Tensor:
+        """tokens [N, 1] -> logits [N, V]; `enc` has N / g rows when g consecutive rows (a sentence's
+        hypotheses) share one source row, and the state's static caches then hold one row per source."""
+        ...
 
 
 @dataclass
@@ -257,38 +264,38 @@ def _beam_search(
     device = src.device
     max_lens = max_output_lengths(model, src, max_len_a, max_len_b)  # [B]
     steps = int(max_lens.max()) + 1 if B else 0
-    enc = model.encode(src).index_select(torch.arange(B, device=device).repeat_interleave(K))  # [B*K, S, d]
+    enc = model.encode(src)  # [b, S, d]: one row per sentence, shared by its hypotheses
     state = DecoderState()
-    tokens = torch.full((B * K, steps + 1), cfg.pad_id, dtype=torch.long, device=device)  # [b*K, 1 + T]
+    # `width` hypotheses per live sentence: 1 at step 0 (all K would be the same <s>), then K
+    tokens = torch.full((B, steps + 1), cfg.pad_id, dtype=torch.long, device=device)  # [b*width, 1 + T]
     tokens[:, 0] = cfg.bos_id
-    positional = torch.zeros(B * K, steps, device=device)  # [b*K, T]
-    scores = torch.zeros(B, K, device=device)  # [b, K] cumulative log-probabilities
+    positional = torch.zeros(B, steps, device=device)  # [b*width, T]
+    scores = torch.zeros(B, 1, device=device)  # [b, width] cumulative log-probabilities
     alive = torch.arange(B, device=device)  # original index of each live sentence
     finished = torch.zeros(B, dtype=torch.long, device=device)  # [b] finished hypotheses so far
-    beam_offsets = torch.arange(K, device=device)  # [K]
     hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
 
     for step in range(steps):
         b = alive.numel()
+        width = scores.shape[1]
         forced = step >= max_lens  # [b]
         lprobs = _step_log_probs(
-            model, tokens[:, step : step + 1], enc, state, step, min_len, forced.repeat_interleave(K)
-        )  # [b*K, V]
+            model, tokens[:, step : step + 1], enc, state, step, min_len, forced.repeat_interleave(width)
+        )  # [b*width, V]
         V = lprobs.shape[1]
-        width = 1 if step == 0 else K  # at step 0 the K hypotheses are identical
-        expanded = lprobs.view(b, K, V)[:, :width] + scores[:, :width, None]  # [b, width, V]
+        expanded = lprobs.view(b, width, V) + scores[:, :, None]  # [b, width, V]
         n_cand = min(2 * K, width * V)
         cand_scores, cand_index = expanded.reshape(b, width * V).topk(n_cand, dim=1)  # [b, C], best first
         cand_beam = torch.div(cand_index, V, rounding_mode="floor")  # [b, C]
         cand_token = cand_index - cand_beam * V  # [b, C]
-        cand_lprob = lprobs.view(b, K * V).gather(1, cand_index)  # [b, C] (beam-major flat index)
+        cand_lprob = lprobs.view(b, width * V).gather(1, cand_index)  # [b, C] (beam-major flat index)
         cand_eos = cand_token.eq(eos)  # [b, C]
 
         # 1. EOS among the top K candidates: finished hypotheses (a loop over those only)
         final = cand_eos[:, :K] & cand_scores[:, :K].gt(NEG_INF)  # [b, min(C, K)]
         if final.any():
             sent, cand = final.nonzero(as_tuple=True)  # in candidate (= score) order per sentence
-            rows = sent * K + cand_beam[sent, cand]
+            rows = sent * width + cand_beam[sent, cand]
             pos = torch.cat([positional[rows, :step], cand_lprob[sent, cand, None]], dim=1)  # [n, step + 1]
             _finish(hyps, alive[sent].tolist(), tokens[rows, 1 : step + 1], pos, cand_scores[sent, cand].tolist(),
                     step + 1, length_penalty, length_penalty_kind, K)
@@ -302,9 +309,9 @@ def _beam_search(
         new_tokens = cand_token.gather(1, active)
         new_lprob = cand_lprob.gather(1, active)
         new_scores = new_scores.masked_fill(new_tokens.eq(eos), NEG_INF)  # only when < K non-EOS exist
-        source_rows = torch.arange(b, device=device)[:, None] * K + cand_beam.gather(1, active)  # [b, K]
+        source_rows = torch.arange(b, device=device)[:, None] * width + cand_beam.gather(1, active)  # [b, K]
 
-        # 3. drop done sentences, reorder hypotheses
+        # 3. drop done sentences, reorder hypotheses (the sentence-level memory follows `keep`)
         if done.any():
             keep = (~done).nonzero().squeeze(1)  # [b']
             if keep.numel() == 0:
@@ -313,8 +320,8 @@ def _beam_search(
                 source_rows[keep], new_scores[keep], new_tokens[keep], new_lprob[keep])
             alive, max_lens, finished = alive[keep], max_lens[keep], finished[keep]
             order = source_rows.reshape(-1)  # [b'*K]
-            enc = enc.index_select((keep[:, None] * K + beam_offsets).reshape(-1))
-            state.reorder(order)
+            enc = enc.index_select(keep)
+            state.reorder(order, sources=keep)
         else:
             order = source_rows.reshape(-1)  # [b*K]
             state.reorder_within_sentences(order)

@@ -126,17 +126,21 @@ class Translator:
         self.stats = TranslationStats()
 
     @classmethod
-    def from_checkpoint(cls, path: str, device: str | torch.device = "cpu", **overrides: Any) -> Translator:
-        """Load a checkpoint; `overrides` replace fields of its decode config (e.g. beam=4)."""
+    def from_checkpoint(cls, path: str, device: str | torch.device = "cpu", precision: str = "fp32",
+                        **overrides: Any) -> Translator:
+        """Load a checkpoint; `overrides` replace fields of its decode config (e.g. beam=4);
+        `precision` "int8" decodes with an int8 copy of the model (inference/precision.py)."""
         from multibranch.checkpoint.format import CheckpointError
         from multibranch.checkpoint.model import load_model
+        from multibranch.inference.precision import check_precision, for_decoding
 
         device = resolve_device(device) if isinstance(device, str) else device
+        check_precision(precision, device)
         loaded = load_model(path, device, task="translation")
         if loaded.tokenizer is None:
             raise CheckpointError(f"{path} has no tokenizer, so it cannot translate raw text")
         cfg = replace(loaded.config.decode, **overrides)
-        return cls(loaded.model, loaded.tokenizer, cfg, device)
+        return cls(for_decoding(loaded.model, precision), loaded.tokenizer, cfg, device)
 
     def translate(self, lines: list[str], progress: Progress = False) -> list[str]:
         """One translation (the best hypothesis) per input line, in input order.

@@ -3,7 +3,8 @@
     src [B, S] -> encode -> EncoderOut(out [B, S, d], padding_mask [B, S])
     prev_tokens [B, T] + EncoderOut -> decoder features [B, T, d] -> logits [B, T, V]
 
-Incremental decoding: `decode_step(tokens [B, 1], enc, state)` advances a `DecoderState`.
+Incremental decoding: `decode_step(tokens [B, 1], enc, state)` advances a `DecoderState`; `enc` may
+have B / g rows, each shared by g consecutive token rows (beam search's hypotheses of one sentence).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 
 from multibranch.models.config import ModelConfig
 from multibranch.models.encoder import Embedder, Encoder, EncoderOut, reset_model_parameters
+from multibranch.modules.int8 import Int8Linear
 from multibranch.modules.state import DecoderState
 
 __all__ = ["Decoder", "Embedder", "Encoder", "EncoderOut", "Seq2SeqModel"]
@@ -76,8 +78,16 @@ class Seq2SeqModel(nn.Module):
         """[V, d] output embedding (tied to the decoder's input embedding unless share_embeddings='none')."""
         return self.decoder.embed.tokens.weight if self.output_weight is None else self.output_weight
 
+    int8_output: Int8Linear | None = None  # set by quantize_int8 on a decoding copy
+
+    def quantize_int8(self) -> None:
+        """An int8 output layer (modules/int8.py), used in eval mode; the layers quantize their own."""
+        self.int8_output = Int8Linear(self.output_projection, self.output_bias)
+
     def logits(self, features: Tensor) -> Tensor:
         """features [..., d] -> logits [..., V]."""
+        if self.int8_output is not None and not self.training:
+            return self.int8_output(features)
         return F.linear(features, self.output_projection, self.output_bias)
 
     # ---- full-sequence and incremental forward ---------------------------------------------------

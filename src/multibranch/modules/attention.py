@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from multibranch.modules.dropout import dropout
 from multibranch.modules.init import init_blocks, init_weight
+from multibranch.modules.int8 import Int8Linear
 from multibranch.modules.merge import merge_constant
 from multibranch.modules.positions import RelativePositions
 from multibranch.modules.state import StateView
@@ -103,6 +104,21 @@ def attend(
         buckets.scatter_add_(-1, bucket.expand_as(dropped), dropped)  # [B, H, L, 2k+1]
         out = out + torch.matmul(buckets, relative.values)
     return out, (probs if need_weights else None)
+
+
+def _query_groups(queries: int, memories: int) -> int:
+    """Query rows per memory row (1, or g when g consecutive queries share one memory row)."""
+    if queries == memories:
+        return 1
+    if memories == 0 or queries % memories:
+        raise ValueError(f"{queries} query rows cannot share {memories} memory rows (need a whole multiple)")
+    return queries // memories
+
+
+def _ungroup(x: Tensor, groups: int) -> Tensor:
+    """[B/g, H, g*L, n] -> [B, H, L, n] (the inverse of grouping g consecutive rows' queries)."""
+    b, H, gL, n = x.shape
+    return x.transpose(1, 2).reshape(b * groups, gL // groups, H, n).transpose(1, 2)
 
 
 def _causal_mask(query_len: int, key_len: int, query_offset: int, device: torch.device) -> Tensor:
@@ -192,26 +208,51 @@ class ParallelAttention(HeadGated):
             self.in_proj.bias.zero_()
             self.out_bias.zero_()
 
+    # ---- int8 decoding (modules/int8.py) ------------------------------------------------------
+
+    int8: dict[str, Int8Linear] | None = None  # set by quantize_int8 on a decoding copy
+
+    def quantize_int8(self) -> None:
+        """Int8 versions of the eval projections (Q|K|V, Q, K|V, and the output projection with the
+        branch merge folded in), used in eval mode instead of the fp32 weights."""
+        w, b, inner, c = self.in_proj.weight, self.in_proj.bias, self.inner_dim, self.merge_scale
+        with torch.no_grad():
+            out_bias = self.out_bias.sum(0) if self.branches > 1 else self.out_bias[0]  # [d]
+            self.int8 = {"qkv": Int8Linear(w, b), "q": Int8Linear(w[:inner], b[:inner]),
+                         "kv": Int8Linear(w[inner:], b[inner:]), "out": Int8Linear(self.out_proj.weight * c, out_bias * c)}
+
+    def _int8(self, name: str) -> Int8Linear | None:
+        return self.int8[name] if self.int8 is not None and not self.training else None
+
     # ---- pieces reusable by other layers (MUSE shares V with its convolution) -------------------
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention projections: x [B, L, d] -> q, k, v each [B, H, L, d_k] (H = N_a*M)."""
         B, L, _ = x.shape
-        qkv = F.linear(x, self.in_proj.weight, self.in_proj.bias)  # [B, L, 3*H*d_k]
+        int8 = self._int8("qkv")
+        qkv = int8(x) if int8 is not None else F.linear(x, self.in_proj.weight, self.in_proj.bias)  # [B, L, 3*H*d_k]
         qkv = qkv.view(B, L, 3, self.total_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [3, B, H, L, d_k]
         return qkv[0], qkv[1], qkv[2]
 
     def project_q(self, x: Tensor) -> Tensor:
         """x [B, L, d] -> q [B, H, L, d_k]."""
         B, L, _ = x.shape
-        w, b = self.in_proj.weight[: self.inner_dim], self.in_proj.bias[: self.inner_dim]
-        return F.linear(x, w, b).view(B, L, self.total_heads, self.head_dim).transpose(1, 2)
+        int8 = self._int8("q")
+        if int8 is not None:
+            q = int8(x)
+        else:
+            q = F.linear(x, self.in_proj.weight[: self.inner_dim], self.in_proj.bias[: self.inner_dim])
+        return q.view(B, L, self.total_heads, self.head_dim).transpose(1, 2)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """memory [B, S, d] -> k, v each [B, H, S, d_k]."""
         B, S, _ = memory.shape
-        w, b = self.in_proj.weight[self.inner_dim :], self.in_proj.bias[self.inner_dim :]
-        kv = F.linear(memory, w, b).view(B, S, 2, self.total_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        int8 = self._int8("kv")
+        if int8 is not None:
+            kv = int8(memory)
+        else:
+            kv = F.linear(memory, self.in_proj.weight[self.inner_dim :], self.in_proj.bias[self.inner_dim :])
+        kv = kv.view(B, S, 2, self.total_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return kv[0], kv[1]
 
     def head_scales(self, batch_size: int, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
@@ -237,6 +278,9 @@ class ParallelAttention(HeadGated):
 
     def merge_heads(self, heads: Tensor, head_scale: Tensor | None = None, branch_scale: Tensor | None = None) -> Tensor:
         """heads [B, L, H*d_k] -> [B, L, d]: scaled, branch-averaged output projection."""
+        int8 = self._int8("out")
+        if int8 is not None and head_scale is None and branch_scale is None:
+            return int8(heads)
         weight = self.out_proj.weight  # [d, H*d_k]
         c = self.merge_scale
         if head_scale is not None and head_scale.shape[0] == 1:  # per-batch: fold into the weight
@@ -271,10 +315,14 @@ class ParallelAttention(HeadGated):
         Self-attention over x [B, L, d] (memory None) or cross-attention over memory [B, S, d];
         key_padding_mask [B, S] is True at padding. With a `cache` (incremental decoding) the keys and
         values of earlier steps are appended to (self), or the projected memory is computed once (cross).
+        Cross-attention memory may also be shared: memory [B / g, S, d] with its mask [B / g, S] serves
+        g consecutive query rows each (beam search: the hypotheses of one sentence), so its keys and
+        values are projected, cached and read once per sentence instead of g times.
         `qkv`: the self-attention projections of x if the caller already made them (MUSE shares V).
         Structured dropout is not applied here (see `head_scales`).
         """
         query_offset = 0
+        groups = 1
         if memory is None:
             q, k, v = qkv if qkv is not None else self.project_qkv(x)  # [B, H, L, d_k] each
             if cache is not None:
@@ -295,6 +343,10 @@ class ParallelAttention(HeadGated):
                     cache.set("v", v, static=True)
             else:
                 v = cache.get("v")
+            groups = _query_groups(q.shape[0], k.shape[0])
+            if groups > 1:  # [B, H, L, d_k] -> [B/g, H, g*L, d_k]: a sentence's queries side by side
+                B, H, L, d_k = q.shape
+                q = q.transpose(1, 2).reshape(B // groups, groups * L, H, d_k).transpose(1, 2)
         probe = self.attention_probe
         heads, weights = attend(
             q,
@@ -307,6 +359,9 @@ class ParallelAttention(HeadGated):
             relative=self.relative,
             need_weights=need_weights or probe is not None,
         )
+        if groups > 1:  # back to one row per query: [B/g, H, g*L, .] -> [B, H, L, .]
+            heads = _ungroup(heads, groups)
+            weights = _ungroup(weights, groups) if weights is not None else None
         if probe is not None:
             probe(weights)
         return heads, (weights if need_weights else None)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from multibranch.modules.dropout import dropout
 from multibranch.modules.init import init_bias, init_blocks, init_weight
+from multibranch.modules.int8 import Int8Linear
 from multibranch.modules.merge import merge_constant
 from multibranch.modules.structured_dropout import PathDropout
 
@@ -59,8 +60,20 @@ class FeedForward(nn.Module):
             init_bias(self.fc1.bias, scheme, self.d_model)
             init_bias(self.fc2_bias, scheme, self.hidden_dim)
 
+    int8: tuple[Int8Linear, Int8Linear] | None = None  # (fc1, fc2 with the merge folded in), see quantize_int8
+
+    def quantize_int8(self) -> None:
+        """Int8 versions of fc1 and of the branch-averaged fc2 (modules/int8.py), used in eval mode."""
+        c = self.merge_scale
+        with torch.no_grad():
+            bias = self.fc2_bias[0] if self.branches == 1 else self.fc2_bias.sum(0)  # [d]
+            self.int8 = (Int8Linear(self.fc1.weight, self.fc1.bias), Int8Linear(self.fc2.weight * c, bias * c))
+
     def forward(self, x: Tensor) -> Tensor:
         """x [B, L, d] -> [B, L, d]."""
+        if self.int8 is not None and not self.training:
+            fc1, fc2 = self.int8
+            return fc2(self.activation(fc1(x)))
         scale = self.drop_branch(x.shape[0], x.device) if self.drop_branch is not None else None
         if scale is not None and scale.shape[0] == 1 and not bool(scale.any()):
             return torch.zeros_like(x)  # every branch dropped: the sublayer outputs zero

@@ -3,7 +3,8 @@
 Modules see a `StateView` (a key prefix) and store tensors whose first dimension is the batch
 (of hypotheses). Beam search reorders all of them with one call. Caches marked `static` depend only
 on the source sentence (cross-attention keys/values): they are identical for every hypothesis of a
-sentence, so reordering hypotheses *within* sentences may skip them.
+sentence, so reordering hypotheses *within* sentences may skip them, and beam search keeps them at
+one row per sentence (the memory it passes has one row per sentence, see `ParallelAttention`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,16 @@ class DecoderState:
     def view(self, prefix: str) -> StateView:
         return StateView(self, prefix)
 
-    def reorder(self, order: Tensor) -> None:
-        """Keep/reorder batch rows: row r of every cache becomes old row order[r]."""
+    def reorder(self, order: Tensor, sources: Tensor | None = None) -> None:
+        """Keep/reorder batch rows: row r of every cache becomes old row order[r].
+
+        `sources`: when the static caches hold one row per source sentence, shared by that sentence's
+        hypotheses (the memory of beam search), the source rows to keep instead (row s <- old row
+        sources[s]); None: static caches have a row per hypothesis and follow `order`.
+        """
         for key, value in self.tensors.items():
-            self.tensors[key] = value.index_select(0, order)
+            index = sources if sources is not None and key in self.static else order
+            self.tensors[key] = value.index_select(0, index)
 
     def reorder_within_sentences(self, order: Tensor) -> None:
         """Like `reorder`, for an `order` that maps every row to a row of the same source sentence."""

@@ -46,10 +46,11 @@ class TorchEngine:
     """Our Translator over a loaded model; one Translator per decode setting, all sharing the model."""
 
     def __init__(self, model: Any, tokenizer: Any, decode: Any, device: Any = "cpu", kind: str = "torch",
-                 summary: dict[str, Any] | None = None):
+                 summary: dict[str, Any] | None = None, precision: str = "fp32"):
         from multibranch.inference.translator import Translator
 
         self.model, self.tokenizer, self.decode, self.kind = model, tokenizer, decode, kind
+        self.precision = precision  # the model is already the one to decode with (for_decoding)
         self.default_beam = decode.beam
         self._translators: dict[int, Any] = {}
         self._base = Translator(model, tokenizer, decode, device)
@@ -57,13 +58,16 @@ class TorchEngine:
         self.summary = summary or {}
 
     @classmethod
-    def from_checkpoint(cls, path: str, device: str = "cpu", **overrides: Any) -> TorchEngine:
-        """Load a checkpoint (the one place the server imports the checkpoint loader)."""
+    def from_checkpoint(cls, path: str, device: str = "cpu", precision: str = "fp32", **overrides: Any) -> TorchEngine:
+        """Load a checkpoint (the one place the server imports the checkpoint loader); one model copy
+        in `precision` (inference/precision.py) serves every decode setting."""
         from multibranch.checkpoint.format import CheckpointError
         from multibranch.checkpoint.model import load_model
         from multibranch.device import resolve_device
+        from multibranch.inference.precision import check_precision, for_decoding
 
         resolved = resolve_device(device)
+        check_precision(precision, resolved)
         loaded = load_model(path, resolved, task="translation")
         if loaded.tokenizer is None:
             raise CheckpointError(f"{path} has no tokenizer, so it cannot translate raw text")
@@ -73,7 +77,8 @@ class TorchEngine:
         summary = {"d_model": model_cfg.d_model, "heads": model_cfg.heads, "ffn_dim": model_cfg.ffn_dim,
                    "encoder_layers": model_cfg.encoder_layers, "decoder_layers": model_cfg.decoder_layers,
                    "encoder_kind": model_cfg.encoder.kind, "decoder_kind": model_cfg.decoder.kind}
-        return cls(loaded.model, loaded.tokenizer, decode, resolved, kind=model_cfg.encoder.kind, summary=summary)
+        return cls(for_decoding(loaded.model, precision), loaded.tokenizer, decode, resolved,
+                   kind=model_cfg.encoder.kind, summary=summary, precision=precision)
 
     def _translator(self, beam: int) -> Any:
         if beam not in self._translators:
@@ -92,6 +97,7 @@ class TorchEngine:
     def info(self) -> dict[str, Any]:
         return {
             "engine": "torch",
+            "precision": self.precision,
             "kind": self.kind,
             "config": self.summary,
             "parameters": sum(p.numel() for p in self.model.parameters()),
