@@ -28,9 +28,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
                task: str | tuple[str, ...] | None = None) -> LoadedModel:
     """Rebuild the model of a checkpoint (eval mode) with its tokenizer and experiment config.
 
-    `task`: the task (or tasks) the caller can use ("translation", "classification", "code"); a
-    checkpoint of another task is a CheckpointError naming the command that uses it, before any
-    weights are built.
+    `task`: the task (or tasks, the first naming the kind in the message) the caller can use
+    ("translation", "classification", "code"); a checkpoint of another task is a CheckpointError naming
+    the command that uses it, before any weights are built.
     """
     from multibranch.data.tokenizer import Tokenizer
     from multibranch.experiment import ExperimentConfig
@@ -42,7 +42,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     if wanted is not None and config.task not in wanted:
         use = TASK_COMMANDS.get(config.task)
         hint = f"; use `{use}`" if use else ""
-        raise CheckpointError(f"{path} is a {config.task} model, not a {' or '.join(wanted)} model{hint}")
+        raise CheckpointError(f"{path} is a {config.task} model, not a {wanted[0]} model{hint}")
     model = build_task_model(config)
     load_state_strict(model, payload["model"], str(path))
     model.to(device).eval()
