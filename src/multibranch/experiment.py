@@ -25,7 +25,7 @@ class ExperimentConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     description: str = ""
     # the task (multibranch.tasks) is set by `train` from the prepared data's format
-    task: Literal["translation", "classification"] = "translation"
+    task: Literal["translation", "classification", "code"] = "translation"
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
 
     def to_dict(self) -> dict[str, Any]:

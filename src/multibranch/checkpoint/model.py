@@ -12,7 +12,8 @@ from torch import nn
 from multibranch.checkpoint.format import CheckpointError, load_checkpoint, load_state_strict
 
 # the command that uses a checkpoint of each task
-TASK_COMMANDS = {"translation": "multibranch translate", "classification": "multibranch classify"}
+TASK_COMMANDS = {"translation": "multibranch translate", "classification": "multibranch classify",
+                 "code": "multibranch translate"}
 
 
 @dataclass
@@ -23,11 +24,13 @@ class LoadedModel:
     payload: dict[str, Any]
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", task: str | None = None) -> LoadedModel:
+def load_model(path: str | Path, device: str | torch.device = "cpu",
+               task: str | tuple[str, ...] | None = None) -> LoadedModel:
     """Rebuild the model of a checkpoint (eval mode) with its tokenizer and experiment config.
 
-    `task`: the task the caller needs ("translation", "classification"); a checkpoint of another task
-    is a CheckpointError naming the command that uses it, before any weights are built.
+    `task`: the task (or tasks, the first naming the kind in the message) the caller can use
+    ("translation", "classification", "code"); a checkpoint of another task is a CheckpointError naming
+    the command that uses it, before any weights are built.
     """
     from multibranch.data.tokenizer import tokenizer_from_state
     from multibranch.experiment import ExperimentConfig
@@ -35,10 +38,11 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", task: str |
 
     payload = load_checkpoint(path)
     config = ExperimentConfig.from_dict(payload["config"])
-    if task is not None and config.task != task:
+    wanted = (task,) if isinstance(task, str) else task
+    if wanted is not None and config.task not in wanted:
         use = TASK_COMMANDS.get(config.task)
         hint = f"; use `{use}`" if use else ""
-        raise CheckpointError(f"{path} is a {config.task} model, not a {task} model{hint}")
+        raise CheckpointError(f"{path} is a {config.task} model, not a {wanted[0]} model{hint}")
     model = build_task_model(config)
     load_state_strict(model, payload["model"], str(path))
     model.to(device).eval()

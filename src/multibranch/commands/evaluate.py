@@ -9,6 +9,12 @@ With `--task classify`, --hyp holds one predicted label per line (the output of 
 anything after a TAB, such as --probs, is ignored) and the one --ref one gold label per line: accuracy,
 macro-F1 (percent) and the confusion matrix (rows: reference, columns: prediction).
 
+With `--task code`, --hyp and the one --ref hold one Python function per line in the code-docstring
+corpus's escaped form (`DCNL`/`DCSP`, what `translate` writes for a code checkpoint; the prepared
+`test.tgt.txt` or a corpus `.code` file): PoV (the share of hypotheses that Python's `ast` parses after
+decoding; nothing is executed), mean sentence BLEU (exponential smoothing) and corpus BLEU, both on
+code tokens (`multibranch.evaluate.code`).
+
 stdout carries exactly one kind of output: the JSON with `--json -`, else the per-line rows with
 `--sentence-level`, else the score lines; everything else goes to stderr.
 """
@@ -25,9 +31,10 @@ HELP = "score translations with sacreBLEU (BLEU, chrF), per line or with paired 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", choices=["translate", "classify"], default="translate",
+    parser.add_argument("--task", choices=["translate", "classify", "code"], default="translate",
                         help="translate: sacreBLEU scores; classify: accuracy, macro-F1 and confusion matrix of "
-                             "one label per line")
+                             "one label per line; code: PoV, mean sentence BLEU and corpus BLEU of one escaped "
+                             "Python function per line")
     parser.add_argument("--hyp", required=True, metavar="FILE", help="detokenised system output ('-' = stdin)")
     parser.add_argument("--ref", required=True, action="append", metavar="FILE",
                         help="raw reference text; repeat for several references")
@@ -95,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     if args.task == "classify":
         return _run_classify(args)
+    if args.task == "code":
+        return _run_code(args)
     hypotheses = _read(args.hyp, args.encoding_errors)
     references = [_read(path, args.encoding_errors) for path in args.ref]
     for path, ref in zip(args.ref, references, strict=True):
@@ -136,17 +145,48 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_classify(args: argparse.Namespace) -> int:
+def _check_single_reference(args: argparse.Namespace, what: str) -> None:
+    """UserError for translation-only flags and for more than one --ref (classify and code)."""
     from multibranch.cli import UserError
-    from multibranch.data.errors import DataError
-    from multibranch.evaluate.classification import classification_scores
 
-    translation_only = [flag for flag, given in (("--sentence-level", args.sentence_level), ("--compare", args.compare),
-                                                 ("--lowercase", args.lowercase)) if given]
+    translation_only = [flag for flag, given in (
+        ("--sentence-level", args.sentence_level), ("--compare", args.compare), ("--lowercase", args.lowercase),
+        ("--metrics", args.metrics != ["bleu", "chrf"]), ("--tokenize", args.tokenize != "13a"),
+        ("--allow-download", args.allow_download)) if given]
     if translation_only:
         raise UserError(f"{', '.join(translation_only)}: only for --task translate")
     if len(args.ref) != 1:
-        raise UserError("--task classify takes exactly one --ref (one gold label per line)")
+        raise UserError(f"--task {args.task} takes exactly one --ref ({what})")
+
+
+def _run_code(args: argparse.Namespace) -> int:
+    from multibranch.data.errors import DataError
+    from multibranch.evaluate.code import format_code_scores, score_code
+
+    _check_single_reference(args, "one escaped function per line")
+    hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
+    hypotheses = _read(args.hyp, args.encoding_errors)
+    references = _read(args.ref[0], args.encoding_errors)
+    if len(hypotheses) != len(references):
+        raise DataError(f"line counts differ: {hyp_name} has {len(hypotheses)} lines, {args.ref[0]} has "
+                        f"{len(references)}")
+    if not references:
+        raise DataError(f"{args.ref[0]}: no functions to score")
+    result = score_code(hypotheses, references)
+    human = sys.stderr if args.json == "-" else sys.stdout
+    for line in format_code_scores(result):
+        print(line, file=human, flush=True)
+    if args.json:
+        _write_json(args.json, {"hyp": args.hyp, "ref": args.ref[0], **result})
+    sys.stdout.flush()
+    return 0
+
+
+def _run_classify(args: argparse.Namespace) -> int:
+    from multibranch.data.errors import DataError
+    from multibranch.evaluate.classification import classification_scores
+
+    _check_single_reference(args, "one gold label per line")
     hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
     predictions = [line.split("\t", 1)[0].strip() for line in _read(args.hyp, args.encoding_errors)]
     references = [line.strip() for line in _read(args.ref[0], args.encoding_errors)]

@@ -1,36 +1,40 @@
 """`multibranch prepare`: train SentencePiece on raw parallel text (or, with `--task classify`, labelled
-text) and binarise it for training."""
+text; with `--task code`, the code-docstring corpus) and binarise it for training."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = ("train SentencePiece on PREFIX.LANG files (or labelled text files with --task classify), clean and binarise "
-        "them into a data directory")
+HELP = ("train SentencePiece on PREFIX.LANG files (labelled text files with --task classify, PREFIX.desc/PREFIX.code "
+        "with --task code), clean and binarise them into a data directory")
 
 TRANSLATION_ONLY = ("src", "tgt")
+CODE_ONLY = ("docstring_errors",)
 CLASSIFY_ONLY = ("holdout", "format", "header", "label_column", "text_column", "label_key", "text_key", "fine_labels",
                  "empty_text", "too_long", "hf_tokenizer")
 SENTENCEPIECE_ONLY = ("vocab_size", "model_type", "character_coverage")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", choices=["translate", "classify"], default="translate",
-                        help="translate: parallel PREFIX.LANG files; classify: labelled text (TSV, CSV, TREC, JSONL)")
+    parser.add_argument("--task", choices=["translate", "classify", "code"], default="translate",
+                        help="translate: parallel PREFIX.LANG files; classify: labelled text (TSV, CSV, TREC, JSONL); "
+                             "code: docstring -> Python function, PREFIX.desc + PREFIX.code (code-docstring corpus)")
     parser.add_argument("--src", metavar="LANG", help="source language code (file suffix; translate, required)")
     parser.add_argument("--tgt", metavar="LANG", help="target language code (file suffix; translate, required)")
     parser.add_argument("--train", required=True, metavar="PREFIX|FILE",
-                        help="training files PREFIX.SRC / PREFIX.TGT, or the labelled training FILE (classify)")
+                        help="training files PREFIX.SRC / PREFIX.TGT (code: PREFIX.desc / PREFIX.code), or the "
+                             "labelled training FILE (classify)")
     parser.add_argument("--valid", metavar="PREFIX|FILE",
-                        help="validation files PREFIX.SRC / PREFIX.TGT (required for translate), or the labelled "
-                             "validation FILE (classify; or use --holdout)")
+                        help="validation files PREFIX.SRC / PREFIX.TGT (required for translate and code), or the "
+                             "labelled validation FILE (classify; or use --holdout)")
     parser.add_argument(
         "--test", nargs="+", action="extend", default=[], metavar="PREFIX|FILE",
         help="test file prefixes or labelled test files (become splits test, test1, ...)",
     )
     classify = parser.add_argument_group("classification (--task classify)")
     classify.add_argument("--holdout", type=float, metavar="N",
-                          help="validation = a stratified, seeded part of train: a fraction in (0, 1) or a count")
+                          help="classify: validation = a stratified, seeded part of train; code: the test split = a "
+                               "seeded part of train (default 1000; 0: none). A fraction in (0, 1) or a count")
     classify.add_argument("--format", choices=["auto", "tsv", "csv", "trec", "jsonl"], default="auto",
                           help="input format (auto: from the file extension)")
     classify.add_argument("--header", choices=["auto", "yes", "no"], default="auto",
@@ -50,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="tokenize with the Hugging Face tokenizer in DIR (the model directory given to "
                                "`convert from-hf-bert`) instead of training SentencePiece: ids and CLS/SEP are the "
                                "HF model's")
+    code = parser.add_argument_group("code generation (--task code)")
+    code.add_argument("--docstring-errors", choices=["strict", "raw"], default="strict",
+                      help="a .desc line that is not a valid Python string literal: stop with file:line (strict), "
+                           "or keep the text between its quotes (raw; counted in the report)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output data directory")
     parser.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size")
     parser.add_argument(
@@ -82,20 +90,27 @@ def _given(args: argparse.Namespace, names: tuple[str, ...], parser_defaults: di
 DEFAULTS = {"holdout": None, "format": "auto", "header": "auto", "label_column": "0", "text_column": "1",
             "label_key": "label", "text_key": "text", "fine_labels": False, "empty_text": "error",
             "too_long": "truncate", "src": None, "tgt": None, "hf_tokenizer": None, "vocab_size": 8000,
-            "model_type": "bpe", "character_coverage": 1.0}
+            "model_type": "bpe", "character_coverage": 1.0, "docstring_errors": "strict", "max_len_ratio": 3.0,
+            "separate_vocab": False}
 
 
 def run(args: argparse.Namespace) -> int:
     from multibranch.cli import UserError
 
     if args.task == "classify":
-        wrong = _given(args, TRANSLATION_ONLY, DEFAULTS)
+        wrong = _given(args, TRANSLATION_ONLY + CODE_ONLY, DEFAULTS)
         if wrong:
-            raise UserError(f"{', '.join(wrong)}: only for --task translate")
+            raise UserError(f"{', '.join(wrong)}: not for --task classify")
         return run_classify(args)
-    wrong = _given(args, CLASSIFY_ONLY, DEFAULTS)
+    if args.task == "code":
+        wrong = _given(args, TRANSLATION_ONLY + tuple(n for n in CLASSIFY_ONLY if n != "holdout") + ("max_len_ratio",),
+                       DEFAULTS)
+        if wrong:
+            raise UserError(f"{', '.join(wrong)}: not for --task code")
+        return run_code(args)
+    wrong = _given(args, CLASSIFY_ONLY + CODE_ONLY, DEFAULTS)
     if wrong:
-        raise UserError(f"{', '.join(wrong)}: only for --task classify")
+        raise UserError(f"{', '.join(wrong)}: not for --task translate")
     missing = [f"--{n}" for n in ("src", "tgt", "valid") if getattr(args, n) is None]
     if missing:
         raise UserError(f"the following arguments are required: {', '.join(missing)}")
@@ -146,6 +161,23 @@ def run_classify(args: argparse.Namespace) -> int:
     cfg.validate()
     meta = prepare_classification(cfg)
     print(classify_summary(meta, args.out))
+    return 0
+
+
+def run_code(args: argparse.Namespace) -> int:
+    from multibranch.cli import UserError
+    from multibranch.data.prepare_code import CodePrepareConfig, prepare_code
+
+    if args.valid is None:
+        raise UserError("--task code needs --valid PREFIX (the corpus's valid.desc / valid.code)")
+    cfg = CodePrepareConfig(train=args.train, valid=args.valid, out=args.out,
+                            holdout=1000 if args.holdout is None else args.holdout, test=list(args.test),
+                            vocab_size=args.vocab_size, joint=not args.separate_vocab, model_type=args.model_type,
+                            character_coverage=args.character_coverage, max_len=args.max_len or None,
+                            docstring_errors=args.docstring_errors, encoding_errors=args.encoding_errors,
+                            force=args.force, seed=args.seed)
+    meta = prepare_code(cfg)
+    print(summary(meta))
     return 0
 
 

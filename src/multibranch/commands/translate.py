@@ -8,6 +8,12 @@ bar (terminal only) and the speed summary go to stderr.
 
 Modes: batch translation (default), --interactive (one line at a time, flushed as typed; the
 default when stdin is a terminal and no -i is given), and --score-reference REF (forced decoding).
+
+A code-generation checkpoint (`prepare --task code`) takes one docstring a line and writes one
+function a line in the corpus's escaped form (`DCNL`/`DCSP`, what `evaluate --task code` reads);
+`--code-format source` writes the decoded Python source instead, each function followed by one
+empty line (for reading; it breaks the one-line-per-input contract, so it refuses --nbest and
+--score-reference).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -60,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                         help="invalid UTF-8 in the input: error naming the line (strict) or replace with U+FFFD")
+    parser.add_argument("--code-format", choices=["escaped", "source"], default="escaped",
+                        help="code-generation checkpoints: one function a line in the corpus's DCNL/DCSP form "
+                             "(escaped, what `evaluate --task code` reads) or Python source, each function followed "
+                             "by an empty line (source)")
 
 
 def one_line(text: str) -> str:
@@ -90,10 +100,19 @@ def count_lines(path: str) -> int | None:
     return count + (last != b"\n")
 
 
-def format_translations(translator: Any, chunk: list[str], nbest: int, first_index: int, progress: Any = False) -> str:
-    """The output text of one chunk: a line per input line, or nbest rows 'index ||| text ||| score'."""
+def code_source(text: str) -> str:
+    """`--code-format source`: an escaped function -> its Python source, ending in an empty line."""
+    from multibranch.data.code_corpus import decode_code
+
+    return decode_code(one_line(text)) + "\n"
+
+
+def format_translations(translator: Any, chunk: list[str], nbest: int, first_index: int, progress: Any = False,
+                        render: Callable[[str], str] = one_line) -> str:
+    """The output text of one chunk: `render(text)` and a newline per input line, or nbest rows
+    'index ||| text ||| score'."""
     if nbest == 1:
-        return "".join(one_line(text) + "\n" for text in translator.translate(chunk, progress=progress))
+        return "".join(render(text) + "\n" for text in translator.translate(chunk, progress=progress))
     return "".join(
         f"{first_index + i} ||| {one_line(text)} ||| {score:.6f}\n"
         for i, entries in enumerate(translator.translate_nbest(chunk, nbest, progress=progress))
@@ -143,6 +162,9 @@ def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
         if args.score_reference == "-":
             raise UserError("--score-reference needs a file (only -i may be stdin)")
         check_input_file(args.score_reference)
+    if args.code_format == "source" and (args.score_reference is not None or args.nbest not in (None, 1)):
+        raise UserError("--code-format source writes whole functions; it cannot be combined with --nbest or "
+                        "--score-reference")
     if args.input != "-":
         check_input_file(args.input)
     check_output_file(args.output, [args.input, *([args.score_reference] if args.score_reference else [])])
@@ -165,9 +187,13 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.ckpt, device, task="translation")
+    loaded = load_model(args.ckpt, device, task=("translation", "code"))
     if loaded.tokenizer is None:
         raise CheckpointError(f"{args.ckpt} has no tokenizer, so it cannot translate raw text")
+    if args.code_format != "escaped" and loaded.config.task != "code":
+        raise CheckpointError(f"--code-format: {args.ckpt} is a {loaded.config.task} model, not a code-generation "
+                              "model")
+    render = code_source if args.code_format == "source" else one_line
     cfg = dataclasses.replace(loaded.config.decode, **_decode_overrides(args))
     cfg.validate()
     translator = Translator(for_decoding(loaded.model, args.precision), loaded.tokenizer, cfg, device)
@@ -179,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     name = "<stdin>" if args.input == "-" else args.input
     show = not args.no_progress and show_progress()
     if interactive:
-        _interactive(translator, cfg.nbest, args.encoding_errors)
+        _interactive(translator, cfg.nbest, args.encoding_errors, render=render)
     elif args.score_reference is not None:
         _score_reference(translator, args, name, show)
     else:
@@ -187,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
         index = 0
         with open_input(args.input) as source, open_output(args.output) as sink:
             for chunk in _chunks(iter_lines(source, name, args.encoding_errors), CHUNK_LINES):
-                sink.write(format_translations(translator, chunk, cfg.nbest, index, progress=bar).encode("utf-8"))
+                sink.write(format_translations(translator, chunk, cfg.nbest, index, progress=bar,
+                                               render=render).encode("utf-8"))
                 sink.flush()
                 index += len(chunk)
         bar.close()
@@ -195,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _interactive(translator: Any, nbest: int, encoding_errors: str, stdin: IO[bytes] | None = None) -> None:
+def _interactive(translator: Any, nbest: int, encoding_errors: str, stdin: IO[bytes] | None = None,
+                 render: Callable[[str], str] = one_line) -> None:
     """Translate stdin line by line as it arrives, flushing every answer; prompts go to stderr."""
     from multibranch.data.text import iter_lines
 
@@ -204,7 +232,7 @@ def _interactive(translator: Any, nbest: int, encoding_errors: str, stdin: IO[by
     print("multibranch translate: type a sentence and press Enter (Ctrl-D to quit)", file=sys.stderr, flush=True)
     print("> ", end="", file=sys.stderr, flush=True)
     for index, line in enumerate(iter_lines(source, "<stdin>", encoding_errors)):
-        sink.write(format_translations(translator, [line], nbest, index))
+        sink.write(format_translations(translator, [line], nbest, index, render=render))
         sink.flush()
         print("> ", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr, flush=True)

@@ -215,6 +215,14 @@ def raw_docstring(line: str) -> str:
 # ---- reading a corpus -----------------------------------------------------------------------------
 
 
+class CodeCorpusReading(NamedTuple):
+    """A corpus as read, with what the reading had to tolerate (for prepare's report)."""
+
+    corpus: CodeCorpus
+    raw_docstrings: list[int]  # 1-based `.desc` lines whose malformed literal was kept as raw text
+    replaced_lines: tuple[int, int]  # lines with replaced bytes (desc, code), encoding_errors="replace"
+
+
 def read_code_corpus(
     prefix: str | Path,
     *,
@@ -228,6 +236,17 @@ def read_code_corpus(
     string literal (unless docstring_errors="raw", which keeps the text between its quotes and logs
     how many lines needed it). Functions are returned as in the file; `decode_code` gives source.
     """
+    return read_code_corpus_details(prefix, encoding_errors=encoding_errors,
+                                    docstring_errors=docstring_errors).corpus
+
+
+def read_code_corpus_details(
+    prefix: str | Path,
+    *,
+    encoding_errors: EncodingErrors = "strict",
+    docstring_errors: DocstringErrors = "strict",
+) -> CodeCorpusReading:
+    """`read_code_corpus`, also returning which docstrings were kept raw and how many lines had bad bytes."""
     if docstring_errors not in DOCSTRING_ERRORS:
         raise ValueError(f"docstring_errors must be one of {DOCSTRING_ERRORS}, got {docstring_errors!r}")
     desc_path, code_path = Path(f"{prefix}.desc"), Path(f"{prefix}.code")
@@ -242,10 +261,12 @@ def read_code_corpus(
             docstrings.append(decode_docstring(line, where=f"{desc_path}:{i}"))
         except DataError as err:
             if docstring_errors == "strict":
-                raise DataError(f"{err}; fix the line or pass docstring_errors='raw'") from None
+                raise DataError(f"{err}; fix the line or keep malformed literals as raw text "
+                                "(docstring_errors='raw'; `prepare --docstring-errors raw`)") from None
             docstrings.append(raw_docstring(line))
             raw.append(i)
     if raw:
         logger.warning("%s: kept %d malformed docstring literal(s) as raw text (first: line %d)",
                        desc_path, len(raw), raw[0])
-    return CodeCorpus(docstrings, list(pair.tgt.lines))
+    return CodeCorpusReading(CodeCorpus(docstrings, list(pair.tgt.lines)), raw,
+                             (pair.src.replaced, pair.tgt.replaced))

@@ -23,24 +23,32 @@ __all__ = ["Task", "build_task_model", "task_class", "task_for_data"]
 
 def task_class(name: str) -> type[Task]:
     from multibranch.tasks.classification import ClassificationTask
+    from multibranch.tasks.code import CodeTask
     from multibranch.tasks.translation import TranslationTask
 
-    tasks = {t.name: t for t in (TranslationTask, ClassificationTask)}
+    tasks = {t.name: t for t in (TranslationTask, ClassificationTask, CodeTask)}
     if name not in tasks:
         raise DataError(f"unknown task {name!r}; known tasks: {', '.join(tasks)}")
     return tasks[name]
 
 
 def task_name_of(data_dir: str | Path) -> str:
-    """The task of a prepared data directory, from its data.json "format" (translation if unreadable:
-    the translation loader then reports what is wrong)."""
+    """The task of a prepared data directory, from its data.json "format" (and "task": code generation
+    is a translation directory marked "code"); translation if unreadable: the translation loader then
+    reports what is wrong."""
+    from multibranch.data.prepare import FORMAT
     from multibranch.data.prepare_classify import FORMAT as CLASSIFY_FORMAT
+    from multibranch.data.prepare_code import TASK as CODE_TASK
 
     try:
         meta = json.loads((Path(data_dir) / "data.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return "translation"
-    return "classification" if isinstance(meta, dict) and meta.get("format") == CLASSIFY_FORMAT else "translation"
+    if not isinstance(meta, dict):
+        return "translation"
+    if meta.get("format") == CLASSIFY_FORMAT:
+        return "classification"
+    return "code" if meta.get("format") == FORMAT and meta.get("task") == CODE_TASK else "translation"
 
 
 def task_for_data(cfg: ExperimentConfig, data_dir: str | Path) -> Task:

@@ -97,7 +97,6 @@ class TranslationTask(Task):
         return result
 
     def _valid_bleu(self, model: nn.Module, device: torch.device, progress: bool | None) -> dict[str, Any]:
-        from multibranch.evaluate.metrics import score_corpus
         from multibranch.inference.translator import Translator, show_progress
 
         sources = self.valid_split.raw_src_lines()
@@ -108,9 +107,15 @@ class TranslationTask(Task):
         start = time.perf_counter()
         translator = Translator(model, self._tokenizer, self.cfg.decode, device=device)
         hypotheses = translator.translate(sources, progress=show_progress(progress))  # a bar on a TTY
+        return {**self.decode_scores(hypotheses, references), "decode_s": time.perf_counter() - start,
+                "samples": list(zip(sources[:3], hypotheses[:3], references[:3]))}
+
+    def decode_scores(self, hypotheses: list[str], references: list[str]) -> dict[str, Any]:
+        """The validation scores of decoded valid sentences (translation: corpus BLEU and its signature)."""
+        from multibranch.evaluate.metrics import score_corpus
+
         scores = score_corpus(hypotheses, [references], metrics=("bleu",))
-        return {"bleu": scores["bleu"]["score"], "bleu_signature": scores["bleu"]["signature"],
-                "decode_s": time.perf_counter() - start, "samples": list(zip(sources[:3], hypotheses[:3], references[:3]))}
+        return {"bleu": scores["bleu"]["score"], "bleu_signature": scores["bleu"]["signature"]}
 
     def describe_valid(self, result: dict[str, Any]) -> str:
         bleu = f" | bleu {result['bleu']:.2f}" if "bleu" in result else ""

@@ -37,7 +37,7 @@ class TrainConfig:
     max_epochs: int | None = None
     max_minutes: float | None = None
     patience: int | None = None
-    best_metric: Literal["bleu", "loss", "accuracy", "macro_f1"] = "bleu"
+    best_metric: Literal["bleu", "loss", "accuracy", "macro_f1", "pov", "sentence_bleu"] = "bleu"
     valid_every: int = 1000
     valid_bleu: bool = True
     valid_max_sentences: int | None = None

@@ -386,7 +386,8 @@ class Trainer:
     def _meta(self) -> dict[str, Any]:
         return {
             "step": self.state.step, "epoch": self.state.epoch, "valid": {
-                k: v for k, v in self.state.last_valid.items() if k in ("loss", "nll", "ppl", "bleu", "accuracy", "macro_f1")},
+                k: v for k, v in self.state.last_valid.items() if k in ("loss", "nll", "ppl", "bleu", "accuracy", "macro_f1", "pov",
+                                                                  "sentence_bleu")},
             "config_hash": self.config_hash, "data_fingerprint": self.task.fingerprint,
             **({"origin": self.origin} if self.origin else {}),
             "multibranch_version": multibranch.__version__, "torch_version": str(torch.__version__),

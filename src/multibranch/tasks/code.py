@@ -1,0 +1,50 @@
+"""Code generation (docstring -> Python function): a translation task over `prepare --task code` data
+whose validation also decodes the valid split and scores the functions with PoV, mean sentence BLEU
+and corpus BLEU on code tokens (`multibranch.evaluate.code`; generated code is parsed, never run).
+
+Validation metrics (besides loss / NLL / ppl): "pov" (fraction in [0, 1] of hypotheses that
+`ast.parse` accepts after `DCNL`/`DCSP` decoding), "sentence_bleu" (mean, 0-100) and "bleu" (corpus
+BLEU, 0-100), on the first `train.valid_max_sentences` valid examples. The best checkpoint follows
+`train.best_metric` ("bleu" by default; "pov", "sentence_bleu" or "loss" also work).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from multibranch.data.errors import DataError
+from multibranch.tasks.translation import TranslationTask
+
+if TYPE_CHECKING:
+    from multibranch.data.dataset import PreparedData
+
+
+class CodeTask(TranslationTask):
+    name = "code"
+    best_metric = "bleu"
+
+    @staticmethod
+    def load_data(data_dir: Path) -> PreparedData:
+        from multibranch.data.dataset import PreparedData
+        from multibranch.data.prepare_code import TASK
+
+        data = PreparedData.load(data_dir)
+        if data.meta.get("task") != TASK:
+            raise DataError(f"{data_dir}: not a code-generation data directory (prepare it with "
+                            "`multibranch prepare --task code`)")
+        return data
+
+    def decode_scores(self, hypotheses: list[str], references: list[str]) -> dict[str, Any]:
+        from multibranch.evaluate.code import score_code
+
+        scores = score_code(hypotheses, references)
+        return {"pov": scores["pov"]["score"], "sentence_bleu": scores["sentence_bleu"]["score"],
+                "bleu": scores["bleu"]["score"], "bleu_signature": scores["bleu"]["signature"]}
+
+    def describe_valid(self, result: dict[str, Any]) -> str:
+        text = f"loss {result['loss']:.3f} | ppl {result['ppl']:.2f}"
+        if "pov" in result:
+            text += (f" | PoV {100 * result['pov']:.1f}% | sentence BLEU {result['sentence_bleu']:.2f} | "
+                     f"BLEU {result['bleu']:.2f}")
+        return text
