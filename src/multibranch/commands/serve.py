@@ -1,7 +1,8 @@
 """`multibranch serve`: an HTTP translation server (FastAPI + uvicorn) over one loaded model.
 
 API: POST /translate {"texts": [...], "beam": N?, "nbest": N?} -> {"translations": [...]};
-GET /health, /info, /metrics (Prometheus). Concurrent requests are micro-batched by one worker.
+POST /attention (one attention map of one sentence, torch engine); GET /health, /info, /metrics
+(Prometheus); a web page at / (translation, n-best, attention heat map). Concurrent requests are micro-batched by one worker.
 Binds 127.0.0.1 unless --host says otherwise. Ctrl-C / SIGTERM: stop accepting, finish the
 accepted requests, exit.
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-HELP = "serve translations over HTTP (POST /translate; /health, /info, /metrics), micro-batching requests"
+HELP = ("serve translations over HTTP (a web page at /; POST /translate, /attention; /health, /info, /metrics), "
+        "micro-batching requests")
 
 logger = logging.getLogger("multibranch.serve")
 
@@ -94,7 +96,7 @@ def load_engine(args: argparse.Namespace):  # noqa: ANN201
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from multibranch.serve.app import create_app
+    from multibranch.serve.app import PAGE_DIR, create_app
 
     _check_arguments(args)
     limits = limits_from_args(args)
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     engine = load_engine(args)
-    app = create_app(engine, limits)
+    app = create_app(engine, limits, static_dir=PAGE_DIR)
     logger.info("serving %s (%s engine) on http://%s:%d", args.ckpt, args.engine, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=None)
     return 0
