@@ -217,6 +217,7 @@ function drawHeatmap(map) {
   const tbody = document.createElement("tbody");
   map.weights.forEach((row, i) => {
     const tr = document.createElement("tr");
+    tr.dataset.weights = row.join(",");
     const th = document.createElement("th");
     th.className = "row";
     th.textContent = map.rows[i];
