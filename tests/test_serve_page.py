@@ -1,5 +1,5 @@
-"""The web page of `multibranch serve` in a real headless Chromium: a real server (the command, in a
-subprocess, on a free loopback port) with a tiny random model; type, translate, see the n-best lists
+"""The web page of `multibranch serve` in a real headless Chromium: a real server (the one the command
+builds, run by uvicorn on a free loopback port in a thread) with a tiny random model; type, translate, see the n-best lists
 (equal to our Translator's), open the attention view and find a target x source heat map whose
 header tokens are the SentencePiece pieces of the source and of the translation; an over-long text
 gives the server's 413 message on the page.
@@ -13,11 +13,7 @@ SE_OFFLINE is set.
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +29,6 @@ from multibranch.inference.translator import Translator  # noqa: E402
 
 MAX_CHARS = 120
 LINES = [line for line in _corpus(40, seed=41) if len(line) < 40][:2]
-READY = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 
 
 def _need_browser() -> tuple[str, str]:
@@ -77,41 +72,30 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def server(checkpoint) -> Iterator[str]:  # noqa: F811
-    """`multibranch serve` on a free loopback port; its URL. SIGTERM at the end: a clean shutdown
-    (uvicorn re-raises the signal after it, so the exit status is -SIGTERM)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "multibranch", "serve", "--ckpt", str(checkpoint), "--port", "0", "--device", "cpu",
-         "--threads", "1", "--max-chars", str(MAX_CHARS)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    port: list[str] = []
-    ready = threading.Event()
-    log: list[str] = []
+    """The server `multibranch serve --ckpt CKPT --port 0 --max-chars N` builds (arguments parsed by
+    the CLI, the engine loaded, the page mounted), run on a free loopback port in a thread; its URL.
+    At the end it is stopped as on SIGTERM (should_exit) and must finish."""
+    from multibranch.cli import build_parser
+    from multibranch.commands.serve import build_server
 
-    def drain() -> None:  # read stderr to its end, so the server never blocks on a full pipe
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            log.append(line)
-            match = READY.search(line)
-            if match and not port:
-                port.append(match.group(1))
-                ready.set()
-        ready.set()
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
+    args = build_parser().parse_args(["serve", "--ckpt", str(checkpoint), "--port", "0", "--device", "cpu",
+                                      "--max-chars", str(MAX_CHARS)])
+    uvicorn_server = build_server(args)
+    thread = threading.Thread(target=uvicorn_server.run, daemon=True)
+    thread.start()
     try:
-        ready.wait(60)
-        assert port, "the server did not start:\n" + "".join(log)
-        yield f"http://127.0.0.1:{port[0]}"
+        for _ in range(3000):
+            if uvicorn_server.started or not thread.is_alive():
+                break
+            thread.join(0.01)
+        assert uvicorn_server.started, "the server did not start"
+        host, port = uvicorn_server.servers[0].sockets[0].getsockname()[:2]
+        assert host == "127.0.0.1"
+        yield f"http://127.0.0.1:{port}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        reader.join(10)
-    assert code in (0, -signal.SIGTERM) and "Application shutdown complete" in "".join(log), "".join(log)
+        uvicorn_server.should_exit = True
+        thread.join(30)
+    assert not thread.is_alive()
 
 
 def _wait(driver: Any, condition: Any) -> Any:
@@ -156,8 +140,9 @@ def test_translate_see_nbest_and_attention_heat_map(browser, server, checkpoint,
     assert Select(browser.find_element(By.ID, "kind")).first_selected_option.get_attribute("value") == "cross"
     assert _texts(browser.find_elements(By.CSS_SELECTOR, "#heatmap th.col")) == source
     assert _texts(browser.find_elements(By.CSS_SELECTOR, "#heatmap th.row")) == target
-    rows = browser.find_elements(By.CSS_SELECTOR, "#heatmap tbody tr")
-    weights = [[float(w) for w in row.get_attribute("data-weights").split(",")] for row in rows]
+    weights = browser.execute_script(  # the cells' weights, row by row
+        "return [...document.querySelectorAll('#heatmap tbody tr')]"
+        ".map((row) => [...row.querySelectorAll('td.cell')].map((cell) => Number(cell.dataset.weight)));")
     assert [len(row) for row in weights] == [len(source)] * len(target)
     assert all(abs(sum(row) - 1) < 1e-4 for row in weights)
 

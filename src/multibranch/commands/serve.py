@@ -93,7 +93,9 @@ def load_engine(args: argparse.Namespace):  # noqa: ANN201
     return TorchEngine.from_checkpoint(args.ckpt, args.device, **overrides)
 
 
-def run(args: argparse.Namespace) -> int:
+def build_server(args: argparse.Namespace):  # noqa: ANN201
+    """The uvicorn server of `multibranch serve`: arguments checked, the engine loaded once, the API
+    and the web page (PAGE_DIR at /) mounted; `.run()` serves until SIGINT/SIGTERM or `should_exit`."""
     import uvicorn
 
     from multibranch.serve.app import PAGE_DIR, create_app
@@ -106,6 +108,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     engine = load_engine(args)
     app = create_app(engine, limits, static_dir=PAGE_DIR)
+    return uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                         timeout_graceful_shutdown=None))
+
+
+def run(args: argparse.Namespace) -> int:
+    server = build_server(args)
     logger.info("serving %s (%s engine) on http://%s:%d", args.ckpt, args.engine, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=None)
+    server.run()  # a port already in use: uvicorn logs the reason and exits with status 3
     return 0

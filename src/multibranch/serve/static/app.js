@@ -186,6 +186,7 @@ function choose(source, target, element) {
 async function drawAttention() {
   if (!chosen) return;
   const [unit, index] = $("unit").value.split(":");
+  const label = $("unit").selectedOptions[0].textContent;
   const request = { text: chosen.source, target: chosen.target, kind: $("kind").value, layer: Number($("layer").value) };
   request[unit] = Number(index);
   const call = ++attentionCall;
@@ -193,7 +194,7 @@ async function drawAttention() {
   $("attention-caption").textContent = "computing\u2026";
   try {
     const map = await api("attention", request);
-    if (call === attentionCall) drawHeatmap(map);
+    if (call === attentionCall) drawHeatmap(map, label);
   } catch (err) {
     if (call === attentionCall) {
       $("attention-caption").textContent = "";
@@ -203,7 +204,8 @@ async function drawAttention() {
   }
 }
 
-function drawHeatmap(map) {
+function drawHeatmap(map, label) {
+  const top = Math.max(...map.weights.flat(), 1e-9);  // shades relative to the largest weight
   const head = document.createElement("tr");
   head.append(document.createElement("th"));
   for (const token of map.columns) {
@@ -217,7 +219,6 @@ function drawHeatmap(map) {
   const tbody = document.createElement("tbody");
   map.weights.forEach((row, i) => {
     const tr = document.createElement("tr");
-    tr.dataset.weights = row.join(",");
     const th = document.createElement("th");
     th.className = "row";
     th.textContent = map.rows[i];
@@ -226,15 +227,15 @@ function drawHeatmap(map) {
       const td = document.createElement("td");
       td.className = "cell";
       td.dataset.weight = weight;
-      td.style.backgroundColor = `rgba(29, 78, 216, ${Math.min(1, Math.max(0, weight)).toFixed(3)})`;
+      td.style.backgroundColor = `rgba(29, 78, 216, ${Math.min(1, Math.max(0, weight / top)).toFixed(3)})`;
       td.title = `${map.rows[i]} \u2192 ${map.columns[j]}: ${weight.toFixed(3)}`;
       tr.append(td);
     });
     tbody.append(tr);
   });
   $("heatmap").replaceChildren(thead, tbody);
-  $("attention-caption").textContent =
-    `${map.module}, ${map.title}: rows are queries, columns keys; darker = more weight (hover a cell for its value).`;
+  $("attention-caption").textContent = `${map.module}, ${label}: rows are queries, columns keys; the darkest cell `
+    + `has the largest weight (${top.toFixed(2)}); hover a cell for its value.`;
 }
 
 // ---- wiring ----------------------------------------------------------------------------------------
