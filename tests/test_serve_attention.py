@@ -19,7 +19,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
 from test_serve import BlockingEngine, run, serving, wait_until  # noqa: E402
-from test_translator import _corpus, experiment, tokenizer  # noqa: E402, F401  (shared tiny model + SentencePiece)
+from test_translator import _corpus, checkpoint, experiment, tokenizer  # noqa: E402, F401  (shared tiny model)
 
 from multibranch.analysis.attention_maps import capture_maps  # noqa: E402
 from multibranch.config import from_dict  # noqa: E402
@@ -172,6 +172,18 @@ def test_a_target_longer_than_the_learned_positions_is_refused(tokenizer, experi
 def test_an_engine_without_maps_answers_400_and_info_says_so():
     app = create_app(BlockingEngine(block=False))
     [reply] = post_all(app, "/attention", [{"text": "a b", "head": 0}])
+    assert reply.status_code == 400 and "need the PyTorch engine" in reply.json()["detail"]
+    assert get(app, "/info").json()["attention"] is None
+
+
+def test_the_ct2_engine_answers_400_and_info_says_so(checkpoint, tmp_path):  # noqa: F811
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install '.[ct2]')")
+    from multibranch.checkpoint.format import load_checkpoint
+    from multibranch.convert.ct2 import export_ct2
+    from multibranch.serve.engine import Ct2Engine
+
+    app = create_app(Ct2Engine(str(export_ct2(load_checkpoint(checkpoint), tmp_path / "ct2"))))
+    [reply] = post_all(app, "/attention", [{"text": "ka lo", "head": 0}])
     assert reply.status_code == 400 and "need the PyTorch engine" in reply.json()["detail"]
     assert get(app, "/info").json()["attention"] is None
 

@@ -26,8 +26,8 @@ class Engine(Protocol):
 
     def info(self) -> dict[str, Any]: ...
 
-    def attention_choices(self) -> dict[str, dict[str, Any]] | None:
-        """The maps `attention` can draw (serve/attention.py), None when the engine draws none."""
+    # Optional: attention_choices() -> the maps attention(...) can draw (serve/attention.py), or None;
+    # an engine without the method draws no maps (POST /attention answers 400).
 
 
 def branch_weights(model: Any) -> dict[str, dict[str, list[float]]]:
