@@ -1,8 +1,8 @@
-"""The web page of `multibranch serve` in a real headless Chromium: a real server (the one the command
-builds, run by uvicorn on a free loopback port in a thread) with a tiny random model; type, translate, see the n-best lists
-(equal to our Translator's), open the attention view and find a target x source heat map whose
-header tokens are the SentencePiece pieces of the source and of the translation; an over-long text
-gives the server's 413 message on the page.
+"""The web page of `multibranch serve` in a real headless Chromium: a real server (the one the
+command builds, run by uvicorn on a free loopback port in a thread) with a tiny random model; type,
+translate, see the n-best lists (equal to our Translator's), open the attention view and find a
+target x source heat map whose header tokens are the SentencePiece pieces of the source and of the
+translation and whose rows sum to 1; an over-long text gives the server's 413 message on the page.
 
 Needs Debian's `chromium` and `chromium-driver` and the selenium package; skipped with the reason
 when one is missing, unless MULTIBRANCH_REQUIRE_BROWSER=1 (CI), which makes absence a failure.
@@ -56,18 +56,19 @@ def browser() -> Iterator[Any]:
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
-    os.environ["SE_OFFLINE"] = "true"  # belt and braces: Selenium Manager must never download
     options = Options()
     options.binary_location = chromium
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--disable-extensions", "--no-first-run", "--window-size=1100,1000"):
         options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SE_OFFLINE", "true")  # belt and braces: Selenium Manager must never download
+        driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+        driver.set_page_load_timeout(30)
+        try:
+            yield driver
+        finally:
+            driver.quit()
 
 
 @pytest.fixture(scope="module")
