@@ -231,6 +231,26 @@ def test_maps_wait_for_the_engine_thread_and_count_against_the_queue_bound():
     assert app.state.batcher.depth == 0
 
 
+def test_a_map_not_drawn_in_time_answers_504_and_never_reaches_the_engine():
+    stub = MappingEngine()
+    app = create_app(stub, ServeLimits(timeout_s=0.3, max_wait_ms=0))
+
+    async def go():
+        async with serving(app) as client:
+            busy = asyncio.create_task(client.post("/translate", json={"texts": ["t"]}))
+            await wait_until(stub.started.is_set)
+            late = await client.post("/attention", json={"text": "a", "head": 0})  # behind the busy thread
+            depth = app.state.batcher.depth
+            stub.release.set()
+            await busy
+            return late, depth, app.state.batcher.depth
+
+    late, waiting, left = run(go())
+    assert late.status_code == 504 and "within 0.3 s" in late.json()["detail"]
+    assert waiting == 0 and left == 0  # dropped from the queue when it timed out
+    assert stub.threads == ["multibranch-engine_0"]  # the translation only
+
+
 def test_the_page_is_served_at_the_root_and_packaged(tokenizer, experiment):  # noqa: F811
     config, model = experiment
     app = create_app(TorchEngine(model, tokenizer, config.decode), static_dir=PAGE_DIR)

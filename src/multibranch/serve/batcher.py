@@ -90,8 +90,9 @@ class MicroBatcher:
 
     async def run_exclusive(self, fn: Callable[..., T], *args: Any) -> T:
         """fn(*args) on the engine's worker thread, never concurrently with a translation (raises
-        QueueFull, ShuttingDown, TimeoutError after limits.timeout_s; a call already started then
-        still finishes in the background, and close() waits for it)."""
+        QueueFull, ShuttingDown, TimeoutError after limits.timeout_s: a call still waiting for the
+        thread is then dropped, one already started finishes in the background and close() waits
+        for it)."""
         if self._closing or self._wakeup is None:
             raise ShuttingDown
         if self.depth >= self.limits.max_queue:
@@ -100,7 +101,7 @@ class MicroBatcher:
         future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
         future.add_done_callback(lambda _: self._finish_exclusive())
         self.metrics.queue_depth.set(self.depth)
-        return await asyncio.wait_for(asyncio.shield(future), self.limits.timeout_s)
+        return await asyncio.wait_for(future, self.limits.timeout_s)  # timeout: future.cancel()
 
     def _finish_exclusive(self) -> None:
         self._exclusive -= 1
