@@ -96,6 +96,14 @@ def pieces(processor: Any, ids: list[int]) -> list[str]:
     return [processor.id_to_piece(int(i)) for i in ids]
 
 
+def map_axes(role: str, source: list[str], target: list[str]) -> tuple[list[str], list[str]]:
+    """(query tokens, key tokens) of a map of attention type `role`, from the source tokens (EOS
+    included) and the decoder input tokens (BOS included)."""
+    queries = source if role == "encoder_self" else target
+    keys = target if role == "decoder_self" else source
+    return queries, keys
+
+
 def analyze_attention(ckpt: str, out: str, *, data_dir: str | None = None, split: str = "valid",
                       indices: list[int] | None = None, texts: list[str] | None = None,
                       selection: Selection | None = None, beam: int | None = None, force: bool = False) -> Any:
@@ -160,8 +168,7 @@ def write_report(report: dict[str, Any], out: str, force: bool) -> Any:
     for i, sentence in enumerate(report["sentences"]):
         lines += [f"## Sentence {i}: `{sentence['sentence']}`", ""]
         for module in sentence["modules"]:
-            queries = sentence["source_tokens"] if module["role"] == "encoder_self" else sentence["target_tokens"]
-            keys = sentence["target_tokens"] if module["role"] == "decoder_self" else sentence["source_tokens"]
+            queries, keys = map_axes(module["role"], sentence["source_tokens"], sentence["target_tokens"])
             name = f"attention_s{i}_{module['role']}_{module['layer']}.png"
             folder.write_png(name, plots.attention_map_plot(module["panels"], queries, keys,
                                                              f"{module['name']} (sentence {i})"))

@@ -1,7 +1,8 @@
 """`multibranch serve`: an HTTP translation server (FastAPI + uvicorn) over one loaded model.
 
 API: POST /translate {"texts": [...], "beam": N?, "nbest": N?} -> {"translations": [...]};
-GET /health, /info, /metrics (Prometheus). Concurrent requests are micro-batched by one worker.
+POST /attention (one attention map of one sentence, torch engine); GET /health, /info, /metrics
+(Prometheus); a web page at / (translation, n-best, attention heat map). Concurrent requests are micro-batched by one worker.
 Binds 127.0.0.1 unless --host says otherwise. Ctrl-C / SIGTERM: stop accepting, finish the
 accepted requests, exit.
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-HELP = "serve translations over HTTP (POST /translate; /health, /info, /metrics), micro-batching requests"
+HELP = ("serve translations over HTTP (a web page at /; POST /translate, /attention; /health, /info, /metrics), "
+        "micro-batching requests")
 
 logger = logging.getLogger("multibranch.serve")
 
@@ -101,10 +103,12 @@ def load_engine(args: argparse.Namespace):  # noqa: ANN201
     return TorchEngine.from_checkpoint(args.ckpt, args.device, precision=args.precision, **overrides)
 
 
-def run(args: argparse.Namespace) -> int:
+def build_server(args: argparse.Namespace):  # noqa: ANN201
+    """The uvicorn server of `multibranch serve`: arguments checked, the engine loaded once, the API
+    and the web page (PAGE_DIR at /) mounted; `.run()` serves until SIGINT/SIGTERM or `should_exit`."""
     import uvicorn
 
-    from multibranch.serve.app import create_app
+    from multibranch.serve.app import PAGE_DIR, create_app
 
     _check_arguments(args)
     limits = limits_from_args(args)
@@ -113,7 +117,13 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     engine = load_engine(args)
-    app = create_app(engine, limits)
+    app = create_app(engine, limits, static_dir=PAGE_DIR)
+    return uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                         timeout_graceful_shutdown=None))
+
+
+def run(args: argparse.Namespace) -> int:
+    server = build_server(args)
     logger.info("serving %s (%s engine) on http://%s:%d", args.ckpt, args.engine, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=None)
+    server.run()  # a port already in use: uvicorn logs the reason and exits with status 3
     return 0

@@ -1,8 +1,9 @@
-"""The FastAPI application: POST /translate, GET /health, /info, /metrics.
+"""The FastAPI application: POST /translate, POST /attention, GET /health, /info, /metrics.
 
 `create_app(engine, limits)` builds it around an already loaded engine (one model copy); the
 batcher's worker starts with the app and, on shutdown, finishes every accepted request before it
-stops. `static_dir` mounts a directory of static files at / (for a web page), after the API routes.
+stops. `static_dir` mounts a directory of static files at / after the API routes: `multibranch
+serve` mounts PAGE_DIR, the packaged web page (static/: translation, n-best, attention heat map).
 """
 
 from __future__ import annotations
@@ -11,16 +12,20 @@ import dataclasses
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from multibranch.analysis.attention_maps import SelectionError
+from multibranch.serve.attention import check_selection
 from multibranch.serve.batcher import MicroBatcher, QueueFull, ShuttingDown
 from multibranch.serve.engine import Engine
 from multibranch.serve.limits import ServeLimits
 from multibranch.serve.metrics import ServeMetrics
+
+PAGE_DIR = Path(__file__).with_name("static")
 
 
 class TranslateRequest(BaseModel):
@@ -40,6 +45,52 @@ class Hypothesis(BaseModel):
 
 class TranslateResponse(BaseModel):
     translations: list[str] | list[list[Hypothesis]]
+
+
+class AttentionRequest(BaseModel):
+    """One attention map of `text`: `kind` (attention type), `layer`, and exactly one of `head` or
+    `branch` (a MAT branch: the mean of its heads; branch 0 of a one-branch module: all its heads).
+    The translation is `target` when given, else the model's 1-best with `beam` (unset: the model's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    kind: Literal["cross", "encoder_self", "decoder_self"] = "cross"
+    layer: int = 0
+    head: int | None = None
+    branch: int | None = None
+    beam: int | None = Field(default=None, ge=1)
+    target: str | None = None
+
+
+def _unavailable(err: Exception, limits: ServeLimits, metrics: ServeMetrics) -> JSONResponse:
+    """The answer to a request the worker did not take (503) or did not finish in time (504)."""
+    if isinstance(err, QueueFull):
+        metrics.rejected.labels("queue_full").inc()
+        return JSONResponse({"detail": f"the queue is full ({limits.max_queue} requests); retry later"}, 503,
+                            headers={"Retry-After": str(limits.retry_after_s)})
+    if isinstance(err, ShuttingDown):
+        metrics.rejected.labels("shutting_down").inc()
+        return JSONResponse({"detail": "the server is shutting down"}, 503)
+    metrics.rejected.labels("timeout").inc()
+    return JSONResponse({"detail": f"not answered within {limits.timeout_s:g} s"}, 504)
+
+
+def _check_attention(body: AttentionRequest, limits: ServeLimits, choices: dict[str, Any] | None) -> None:
+    """400 when the engine draws no maps, 413 for too much text, 422 for choices out of range."""
+    if choices is None:
+        raise HTTPException(400, "attention maps need the PyTorch engine (multibranch serve --engine torch)")
+    for name in ("text", "target"):
+        value = getattr(body, name)
+        if value is not None and len(value) > limits.max_chars:
+            raise HTTPException(413, f"{name} has {len(value)} characters: at most {limits.max_chars}")
+    if not body.text.strip():
+        raise HTTPException(422, "text is empty")
+    if body.beam is not None and body.beam > limits.max_beam:
+        raise HTTPException(422, f"beam={body.beam}: at most {limits.max_beam}")
+    try:
+        check_selection(choices, body.kind, body.layer, body.head, body.branch)
+    except SelectionError as err:
+        raise HTTPException(422, str(err)) from None
 
 
 def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> None:
@@ -64,7 +115,9 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
     limits.validate()
     metrics = ServeMetrics()
     batcher = MicroBatcher(engine, limits, metrics)
-    info = engine.info()
+    choices_of = getattr(engine, "attention_choices", None)  # engines without it draw no maps
+    choices = choices_of() if choices_of is not None else None
+    info = {**engine.info(), "attention": choices}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
@@ -91,25 +144,27 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
         except HTTPException as err:
             status = err.status_code
             raise
-        except QueueFull:
-            status = 503
-            metrics.rejected.labels("queue_full").inc()
-            return JSONResponse({"detail": f"the queue is full ({limits.max_queue} requests); retry later"}, 503,
-                                headers={"Retry-After": str(limits.retry_after_s)})
-        except ShuttingDown:
-            status = 503
-            metrics.rejected.labels("shutting_down").inc()
-            return JSONResponse({"detail": "the server is shutting down"}, 503)
-        except TimeoutError:
-            status = 504
-            metrics.rejected.labels("timeout").inc()
-            return JSONResponse({"detail": f"not translated within {limits.timeout_s:g} s"}, 504)
+        except (QueueFull, ShuttingDown, TimeoutError) as err:
+            response = _unavailable(err, limits, metrics)
+            status = response.status_code
+            return response
         finally:
             metrics.in_flight.dec()
             metrics.latency.labels(str(status)).observe(time.perf_counter() - start)
         if body.nbest is None:
             return {"translations": [entries[0][0] for entries in results]}
         return {"translations": [[{"text": t, "score": s} for t, s in entries] for entries in results]}
+
+    @app.post("/attention")
+    async def attention(body: AttentionRequest) -> Any:
+        _check_attention(body, limits, choices)
+        try:
+            return await batcher.run_exclusive(engine.attention, body.text, body.kind, body.layer, body.head,  # type: ignore[attr-defined]
+                                               body.branch, body.beam, body.target)
+        except (QueueFull, ShuttingDown, TimeoutError) as err:
+            return _unavailable(err, limits, metrics)
+        except SelectionError as err:
+            raise HTTPException(422, str(err)) from None
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

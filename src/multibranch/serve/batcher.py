@@ -7,6 +7,8 @@ the texts of all of them in one engine call (in a single worker thread, so the o
 never used concurrently), and resolves each request's future with its own slice of the results.
 Requests with another setting wait for the next round, at the head of the queue.
 A request whose caller has gone (timeout, disconnect) is dropped before the engine call.
+`run_exclusive` runs another engine call (an attention map) on the same worker thread, between
+batches, counted against the same queue bound.
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from multibranch.serve.engine import Engine, Hypotheses
 from multibranch.serve.limits import ServeLimits
 from multibranch.serve.metrics import ServeMetrics
+
+T = TypeVar("T")
 
 
 class QueueFull(Exception):
@@ -54,10 +60,11 @@ class MicroBatcher:
         self._worker: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="multibranch-engine")
         self._closing = False
+        self._exclusive = 0  # run_exclusive calls accepted and not finished
 
     @property
     def depth(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + self._exclusive
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()
@@ -68,11 +75,11 @@ class MicroBatcher:
         TimeoutError after limits.timeout_s; a timed-out request is dropped from the queue)."""
         if self._closing or self._wakeup is None:
             raise ShuttingDown
-        if len(self._pending) >= self.limits.max_queue:
+        if self.depth >= self.limits.max_queue:
             raise QueueFull
         job = Job(texts, tokens, beam, nbest, asyncio.get_running_loop().create_future())
         self._pending.append(job)
-        self.metrics.queue_depth.set(len(self._pending))
+        self.metrics.queue_depth.set(self.depth)
         self._wakeup.set()
         try:
             return await asyncio.wait_for(asyncio.shield(job.future), self.limits.timeout_s)
@@ -81,12 +88,31 @@ class MicroBatcher:
                 job.future.cancel()
                 self._discard(job)
 
+    async def run_exclusive(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the engine's worker thread, never concurrently with a translation (raises
+        QueueFull, ShuttingDown, TimeoutError after limits.timeout_s: a call still waiting for the
+        thread is then dropped, one already started finishes in the background and close() waits
+        for it)."""
+        if self._closing or self._wakeup is None:
+            raise ShuttingDown
+        if self.depth >= self.limits.max_queue:
+            raise QueueFull
+        self._exclusive += 1
+        future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        future.add_done_callback(lambda _: self._finish_exclusive())
+        self.metrics.queue_depth.set(self.depth)
+        return await asyncio.wait_for(future, self.limits.timeout_s)  # timeout: future.cancel()
+
+    def _finish_exclusive(self) -> None:
+        self._exclusive -= 1
+        self.metrics.queue_depth.set(self.depth)
+
     def _discard(self, job: Job) -> None:
         try:
             self._pending.remove(job)
         except ValueError:
             pass  # already taken by the worker, which skips cancelled jobs
-        self.metrics.queue_depth.set(len(self._pending))
+        self.metrics.queue_depth.set(self.depth)
 
     async def close(self) -> None:
         """Stop accepting, let the worker finish every queued request, then stop it."""
@@ -131,7 +157,7 @@ class MicroBatcher:
                 tokens += job.tokens
                 if tokens * job.beam >= budget:
                     break
-            self.metrics.queue_depth.set(len(self._pending))
+            self.metrics.queue_depth.set(self.depth)
             remaining = deadline - time.monotonic()
             if not batch or tokens * batch[0].beam >= self.limits.batch_tokens or remaining <= 0 or self._closing:
                 return batch

@@ -1,8 +1,10 @@
 """Translation engines behind the server: one model copy, used by one worker thread at a time.
 
 An engine turns a batch of texts into n-best lists for one decode setting (beam, nbest) and counts
-source tokens (for the batching budget). `TorchEngine` wraps our Translator (every model kind);
-`Ct2Engine` a directory written by `multibranch convert ct2`.
+source tokens (for the batching budget). `TorchEngine` wraps our Translator (every model kind) and
+also draws attention maps (`attention_choices`, `attention`); `Ct2Engine` a directory written by
+`multibranch convert ct2` (no attention maps: CTranslate2 returns only the alignment heads chosen at
+conversion, not a chosen layer and head).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ class Engine(Protocol):
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]: ...
 
     def info(self) -> dict[str, Any]: ...
+
+    # Optional: attention_choices() -> the maps attention(...) can draw (serve/attention.py), or None;
+    # an engine without the method draws no maps (POST /attention answers 400).
 
 
 def branch_weights(model: Any) -> dict[str, dict[str, list[float]]]:
@@ -94,6 +99,35 @@ class TorchEngine:
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
         return self._translator(beam).translate_nbest(texts, nbest)
 
+    def attention_choices(self) -> dict[str, dict[str, Any]]:
+        from multibranch.serve.attention import attention_choices
+
+        return attention_choices(self.model)
+
+    def attention(self, text: str, kind: str, layer: int, head: int | None = None, branch: int | None = None,
+                  beam: int | None = None, target: str | None = None) -> dict[str, Any]:
+        """One attention map of `text` with `target` as the translation (unset: the model's 1-best
+        with `beam`, as POST /translate gives it): the source is encoded and truncated as for
+        translation; a target longer than learned positions allow raises SelectionError."""
+        from multibranch.analysis.attention_maps import SelectionError
+        from multibranch.serve.attention import sentence_map
+
+        translator = self._translator(beam or self.default_beam)
+        keep, sources, _ = translator.encode([text])
+        if not keep:
+            raise SelectionError("the text is empty")
+        translation = translator.translate([text])[0] if target is None else target
+        tgt_ids = self.tokenizer.encode_tgt([translation])[0]
+        cfg = self.model.config
+        if getattr(cfg, "positions", None) == "learned" and len(tgt_ids) + 1 > cfg.max_positions:
+            if target is not None:
+                raise SelectionError(f"the target has {len(tgt_ids)} tokens; the model's learned positions allow "
+                                     f"at most {cfg.max_positions - 1}")
+            tgt_ids = tgt_ids[: cfg.max_positions - 1]
+        entry = sentence_map(self.model, self.tokenizer, sources[0][:-1], tgt_ids, kind, layer, head, branch)
+        return {"text": text, "translation": translation, "kind": kind, "layer": layer, "head": head,
+                "branch": branch, **entry}
+
     def info(self) -> dict[str, Any]:
         return {
             "engine": "torch",
@@ -156,6 +190,9 @@ class Ct2Engine:
                 hyps = [h[:-1] if h and h[-1] == "</s>" else h for h in result.hypotheses]
                 out[i] = [(self.tgt.decode_pieces(h), float(score)) for h, score in zip(hyps, result.scores)]
         return out
+
+    def attention_choices(self) -> None:
+        return None
 
     def info(self) -> dict[str, Any]:
         return {"engine": "ct2", "kind": self.settings.get("model_kind"), "config": {
