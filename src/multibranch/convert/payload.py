@@ -51,13 +51,17 @@ def describe_source(payload: dict[str, Any], source: str | None) -> dict[str, An
     }
 
 
-def check_state(model_cfg: ModelConfig, state: dict[str, Tensor], source: str) -> None:
-    """Raise CheckpointError unless `state` has exactly the keys and shapes of a model built from
-    `model_cfg`. The reference model is built on the meta device, so this costs no memory."""
+def check_state(cfg: ExperimentConfig | ModelConfig, state: dict[str, Tensor], source: str) -> None:
+    """Raise CheckpointError unless `state` has exactly the keys and shapes of the model of `cfg`: an
+    experiment config builds its task's model (a classifier for classification), a bare ModelConfig
+    the encoder-decoder. The reference model is built on the meta device, so this costs no memory."""
+    from multibranch.experiment import ExperimentConfig
     from multibranch.models import build_model
+    from multibranch.tasks import build_task_model
 
     with torch.device("meta"):
-        reference = build_model(model_cfg).state_dict()
+        model = build_task_model(cfg) if isinstance(cfg, ExperimentConfig) else build_model(cfg)
+        reference = model.state_dict()
     problems = state_mismatch(reference, state)
     if problems:
         raise CheckpointError("\n".join([f"{source}: converted weights do not fit the converted config", *problems]))
