@@ -138,6 +138,7 @@ def classify_speed(name: str) -> list[str]:
         return []
     rows = rows_by_system(result)
     ours, hf = rows["multibranch"], rows["hf-bert"]
+    result = {**result, "environment": {**result["environment"], "threads": ours["threads"]}}  # the children's
     lines = header(f"Classifier training speed ({ours['preset']} on {ours['dataset']} batches), amp={ours['amp']}",
                    result, ["system", "parameters", "sentences/s (median round)", "non-pad tokens/s", "ms/update",
                             "peak RSS MB", "sentences/s vs HF", "RSS vs HF"])
