@@ -124,7 +124,7 @@ def hf_update(model: Any, optimizer: Any, loss_fn: Any, batch: Any, pad_id: int,
 
 def run_isolated(module_args: list[str]) -> dict[str, Any]:
     """Run `python bench/<script> ...` in a fresh process (its own peak RSS) and parse its last JSON line."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}  # this checkout's code
     out = subprocess.run([sys.executable, *module_args], capture_output=True, text=True, env=env, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(module_args)} failed:\n{out.stderr[-3000:]}")

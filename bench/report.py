@@ -126,6 +126,53 @@ def quality(name: str, title: str) -> list[str]:
     return lines + ["", f"sacreBLEU signature: `{' / '.join(sorted(signatures))}`", ""]
 
 
+def classify_quality(name: str) -> list[str]:
+    """Per dataset: test accuracy / macro-F1 (mean ± sd over seeds) and the largest CPU / wall time of a run."""
+    result = load(name)
+    if result is None:
+        return []
+    lines = []
+    for dataset in dict.fromkeys(row["dataset"] for row in result["rows"]):
+        rows = [row for row in result["rows"] if row["dataset"] == dataset]
+        splits = rows[0]["splits"]
+        lines += [f"### {dataset}: held-out test accuracy", "",
+                  f"`{result['environment']['command']}` (commit {result['environment']['commit']}, torch "
+                  f"{result['environment']['torch']}; each system may come from its own call). Splits of the shared "
+                  f"training file: train {splits['train']['examples']}, valid {splits['valid']['examples']}, test "
+                  f"{splits['test']['examples']} ({splits['test']['in_train']} test texts also occur in train).", "",
+                  "| system | parameters | seeds | test accuracy % | test macro-F1 % | CPU min / run (max) | "
+                  "wall min / run (max) | threads | updates |", "|---|---|---|---|---|---|---|---|---|"]
+        for row in rows:
+            short = " (shortened)" if row.get("max_steps_override") else ""
+            params = f"{row['parameters'] / 1e6:.2f}M" if "parameters" in row else "–"
+            seeds = len(row["runs"]) if row["runs"][0]["seed"] is not None else "–"
+            updates = "/".join(sorted({str(r["updates"]) for r in row["runs"] if "updates" in r})) or "–"
+            lines.append(f"| {row['system']}{short} | {params} | {seeds} | {100 * row['accuracy_mean']:.2f} ± "
+                         f"{100 * row['accuracy_sd']:.2f} | {100 * row['macro_f1_mean']:.2f} ± "
+                         f"{100 * row['macro_f1_sd']:.2f} | {row['cpu_s_max'] / 60:.1f} | {row['wall_s_max'] / 60:.1f} | "
+                         f"{row.get('threads', '–')} | {updates} |")
+        lines.append("")
+    return lines
+
+
+def classify_speed(name: str) -> list[str]:
+    result = load(name)
+    if result is None:
+        return []
+    rows = rows_by_system(result)
+    ours, hf = rows["multibranch"], rows["hf-bert"]
+    result = {**result, "environment": {**result["environment"], "threads": ours["threads"]}}  # the children's
+    lines = header(f"Classifier training speed ({ours['preset']} on {ours['dataset']} batches), amp={ours['amp']}",
+                   result, ["system", "parameters", "sentences/s (median round)", "non-pad tokens/s", "ms/update",
+                            "peak RSS MB", "sentences/s vs HF", "RSS vs HF"])
+    for row in rows.values():
+        lines.append(f"| {row['system']} | {row['parameters'] / 1e6:.2f}M | {row['sentences_per_s']:.0f} | "
+                     f"{row['tokens_per_s']:.0f} | {row['ms_per_update']:.0f} | {row['peak_rss_mb']:.0f} | "
+                     f"{row['sentences_per_s'] / hf['sentences_per_s']:.2f}x | "
+                     f"{row['peak_rss_mb'] / hf['peak_rss_mb']:.2f}x |")
+    return lines + [""]
+
+
 def main() -> None:
     sections = [
         *train_speed("train_speed_none"),
@@ -136,6 +183,9 @@ def main() -> None:
         *ct2_decode("ct2_decode"),
         *quality("quality", "Multi30k quality: standard, MAT, HF Marian"),
         *quality("quality_presets", "Multi30k quality: every preset against the standard model"),
+        *classify_quality("classify_quality"),
+        *classify_speed("classify_speed_none"),
+        *classify_speed("classify_speed_bf16"),
     ]
     print("\n".join(sections))
 

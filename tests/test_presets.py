@@ -13,7 +13,7 @@ import pytest
 
 from multibranch.cli import main
 from multibranch.experiment import list_presets, resolve_config
-from multibranch.models import build_model
+from multibranch.tasks import build_task_model
 
 SHRINK = ["model.d_model=32", "model.heads=4", "model.ffn_dim=64", "model.encoder_layers=2", "model.decoder_layers=2",
           "model.relative_positions=0", "train.max_tokens=600", "train.valid_bleu=false", "train.log_every=1",
@@ -50,7 +50,8 @@ def test_preset_full_size_builds_and_counts(name, capsys):
     assert "total" in out
     cfg = resolve_config(name)
     cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 1000
-    total = sum(p.numel() for p in build_model(cfg.model).parameters())
+    cfg.classifier.num_labels = 2  # info's count for a classification preset
+    total = sum(p.numel() for p in build_task_model(cfg).parameters())
     assert f"{total:,d}" in out
 
 

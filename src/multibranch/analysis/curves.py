@@ -18,8 +18,8 @@ from typing import Any
 from multibranch.data.errors import DataError
 from multibranch.schedules import RateConfig, rate_at
 
-TRAIN_KEYS = ("loss", "nll", "ppl", "lr", "grad_norm", "tokens_per_s")
-VALID_KEYS = ("loss", "nll", "ppl", "bleu", "accuracy")
+TRAIN_KEYS = ("loss", "nll", "ppl", "accuracy", "lr", "grad_norm", "tokens_per_s", "sentences_per_s")
+VALID_KEYS = ("loss", "nll", "ppl", "bleu", "accuracy", "macro_f1")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

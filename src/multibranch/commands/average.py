@@ -1,7 +1,7 @@
 """`multibranch average`: average the weights of several checkpoints.
 
     multibranch average --run RUN --last 5 [--upper-bound STEP] --out avg.pt
-    multibranch average --run RUN --best 5 --out avg.pt          (by validation BLEU, else loss)
+    multibranch average --run RUN --best 5 --out avg.pt          (by validation BLEU, else accuracy, else loss)
     multibranch average --ckpts a.pt b.pt c.pt --out avg.pt
 
 float64 accumulation; model config, tokenizer, keys and shapes must agree; the checkpoints must
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--ckpts", nargs="+", metavar="CKPT", help="checkpoint files to average")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--last", type=int, metavar="N", help="the N newest checkpoints of --run")
-    which.add_argument("--best", type=int, metavar="N", help="the N best checkpoints of --run (valid BLEU, else loss)")
+    which.add_argument("--best", type=int, metavar="N", help="the N best checkpoints of --run (valid BLEU, else accuracy, else loss)")
     parser.add_argument("--upper-bound", type=int, metavar="STEP", help="ignore checkpoints after this step")
     parser.add_argument("--out", required=True, help="averaged checkpoint to write")
     parser.add_argument("--force", action="store_true",

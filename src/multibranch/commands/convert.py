@@ -104,10 +104,13 @@ def _proximal(args: argparse.Namespace) -> int:
     )
     save_checkpoint(args.out, payload)
     conv = payload["meta"]["conversion"]
+    sides = [side for side in ("encoder", "decoder") if side in conv]  # a classifier has only an encoder
+    names = "/".join("enc" if side == "encoder" else "dec" for side in sides)
     print(
-        f"wrote {args.out}: MAT with attention branches enc/dec {conv['encoder']['attention_branches']}/"
-        f"{conv['decoder']['attention_branches']}, FFN branches {conv['encoder']['ffn_branches']}/"
-        f"{conv['decoder']['ffn_branches']}; train it with a fresh optimizer and LR schedule (--init-from)"
+        f"wrote {args.out}: MAT with attention branches {names} "
+        f"{'/'.join(str(conv[side]['attention_branches']) for side in sides)}, FFN branches "
+        f"{'/'.join(str(conv[side]['ffn_branches']) for side in sides)}; train it with a fresh optimizer and LR "
+        "schedule (--init-from)"
     )
     return 0
 

@@ -16,11 +16,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override of the --preset, e.g. model.heads=4 (repeatable)")
     parser.add_argument("--vocab-size", type=int, default=8000,
                         help="vocabulary size used to count a preset's parameters")
+    parser.add_argument("--num-labels", type=int, default=None, metavar="N",
+                        help="number of labels used to count a classification preset's parameters "
+                             "(default: the preset's classifier.num_labels, else 2)")
     parser.add_argument("--no-config", action="store_true", help="only the parameter table")
 
 
 def parameter_table(model) -> list[tuple[str, int]]:
-    """(component/part, count) rows: embeddings, then each encoder/decoder sublayer kind summed over layers."""
+    """(component/part, count) rows: embeddings, then each encoder/decoder sublayer kind summed over layers,
+    then (a classifier) its head's dense and label layers."""
+    from multibranch.models.classifier import Classifier
+
+    head = ("dense", "out") if isinstance(model, Classifier) else ()
     seen: set[int] = set()
     rows: dict[str, int] = {}
     for name, param in model.named_parameters():
@@ -30,6 +37,8 @@ def parameter_table(model) -> list[tuple[str, int]]:
         parts = name.split(".")
         if ".embed." in name or parts[0].startswith("output_"):
             key = "embeddings" + (" (positions)" if "positions" in name else "")
+        elif parts[0] in head:
+            key = f"head / {parts[0]}"
         elif len(parts) > 3 and parts[1] == "layers":
             key = f"{parts[0]} / {parts[3].removesuffix('_residual') + ' norm' if parts[3].endswith('_residual') else parts[3]}"
         else:
@@ -41,8 +50,9 @@ def parameter_table(model) -> list[tuple[str, int]]:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
+    from multibranch.cli import UserError
     from multibranch.experiment import list_presets, load_preset_dict, resolve_config
-    from multibranch.models import build_model
+    from multibranch.tasks import build_task_model
 
     if args.list:
         for name in list_presets():
@@ -60,8 +70,17 @@ def run(args: argparse.Namespace) -> int:
         cfg = resolve_config(args.preset, None, args.overrides)
         if not cfg.model.src_vocab_size:
             cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = args.vocab_size
-        model = build_model(cfg.model)
-        print(f"# preset {args.preset} (vocabulary {cfg.model.src_vocab_size}/{cfg.model.tgt_vocab_size} for counting)")
+        counting = f"vocabulary {cfg.model.src_vocab_size}/{cfg.model.tgt_vocab_size}"
+        if cfg.task == "classification":
+            labels = args.num_labels or cfg.classifier.num_labels or 2
+            if labels < 2:
+                raise UserError(f"--num-labels {labels}: a classifier needs at least 2 labels")
+            cfg.classifier.num_labels = labels
+            counting = f"classification, vocabulary {cfg.model.src_vocab_size}, {labels} labels"
+        elif args.num_labels is not None:
+            raise UserError(f"--num-labels applies to classification presets; {args.preset} is a {cfg.task} preset")
+        model = build_task_model(cfg)
+        print(f"# preset {args.preset} ({counting} for counting)")
     if not args.no_config:
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     print("\n# parameters")

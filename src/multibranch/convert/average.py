@@ -38,6 +38,8 @@ from multibranch.config import ConfigError
 log = logging.getLogger("multibranch.average")
 
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+# best=N ranks by the first of these that every candidate's validation scores have (1: higher is better)
+BEST_METRICS = (("bleu", 1), ("accuracy", 1), ("loss", -1))
 
 
 def average_checkpoints(paths: Sequence[str | Path], *, force: bool = False) -> dict[str, Any]:
@@ -175,7 +177,8 @@ def select_checkpoints(
     """Checkpoints to average, oldest first.
 
     last=N: the N newest step checkpoints; best=N: the N with the best validation BLEU (higher is
-    better), or loss (lower) when a candidate has no BLEU; ties go to the newer step. `upper_bound`
+    better), else accuracy (a classifier's; higher), else loss (lower), whichever every candidate
+    has (BEST_METRICS); ties go to the newer step. `upper_bound`
     ignores checkpoints after that step (fairseq's --checkpoint-upper-bound). `paths`: exactly these.
     """
     if sum(x is not None for x in (last, best, paths)) != 1:
@@ -202,15 +205,10 @@ def select_checkpoints(
     if last is not None:
         return [p for _, p in candidates[-count:]]
 
-    scored = []
-    for step, path in candidates:
-        valid = read_meta(path).get("valid") or {}
-        scored.append((step, path, valid.get("bleu"), valid.get("loss")))
-    if all(bleu is not None for _, _, bleu, _ in scored):
-        ranked = sorted(scored, key=lambda r: (-r[2], -r[0]))
-    elif all(loss is not None for _, _, _, loss in scored):
-        ranked = sorted(scored, key=lambda r: (r[3], -r[0]))
-    else:
-        bad = next(str(p) for _, p, bleu, loss in scored if bleu is None and loss is None)
-        raise CheckpointError(f"best=N needs validation scores in every checkpoint; {bad} has none")
-    return [p for _, p, _, _ in sorted(ranked[:count], key=lambda r: r[0])]
+    scored = [(step, path, read_meta(path).get("valid") or {}) for step, path in candidates]
+    for metric, sign in BEST_METRICS:
+        if all(valid.get(metric) is not None for _, _, valid in scored):
+            ranked = sorted(scored, key=lambda r: (-sign * r[2][metric], -r[0]))
+            return [p for _, p, _ in sorted(ranked[:count], key=lambda r: r[0])]
+    bad = next(str(p) for _, p, valid in scored if valid.get("loss") is None)
+    raise CheckpointError(f"best=N needs validation scores in every checkpoint; {bad} has none")

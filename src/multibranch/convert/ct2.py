@@ -92,8 +92,12 @@ def export_ct2(
     _check_out_dir(out, force, source)
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
-    ct2 = _import_ctranslate2()
     cfg = experiment_config(payload)
+    if cfg.task != "translation":
+        raise CheckpointError(f"{where} is a {cfg.task} model; CTranslate2 export is for translation models "
+                              "(CTranslate2 runs encoder-decoders, not an encoder with a pooling head); use "
+                              "`multibranch convert export` for a safetensors release")
+    ct2 = _import_ctranslate2()
     check_exportable(cfg.model, where)
     tokenizer = _tokenizer(payload, where)
     folded = _needs_fold(cfg.model)

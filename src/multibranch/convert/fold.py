@@ -40,7 +40,8 @@ def fold_mat(payload: dict[str, Any], source: str | None = None) -> dict[str, An
     where = source or "checkpoint"
     cfg = experiment_config(payload)
     model = cfg.model
-    layers = {side: getattr(model, side) for side in ("encoder", "decoder")}
+    sides = ("encoder", "decoder") if model.decoder_layers else ("encoder",)  # a classifier has no decoder
+    layers = {side: getattr(model, side) for side in sides}
     for side, layer in layers.items():
         if layer.kind != "transformer":
             raise ConfigError(f"{where}: only MAT/standard layers can be folded; the {side} layers are {layer.kind!r}")

@@ -64,13 +64,14 @@ def proximal_init(
         raise ConfigError("--branches and --ffn-branches must be >= 1")
     where = source or "source checkpoint"
     old = experiment_config(payload)
-    _require_standard(old.model, where)
+    sides = ("encoder", "decoder") if old.model.decoder_layers else ("encoder",)  # a classifier has no decoder
+    _require_standard(old.model, sides, where)
     unknown = sorted(set(layer_overrides or {}) - MAT_LAYER_OPTIONS)
     if unknown:
         raise ConfigError(f"not a MAT layer option: {', '.join(unknown)}; allowed: {', '.join(sorted(MAT_LAYER_OPTIONS))}")
 
     data = to_dict(old)
-    for side in ("encoder", "decoder"):
+    for side in sides:
         data["model"][side].update(
             {"attention_branches": attention_branches, "ffn_branches": ffn_branches, **(layer_overrides or {})}
         )
@@ -79,7 +80,7 @@ def proximal_init(
     new = experiment_config({"config": data})
     _require_same_widths(to_dict(old.model), to_dict(new.model))
 
-    branches = {side: getattr(new.model, side) for side in ("encoder", "decoder")}
+    branches = {side: getattr(new.model, side) for side in sides}
     state: dict[str, Tensor] = {}
     for key, tensor in payload["model"].items():
         if m := ATTENTION_KEY.match(key):
@@ -143,8 +144,8 @@ def duplicate_ffn(key: str, t: Tensor, n: int) -> Tensor:
     return t.repeat(n, 1)  # fc2_bias [1, d] -> [n, d]
 
 
-def _require_standard(model: Any, where: str) -> None:
-    for side in ("encoder", "decoder"):
+def _require_standard(model: Any, sides: tuple[str, ...], where: str) -> None:
+    for side in sides:
         layer = getattr(model, side)
         if layer.kind != "transformer":
             raise CheckpointError(

@@ -32,6 +32,10 @@ class Task(ABC):
 
     name: ClassVar[str]
     best_metric: ClassVar[str]
+    # what `sample_size` counts (the training log's `<unit>` and `<unit>_per_s` keys) and its short
+    # form in train.log's speed ("tok/s")
+    sample_unit: ClassVar[str]
+    speed_unit: ClassVar[str]
 
     def __init__(self, cfg: ExperimentConfig, data_dir: Path) -> None:
         self.cfg, self.data_dir = cfg, data_dir
@@ -100,9 +104,20 @@ class Task(ABC):
         """What the loss of `batch` is normalised by (target tokens, sentences...)."""
 
     @abstractmethod
-    def loss(self, forward: nn.Module, model: nn.Module, batch: Any) -> tuple[Tensor, Tensor]:
-        """(training loss, NLL), both summed over `batch`'s `sample_size` units. `forward` is the module
-        to call (a DistributedDataParallel wrapper in multi-process runs), `model` the bare model."""
+    def loss(self, forward: nn.Module, model: nn.Module, batch: Any) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """(training loss, NLL, counts): loss and NLL summed over `batch`'s `sample_size` units; counts
+        are further sums the training log turns into its task fields (`train_fields`), e.g. the
+        number of correct predictions; may be empty. `forward` is the module to call (a
+        DistributedDataParallel wrapper in multi-process runs), `model` the bare model."""
+
+    def train_fields(self, sums: dict[str, float]) -> dict[str, float]:
+        """The task's own fields of a metrics.jsonl train record, from the sums over a log window:
+        "loss", "nll", "size" (sample_size units) and the loss's counts. Default: none."""
+        return {}
+
+    def describe_train(self, record: dict[str, Any]) -> str:
+        """The task's part of the 'train | step N | epoch E | loss L | ... | lr R | speed' line."""
+        return ""
 
     # ---- validation ------------------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ def collate_labels(split: ClassificationSplit, indices: np.ndarray, pad_id: int,
 class ClassificationTask(Task):
     name = "classification"
     best_metric = "accuracy"
+    sample_unit, speed_unit = "sentences", "sent/s"  # examples (texts), whatever their length
 
     @staticmethod
     def load_data(data_dir: Path) -> ClassificationData:
@@ -112,13 +113,22 @@ class ClassificationTask(Task):
     def sample_size(self, batch: LabelBatch) -> float:
         return float(len(batch))
 
-    def loss(self, forward: nn.Module, model: nn.Module, batch: LabelBatch) -> tuple[Tensor, Tensor]:
-        """Cross-entropy (label-smoothed by train.label_smoothing) and NLL, summed over the sentences."""
+    def loss(self, forward: nn.Module, model: nn.Module, batch: LabelBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """Cross-entropy (label-smoothed by train.label_smoothing) and NLL, summed over the sentences;
+        counts: "correct", the sentences whose arg-max label is right (with dropout: the training forward)."""
         logits = forward(batch.src).float()  # [B, C]
         nll = F.cross_entropy(logits, batch.labels, reduction="sum")
         eps = self.cfg.train.label_smoothing
         loss = F.cross_entropy(logits, batch.labels, reduction="sum", label_smoothing=eps) if eps > 0 else nll
-        return loss, nll
+        correct = logits.detach().argmax(-1).eq(batch.labels).sum()
+        return loss, nll, {"correct": correct}
+
+    def train_fields(self, sums: dict[str, float]) -> dict[str, float]:
+        """accuracy: the fraction of the window's training sentences predicted right (dropout on)."""
+        return {"accuracy": sums["correct"] / max(sums["size"], 1.0)}
+
+    def describe_train(self, record: dict[str, Any]) -> str:
+        return f"accuracy {100 * record['accuracy']:.2f}"
 
     def validate(self, model: nn.Module, device: torch.device, autocast: Autocast,
                  progress: bool | None) -> dict[str, Any]:

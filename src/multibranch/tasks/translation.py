@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 class TranslationTask(Task):
     name = "translation"
     best_metric = "bleu"
+    sample_unit, speed_unit = "tokens", "tok/s"  # target tokens
 
     @staticmethod
     def load_data(data_dir: Path) -> PreparedData:
@@ -68,12 +69,19 @@ class TranslationTask(Task):
     def sample_size(self, batch: Batch) -> float:
         return float(batch.n_tgt_tokens)
 
-    def loss(self, forward: nn.Module, model: nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
+    def loss(self, forward: nn.Module, model: nn.Module, batch: Batch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         t, m = self.cfg.train, self.cfg.model
         features = forward(batch.src, batch.prev, features_only=True)  # [B, T, d]
         keep = batch.tgt.ne(m.pad_id)  # [B, T]
-        return output_layer_loss(features[keep], model.output_projection, model.output_bias, batch.tgt[keep],
-                                 eps=t.label_smoothing, kind=t.label_smoothing_kind, pad_id=m.pad_id)
+        loss, nll = output_layer_loss(features[keep], model.output_projection, model.output_bias, batch.tgt[keep],
+                                      eps=t.label_smoothing, kind=t.label_smoothing_kind, pad_id=m.pad_id)
+        return loss, nll, {}
+
+    def train_fields(self, sums: dict[str, float]) -> dict[str, float]:
+        return {"ppl": math.exp(min(sums["nll"] / max(sums["size"], 1.0), 50.0))}
+
+    def describe_train(self, record: dict[str, Any]) -> str:
+        return f"ppl {record['ppl']:.2f}"
 
     def validate(self, model: nn.Module, device: torch.device, autocast: Autocast,
                  progress: bool | None) -> dict[str, Any]:
@@ -86,7 +94,7 @@ class TranslationTask(Task):
                                      epoch=0, shuffle=False):
             batch = self.collate(indices, device, split)
             with autocast():
-                loss, nll = self.loss(model, model, batch)
+                loss, nll, _ = self.loss(model, model, batch)
             loss_sum += float(loss)
             nll_sum += float(nll)
             tokens += batch.n_tgt_tokens

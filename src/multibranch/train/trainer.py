@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -343,13 +342,14 @@ class Trainer:
         local_tokens = float(sum(self.task.sample_size(b) for b in batches))
         (total_tokens,) = D.all_reduce_sum([local_tokens], self.dist, self.device)
         loss_sum = nll_sum = 0.0
+        counts: dict[str, float] = {}
         extras_logged: dict[str, float] = {}
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if (last or not self.dist.enabled) else self.train_model.no_sync()
             with sync:
                 with self._autocast():
-                    loss, nll = self.task.loss(self.train_model, self.model, batch)
+                    loss, nll, batch_counts = self.task.loss(self.train_model, self.model, batch)
                 objective = loss * (self.dist.world_size / total_tokens)
                 if i == 0:
                     extras = self.hooks.extra_losses(update_tokens=total_tokens, world_size=self.dist.world_size)
@@ -359,6 +359,8 @@ class Trainer:
                 self.scaler.scale(objective).backward()
             loss_sum += float(loss.detach())
             nll_sum += float(nll.detach())
+            for name, value in batch_counts.items():
+                counts[name] = counts.get(name, 0.0) + float(value)
         self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if t.clip_norm > 0:
@@ -370,9 +372,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.hooks.after_optimizer_step()
         self.state.step += 1
-        loss_sum, nll_sum = D.all_reduce_sum([loss_sum, nll_sum], self.dist, self.device)
-        return {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": total_tokens, "grad_norm": grad_norm,
-                "lr": lrs["main"], **{f"aux_{k}": v for k, v in extras_logged.items()}}
+        names = sorted(counts)  # the same on every rank: the task's loss returns the same keys
+        loss_sum, nll_sum, *summed = D.all_reduce_sum([loss_sum, nll_sum, *(counts[k] for k in names)], self.dist,
+                                                      self.device)
+        return {"loss_sum": loss_sum, "nll_sum": nll_sum, "size": total_tokens, "counts": dict(zip(names, summed)),
+                "grad_norm": grad_norm, "lr": lrs["main"], **{f"aux_{k}": v for k, v in extras_logged.items()}}
 
     # ---- validation ------------------------------------------------------------------------------
 
@@ -473,7 +477,7 @@ class Trainer:
         log.info("%s model: %s, %.2fM parameters | data: %d training examples | %d process(es) on %s, "
                  "%d thread(s), autocast %s", self.task.name, self.task.describe_model(), n_params / 1e6,
                  self.task.train_size, self.dist.world_size, self.device, torch.get_num_threads(), self.amp)
-        window = {"loss_sum": 0.0, "nll_sum": 0.0, "tokens": 0.0, "time": 0.0, "updates": 0}
+        window = self._empty_window()
         start = time.perf_counter()
         stop = self._stop_reason(start)
         with self._progress_bar() as progress:
@@ -488,16 +492,16 @@ class Trainer:
                     stats = self._update([self._collate(ix) for ix in group])
                     s.batch_in_epoch += len(group)
                     window["time"] += time.perf_counter() - tick
-                    window["updates"] += 1
-                    for key in ("loss_sum", "nll_sum", "tokens"):
-                        window[key] += stats[key]
+                    for key, value in (("loss", stats["loss_sum"]), ("nll", stats["nll_sum"]), ("size", stats["size"]),
+                                       *stats["counts"].items()):
+                        window[key] = window.get(key, 0.0) + value
                     if progress is not None:
                         progress.update(1)
-                        progress.set_postfix(loss=f"{stats['loss_sum'] / stats['tokens']:.3f}", lr=f"{stats['lr']:.2e}",
+                        progress.set_postfix(loss=f"{stats['loss_sum'] / stats['size']:.3f}", lr=f"{stats['lr']:.2e}",
                                              **self._budget_left(s.elapsed + time.perf_counter() - start))
                     if s.step % t.log_every == 0:
                         self._log_train(window, stats, start)
-                        window = {k: 0.0 if k != "updates" else 0 for k in window}
+                        window = self._empty_window()
                     if s.step % t.valid_every == 0:
                         self._validate_and_save(start)
                         start = time.perf_counter()
@@ -511,24 +515,34 @@ class Trainer:
         D.shutdown(self.dist)
         return s
 
-    def _log_train(self, window: dict[str, float], stats: dict[str, float], start: float) -> None:
-        s = self.state
-        tokens = max(window["tokens"], 1.0)
-        record = {
-            "type": "train", "step": s.step, "epoch": s.epoch,
-            "loss": window["loss_sum"] / tokens, "nll": window["nll_sum"] / tokens,
-            "ppl": math.exp(min(window["nll_sum"] / tokens, 50.0)), "lr": stats["lr"],
-            "grad_norm": stats["grad_norm"], "tokens": window["tokens"],
-            "tokens_per_s": window["tokens"] / max(window["time"], 1e-9),
-            "elapsed_s": s.elapsed + time.perf_counter() - start,
-        }
+    @staticmethod
+    def _empty_window() -> dict[str, float]:
+        """Sums over one log interval: loss, nll, size (sample_size units), the loss's counts, time."""
+        return {"loss": 0.0, "nll": 0.0, "size": 0.0, "time": 0.0}
+
+    def _log_train(self, window: dict[str, float], stats: dict[str, Any], start: float) -> None:
+        """One metrics.jsonl train record and train.log line for the log interval `window`.
+
+        Keys: type, step, epoch, loss, nll (per sample_size unit), the task's fields (translation:
+        ppl; classification: accuracy), lr, grad_norm, <unit> and <unit>_per_s (translation: tokens,
+        tokens_per_s of target tokens; classification: sentences, sentences_per_s), elapsed_s, any
+        aux_* loss and the modules' metrics."""
+        s, task = self.state, self.task
+        size = max(window["size"], 1.0)
+        record = {"type": "train", "step": s.step, "epoch": s.epoch,
+                  "loss": window["loss"] / size, "nll": window["nll"] / size, **task.train_fields(window),
+                  "lr": stats["lr"], "grad_norm": stats["grad_norm"], task.sample_unit: window["size"],
+                  f"{task.sample_unit}_per_s": window["size"] / max(window["time"], 1e-9),
+                  "elapsed_s": s.elapsed + time.perf_counter() - start}
         record.update({k: v for k, v in stats.items() if k.startswith("aux_")})
         module_metrics = self.hooks.training_metrics()
         if module_metrics:
             record["modules"] = module_metrics
         self.metrics.write(record)
-        step_log.info("train | step %d | epoch %d | loss %.3f | ppl %.2f | lr %.2e | %.0f tok/s", s.step, s.epoch,
-                      record["loss"], record["ppl"], record["lr"], record["tokens_per_s"])
+        fields = task.describe_train(record)
+        step_log.info("train | step %d | epoch %d | loss %.3f | %slr %.2e | %.0f %s", s.step, s.epoch, record["loss"],
+                      f"{fields} | " if fields else "", record["lr"], record[f"{task.sample_unit}_per_s"],
+                      task.speed_unit)
 
     def _budget_left(self, elapsed: float) -> dict[str, str]:
         """What the stopping limits leave: updates (max_steps / --stop-at-step) and time (max_minutes)."""

@@ -1,0 +1,245 @@
+"""TREC-6 and SST-2 accuracy on a fixed held-out split: our classifier presets against TF-IDF + LR.
+
+Both corpora ship only a training file here, so each is split once, stratified and seeded, with the
+existing `multibranch prepare --task classify --holdout`:
+  1. `--holdout TEST` carves the held-out test split from the raw file (its SentencePiece model is
+     thrown away);
+  2. the rest, written as JSONL in the work directory, is prepared again with `--holdout VALID` (the
+     validation split: best checkpoints, C of the baseline, preset tuning) and the test split as
+     `--test`, so SentencePiece never sees a test text.
+The prepared directory is reused by every later call (delete it to re-split).
+
+Systems, all trained on the same train split and scored on the same test split:
+  - `tfidf-lr`: scikit-learn TF-IDF (word 1-2-grams + char 2-5-grams, sublinear tf) + logistic
+    regression, C chosen on the validation split (the issue's baseline: about 88.2% TREC-6 and 82.9%
+    SST-2 on the standard test sets);
+  - the presets (`<data>-tiny`, `-drophead`, `-mat`): `multibranch train` in its own process for each
+    seed, then `multibranch classify` of the test texts with best.pt (best valid accuracy).
+Reported per system: accuracy and macro-F1 (mean ± sd over seeds) on the test split, and for every
+training run the process CPU seconds (user + system, from the child's rusage) and wall seconds: the
+issue's budget is 15 CPU minutes on 2 cores per run. Every run makes its preset's `train.max_steps`
+updates: the presets' wall-clock limit (`max_minutes`) is lifted, because on a shared machine it
+would stop runs at a load-dependent point; the measured times show whether the budget holds.
+
+    python bench/classify_quality.py [--datasets trec6 sst2] [--seeds 1 2 3] [--threads 2]
+    python bench/classify_quality.py --datasets trec6 --systems trec6-tiny --seeds 1 --max-steps 10 --name cq-smoke
+Results: bench/results/<name>.json (rows replaced per dataset and system, so runs can be split);
+`python bench/report.py` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import RESULTS, ROOT, environment, work_dir  # noqa: E402
+
+SHARED = Path(os.environ.get("MULTIBRANCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
+DATASETS: dict[str, dict[str, Any]] = {
+    "trec6": {"raw": "trec6/train.label", "test": 500, "valid": 500, "vocab": 4000},
+    "sst2": {"raw": "sst2/train.tsv", "test": 2000, "valid": 1000, "vocab": 8000},
+}
+SPLIT_SEED = 1
+BASELINE_C = (1.0, 3.0, 10.0, 30.0, 100.0)
+
+
+def multibranch(*args: str) -> list[str]:
+    return [sys.executable, "-m", "multibranch", *args]
+
+
+def sh(args: list[str], log: Path) -> None:
+    with log.open("a") as handle:
+        handle.write(f"$ {' '.join(args)}\n")
+        handle.flush()
+        result = subprocess.run(args, stdout=handle, stderr=subprocess.STDOUT, env=child_env())
+    if result.returncode != 0:
+        raise RuntimeError(f"command failed (see {log}): {' '.join(args)}")
+
+
+def child_env() -> dict[str, str]:
+    """This checkout's sources first, whatever is installed."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
+# ---- data ----------------------------------------------------------------------------------------
+
+
+def read_split(data: Path, split: str) -> tuple[list[str], list[str]]:
+    """(texts, label names) of a prepared classification split."""
+    import numpy as np
+
+    labels = json.loads((data / "data.json").read_text(encoding="utf-8"))["labels"]
+    texts = (data / f"{split}.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    ids = np.load(data / f"{split}.labels.npy")
+    if len(texts) != len(ids):
+        raise RuntimeError(f"{data}/{split}: {len(texts)} texts but {len(ids)} labels")
+    return texts, [labels[i] for i in ids]
+
+
+def write_jsonl(path: Path, texts: list[str], labels: list[str]) -> None:
+    path.write_text("".join(json.dumps({"label": label, "text": text}, ensure_ascii=False) + "\n"
+                            for text, label in zip(texts, labels)), encoding="utf-8")
+
+
+def prepared(name: str, log: Path) -> Path:
+    """The prepared directory of dataset `name` (train / valid / test), made once."""
+    spec = DATASETS[name]
+    root = work_dir() / "classify" / name
+    data = root / "data"
+    if (data / "data.json").exists():
+        return data
+    raw = SHARED / spec["raw"]
+    if not raw.is_file():
+        sys.exit(f"{raw} not found; set MULTIBRANCH_SHARED_DATA to the shared data folder")
+    root.mkdir(parents=True, exist_ok=True)
+    common = ["--task", "classify", "--seed", str(SPLIT_SEED), "--force"]
+    sh(multibranch("prepare", "--train", str(raw), "--holdout", str(spec["test"]), "--vocab-size", str(spec["vocab"]),
+                   "--out", str(root / "test-split"), *common), log)
+    for split, file in (("train", "rest.jsonl"), ("valid", "test.jsonl")):  # stage 1's valid split is the test split
+        write_jsonl(root / file, *read_split(root / "test-split", split))
+    sh(multibranch("prepare", "--train", str(root / "rest.jsonl"), "--holdout", str(spec["valid"]),
+                   "--test", str(root / "test.jsonl"), "--vocab-size", str(spec["vocab"]), "--out", str(data),
+                   *common), log)
+    return data
+
+
+def split_sizes(data: Path) -> dict[str, Any]:
+    meta = json.loads((data / "data.json").read_text(encoding="utf-8"))
+    return {split: {"examples": s["examples"], "in_train": s["in_train"], "label_counts": s["label_counts"]}
+            for split, s in meta["splits"].items()}
+
+
+def scores(predictions: list[str], references: list[str]) -> dict[str, float]:
+    from multibranch.evaluate.classification import classification_scores
+
+    result = classification_scores(predictions, references)
+    return {"accuracy": result["accuracy"], "macro_f1": result["macro_f1"]}
+
+
+# ---- systems -------------------------------------------------------------------------------------
+
+
+def baseline(data: Path) -> dict[str, Any]:
+    """TF-IDF (word 1-2 + char 2-5 grams, fitted on train) + logistic regression; C by validation accuracy.
+    Its CPU time covers the features and every C tried."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_union
+
+    train, valid, test = (read_split(data, s) for s in ("train", "valid", "test"))
+    cpu, wall = time.process_time(), time.perf_counter()
+    features = make_union(TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True),
+                          TfidfVectorizer(analyzer="char", ngram_range=(2, 5), sublinear_tf=True))
+    x_train = features.fit_transform(train[0])  # fitted on the training texts only
+    x_valid, x_test = features.transform(valid[0]), features.transform(test[0])
+    models = {c: LogisticRegression(C=c, max_iter=5000).fit(x_train, train[1]) for c in BASELINE_C}
+    by_c = {c: scores(list(model.predict(x_valid)), valid[1])["accuracy"] for c, model in models.items()}
+    best_c = max(BASELINE_C, key=lambda c: (by_c[c], -c))  # ties: the stronger regularisation
+    test_scores = scores(list(models[best_c].predict(x_test)), test[1])
+    return {"system": "tfidf-lr", "C": best_c, "valid_accuracy_by_C": {str(c): a for c, a in by_c.items()},
+            "features": x_train.shape[1],
+            "runs": [{"seed": None, **test_scores, "cpu_s": time.process_time() - cpu,
+                      "wall_s": time.perf_counter() - wall}]}
+
+
+def timed(args: list[str], log: Path) -> dict[str, float]:
+    """Run `args` (output to `log`); its own CPU seconds (user + system, rusage of the child) and wall time."""
+    with log.open("a") as handle:
+        handle.write(f"$ {' '.join(args)}\n")
+        handle.flush()
+        start = time.perf_counter()
+        child = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=child_env())
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"command failed (see {log}): {' '.join(args)}")
+    return {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall}
+
+
+def train_and_score(preset: str, seed: int, data: Path, run: Path, log: Path, args: argparse.Namespace) -> dict[str, Any]:
+    extra = ["--set", f"train.seed={seed}", "--set", "train.max_minutes=null"]  # the planned updates, measured
+    if args.max_steps:
+        extra += ["--set", f"train.max_steps={args.max_steps}", "--set", f"train.valid_every={args.max_steps}"]
+    extra += [x for o in args.overrides for x in ("--set", o)]
+    cost = timed(multibranch("train", "--preset", preset, "--data", str(data), "--out", str(run), "--force",
+                             "--no-progress", "--threads", str(args.threads), *extra), log)
+    hyp = run / "test.labels.txt"
+    sh(multibranch("classify", "--ckpt", str(run / "best.pt"), "-i", str(data / "test.txt"), "-o", str(hyp),
+                   "--device", "cpu", "--threads", str(args.threads)), log)
+    predictions = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["type"] == "valid"]
+    return {"seed": seed, **scores(predictions, read_split(data, "test")[1]), **cost,
+            "updates": max(r["step"] for r in records), "epochs_started": max(r["epoch"] for r in records),
+            "best_valid_accuracy": max(r["accuracy"] for r in valid)}
+
+
+def parameters(ckpt: Path) -> int:
+    import torch
+
+    return sum(t.numel() for t in torch.load(ckpt, map_location="cpu", weights_only=True)["model"].values())
+
+
+def summary(row: dict[str, Any]) -> dict[str, Any]:
+    """Mean and sd (sample sd; 0 for one run) of the runs' accuracy and macro-F1, largest CPU/wall."""
+    runs = row["runs"]
+    for key in ("accuracy", "macro_f1"):
+        values = [r[key] for r in runs]
+        row[f"{key}_mean"] = statistics.fmean(values)
+        row[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    row["cpu_s_max"] = max(r["cpu_s"] for r in runs)
+    row["wall_s_max"] = max(r["wall_s"] for r in runs)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--systems", nargs="+", help="tfidf-lr and/or presets (default: tfidf-lr, <data>-tiny, "
+                                                     "<data>-tiny-drophead, <data>-tiny-mat)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each training run")
+    parser.add_argument("--max-steps", type=int, help="shorten every training run (a smoke test, not a result)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra --set for every run")
+    parser.add_argument("--name", default="classify_quality",
+                        help="results file bench/results/<name>.json; runs in <bench work dir>/<name>/")
+    args = parser.parse_args()
+    path = RESULTS / f"{args.name}.json"
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    for dataset in args.datasets:
+        runs = work_dir() / args.name / dataset
+        runs.mkdir(parents=True, exist_ok=True)
+        log = runs / "commands.log"
+        data = prepared(dataset, log)
+        systems = args.systems or ["tfidf-lr", f"{dataset}-tiny", f"{dataset}-tiny-drophead", f"{dataset}-tiny-mat"]
+        for system in systems:
+            if system == "tfidf-lr":
+                row = baseline(data)
+            else:
+                row = {"system": system, "runs": [train_and_score(system, seed, data, runs / f"{system}-seed{seed}",
+                                                                  runs / f"{system}.log", args) for seed in args.seeds]}
+                row["parameters"] = parameters(runs / f"{system}-seed{args.seeds[0]}" / "best.pt")
+                row["threads"] = args.threads
+                row["max_steps_override"] = args.max_steps
+            row = summary({"dataset": dataset, **row, "splits": split_sizes(data), "data": str(data)})
+            rows = [r for r in rows if (r["dataset"], r["system"]) != (dataset, system)] + [row]
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"environment": environment(), "rows": rows}, indent=2) + "\n")
+            print(f"{dataset} {system}: accuracy {100 * row['accuracy_mean']:.2f} ± {100 * row['accuracy_sd']:.2f}, "
+                  f"macro-F1 {100 * row['macro_f1_mean']:.2f}, max CPU {row['cpu_s_max'] / 60:.1f} min, "
+                  f"max wall {row['wall_s_max'] / 60:.1f} min", flush=True)
+    print(f"\nwritten {path}; table: python bench/report.py")
+
+
+if __name__ == "__main__":
+    main()
