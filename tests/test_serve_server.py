@@ -102,3 +102,18 @@ def test_ct2_engine_through_the_api_equals_ctranslate2(checkpoint, tmp_path):  #
     replies, info = asyncio.run(go())
     assert [r.json()["translations"] for r in replies] == [[e, ""] for e in expected]
     assert info["engine"] == "ct2" and info["decode"]["beam"] == decode.beam
+
+
+def test_a_port_in_use_is_one_line_before_the_model_is_loaded(checkpoint, capsys, monkeypatch):  # noqa: F811
+    import socket
+
+    loaded = []
+    monkeypatch.setattr(TorchEngine, "from_checkpoint", classmethod(lambda cls, *a, **k: loaded.append(a)))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--ckpt", str(checkpoint), "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("multibranch serve: error:") and f"--port {port}" in err and "\n" not in err
+    assert not loaded

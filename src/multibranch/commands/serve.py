@@ -89,6 +89,29 @@ def _check_arguments(args: argparse.Namespace) -> None:
         import uvicorn  # noqa: F401
     except ImportError:
         raise UserError("serve needs FastAPI and uvicorn: pip install 'multibranch[serve]'") from None
+    _check_address(args.host, args.port)
+
+
+def _check_address(host: str, port: int) -> None:
+    """One clear error, before the model is loaded, when HOST:PORT cannot be bound (in use, no such
+    address); the socket is closed again at once, so uvicorn binds it next."""
+    import socket
+
+    from multibranch.cli import UserError
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise UserError(f"--host {host}: {error.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise UserError(f"--port {port} on {host}: cannot listen there ({error.strerror})") from None
 
 
 def load_engine(args: argparse.Namespace):  # noqa: ANN201
@@ -125,5 +148,5 @@ def build_server(args: argparse.Namespace):  # noqa: ANN201
 def run(args: argparse.Namespace) -> int:
     server = build_server(args)
     logger.info("serving %s (%s engine) on http://%s:%d", args.ckpt, args.engine, args.host, args.port)
-    server.run()  # a port already in use: uvicorn logs the reason and exits with status 3
+    server.run()
     return 0
