@@ -1,7 +1,7 @@
 """Every analysis of issue 9's results section on the trained Multi30k checkpoints, as report folders.
 
     python bench/analysis_multi30k.py [--runs DIR] [--data DIR] [--out DIR] [--threads 1]
-        [--importance-examples 500] [--score-sentences 200] [--length-sentences 1000] [--beam K] [--step 0.1]
+        [--importance-examples 500] [--score-sentences 200] [--length-sentences 1000] [--length-buckets 8,12,16,20,25] [--beam K] [--step 0.1]
 
 Inputs: RUNS/{transformer,drophead,muse,mute,mute-bias,mute-bias-seq}/best.pt (--runs, env
 MULTIBRANCH_M30K_RUNS, default ../runs/m30k next to the clone, like bench/common.py's data) and the prepared data they were trained on (--data,
@@ -70,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--importance-examples", type=int, default=500, help="valid examples for importance/diversity")
     p.add_argument("--score-sentences", type=int, default=200, help="test sentences translated per BLEU score")
     p.add_argument("--length-sentences", type=int, default=1000, help="test sentences for BLEU by length")
+    p.add_argument("--length-buckets", default="8,12,16,20,25",
+                   help="inclusive upper edges of the source-length buckets (subword tokens; Multi30k sentences are short)")
     p.add_argument("--beam", type=int, default=None, help="beam size (default: each checkpoint's)")
     p.add_argument("--step", type=float, default=0.1, help="pruning-curve step (fraction of all heads)")
     p.add_argument("--max-drop", type=float, default=0.5, help="BLEU drop allowed by the prune step (points)")
@@ -108,7 +110,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str], list[str]]]:
     steps.append(("gates-muse", ["analyze", "gates", "--ckpt", ckpt["muse"], "--out", str(out / "gates-muse")], ["muse"]))
     steps.append(("lengths", ["analyze", "lengths", "--ckpt", ckpt["transformer"], "--label", "standard",
                               "--ckpt", ckpt["muse"], "--label", "muse", *data, "--split", "test",
-                              "--max-sentences", str(args.length_sentences), *beam, "--out", str(out / "lengths")],
+                              "--max-sentences", str(args.length_sentences), "--buckets", args.length_buckets, *beam,
+                              "--out", str(out / "lengths")],
                   ["transformer", "muse"]))
     prune = out / "prune-transformer"
     steps.append(("prune-transformer", ["prune", "--ckpt", ckpt["transformer"], *data, "--max-drop", str(args.max_drop),
