@@ -160,21 +160,32 @@ def _check_single_reference(args: argparse.Namespace, what: str) -> None:
 
 
 def _run_code(args: argparse.Namespace) -> int:
-    from multibranch.data.errors import DataError
     from multibranch.evaluate.code import format_code_scores, score_code
 
     _check_single_reference(args, "one escaped function per line")
-    hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
     hypotheses = _read(args.hyp, args.encoding_errors)
     references = _read(args.ref[0], args.encoding_errors)
+    _check_pairs(args, hypotheses, references, "functions")
+    result = score_code(hypotheses, references)
+    return _report(args, format_code_scores(result), result)
+
+
+def _check_pairs(args: argparse.Namespace, hypotheses: list[str], references: list[str], what: str) -> None:
+    """Equal, non-zero line counts of --hyp and the one --ref, or one clear DataError."""
+    from multibranch.data.errors import DataError
+
+    hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
     if len(hypotheses) != len(references):
         raise DataError(f"line counts differ: {hyp_name} has {len(hypotheses)} lines, {args.ref[0]} has "
                         f"{len(references)}")
     if not references:
-        raise DataError(f"{args.ref[0]}: no functions to score")
-    result = score_code(hypotheses, references)
+        raise DataError(f"{args.ref[0]}: no {what} to score")
+
+
+def _report(args: argparse.Namespace, lines: list[str], result: dict) -> int:
+    """Print the human-readable lines (to stderr when the JSON goes to stdout) and write --json."""
     human = sys.stderr if args.json == "-" else sys.stdout
-    for line in format_code_scores(result):
+    for line in lines:
         print(line, file=human, flush=True)
     if args.json:
         _write_json(args.json, {"hyp": args.hyp, "ref": args.ref[0], **result})
@@ -190,24 +201,14 @@ def _run_classify(args: argparse.Namespace) -> int:
     hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
     predictions = [line.split("\t", 1)[0].strip() for line in _read(args.hyp, args.encoding_errors)]
     references = [line.strip() for line in _read(args.ref[0], args.encoding_errors)]
-    if len(predictions) != len(references):
-        raise DataError(f"line counts differ: {hyp_name} has {len(predictions)} lines, {args.ref[0]} has "
-                        f"{len(references)}")
-    if not references:
-        raise DataError(f"{args.ref[0]}: no labels to score")
+    _check_pairs(args, predictions, references, "labels")
     for name, labels in ((hyp_name, predictions), (args.ref[0], references)):
         empty = next((i for i, label in enumerate(labels) if not label), None)
         if empty is not None:
             raise DataError(f"{name}:{empty + 1}: empty label (an empty input line has no prediction; remove the "
                             "line from both files)")
     result = classification_scores(predictions, references)
-    human = sys.stderr if args.json == "-" else sys.stdout
-    for line in format_classification(result):
-        print(line, file=human, flush=True)
-    if args.json:
-        _write_json(args.json, {"hyp": args.hyp, "ref": args.ref[0], **result})
-    sys.stdout.flush()
-    return 0
+    return _report(args, format_classification(result), result)
 
 
 def _write_json(target: str, report: dict[str, Any]) -> None:
