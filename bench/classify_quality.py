@@ -1,7 +1,11 @@
 """TREC-6 and SST-2 accuracy on a fixed held-out split: our classifier presets against TF-IDF + LR.
 
-Both corpora ship only a training file here, so each is split once, stratified and seeded, with the
-existing `multibranch prepare --task classify --holdout`:
+Both corpora ship only a training file here, so each is split once, seeded. SST-2's training file holds
+every labelled phrase of each sentence's parse tree, so a random hold-out would score phrases whose
+sentence (and sibling phrases) are in train, and the standard test set is whole unseen sentences; the SST-2
+split therefore holds out whole sentences (rows of at least 10 words that no other row contains; test and
+valid) and removes from train every row that is part of a held-out sentence (`sentence_level_split`).
+TREC-6 is split, stratified, with the existing `multibranch prepare --task classify --holdout`:
   1. `--holdout TEST` carves the held-out test split from the raw file (its SentencePiece model is
      thrown away);
   2. the rest, written as JSONL in the work directory, is prepared again with `--holdout VALID` (the
@@ -46,8 +50,9 @@ from bench.common import RESULTS, ROOT, environment, work_dir  # noqa: E402
 SHARED = Path(os.environ.get("MULTIBRANCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
 DATASETS: dict[str, dict[str, Any]] = {
     "trec6": {"raw": "trec6/train.label", "test": 500, "valid": 500, "vocab": 4000},
-    "sst2": {"raw": "sst2/train.tsv", "test": 2000, "valid": 1000, "vocab": 8000},
+    "sst2": {"raw": "sst2/train.tsv", "test": 1500, "valid": 800, "vocab": 8000, "sentences": True},
 }
+SENTENCE_MIN_WORDS = 10  # SST-2: held-out examples are whole sentences of at least this many words
 SPLIT_SEED = 1
 BASELINE_C = (1.0, 3.0, 10.0, 30.0, 100.0)
 
@@ -90,6 +95,25 @@ def write_jsonl(path: Path, texts: list[str], labels: list[str]) -> None:
                             for text, label in zip(texts, labels)), encoding="utf-8")
 
 
+def sentence_level_split(raw: Path, test: int, valid: int, seed: int) -> dict[str, tuple[list[str], list[str]]]:
+    """SST-2's train.tsv (label TAB phrase, header, CRLF) -> {split: (texts, labels)}: `test` and `valid`
+    whole sentences (maximal rows of >= SENTENCE_MIN_WORDS words), and train without any row that is a
+    word-aligned part of a held-out sentence."""
+    import random
+
+    rows = [line.split("\t", 1) for line in raw.read_text(encoding="utf-8").splitlines()[1:] if line.strip()]
+    labels, texts = [label for label, _ in rows], [text.strip() for _, text in rows]
+    long = [i for i, text in enumerate(texts) if len(text.split()) >= SENTENCE_MIN_WORDS]
+    blob = "\n".join(f" {texts[i]} " for i in long)
+    maximal = [i for i in long if blob.count(f" {texts[i]} ") == 1]  # no other long row contains it
+    random.Random(seed).shuffle(maximal)
+    held = {"test": maximal[:test], "valid": maximal[test:test + valid]}
+    held_blob = "\n".join(f" {texts[i]} " for part in held.values() for i in part)
+    train = [i for i in range(len(texts)) if f" {texts[i]} " not in held_blob]
+    return {split: ([texts[i] for i in part], [labels[i] for i in part])
+            for split, part in {"train": train, **held}.items()}
+
+
 def prepared(name: str, log: Path) -> Path:
     """The prepared directory of dataset `name` (train / valid / test), made once."""
     spec = DATASETS[name]
@@ -102,6 +126,13 @@ def prepared(name: str, log: Path) -> Path:
         sys.exit(f"{raw} not found; set MULTIBRANCH_SHARED_DATA to the shared data folder")
     root.mkdir(parents=True, exist_ok=True)
     common = ["--task", "classify", "--seed", str(SPLIT_SEED), "--force"]
+    if spec.get("sentences"):
+        for split, (texts, labels) in sentence_level_split(raw, spec["test"], spec["valid"], SPLIT_SEED).items():
+            write_jsonl(root / f"{split}.jsonl", texts, labels)
+        sh(multibranch("prepare", "--train", str(root / "train.jsonl"), "--valid", str(root / "valid.jsonl"),
+                       "--test", str(root / "test.jsonl"), "--vocab-size", str(spec["vocab"]), "--out", str(data),
+                       *common), log)
+        return data
     sh(multibranch("prepare", "--train", str(raw), "--holdout", str(spec["test"]), "--vocab-size", str(spec["vocab"]),
                    "--out", str(root / "test-split"), *common), log)
     for split, file in (("train", "rest.jsonl"), ("valid", "test.jsonl")):  # stage 1's valid split is the test split
