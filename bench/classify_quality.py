@@ -114,32 +114,34 @@ def sentence_level_split(raw: Path, test: int, valid: int, seed: int) -> dict[st
             for split, part in {"train": train, **held}.items()}
 
 
-def prepared(name: str, log: Path) -> Path:
-    """The prepared directory of dataset `name` (train / valid / test), made once."""
+def prepared(name: str, log: Path, vocab: int | None = None) -> Path:
+    """The prepared directory of dataset `name` (train / valid / test) with a `vocab`-piece SentencePiece
+    model (default: the dataset's), made once; every vocabulary size shares one split."""
     spec = DATASETS[name]
+    vocab = vocab or spec["vocab"]
     root = work_dir() / "classify" / name
-    data = root / "data"
+    data = root / f"data-vocab{vocab}"
     if (data / "data.json").exists():
         return data
     raw = SHARED / spec["raw"]
     if not raw.is_file():
         sys.exit(f"{raw} not found; set MULTIBRANCH_SHARED_DATA to the shared data folder")
     root.mkdir(parents=True, exist_ok=True)
-    common = ["--task", "classify", "--seed", str(SPLIT_SEED), "--force"]
+    common = ["--task", "classify", "--seed", str(SPLIT_SEED), "--vocab-size", str(vocab), "--force"]
     if spec.get("sentences"):
-        for split, (texts, labels) in sentence_level_split(raw, spec["test"], spec["valid"], SPLIT_SEED).items():
-            write_jsonl(root / f"{split}.jsonl", texts, labels)
+        if not (root / "test.jsonl").exists():
+            for split, (texts, labels) in sentence_level_split(raw, spec["test"], spec["valid"], SPLIT_SEED).items():
+                write_jsonl(root / f"{split}.jsonl", texts, labels)
         sh(multibranch("prepare", "--train", str(root / "train.jsonl"), "--valid", str(root / "valid.jsonl"),
-                       "--test", str(root / "test.jsonl"), "--vocab-size", str(spec["vocab"]), "--out", str(data),
-                       *common), log)
+                       "--test", str(root / "test.jsonl"), "--out", str(data), *common), log)
         return data
-    sh(multibranch("prepare", "--train", str(raw), "--holdout", str(spec["test"]), "--vocab-size", str(spec["vocab"]),
-                   "--out", str(root / "test-split"), *common), log)
-    for split, file in (("train", "rest.jsonl"), ("valid", "test.jsonl")):  # stage 1's valid split is the test split
-        write_jsonl(root / file, *read_split(root / "test-split", split))
+    if not (root / "test.jsonl").exists():
+        sh(multibranch("prepare", "--train", str(raw), "--holdout", str(spec["test"]), "--out", str(root / "test-split"),
+                       *common), log)
+        for split, file in (("train", "rest.jsonl"), ("valid", "test.jsonl")):  # stage 1's valid is the test split
+            write_jsonl(root / file, *read_split(root / "test-split", split))
     sh(multibranch("prepare", "--train", str(root / "rest.jsonl"), "--holdout", str(spec["valid"]),
-                   "--test", str(root / "test.jsonl"), "--vocab-size", str(spec["vocab"]), "--out", str(data),
-                   *common), log)
+                   "--test", str(root / "test.jsonl"), "--out", str(data), *common), log)
     return data
 
 
@@ -241,6 +243,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each training run")
     parser.add_argument("--max-steps", type=int, help="shorten every training run (a smoke test, not a result)")
+    parser.add_argument("--vocab", type=int, help="SentencePiece vocabulary size (default: the dataset's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra --set for every run")
     parser.add_argument("--name", default="classify_quality",
                         help="results file bench/results/<name>.json; runs in <bench work dir>/<name>/")
@@ -251,7 +254,7 @@ def main() -> None:
         runs = work_dir() / args.name / dataset
         runs.mkdir(parents=True, exist_ok=True)
         log = runs / "commands.log"
-        data = prepared(dataset, log)
+        data = prepared(dataset, log, args.vocab)
         systems = args.systems or ["tfidf-lr", f"{dataset}-tiny", f"{dataset}-tiny-drophead", f"{dataset}-tiny-mat"]
         for system in systems:
             if system == "tfidf-lr":

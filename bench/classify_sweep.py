@@ -38,12 +38,15 @@ def parse_candidate(text: str) -> tuple[str, list[str]]:
 def run_candidate(name: str, sets: list[str], data: Path, runs: Path, args: argparse.Namespace) -> dict[str, Any]:
     run = runs / name
     extra = [x for s in ["train.max_minutes=null", f"train.seed={args.seed}", *sets] for x in ("--set", s)]
-    cost = timed(multibranch("train", "--preset", args.preset, "--data", str(data), "--out", str(run), "--force",
-                             "--no-progress", "--threads", str(args.threads), *extra), runs / f"{name}.log")
+    try:
+        cost = timed(multibranch("train", "--preset", args.preset, "--data", str(data), "--out", str(run), "--force",
+                                 "--no-progress", "--threads", str(args.threads), *extra), runs / f"{name}.log")
+    except RuntimeError as error:  # one failed (or stopped) candidate does not lose the others' results
+        return {"candidate": name, "sets": sets, "seed": args.seed, "error": str(error)}
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     valid = [r for r in records if r["type"] == "valid"]
     best = max(valid, key=lambda r: (r["accuracy"], -r["step"]))
-    return {"candidate": name, "sets": sets, "seed": args.seed, "best_valid_accuracy": best["accuracy"],
+    return {"candidate": name, "sets": sets, "vocab": args.vocab or DATASETS[args.dataset]["vocab"], "seed": args.seed, "best_valid_accuracy": best["accuracy"],
             "best_valid_macro_f1": best["macro_f1"], "best_step": best["step"], "last_valid_loss": valid[-1]["loss"],
             "valid_curve": [(r["step"], round(r["accuracy"], 4)) for r in valid], **cost}
 
@@ -53,6 +56,7 @@ def main() -> None:
     parser.add_argument("--dataset", required=True, choices=list(DATASETS))
     parser.add_argument("--preset", required=True, help="the preset every candidate starts from")
     parser.add_argument("--candidate", action="append", required=True, help="NAME:key=value,key=value (repeatable)")
+    parser.add_argument("--vocab", type=int, help="SentencePiece vocabulary size (default: the dataset's)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2, help="trainings side by side")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each training")
@@ -62,7 +66,7 @@ def main() -> None:
     candidates = [parse_candidate(c) for c in args.candidate]
     runs = work_dir() / name
     runs.mkdir(parents=True, exist_ok=True)
-    data = prepared(args.dataset, runs / "prepare.log")
+    data = prepared(args.dataset, runs / "prepare.log", args.vocab)
     start = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda c: run_candidate(*c, data, runs, args), candidates))
@@ -72,7 +76,9 @@ def main() -> None:
     rows = [r for r in old if (r["candidate"], r["seed"]) not in done] + rows
     path.write_text(json.dumps({"environment": environment(), "dataset": args.dataset, "preset": args.preset,
                                 "split": "valid", "rows": rows}, indent=2) + "\n")
-    for row in sorted(rows, key=lambda r: -r["best_valid_accuracy"]):
+    for row in [r for r in rows if "error" in r]:
+        print(f"{row['candidate']:>24} seed {row['seed']}: {row['error']}")
+    for row in sorted([r for r in rows if "error" not in r], key=lambda r: -r["best_valid_accuracy"]):
         print(f"{row['candidate']:>24} seed {row['seed']}: valid acc {100 * row['best_valid_accuracy']:.1f} "
               f"(F1 {100 * row['best_valid_macro_f1']:.1f}) at {row['best_step']}, last loss "
               f"{row['last_valid_loss']:.3f}, {row['cpu_s'] / 60:.1f} CPU min  {' '.join(row['sets'])}")

@@ -126,3 +126,14 @@ def test_evaluate_classify_bad_input(tmp_path, capsys):
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 4 and all(line.startswith("multibranch evaluate: error: ") for line in errors)
     assert "hyp.txt:2: empty label" in errors[0]
+
+
+def test_train_refuses_a_classification_preset_on_translation_data(tiny_data, tmp_path, capsys):
+    """The data decides the task; a preset made for another task is one clear line, not a silent
+    translation run (and the run directory is not made)."""
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "trec6-tiny", "--data", str(tiny_data), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"multibranch train: error: the config is for classification but {tiny_data} holds translation "
+                   "data; prepare it with `multibranch prepare --task classify` or pick a translation preset"]
+    assert not out.exists()

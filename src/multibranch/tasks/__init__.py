@@ -32,6 +32,9 @@ def task_class(name: str) -> type[Task]:
     return tasks[name]
 
 
+TASK_FLAG = {"translation": "translate", "classification": "classify", "code": "code"}  # prepare --task
+
+
 def task_name_of(data_dir: str | Path) -> str:
     """The task of a prepared data directory, from its data.json "format" (and "task": code generation
     is a translation directory marked "code"); translation if unreadable: the translation loader then
@@ -52,8 +55,16 @@ def task_name_of(data_dir: str | Path) -> str:
 
 
 def task_for_data(cfg: ExperimentConfig, data_dir: str | Path) -> Task:
-    """Load the prepared data in `data_dir` with its task, and record the task in `cfg.task`."""
-    cfg.task = task_name_of(data_dir)  # type: ignore[assignment]
+    """Load the prepared data in `data_dir` with its task, and record the task in `cfg.task`.
+
+    The data decides the task; a config that names another one (a classification preset on translation
+    data, say) is refused rather than silently trained as the data's task. "translation" is the default and
+    also fits code data (code generation is translation with code metrics)."""
+    found = task_name_of(data_dir)
+    if cfg.task not in ("translation", found):
+        raise DataError(f"the config is for {cfg.task} but {data_dir} holds {found} data; "
+                        f"prepare it with `multibranch prepare --task {TASK_FLAG[cfg.task]}` or pick a {found} preset")
+    cfg.task = found  # type: ignore[assignment]
     return task_class(cfg.task)(cfg, Path(data_dir))
 
 
