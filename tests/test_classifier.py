@@ -76,9 +76,10 @@ def test_mean_pooling_ignores_padding_by_hand():
     mask = torch.tensor([[False, False, True]])
     assert pool(states, mask, "mean").tolist() == [[2.0, 3.0]]
     assert pool(states, mask, "first").tolist() == [[1.0, 2.0]]
+    assert pool(torch.tensor([[[1.0, 5.0], [3.0, 4.0], [100.0, 100.0]]]), mask, "max").tolist() == [[3.0, 5.0]]
 
 
-@pytest.mark.parametrize("pooling", ["first", "mean"])
+@pytest.mark.parametrize("pooling", ["first", "mean", "max"])
 def test_padding_does_not_change_the_logits(pooling):
     model = Classifier(_tiny_model_config(), ClassifierConfig(pooling=pooling, num_labels=3)).eval()
     short = torch.tensor([[2, 7, 8, 9, 3]])

@@ -4,7 +4,8 @@
         -> (dropout, if input_dropout) -> tanh(dense) -> dropout -> logits [B, C]
 
 Pooling "first" takes the encoder state of the first position (the tasks put BOS there, as a CLS
-token); "mean" averages the states of the non-pad positions.
+token); "mean" averages the states of the non-pad positions; "max" takes each feature's largest value
+over the non-pad positions (max-over-time, as text CNNs pool).
 """
 
 from __future__ import annotations
@@ -29,15 +30,15 @@ class ClassifierConfig:
     pooled vector before the dense layer (RoBERTa's head does; BERT's does not).
     """
 
-    pooling: Literal["first", "mean"] = "first"
+    pooling: Literal["first", "mean", "max"] = "first"
     num_labels: int = 0
     labels: list[str] = field(default_factory=list)
     dropout: float | None = None
     input_dropout: bool = False
 
     def validate(self) -> None:
-        if self.pooling not in ("first", "mean"):
-            raise ConfigError(f"classifier.pooling={self.pooling!r} must be 'first' or 'mean'")
+        if self.pooling not in ("first", "mean", "max"):
+            raise ConfigError(f"classifier.pooling={self.pooling!r} must be 'first', 'mean' or 'max'")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"classifier.dropout={self.dropout} must be in [0, 1)")
 
@@ -46,6 +47,8 @@ def pool(states: Tensor, padding_mask: Tensor, how: str) -> Tensor:
     """states [B, S, d], padding_mask [B, S] (True at padding) -> [B, d]."""
     if how == "first":
         return states[:, 0]
+    if how == "max":
+        return states.masked_fill(padding_mask.unsqueeze(-1), float("-inf")).amax(1)
     keep = (~padding_mask).unsqueeze(-1).to(states.dtype)  # [B, S, 1]
     return (states * keep).sum(1) / keep.sum(1).clamp_min(1.0)
 
