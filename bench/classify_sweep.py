@@ -38,17 +38,24 @@ def parse_candidate(text: str) -> tuple[str, list[str]]:
 def run_candidate(name: str, sets: list[str], data: Path, runs: Path, args: argparse.Namespace) -> dict[str, Any]:
     run = runs / name
     extra = [x for s in ["train.max_minutes=null", f"train.seed={args.seed}", *sets] for x in ("--set", s)]
-    try:
-        cost = timed(multibranch("train", "--preset", args.preset, "--data", str(data), "--out", str(run), "--force",
-                                 "--no-progress", "--threads", str(args.threads), *extra), runs / f"{name}.log")
-    except RuntimeError as error:  # one failed (or stopped) candidate does not lose the others' results
-        return {"candidate": name, "sets": sets, "seed": args.seed, "error": str(error)}
+    cost: dict[str, Any] = {"cpu_s": None, "wall_s": None}  # --collect: not measured
+    if not args.collect:
+        try:
+            cost = timed(multibranch("train", "--preset", args.preset, "--data", str(data), "--out", str(run),
+                                     "--force", "--no-progress", "--threads", str(args.threads), *extra),
+                         runs / f"{name}.log")
+        except RuntimeError as error:  # one failed (or stopped) candidate does not lose the others' results
+            return {"candidate": name, "sets": sets, "seed": args.seed, "error": str(error)}
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     valid = [r for r in records if r["type"] == "valid"]
     best = max(valid, key=lambda r: (r["accuracy"], -r["step"]))
     return {"candidate": name, "sets": sets, "vocab": args.vocab or DATASETS[args.dataset]["vocab"], "seed": args.seed, "best_valid_accuracy": best["accuracy"],
-            "best_valid_macro_f1": best["macro_f1"], "best_step": best["step"], "last_valid_loss": valid[-1]["loss"],
+            "best_valid_macro_f1": best["macro_f1"], "best_step": best["step"], "updates": max(r["step"] for r in records), "last_valid_loss": valid[-1]["loss"],
             "valid_curve": [(r["step"], round(r["accuracy"], 4)) for r in valid], **cost}
+
+
+def _minutes(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds / 60:.1f}"
 
 
 def main() -> None:
@@ -60,6 +67,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2, help="trainings side by side")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each training")
+    parser.add_argument("--collect", action="store_true",
+                        help="do not train: read the candidates' runs already in the work directory (CPU not measured; "
+                             "for sweeps whose results file was not written)")
     parser.add_argument("--name", help="results file bench/results/<name>.json (default: sweep_<dataset>)")
     args = parser.parse_args()
     name = args.name or f"sweep_{args.dataset}"
@@ -81,7 +91,7 @@ def main() -> None:
     for row in sorted([r for r in rows if "error" not in r], key=lambda r: -r["best_valid_accuracy"]):
         print(f"{row['candidate']:>24} seed {row['seed']}: valid acc {100 * row['best_valid_accuracy']:.1f} "
               f"(F1 {100 * row['best_valid_macro_f1']:.1f}) at {row['best_step']}, last loss "
-              f"{row['last_valid_loss']:.3f}, {row['cpu_s'] / 60:.1f} CPU min  {' '.join(row['sets'])}")
+              f"{row['last_valid_loss']:.3f}, {_minutes(row['cpu_s'])} CPU min  {' '.join(row['sets'])}")
     print(f"{time.perf_counter() - start:.0f} s; written {path}")
 
 
