@@ -18,7 +18,7 @@ import numpy as np
 
 from multibranch.data.errors import DataError
 from multibranch.data.meta import AGAIN, META_FILE, read_meta
-from multibranch.data.prepare import _binarise
+from multibranch.data.prepare import binarise
 from multibranch.data.prepare_classify import ARRAYS, FORMAT, FORMAT_VERSION, fingerprint
 from multibranch.data.text import read_lines
 
@@ -45,7 +45,7 @@ class ClassificationSplit:
         """An in-memory split (tests, small tasks); the id lists must not contain BOS/EOS."""
         if len(ids) != len(labels):
             raise ValueError(f"{len(ids)} texts vs {len(labels)} labels")
-        return cls(name, *_binarise(ids), np.asarray(labels, dtype=np.int64))
+        return cls(name, *binarise(ids), np.asarray(labels, dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.labels)

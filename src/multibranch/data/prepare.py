@@ -114,7 +114,7 @@ class PrepareConfig:
 
 
 @dataclass
-class _Split:
+class Split:
     """One split in memory while preparing."""
 
     name: str
@@ -129,22 +129,22 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     """Run the whole preparation; returns the `data.json` contents plus `out`."""
     cfg.validate()
     out = Path(cfg.out).resolve()
-    _check_inputs(cfg)
-    _check_out_dir(cfg, out)
+    check_inputs(cfg)
+    check_out_dir(cfg, out)
     splits = [_read_split(cfg, name, prefix) for name, prefix in cfg.splits()]
     train = splits[0]
     if not train.keep:
         raise DataError(f"{cfg.train}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty training pairs")
 
     with atomic_directory(out) as tmp:
-        meta = _build(cfg, splits, tmp)
+        meta = build_data_dir(cfg, splits, tmp)
     return {**meta, "out": cfg.out}
 
 
 # ----------------------------------------------------------------------------------------- checks
 
 
-def _check_inputs(cfg: PrepareConfig) -> None:
+def check_inputs(cfg: PrepareConfig) -> None:
     files = [p for _, prefix in cfg.splits() for p in cfg.input_files(prefix)]
     directories = [str(p) for p in files if p.is_dir()]
     if directories:
@@ -157,7 +157,7 @@ def _check_inputs(cfg: PrepareConfig) -> None:
         )
 
 
-def _check_out_dir(cfg: PrepareConfig, out: Path) -> None:
+def check_out_dir(cfg: PrepareConfig, out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a directory; choose another --out")
     if out.is_dir() and any(out.iterdir()):
@@ -172,19 +172,19 @@ def _check_out_dir(cfg: PrepareConfig, out: Path) -> None:
                     )
 
 
-def _read_split(cfg: PrepareConfig, name: str, prefix: str) -> _Split:
+def _read_split(cfg: PrepareConfig, name: str, prefix: str) -> Split:
     src_path, tgt_path = cfg.input_files(prefix)
     text = read_parallel(src_path, tgt_path, encoding_errors=cfg.encoding_errors)
     keep = [i for i, (s, t) in enumerate(zip(text.src.lines, text.tgt.lines, strict=True)) if s.strip() and t.strip()]
     dropped = dict.fromkeys(DROP_REASONS if name == "train" else ("empty",), 0)
     dropped["empty"] = len(text) - len(keep)
-    return _Split(name, prefix, text, keep, dropped)
+    return Split(name, prefix, text, keep, dropped)
 
 
 # --------------------------------------------------------------------------------- sentencepiece
 
 
-def _train_spm(cfg: PrepareConfig, sentences: list[str]) -> bytes:
+def train_spm(cfg: PrepareConfig, sentences: list[str]) -> bytes:
     """Train one SentencePiece model in memory; returns the serialized model."""
     import sentencepiece as spm
 
@@ -219,7 +219,7 @@ def _train_spm(cfg: PrepareConfig, sentences: list[str]) -> bytes:
 # ------------------------------------------------------------------------------------- building
 
 
-def _length_filter(cfg: PrepareConfig, split: _Split) -> None:
+def _length_filter(cfg: PrepareConfig, split: Split) -> None:
     """Drop training pairs that are empty after tokenisation, too long, or of implausible length ratio."""
     ls = np.array([len(x) for x in split.ids["src"]], dtype=np.int64)
     lt = np.array([len(x) for x in split.ids["tgt"]], dtype=np.int64)
@@ -244,7 +244,7 @@ def _length_filter(cfg: PrepareConfig, split: _Split) -> None:
         split.ids[side] = [split.ids[side][i] for i in good]
 
 
-def _binarise(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+def binarise(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Concatenated int32 tokens and int64 offsets [n+1]."""
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum([len(x) for x in ids], out=offsets[1:])
@@ -252,7 +252,7 @@ def _binarise(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return tokens, offsets
 
 
-def _length_stats(lengths: np.ndarray) -> dict[str, float]:
+def length_stats(lengths: np.ndarray) -> dict[str, float]:
     if len(lengths) == 0:
         return {"min": 0, "mean": 0.0, "p50": 0, "p90": 0, "p95": 0, "p99": 0, "max": 0}
     p50, p90, p95, p99 = (float(v) for v in np.percentile(lengths, [50, 90, 95, 99]))
@@ -262,7 +262,7 @@ def _length_stats(lengths: np.ndarray) -> dict[str, float]:
     }
 
 
-def _build(cfg: PrepareConfig, splits: list[_Split], out: Path) -> dict[str, Any]:
+def build_data_dir(cfg: PrepareConfig, splits: list[Split], out: Path) -> dict[str, Any]:
     """Train SentencePiece, encode, filter and write every file into `out`; returns the metadata."""
     import sentencepiece
 
@@ -272,11 +272,11 @@ def _build(cfg: PrepareConfig, splits: list[_Split], out: Path) -> dict[str, Any
     train_src = [train.text.src.lines[i] for i in train.keep]
     train_tgt = [train.text.tgt.lines[i] for i in train.keep]
     if cfg.joint:
-        protos = {"src": _train_spm(cfg, train_src + train_tgt)}
+        protos = {"src": train_spm(cfg, train_src + train_tgt)}
         protos["tgt"] = protos["src"]
         spm_files = {"src": "spm.model", "tgt": "spm.model"}
     else:
-        protos = {"src": _train_spm(cfg, train_src), "tgt": _train_spm(cfg, train_tgt)}
+        protos = {"src": train_spm(cfg, train_src), "tgt": train_spm(cfg, train_tgt)}
         spm_files = {"src": "spm.src.model", "tgt": "spm.tgt.model"}
     processors = {side: load_processor(protos[side]) for side in SIDES}
     for side in SIDES:
@@ -300,13 +300,13 @@ def _build(cfg: PrepareConfig, splits: list[_Split], out: Path) -> dict[str, Any
         }
         stats[split.name] = {}
         for side in SIDES:
-            tokens, offsets = _binarise(split.ids[side])
+            tokens, offsets = binarise(split.ids[side])
             np.save(out / f"{split.name}.{side}.tokens.npy", tokens)
             np.save(out / f"{split.name}.{side}.offsets.npy", offsets)
             write_lines(out / f"{split.name}.{side}.txt", (lines[side][i] for i in split.keep))
             entry["tokens"][side] = int(len(tokens))
             stats[split.name][side] = {
-                "length": _length_stats(np.diff(offsets)),
+                "length": length_stats(np.diff(offsets)),
                 "unk_rate": float((tokens == UNK_ID).sum() / max(len(tokens), 1)),
                 "types": int(len(np.unique(tokens))),
             }

@@ -48,11 +48,11 @@ from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
 from multibranch.data.classification import LabeledText, ReadOptions, read_labeled
 from multibranch.data.errors import DataError
-from multibranch.data.prepare import (  # private helpers of the translation `prepare`, shared rather than copied
-    _binarise,
-    _length_stats,
-    _train_spm,
+from multibranch.data.prepare import (  # the translation `prepare`'s pieces, shared rather than copied
+    binarise,
     check_spm_settings,
+    length_stats,
+    train_spm,
 )
 from multibranch.data.text import write_lines
 from multibranch.data.tokenizer import HFTokenizer, Tokenizer
@@ -262,7 +262,7 @@ def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], 
 
     tokenizer: Tokenizer | HFTokenizer
     if hf is None:
-        proto = _train_spm(cfg, splits[0].texts)
+        proto = train_spm(cfg, splits[0].texts)
         tokenizer, tokenizer_file = Tokenizer(proto, proto), SPM_FILE
         (out / SPM_FILE).write_bytes(proto)
     else:
@@ -273,7 +273,7 @@ def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], 
     train_texts = set(splits[0].texts)
     for split in splits:
         ids = _fit_lengths(cfg, split, tokenizer.encode_src(split.texts))
-        tokens, offsets = _binarise(ids)
+        tokens, offsets = binarise(ids)
         label_array = np.array([label_ids[label] for label in split.labels], dtype=np.int64)
         np.save(out / f"{split.name}.tokens.npy", tokens)
         np.save(out / f"{split.name}.offsets.npy", offsets)
@@ -291,7 +291,7 @@ def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], 
             "replaced_lines": split.read.replaced_lines if split.read else 0,
             "label_counts": {label: counts.get(label, 0) for label in labels},
             "tokens": int(len(tokens)),
-            "length": _length_stats(np.diff(offsets)),
+            "length": length_stats(np.diff(offsets)),
             "unk_rate": float((tokens == tokenizer.unk_id).sum() / max(len(tokens), 1)),
             "types": int(len(np.unique(tokens))),
             "in_train": None if split.name == "train" else sum(text in train_texts for text in split.texts),

@@ -40,10 +40,10 @@ from multibranch.data.errors import DataError
 from multibranch.data.prepare import (  # the translation `prepare`'s pieces, shared rather than copied
     DROP_REASONS,
     PrepareConfig,
-    _build,
-    _check_inputs,
-    _check_out_dir,
-    _Split,
+    Split,
+    build_data_dir,
+    check_inputs,
+    check_out_dir,
     check_spm_settings,
 )
 from multibranch.data.text import ParallelText, TextLines
@@ -122,8 +122,8 @@ def prepare_code(cfg: CodePrepareConfig) -> dict[str, Any]:
     cfg.validate()
     base = cfg.translation_config()
     out = Path(cfg.out).resolve()
-    _check_inputs(base)
-    _check_out_dir(base, out)
+    check_inputs(base)
+    check_out_dir(base, out)
     read = {name: _read(cfg, prefix) for name, prefix in base.splits()}  # train, valid, test, test1, ...
     train = read["train"]
     held = holdout_indices(len(train.corpus.codes), cfg.holdout, cfg.seed) if cfg.holdout else []
@@ -137,7 +137,7 @@ def prepare_code(cfg: CodePrepareConfig) -> dict[str, Any]:
         splits.append(_split("test" if i == 0 else f"test{i}", prefix, reading, indices))
     train_sources = {splits[0].text.src.lines[i] for i in splits[0].keep}
     with atomic_directory(out) as tmp:
-        meta = _build(base, splits, tmp)
+        meta = build_data_dir(base, splits, tmp)
         meta["task"] = TASK
         meta["config"] = to_dict(cfg)
         meta["code"] = {
@@ -160,8 +160,8 @@ def _read(cfg: CodePrepareConfig, prefix: str) -> CodeCorpusReading:
                                     docstring_errors=cfg.docstring_errors)
 
 
-def _split(name: str, prefix: str, reading: CodeCorpusReading, indices: list[int] | None = None) -> _Split:
-    """A translation `_Split` of the examples `indices` (all when None) of a corpus reading; examples whose
+def _split(name: str, prefix: str, reading: CodeCorpusReading, indices: list[int] | None = None) -> Split:
+    """A translation `Split` of the examples `indices` (all when None) of a corpus reading; examples whose
     docstring is empty (the literal `''`) are dropped and counted as "empty", as translation drops empty sides."""
     corpus = reading.corpus
     indices = list(range(len(corpus.codes))) if indices is None else indices
@@ -171,7 +171,7 @@ def _split(name: str, prefix: str, reading: CodeCorpusReading, indices: list[int
     keep = [i for i, line in enumerate(desc.lines) if line]
     dropped = dict.fromkeys(DROP_REASONS if name == "train" else ("empty",), 0)
     dropped["empty"] = len(indices) - len(keep)
-    return _Split(name, prefix, ParallelText(desc, code), keep, dropped)
+    return Split(name, prefix, ParallelText(desc, code), keep, dropped)
 
 
 def _report(meta: dict[str, Any]) -> str:
