@@ -245,11 +245,23 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, help="shorten every training run (a smoke test, not a result)")
     parser.add_argument("--vocab", type=int, help="SentencePiece vocabulary size (default: the dataset's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra --set for every run")
+    parser.add_argument("--merge", nargs="+", metavar="NAME", help="only copy the rows of bench/results/NAME.json "
+                        "(runs made side by side under other names) into --name's file, and stop")
     parser.add_argument("--name", default="classify_quality",
                         help="results file bench/results/<name>.json; runs in <bench work dir>/<name>/")
     args = parser.parse_args()
     path = RESULTS / f"{args.name}.json"
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    if args.merge:
+        for name in args.merge:
+            other = json.loads((RESULTS / f"{name}.json").read_text())
+            new = [{"command": other["environment"]["command"], "commit": other["environment"]["commit"], **r}
+                   for r in other["rows"]]
+            keys = {(r["dataset"], r["system"]) for r in new}
+            rows = [r for r in rows if (r["dataset"], r["system"]) not in keys] + new
+        path.write_text(json.dumps({"environment": environment(), "rows": rows}, indent=2) + "\n")
+        print(f"written {path}")
+        return
     for dataset in args.datasets:
         runs = work_dir() / args.name / dataset
         runs.mkdir(parents=True, exist_ok=True)
@@ -265,7 +277,9 @@ def main() -> None:
                 row["parameters"] = parameters(runs / f"{system}-seed{args.seeds[0]}" / "best.pt")
                 row["threads"] = args.threads
                 row["max_steps_override"] = args.max_steps
-            row = summary({"dataset": dataset, **row, "splits": split_sizes(data), "data": str(data)})
+            env = environment()
+            row = summary({"dataset": dataset, **row, "splits": split_sizes(data), "data": str(data),
+                           "command": env["command"], "commit": env["commit"]})
             rows = [r for r in rows if (r["dataset"], r["system"]) != (dataset, system)] + [row]
             RESULTS.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"environment": environment(), "rows": rows}, indent=2) + "\n")

@@ -136,8 +136,7 @@ def classify_quality(name: str) -> list[str]:
         rows = [row for row in result["rows"] if row["dataset"] == dataset]
         splits = rows[0]["splits"]
         lines += [f"### {dataset}: held-out test accuracy", "",
-                  f"`{result['environment']['command']}` (commit {result['environment']['commit']}, torch "
-                  f"{result['environment']['torch']}; each system may come from its own call). Splits of the shared "
+                  f"torch {result['environment']['torch']}; the commands are listed under the table. Splits of the shared "
                   f"training file: train {splits['train']['examples']}, valid {splits['valid']['examples']}, test "
                   f"{splits['test']['examples']} ({splits['test']['in_train']} test texts also occur in train).", "",
                   "| system | parameters | seeds | test accuracy % | test macro-F1 % | CPU min / run (max) | "
@@ -152,6 +151,8 @@ def classify_quality(name: str) -> list[str]:
                          f"{100 * row['macro_f1_sd']:.2f} | {row['cpu_s_max'] / 60:.1f} | {row['wall_s_max'] / 60:.1f} | "
                          f"{row.get('threads', '–')} | {updates} |")
         lines.append("")
+        commands = dict.fromkeys((row.get("command", "(not recorded)"), row.get("commit", "?")) for row in rows)
+        lines += [f"- `{command}` (commit {commit})" for command, commit in commands] + [""]
     return lines
 
 
