@@ -29,30 +29,48 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _report_folder(p: argparse.ArgumentParser) -> None:
+    """--out and --force: every analysis writes a report folder."""
+    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+
+
+def _examples(p: argparse.ArgumentParser, help_split: str) -> None:
+    """--data, --split and its batching, for analyses that run the model over a prepared split."""
+    p.add_argument("--data", required=True, help="the prepared data directory the model was trained on")
+    p.add_argument("--split", default="valid", help=help_split)
+    p.add_argument("--max-examples", type=positive_int, default=None, help="use only the first N examples of --split")
+    p.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch")
+
+
+def _device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+
+
+def _beam(p: argparse.ArgumentParser, help_text: str = "beam size (default: the checkpoint's)") -> None:
+    p.add_argument("--beam", type=positive_int, default=None, help=help_text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
     about = ("head importance (Michel et al.), attention entropy, pruning curve, dominant heads (SEEDS-SPEC §5.5); "
              "translation models (BLEU) and classifiers (accuracy)")
     p = sub.add_parser("heads", help=about, description=about)
     p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
-    p.add_argument("--data", required=True, help="the prepared data directory the model was trained on")
-    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
-    p.add_argument("--split", default="valid", help="importance and entropy set")
-    p.add_argument("--max-examples", type=positive_int, default=None, help="use only the first N examples of --split")
-    p.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch")
+    _examples(p, "importance and entropy set")
+    _report_folder(p)
     p.add_argument("--no-normalize", action="store_true", help="do not l2-normalise importance per module")
     p.add_argument("--bleu-split", default=None,
                    help="split scored: BLEU, or accuracy for a classifier (default: --split)")
     p.add_argument("--bleu-max-sentences", type=positive_int, default=None, help="score only its first N sentences")
-    p.add_argument("--beam", type=positive_int, default=None, help="beam size (default: the checkpoint's)")
+    _beam(p)
     p.add_argument("--step", type=float, default=0.1, help="pruning-curve step as a fraction of all heads")
     p.add_argument("--recompute", action="store_true", help="recompute importance after every pruning step")
     p.add_argument("--keep-one", action="store_true", help="never mask the last head of a module")
     p.add_argument("--no-curve", action="store_true", help="skip the pruning curve")
     p.add_argument("--no-dominant", action="store_true",
                    help="skip the dominant-head table (one translation of the BLEU set per head)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
-    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    _device(p)
     p.set_defaults(analysis_run=_heads)
 
     about = "BLEU and sentence counts by source-length bucket, one or more checkpoints (SEEDS-SPEC §4.7)"
@@ -60,40 +78,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, action="append", help="checkpoint (repeat to compare several)")
     p.add_argument("--label", action="append", default=None, help="plot label per --ckpt (default: file names)")
     p.add_argument("--data", required=True, help="the prepared data directory the models were trained on")
-    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    _report_folder(p)
     p.add_argument("--split", default="test", help="split to translate")
     p.add_argument("--buckets", default="15,30,45,60,75,90,105",
                    help="inclusive upper edges in subword tokens (last bucket: above the last edge)")
     p.add_argument("--max-sentences", type=positive_int, default=None, help="translate only the first N sentences")
-    p.add_argument("--beam", type=positive_int, default=None, help="beam size (default: the checkpoint's)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
-    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    _beam(p)
+    _device(p)
     p.set_defaults(analysis_run=_lengths)
 
     about = "learned mixing weights: MUSE kernel-gate ratio, Weighted kappa/alpha, MUTE unit weights (§4.7, §2.5, §3.7)"
     p = sub.add_parser("gates", help=about, description=about)
     p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
-    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    _report_folder(p)
     p.add_argument("--ratio", default="3,15", help="kernel sizes SMALL,LARGE of the gate ratio")
-    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.set_defaults(analysis_run=_gates)
 
     about = "MUTE unit diversity (eq. 21: Att Pos., Att Sub., FFN Sub.) per encoder layer and unit weights (§3.7)"
     p = sub.add_parser("diversity", help=about, description=about)
     p.add_argument("--ckpt", required=True, help="MUTE checkpoint to analyse")
-    p.add_argument("--data", required=True, help="the prepared data directory the model was trained on")
-    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
-    p.add_argument("--split", default="valid", help="split scored (eval mode)")
-    p.add_argument("--max-examples", type=positive_int, default=None, help="use only the first N examples")
-    p.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
-    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    _examples(p, "split scored (eval mode)")
+    _report_folder(p)
+    _device(p)
     p.set_defaults(analysis_run=_diversity)
 
     about = "attention maps (PNG heatmaps with token labels) of chosen sentences, layers, heads or MAT branches"
     p = sub.add_parser("attention", help=about, description=about)
     p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
-    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
+    _report_folder(p)
     p.add_argument("--data", default=None, help="prepared data directory (needed for --sentences)")
     p.add_argument("--split", default="valid", help="split that --sentences indexes")
     p.add_argument("--sentences", default=None, help="comma-separated example indices of --split (reference target)")
@@ -105,8 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--heads", default=None, help="comma-separated head indices (default: all)")
     group.add_argument("--branch", type=int, default=None, help="draw MAT branch B (its heads averaged)")
-    p.add_argument("--beam", type=positive_int, default=None, help="beam for --text translations")
-    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    _beam(p, "beam for --text translations")
     p.set_defaults(analysis_run=_attention)
 
     about = "overlay several heads or diversity reports: pruning curves, dominant heads, MUTE diversity"
@@ -114,8 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--report", required=True, action="append", help="report folder of `analyze heads` or "
                    "`analyze diversity` (repeat; at least two of one kind)")
     p.add_argument("--label", action="append", default=None, help="label per --report (default: folder names)")
-    p.add_argument("--out", required=True, help="report directory (must be empty or new unless --force)")
-    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    _report_folder(p)
     p.set_defaults(analysis_run=_compare)
 
 
