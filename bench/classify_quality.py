@@ -251,6 +251,7 @@ def main() -> None:
                         help="results file bench/results/<name>.json; runs in <bench work dir>/<name>/")
     args = parser.parse_args()
     path = RESULTS / f"{args.name}.json"
+    env = environment()  # the commit the runs start from (HEAD may move while they run)
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
     if args.merge:
         for name in args.merge:
@@ -277,12 +278,11 @@ def main() -> None:
                 row["parameters"] = parameters(runs / f"{system}-seed{args.seeds[0]}" / "best.pt")
                 row["threads"] = args.threads
                 row["max_steps_override"] = args.max_steps
-            env = environment()
             row = summary({"dataset": dataset, **row, "splits": split_sizes(data), "data": str(data),
                            "command": env["command"], "commit": env["commit"]})
             rows = [r for r in rows if (r["dataset"], r["system"]) != (dataset, system)] + [row]
             RESULTS.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"environment": environment(), "rows": rows}, indent=2) + "\n")
+            path.write_text(json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")
             print(f"{dataset} {system}: accuracy {100 * row['accuracy_mean']:.2f} ± {100 * row['accuracy_sd']:.2f}, "
                   f"macro-F1 {100 * row['macro_f1_mean']:.2f}, max CPU {row['cpu_s_max'] / 60:.1f} min, "
                   f"max wall {row['wall_s_max'] / 60:.1f} min", flush=True)
