@@ -148,11 +148,12 @@ def main() -> None:
     runs.mkdir(parents=True, exist_ok=True)
     data = prepared_data(runs / "prepare.log")
     rows: list[dict] = []
+    env = environment()  # the commit the runs start from (HEAD may move while they run)
     for seed in args.seeds:
         for system in args.systems:
             row = run_system(system, seed, data, runs, args)
             rows.append(row)
-            save_results(args.name, {"environment": environment(), "budget": {
+            save_results(args.name, {"environment": env, "budget": {
                 "max_steps": args.max_steps, "max_minutes": args.max_minutes, "threads": args.threads,
                 "limit": args.limit, "overrides": args.overrides}, "data": str(data), "rows": rows,
                 "summary": summary(rows)})
