@@ -110,3 +110,13 @@ def tiny_experiment(**train_overrides):
     train.update(train_overrides)
     model = {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.1}
     return from_dict(ExperimentConfig, {"model": model, "train": train})
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): tiny models
+    gain nothing from threads, and lose a lot on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -29,18 +29,12 @@ from multibranch.models import ModelConfig, build_model
 from multibranch.models.seq2seq import EncoderOut
 from multibranch.modules.state import DecoderState
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 A, B, C, D = 4, 5, 6, 7
 V = 10
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and lose a lot on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @dataclass

@@ -13,17 +13,11 @@ from multibranch.models import ModelConfig, build_model
 from multibranch.modules.int8 import Int8Linear, int8_supported
 from multibranch.modules.state import DecoderState
 
-pytestmark = pytest.mark.skipif(not int8_supported(), reason="this PyTorch build has no fbgemm (x86) kernels")
+pytestmark = [pytest.mark.skipif(not int8_supported(), reason="this PyTorch build has no fbgemm (x86) kernels"),
+              pytest.mark.usefixtures("one_thread")]
 
 VOCAB, BOS = 40, 2
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_int8_linear_error_stays_within_the_quantization_bound():

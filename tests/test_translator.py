@@ -26,16 +26,10 @@ from multibranch.inference.config import DecodeConfig
 from multibranch.inference.translator import Translator, make_batches
 from multibranch.models import ModelConfig, build_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 MAX_POSITIONS = 24
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and lose a lot on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _corpus(n: int, seed: int) -> list[str]:
