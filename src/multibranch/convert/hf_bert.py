@@ -37,8 +37,8 @@ import torch
 from torch import Tensor
 
 from multibranch.checkpoint.format import CheckpointError
-from multibranch.config import ConfigError, to_dict
-from multibranch.convert.payload import check_state
+from multibranch.config import ConfigError
+from multibranch.convert.payload import check_state, imported_payload
 
 log = logging.getLogger(__name__)
 
@@ -130,18 +130,10 @@ def import_bert(directory: str | Path, labels: list[str] | None = None, num_labe
     state = {key: t.detach().float().contiguous() for key, t in state.items()}
     check_state(config, state, str(directory))
 
-    import transformers
-
     summary = (f"HF {c.model_type} {c.num_hidden_layers} layers, d={d}, {c.num_attention_heads} heads, "
                f"FFN {c.intermediate_size}, {c.vocab_size} ids, {max_positions} positions; {head_note}")
-    meta = {
-        "step": 0,
-        "epoch": 0,
-        "conversion": {"kind": f"hf_{c.model_type}", "source": str(directory), "summary": summary,
-                       "ignored_weights": sorted(take.unused())[:20],
-                       "transformers_version": transformers.__version__},
-    }
-    return {"config": to_dict(config), "model": state, "tokenizer": tokenizer.to_state(), "meta": meta}
+    return imported_payload(config, state, tokenizer.to_state(), f"hf_{c.model_type}", directory, summary,
+                            ignored_weights=sorted(take.unused())[:20])
 
 
 # ---- configuration ------------------------------------------------------------------------------

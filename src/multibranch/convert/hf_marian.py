@@ -42,8 +42,8 @@ import torch
 from torch import Tensor
 
 from multibranch.checkpoint.format import CheckpointError
-from multibranch.config import ConfigError, to_dict
-from multibranch.convert.payload import check_state
+from multibranch.config import ConfigError
+from multibranch.convert.payload import check_state, imported_payload
 
 log = logging.getLogger(__name__)
 
@@ -162,18 +162,8 @@ def import_marian(directory: str | Path, *, use_tokenizer: bool = True) -> dict[
     check_state(config, state, str(directory))
     summary = (f"HF Marian {model.encoder_layers}+{model.decoder_layers} layers, d={model.d_model}, "
                f"share_embeddings={share}, {vocab.note}")
-    meta = {
-        "step": 0,
-        "epoch": 0,
-        "conversion": {
-            "kind": "hf_marian",
-            "source": str(directory),
-            "summary": summary,
-            "hf_id_of": {"src": vocab.src, "tgt": vocab.tgt},  # our id -> HF id
-            "transformers_version": getattr(__import__("transformers"), "__version__", "?"),
-        },
-    }
-    return {"config": to_dict(config), "model": state, "tokenizer": vocab.tokenizer, "meta": meta}
+    return imported_payload(config, state, vocab.tokenizer, "hf_marian", directory, summary,
+                            hf_id_of={"src": vocab.src, "tgt": vocab.tgt})  # our id -> HF id
 
 
 # ---- configuration ------------------------------------------------------------------------------

@@ -62,6 +62,20 @@ def check_state(config: ExperimentConfig, state: dict[str, Tensor], source: str)
         raise CheckpointError("\n".join([f"{source}: converted weights do not fit the converted config", *problems]))
 
 
+def imported_payload(config: ExperimentConfig, state: dict[str, Tensor], tokenizer: Any, kind: str,
+                     source: str | Path, summary: str, **details: Any) -> dict[str, Any]:
+    """The checkpoint payload of a model imported from another toolkit: step 0, and `meta.conversion`
+    saying what it came from (`details` add to it; the installed transformers version is recorded)."""
+    import transformers
+
+    from multibranch.config import to_dict
+
+    conversion = {"kind": kind, "source": str(source), "summary": summary, **details,
+                  "transformers_version": transformers.__version__}
+    return {"config": to_dict(config), "model": state, "tokenizer": tokenizer,
+            "meta": {"step": 0, "epoch": 0, "conversion": conversion}}
+
+
 def refuse_overwrite(path: str | Path, force: bool) -> None:
     """FileExistsError (a one-line user error in the CLI) unless `force`."""
     if Path(path).exists() and not force:
