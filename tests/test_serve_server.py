@@ -117,3 +117,26 @@ def test_a_port_in_use_is_one_line_before_the_model_is_loaded(checkpoint, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith("multibranch serve: error:") and f"--port {port}" in err and "\n" not in err
     assert not loaded
+
+
+@pytest.mark.parametrize(("port", "expected"), [(0, "on a free port of 127.0.0.1"), (8123, "on http://127.0.0.1:8123")])
+def test_serve_names_the_port_it_asked_for_never_port_zero(port, expected, monkeypatch, caplog):
+    """With --port 0 the port is chosen when uvicorn binds (and uvicorn logs it): the command's own
+    line must not announce a URL with port 0."""
+    import argparse
+
+    from multibranch.commands import serve
+
+    class Server:
+        ran = False
+
+        def run(self) -> None:
+            Server.ran = True
+
+    monkeypatch.setattr(serve, "build_server", lambda args: Server())
+    args = argparse.Namespace(ckpt="model.pt", engine="torch", host="127.0.0.1", port=port)
+    with caplog.at_level("INFO", logger=serve.logger.name):
+        assert serve.run(args) == 0
+    assert Server.ran
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("serving model.pt"))
+    assert line.endswith(expected) and ":0" not in line

@@ -147,6 +147,9 @@ def build_server(args: argparse.Namespace):  # noqa: ANN201
 
 def run(args: argparse.Namespace) -> int:
     server = build_server(args)
-    logger.info("serving %s (%s engine) on http://%s:%d", args.ckpt, args.engine, args.host, args.port)
+    if args.port:
+        logger.info("serving %s (%s engine) on http://%s:%d", args.ckpt, args.engine, args.host, args.port)
+    else:  # the port is chosen when uvicorn binds; it logs the address it got
+        logger.info("serving %s (%s engine) on a free port of %s", args.ckpt, args.engine, args.host)
     server.run()
     return 0
