@@ -15,11 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multibranch.config import from_dict
+from multibranch.config import ConfigError, from_dict
 from multibranch.inference.beam import (
     Hypothesis,
     _beam_search,
     beam_search,
+    block_repeated_ngrams,
     greedy_search,
     length_penalty,
     search,
@@ -362,11 +363,22 @@ def test_real_model_batched_equals_one_sentence_at_a_time(tiny_model, beam):
     assert len(lengths) > 1
 
 
-def _reference_beam(model, src: list[int], beam: int, alpha: float, max_len: int) -> list[tuple[list[int], float]]:
+def _repeats(tokens: list[int], n: int) -> set[int]:
+    """The tokens that would complete an n-gram `tokens` already holds (plain Python)."""
+    if n < 1 or len(tokens) < n:
+        return set()
+    grams = {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
+    tail = tuple(tokens[len(tokens) - n + 1 :])
+    return {gram[-1] for gram in grams if gram[:-1] == tail}
+
+
+def _reference_beam(model, src: list[int], beam: int, alpha: float, max_len: int,
+                    no_repeat: int = 0) -> list[tuple[list[int], float]]:
     """The search written the plain way, for one sentence: a Python list of hypotheses, a full
     teacher-forced forward of every prefix per step (no cache, no batching), fairseq's rules
     (2K candidates; EOS among the top K finishes; K non-EOS continue; at the limit EOS is forced;
-    pad/bos never; done at K finished). Returns (tokens, normalised score), best first."""
+    pad/bos never; no token completing a repeated `no_repeat`-gram; done at K finished).
+    Returns (tokens, normalised score), best first."""
     live: list[tuple[list[int], float]] = [([], 0.0)]
     finished: list[tuple[list[int], float]] = []
     source = torch.tensor([src])
@@ -376,6 +388,8 @@ def _reference_beam(model, src: list[int], beam: int, alpha: float, max_len: int
             logits = model(source, torch.tensor([[BOS] + toks]))[0, -1].float()
             logits[PAD] = logits[BOS] = float("-inf")
             lprobs = torch.log_softmax(logits, dim=-1)
+            for token in _repeats(toks, no_repeat):
+                lprobs[token] = float("-inf")
             if step == max_len:  # only EOS at the limit
                 candidates.append((score + lprobs[EOS].item(), i, EOS))
                 continue
@@ -403,3 +417,64 @@ def test_real_model_search_equals_a_plain_reference_search(tiny_model):
             assert [h.tokens for h in hyps] == [toks for toks, _ in expected]
             assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
     assert len({len(hs[0].tokens) for hs in batched}) > 1  # EOS is really generated at different steps
+
+
+# ---- no repeated n-grams ----------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(4, 6), min_size=0, max_size=9), min_size=1, max_size=4).filter(
+    lambda rows: len({len(r) for r in rows}) == 1), st.integers(1, 4))
+def test_block_repeated_ngrams_bans_exactly_what_a_plain_scan_finds(rows, n):
+    generated = torch.tensor(rows, dtype=torch.long).reshape(len(rows), -1)  # [N, L], tokens from {4, 5, 6}
+    lprobs = torch.zeros(len(rows), V)
+    block_repeated_ngrams(lprobs, generated, n)
+    for row, tokens in zip(lprobs, rows, strict=True):
+        assert {t for t in range(V) if row[t] == float("-inf")} == _repeats(tokens, n)
+
+
+# greedy: a, a, then "a" would repeat the bigram (a, a) -> b; after a, a, b, a both a and b would repeat
+# a bigram -> EOS. Without blocking: a a a a and EOS forced at the length limit (max_len_b = 4).
+LOOP_SCRIPT: Table = {
+    (): {A: 0.9, B: 0.1},
+    (A,): {A: 0.6, B: 0.3, EOS: 0.1},
+    (A, A): {A: 0.6, B: 0.3, EOS: 0.1},
+    (A, A, A): {A: 0.6, B: 0.3, EOS: 0.1},
+    (A, A, A, A): {A: 0.6, EOS: 0.4},
+    (A, A, B): {A: 0.7, EOS: 0.3},
+    (A, A, B, A): {A: 0.5, B: 0.4, EOS: 0.1},
+}
+
+
+@pytest.mark.parametrize(("n", "tokens", "probs"), [
+    (0, [A, A, A, A], [0.9, 0.6, 0.6, 0.6, 0.4]),
+    (2, [A, A, B, A], [0.9, 0.6, 0.3, 0.7, 0.1]),
+])
+def test_no_repeat_ngram_size_steers_greedy_off_a_loop_without_renormalising(n, tokens, probs):
+    model = ScriptedModel({1: LOOP_SCRIPT})
+    (hyps,) = run_search(model, batch(src_of(1, 3)), 1, length_penalty=0.0, max_len_a=0, max_len_b=4,
+                         no_repeat_ngram_size=n)
+    assert_hyp(hyps[0], tokens, probs, sum(math.log(p) for p in probs))
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_real_model_no_repeat_search_equals_the_plain_reference_and_has_no_repeats(tiny_model, n):
+    sources, beam, alpha = _sources(6, seed=4), 3, 1.0
+    cfg = DecodeConfig(beam=beam, nbest=beam, length_penalty=alpha, min_len=0, max_len_a=1.0, max_len_b=2,
+                       no_repeat_ngram_size=n)
+    with torch.inference_mode():
+        blocked = search(tiny_model, batch(*sources), cfg)
+        free = search(tiny_model, batch(*sources), DecodeConfig(**{**vars(cfg), "no_repeat_ngram_size": 0}))
+        for src, hyps in zip(sources, blocked, strict=True):
+            expected = _reference_beam(tiny_model, src, beam, alpha, max_len=len(src) + 2, no_repeat=n)
+            assert [h.tokens for h in hyps] == [toks for toks, _ in expected]
+            assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
+    def has_repeat(tokens: list[int]) -> bool:
+        return any(_repeats(tokens[:i], n) & {tokens[i]} for i in range(len(tokens)))
+    assert not any(has_repeat(h.tokens) for hyps in blocked for h in hyps)
+    assert any(has_repeat(h.tokens) for hyps in free for h in hyps)  # the blocking had something to do
+
+
+def test_no_repeat_ngram_size_must_not_be_negative():
+    with pytest.raises(ConfigError, match="no_repeat_ngram_size=-1"):
+        DecodeConfig(no_repeat_ngram_size=-1).validate()

@@ -420,3 +420,20 @@ def test_cli_is_interactive_by_default_on_a_terminal_only(checkpoint, tmp_path, 
     assert _translate(checkpoint, "-o", str(tmp_path / "out.txt")) == 0  # -o: a batch run reading stdin
     assert "Ctrl-D" not in capsys.readouterr().err
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 2
+
+
+def test_cli_no_repeat_ngram_size_reaches_the_search(checkpoint, experiment, tokenizer, tmp_path, capsys):
+    config, model = experiment
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(LINES[:4]) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "-o", str(out), "--beam", "2",
+                 "--no-repeat-ngram-size", "1", "--device", "cpu"]) == 0
+    decode = {**config.decode.__dict__, "beam": 2}
+    blocked = Translator(model, tokenizer, DecodeConfig(**{**decode, "no_repeat_ngram_size": 1})).translate(LINES[:4])
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == blocked
+    assert blocked != Translator(model, tokenizer, DecodeConfig(**decode)).translate(LINES[:4])  # it mattered
+    assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "--no-repeat-ngram-size", "-1",
+                 "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no_repeat_ngram_size=-1" in err and "\n" not in err

@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-len-a", type=float, metavar="A", help="max output length = A * source length + B")
     group.add_argument("--max-len-b", type=int, metavar="B", help="the B of --max-len-a")
     group.add_argument("--min-len", type=int, metavar="N", help="no EOS before N output tokens")
+    group.add_argument("--no-repeat-ngram-size", type=int, metavar="N",
+                       help="forbid any output N-gram from occurring twice in a hypothesis (0: allow)")
     group.add_argument("--nbest", type=int, metavar="N", help="print N hypotheses per line as 'index ||| text ||| score'")
     group.add_argument("--batch-tokens", type=int, metavar="N", help="padded source tokens x beam per batch")
     group.add_argument("--batch-size", type=int, metavar="N", help="sentences per batch")
@@ -131,7 +133,8 @@ def format_score(score: Any) -> str:
 def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
     names = {"beam": "beam", "lenpen": "length_penalty", "lenpen_kind": "length_penalty_kind",
              "max_len_a": "max_len_a", "max_len_b": "max_len_b", "min_len": "min_len", "nbest": "nbest",
-             "batch_tokens": "batch_tokens", "batch_size": "batch_size", "max_input_tokens": "max_input_tokens"}
+             "batch_tokens": "batch_tokens", "batch_size": "batch_size", "max_input_tokens": "max_input_tokens",
+             "no_repeat_ngram_size": "no_repeat_ngram_size"}
     return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
 
 
@@ -198,9 +201,10 @@ def run(args: argparse.Namespace) -> int:
     cfg.validate()
     translator = Translator(for_decoding(loaded.model, args.precision), loaded.tokenizer, cfg, device)
     logger.info(
-        "beam=%d lenpen=%g (%s) max_len=%g*src+%d min_len=%d nbest=%d batch_tokens=%d device=%s precision=%s",
+        "beam=%d lenpen=%g (%s) max_len=%g*src+%d min_len=%d no_repeat_ngram=%d nbest=%d batch_tokens=%d device=%s "
+        "precision=%s",
         cfg.beam, cfg.length_penalty, cfg.length_penalty_kind, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
-        cfg.nbest, cfg.batch_tokens, device, args.precision,
+        cfg.no_repeat_ngram_size, cfg.nbest, cfg.batch_tokens, device, args.precision,
     )
     name = "<stdin>" if args.input == "-" else args.input
     show = not args.no_progress and show_progress()

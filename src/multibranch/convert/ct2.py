@@ -365,6 +365,7 @@ def translate_options(decode: DecodeConfig) -> dict[str, Any]:
         "length_penalty": decode.length_penalty,
         "num_hypotheses": decode.nbest,
         "min_decoding_length": decode.min_len,
+        "no_repeat_ngram_size": decode.no_repeat_ngram_size,
         "return_end_token": True,
         "return_scores": True,
         "max_input_length": 0,

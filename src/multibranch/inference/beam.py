@@ -6,7 +6,9 @@ Beam search keeps `beam` live hypotheses per sentence in one [sentences * beam] 
    log_softmax, so they are never generated and the log-probabilities are normalised over the
    other tokens (fairseq masks pad after its log_softmax; the difference is the tiny mass a
    trained model gives pad/bos). EOS is masked (without renormalising) before `min_len` output
-   tokens, and it is the only choice once a sentence reaches its maximum length.
+   tokens, and it is the only choice once a sentence reaches its maximum length. With
+   `no_repeat_ngram_size` n > 0, a token that would complete an n-gram the hypothesis already holds
+   is masked too (fairseq's --no-repeat-ngram-size, OpenNMT's block_ngram_repeat; no renormalising).
 2. Every live hypothesis extends by every token; the 2K best candidates per sentence are kept
    (at step 0 all K hypotheses are identical, so only the first one is expanded).
 3. A candidate ending in EOS among the top K candidates is a finished hypothesis. A sentence is
@@ -123,19 +125,39 @@ def forced_scores(model: torch.nn.Module, src: Tensor, targets: list[list[int]])
     return [gathered[row, : len(ids)].tolist() for row, ids in enumerate(targets)]
 
 
+def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> None:
+    """In place: -inf for every token that would complete an n-gram already in its row of `generated`.
+
+    lprobs [N, V]; generated [N, L] the output tokens so far (BOS excluded: it never repeats, so
+    n-grams through it cannot either). The candidate n-gram is the last n - 1 tokens + the next one.
+    """
+    length = generated.shape[1]
+    if n < 1 or length < n:
+        return
+    windows = generated.unfold(1, n, 1)  # [N, L - n + 1, n] every n-gram so far
+    prefix = generated[:, length - n + 1 :]  # [N, n - 1] the tokens the next one would follow
+    match = windows[:, :, :-1].eq(prefix[:, None, :]).all(dim=2)  # [N, L - n + 1]
+    rows, starts = match.nonzero(as_tuple=True)
+    lprobs[rows, windows[rows, starts, -1]] = NEG_INF
+
+
 def _step_log_probs(
     model: Decodable,
-    last_tokens: Tensor,
+    tokens: Tensor,
     enc: EncoderOut,
     state: DecoderState,
     step: int,
     min_len: int,
     forced: Tensor,
+    no_repeat_ngram_size: int = 0,
 ) -> Tensor:
-    """last_tokens [N, 1] -> masked fp32 log-probabilities [N, V]; rows where `forced` [N] is True
-    may only produce EOS (with its own log-probability)."""
+    """tokens [N, 1 + T] (BOS + output so far; column `step` is the last one) -> masked fp32
+    log-probabilities [N, V]; rows where `forced` [N] is True may only produce EOS (with its own
+    log-probability)."""
     cfg = model.config
-    lprobs = normalized_log_probs(model.decode_step(last_tokens, enc, state), cfg)  # [N, V]
+    lprobs = normalized_log_probs(model.decode_step(tokens[:, step : step + 1], enc, state), cfg)  # [N, V]
+    if no_repeat_ngram_size:
+        block_repeated_ngrams(lprobs, tokens[:, 1 : step + 1], no_repeat_ngram_size)
     if forced.any():  # the maximum length wins over min_len (as in fairseq)
         eos_lprob = lprobs[forced, cfg.eos_id]  # [n] (a copy)
         lprobs[forced] = NEG_INF
@@ -180,6 +202,7 @@ def greedy_search(
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     min_len: int = 1,
+    no_repeat_ngram_size: int = 0,
 ) -> list[list[Hypothesis]]:
     """Argmax decoding of src [B, S]; returns one hypothesis per sentence (== beam search, beam 1)."""
     cfg = model.config
@@ -196,7 +219,7 @@ def greedy_search(
     alive = torch.arange(B, device=device)  # original index of each live sentence
     hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
     for step in range(steps):
-        lprobs = _step_log_probs(model, tokens[:, step : step + 1], enc, state, step, min_len, step >= max_lens)
+        lprobs = _step_log_probs(model, tokens, enc, state, step, min_len, step >= max_lens, no_repeat_ngram_size)
         best_lprob, best = lprobs.max(dim=-1)  # [b]
         scores = scores + best_lprob
         ended = best.eq(cfg.eos_id) & best_lprob.gt(NEG_INF)  # [b]
@@ -228,6 +251,7 @@ def beam_search(
     max_len_b: int = 10,
     min_len: int = 1,
     nbest: int | None = None,
+    no_repeat_ngram_size: int = 0,
 ) -> list[list[Hypothesis]]:
     """Beam search over src [B, S] (right-padded with pad_id).
 
@@ -237,7 +261,7 @@ def beam_search(
     if beam < 1:
         raise ValueError(f"beam={beam} must be >= 1")
     options = dict(length_penalty=length_penalty, length_penalty_kind=length_penalty_kind, max_len_a=max_len_a,
-                   max_len_b=max_len_b, min_len=min_len)
+                   max_len_b=max_len_b, min_len=min_len, no_repeat_ngram_size=no_repeat_ngram_size)
     if beam == 1:
         return greedy_search(model, src, **options)
     return _sorted(_beam_search(model, src, beam, **options), nbest)
@@ -254,6 +278,7 @@ def _beam_search(
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     min_len: int = 1,
+    no_repeat_ngram_size: int = 0,
 ) -> list[list[Hypothesis]]:
     """The general search for any beam >= 1 (tests compare its beam-1 result with greedy_search);
     finished hypotheses per sentence in the order they were found."""
@@ -280,7 +305,7 @@ def _beam_search(
         width = scores.shape[1]
         forced = step >= max_lens  # [b]
         lprobs = _step_log_probs(
-            model, tokens[:, step : step + 1], enc, state, step, min_len, forced.repeat_interleave(width)
+            model, tokens, enc, state, step, min_len, forced.repeat_interleave(width), no_repeat_ngram_size
         )  # [b*width, V]
         V = lprobs.shape[1]
         expanded = lprobs.view(b, width, V) + scores[:, :, None]  # [b, width, V]
@@ -345,4 +370,5 @@ def search(model: Decodable, src: Tensor, cfg: DecodeConfig, nbest: int | None =
         max_len_b=cfg.max_len_b,
         min_len=cfg.min_len,
         nbest=cfg.nbest if nbest is None else nbest,
+        no_repeat_ngram_size=cfg.no_repeat_ngram_size,
     )

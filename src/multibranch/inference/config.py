@@ -18,6 +18,8 @@ class DecodeConfig:
       source_length counts the source tokens including its EOS; capped by the model's positional
       limit when it has learned positions. EOS is forbidden before min_len output tokens.
     nbest: hypotheses returned per sentence (<= beam).
+    no_repeat_ngram_size: n > 0 forbids any output n-gram from occurring twice in a hypothesis
+      (fairseq's --no-repeat-ngram-size); 0 (default) allows repeats.
     batch_tokens: padded source tokens x beam per translation batch (longest-first batching);
       batch_size: sentences per batch.
     max_input_tokens: source tokens (including EOS) kept per line, longer lines are truncated
@@ -34,6 +36,7 @@ class DecodeConfig:
     batch_tokens: int = 4096
     batch_size: int = 128
     max_input_tokens: int | None = None
+    no_repeat_ngram_size: int = 0
 
     def validate(self) -> None:
         if self.beam < 1:
@@ -42,6 +45,8 @@ class DecodeConfig:
             raise ConfigError(f"nbest={self.nbest} must be between 1 and beam={self.beam}")
         if self.max_len_a < 0:
             raise ConfigError(f"max_len_a={self.max_len_a} must be >= 0")
+        if self.no_repeat_ngram_size < 0:
+            raise ConfigError(f"no_repeat_ngram_size={self.no_repeat_ngram_size} must be >= 0 (0: allow repeats)")
         if self.min_len < 0:
             raise ConfigError(f"min_len={self.min_len} must be >= 0")
         if self.batch_tokens < 1 or self.batch_size < 1:
