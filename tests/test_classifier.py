@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from multibranch.checkpoint.model import load_model
-from multibranch.config import from_dict
+from multibranch.config import ConfigError, from_dict
 from multibranch.evaluate.classification import classification_scores
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import ModelConfig
-from multibranch.models.classifier import Classifier, ClassifierConfig, pool
+from multibranch.models.classifier import Classifier, ClassifierConfig, drop_tokens, pool
 from multibranch.schedules import RateConfig, rate_at
 from multibranch.train.trainer import RunOptions, train
 
@@ -46,14 +46,15 @@ def labelled_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
-def _experiment(pooling: str = "first", **train_overrides) -> ExperimentConfig:
+def _experiment(pooling: str = "first", token_dropout: float = 0.0, **train_overrides) -> ExperimentConfig:
     train_cfg = {"max_tokens": 400, "lr": {"schedule": "inverse_sqrt", "lr": 0.003, "warmup": 5},
                  "valid_every": 10, "log_every": 1, "max_steps": 20, "seed": 7, "label_smoothing": 0.0,
                  "best_metric": "accuracy", "deterministic": True}
     train_cfg.update(train_overrides)
     model = {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "dropout": 0.1,
              "drophead": {"rate": {"schedule": "v", "rate": 0.1, "warmup_ratio": 0.1}}}
-    return from_dict(ExperimentConfig, {"model": model, "train": train_cfg, "classifier": {"pooling": pooling}})
+    return from_dict(ExperimentConfig, {"model": model, "train": train_cfg,
+                                        "classifier": {"pooling": pooling, "token_dropout": token_dropout}})
 
 
 def _records(run: Path, kind: str) -> list[dict]:
@@ -85,6 +86,36 @@ def test_padding_does_not_change_the_logits(pooling):
     short = torch.tensor([[2, 7, 8, 9, 3]])
     padded = torch.tensor([[2, 7, 8, 9, 3, 0, 0, 0]])
     torch.testing.assert_close(model(padded), model(short))
+
+
+def test_drop_tokens_drops_only_text_tokens_at_the_rate():
+    cfg = _tiny_model_config()
+    src = torch.randint(4, 30, (200, 50))  # [B, S] text tokens
+    src[:, 0], src[:, -5], src[:, -4:] = cfg.bos_id, cfg.eos_id, cfg.pad_id
+    torch.manual_seed(0)
+    dropped = drop_tokens(src, 0.25, cfg)
+    changed = dropped.ne(src)
+    assert changed.any() and dropped[changed].eq(cfg.pad_id).all()
+    assert not changed[:, 0].any() and not changed[:, -5:].any()  # BOS, EOS and padding stay
+    assert changed[:, 1:-5].float().mean().item() == pytest.approx(0.25, abs=0.01)  # 8,800 draws
+    assert torch.equal(drop_tokens(src, 0.0, cfg), src)
+    with pytest.raises(ConfigError, match="classifier.token_dropout=1.0"):
+        ClassifierConfig(num_labels=2, token_dropout=1.0).validate()
+
+
+@pytest.mark.parametrize("pooling", ["first", "mean", "max"])
+def test_a_dropped_token_is_as_if_it_were_not_there(pooling):
+    """Without positions, a token turned into padding gives the logits of the text without it; the
+    model drops tokens only in training mode."""
+    model = Classifier(_tiny_model_config(positions="none"),
+                       ClassifierConfig(pooling=pooling, num_labels=3, token_dropout=0.5)).eval()
+    src = torch.tensor([[2, 7, 8, 9, 10, 3]])
+    torch.testing.assert_close(model(src.masked_fill(src.eq(8), 0)), model(torch.tensor([[2, 7, 9, 10, 3]])))
+    assert torch.equal(model(src), model(src))  # eval: nothing dropped, deterministic
+    model.train()
+    torch.manual_seed(1)
+    trained = [model(src) for _ in range(8)]
+    assert any(not torch.equal(trained[0], t) for t in trained[1:])
 
 
 def test_scores_against_a_hand_computation():
@@ -151,13 +182,15 @@ def test_tiny_classifier_learns_and_reloads(labelled_data, tmp_path):
     assert loaded.payload["meta"]["valid"]["accuracy"] == best
 
 
-def test_classification_resume_is_exact(labelled_data, tmp_path):
-    train(_experiment(pooling="mean", max_steps=16, valid_every=4), RunOptions(labelled_data, tmp_path / "straight"))
+@pytest.mark.parametrize("token_dropout", [0.0, 0.3])
+def test_classification_resume_is_exact(token_dropout, labelled_data, tmp_path):
+    def experiment() -> ExperimentConfig:
+        return _experiment(pooling="mean", token_dropout=token_dropout, max_steps=16, valid_every=4)
+
+    train(experiment(), RunOptions(labelled_data, tmp_path / "straight"))
     # paused at 8 of 16 planned updates: the V schedule of DropHead (T_w = 0.1 * 16) plans for 16
-    train(_experiment(pooling="mean", max_steps=16, valid_every=4),
-          RunOptions(labelled_data, tmp_path / "legs", stop_at_step=8))
-    train(_experiment(pooling="mean", max_steps=16, valid_every=4),
-          RunOptions(labelled_data, tmp_path / "legs", resume=True))
+    train(experiment(), RunOptions(labelled_data, tmp_path / "legs", stop_at_step=8))
+    train(experiment(), RunOptions(labelled_data, tmp_path / "legs", resume=True))
     straight = {r["step"]: r["loss"] for r in _records(tmp_path / "straight", "train")}
     legs = {r["step"]: r["loss"] for r in _records(tmp_path / "legs", "train")}
     assert sorted(legs) == list(range(1, 17))

@@ -6,6 +6,9 @@
 Pooling "first" takes the encoder state of the first position (the tasks put BOS there, as a CLS
 token); "mean" averages the states of the non-pad positions; "max" takes each feature's largest value
 over the non-pad positions (max-over-time, as text CNNs pool).
+
+`token_dropout` (training only) is word dropout (Iyyer et al. 2015, deep averaging networks): each text
+token becomes padding with that probability, so attention and pooling skip it for that batch.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ class ClassifierConfig:
     """The classification head; `num_labels` and the label names are filled in from the data by `train`.
 
     `dropout`: the head's dropout rate (None: model.dropout); `input_dropout` also applies it to the
-    pooled vector before the dense layer (RoBERTa's head does; BERT's does not).
+    pooled vector before the dense layer (RoBERTa's head does; BERT's does not). `token_dropout`: the
+    probability that a text token (not BOS/EOS) is dropped from a training example (`drop_tokens`).
     """
 
     pooling: Literal["first", "mean", "max"] = "first"
@@ -35,12 +39,15 @@ class ClassifierConfig:
     labels: list[str] = field(default_factory=list)
     dropout: float | None = None
     input_dropout: bool = False
+    token_dropout: float = 0.0
 
     def validate(self) -> None:
         if self.pooling not in ("first", "mean", "max"):
             raise ConfigError(f"classifier.pooling={self.pooling!r} must be 'first', 'mean' or 'max'")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"classifier.dropout={self.dropout} must be in [0, 1)")
+        if not 0.0 <= self.token_dropout < 1.0:
+            raise ConfigError(f"classifier.token_dropout={self.token_dropout} must be in [0, 1)")
 
 
 def pool(states: Tensor, padding_mask: Tensor, how: str) -> Tensor:
@@ -51,6 +58,14 @@ def pool(states: Tensor, padding_mask: Tensor, how: str) -> Tensor:
         return states.masked_fill(padding_mask.unsqueeze(-1), float("-inf")).amax(1)
     keep = (~padding_mask).unsqueeze(-1).to(states.dtype)  # [B, S, 1]
     return (states * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+
+
+def drop_tokens(src: Tensor, rate: float, cfg: ModelConfig) -> Tensor:
+    """src [B, S] -> src with each text token (not pad, BOS or EOS) replaced by pad with probability
+    `rate`; the encoder's padding mask then hides it from attention and pooling."""
+    text = src.ne(cfg.pad_id) & src.ne(cfg.bos_id) & src.ne(cfg.eos_id)  # [B, S]
+    dropped = text & (torch.rand(src.shape, device=src.device) < rate)  # [B, S]
+    return src.masked_fill(dropped, cfg.pad_id)
 
 
 class Classifier(nn.Module):
@@ -73,6 +88,8 @@ class Classifier(nn.Module):
 
     def forward(self, src: Tensor) -> Tensor:
         """src [B, S] -> logits [B, C]."""
+        if self.training and self.head.token_dropout > 0:
+            src = drop_tokens(src, self.head.token_dropout, self.config)
         enc = self.encoder(src)
         rate = self.config.dropout if self.head.dropout is None else self.head.dropout
         pooled = pool(enc.out, enc.padding_mask, self.head.pooling)  # [B, d]
