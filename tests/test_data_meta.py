@@ -15,7 +15,7 @@ from multibranch.data.errors import DataError
 @pytest.mark.parametrize("document", ["[]", '"text"', "3"])
 def test_data_json_that_is_not_an_object_is_a_data_error(tmp_path, loader, document):
     (tmp_path / "data.json").write_text(document)
-    with pytest.raises(DataError, match=r"data\.json: not a .* data directory \(format None\)"):
+    with pytest.raises(DataError, match=r"data\.json: corrupted, a JSON \w+ instead of an object; run `multibranch prepare`"):
         loader(tmp_path)
 
 

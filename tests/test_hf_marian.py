@@ -160,6 +160,10 @@ def test_import_with_marian_tokenizer_translates_spm_ids(tmp_path, joint):
 def test_rejects_unsupported_configs(tmp_path):
     with pytest.raises(CheckpointError, match="no config.json"):
         import_marian(tmp_path / "missing")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json: corrupted, not valid JSON"):
+        import_marian(tmp_path / "broken")
     hf_model(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     for key, value, message in [

@@ -140,3 +140,17 @@ def test_serve_names_the_port_it_asked_for_never_port_zero(port, expected, monke
     assert Server.ran
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("serving model.pt"))
     assert line.endswith(expected) and ":0" not in line
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ("{not json", "corrupted, not valid JSON"),
+    ('{"decode": {}, "tokenizer": {}}', "incomplete or foreign settings"),
+])
+def test_ct2_engine_with_broken_settings_is_one_line(settings, message, tmp_path, capsys):
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install '.[ct2]')")
+    from multibranch.convert.ct2 import SETTINGS_FILE
+
+    (tmp_path / SETTINGS_FILE).write_text(settings)
+    assert main(["serve", "--engine", "ct2", "--ckpt", str(tmp_path), "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("multibranch serve: error:") and message in err and "\n" not in err

@@ -22,6 +22,7 @@ from torch import Tensor
 from multibranch.atomic import atomic_write_bytes
 from multibranch.checkpoint.format import FORMAT, VERSION, CheckpointError, tied_groups
 from multibranch.config import to_dict
+from multibranch.json_file import read_json_object
 
 EXPORT_FORMAT = "multibranch-export"
 EXPORT_VERSION = 1
@@ -93,11 +94,8 @@ def load_export(directory: str | Path) -> dict[str, Any]:
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise CheckpointError(f"{directory} is not an exported model (no {CONFIG_FILE})")
-    try:
-        document = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{config_path} is not valid JSON ({err})") from None
-    if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
+    document = read_json_object(config_path, CheckpointError)
+    if document.get("format") != EXPORT_FORMAT:
         raise CheckpointError(f"{config_path} is not a multibranch export (no '{EXPORT_FORMAT}' format)")
     if document.get("format_version", 0) > EXPORT_VERSION:
         raise CheckpointError(f"{directory} was exported by a newer multibranch (format {document['format_version']})")

@@ -39,6 +39,7 @@ from torch import Tensor
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.payload import check_state, imported_payload
+from multibranch.json_file import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -146,12 +147,9 @@ def _read_config(directory: Path) -> tuple[dict[str, Any], Path]:
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{directory} is not a local Hugging Face model directory (no config.json)")
-    try:
-        raw = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{config_file}: not valid JSON ({err})") from None
-    if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
-        found = raw.get("model_type") if isinstance(raw, dict) else None
+    raw = read_json_object(config_file, CheckpointError)
+    if raw.get("model_type") not in MODEL_TYPES:
+        found = raw.get("model_type")
         raise ConfigError(f"{config_file}: model_type={found!r}; `convert from-hf-bert` imports only BERT and RoBERTa "
                           "encoders (model_type 'bert' or 'roberta')")
     return raw, config_file

@@ -44,6 +44,7 @@ from torch import Tensor
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.payload import check_state, imported_payload
+from multibranch.json_file import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def import_marian(directory: str | Path, *, use_tokenizer: bool = True) -> dict[
     if not config_file.is_file():
         raise CheckpointError(f"{directory} is not a local Hugging Face model directory (no config.json); "
                               "the hub is never contacted: download the model first")
-    raw = json.loads(config_file.read_text(encoding="utf-8"))
+    raw = read_json_object(config_file, CheckpointError)
     _check_raw_config(raw, config_file)
     try:
         from transformers import MarianConfig, MarianMTModel
@@ -264,10 +265,11 @@ def _spm_vocab_map(directory: Path, c: Any, enc_rows: int, dec_rows: int) -> Voc
 
     src_bytes, tgt_bytes = files[0].read_bytes(), files[1].read_bytes()
     sp_src, sp_tgt = load_processor(src_bytes), load_processor(tgt_bytes)
-    vocab_src: dict[str, int] = json.loads(files[2].read_text(encoding="utf-8"))
+    vocab_src: dict[str, int] = read_json_object(files[2], CheckpointError)
     target_vocab = directory / "target_vocab.json"
     separate = _separate_vocabs(directory) and target_vocab.is_file()
-    vocab_tgt: dict[str, int] = json.loads(target_vocab.read_text(encoding="utf-8")) if separate else vocab_src
+    vocab_tgt: dict[str, int] = (read_json_object(target_vocab, CheckpointError) if separate
+                                 else vocab_src)
     for name, vocab, rows in (("source", vocab_src, enc_rows), ("target", vocab_tgt, dec_rows)):
         if "<unk>" not in vocab:
             raise ConfigError(f"{directory}: the {name} vocabulary has no <unk> entry")

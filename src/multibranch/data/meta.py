@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from multibranch.data.errors import DataError
+from multibranch.json_file import read_json_object
 
 AGAIN = "run `multibranch prepare` again"
 META_FILE = "data.json"
@@ -21,12 +21,9 @@ def read_meta(directory: Path, fmt: str, version: int, required: Sequence[str], 
     if not meta_path.is_file():
         hint = "" if directory.is_dir() else " (the directory does not exist)"
         raise DataError(f"{meta_path}: not found{hint}; create the directory with `multibranch prepare`")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DataError(f"{meta_path}: corrupted ({err}); {AGAIN}") from None
-    if not isinstance(meta, dict) or meta.get("format") != fmt:
-        found = meta.get("format") if isinstance(meta, dict) else None
+    meta = read_json_object(meta_path, DataError, AGAIN)
+    if meta.get("format") != fmt:
+        found = meta.get("format")
         raise DataError(f"{meta_path}: not a {kind} data directory (format {found!r})")
     if meta.get("format_version") != version:
         raise DataError(f"{meta_path}: format version {meta.get('format_version')} but this multibranch "

@@ -10,7 +10,6 @@ conversion, not a chosen layer and head).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -150,6 +149,7 @@ class Ct2Engine:
         from multibranch.cli import UserError
         from multibranch.convert.ct2 import SETTINGS_FILE
         from multibranch.inference.config import DecodeConfig
+        from multibranch.json_file import read_json_object
 
         try:
             import ctranslate2
@@ -160,10 +160,15 @@ class Ct2Engine:
         if not settings_path.is_file():
             raise UserError(f"{directory}: not a directory written by `multibranch convert ct2` "
                             f"(no {SETTINGS_FILE})")
-        self.settings = json.loads(settings_path.read_text(encoding="utf-8"))
-        self.decode = DecodeConfig(**self.settings["decode"])
+        self.settings = read_json_object(settings_path, UserError, "convert the checkpoint again")
+        try:
+            self.decode = DecodeConfig(**self.settings["decode"])
+            files = self.settings["tokenizer"]
+            files["src"], files["tgt"]  # noqa: B018  (both must be named)
+        except (KeyError, TypeError) as err:
+            raise UserError(f"{settings_path}: incomplete or foreign settings ({type(err).__name__}: {err}); "
+                            "convert the checkpoint again") from None
         self.default_beam = self.decode.beam
-        files = self.settings["tokenizer"]
         self.src = spm.SentencePieceProcessor(model_file=str(root / files["src"]))
         self.tgt = spm.SentencePieceProcessor(model_file=str(root / files["tgt"]))
         self.translator = ctranslate2.Translator(str(root), device=device, inter_threads=1, intra_threads=threads)
