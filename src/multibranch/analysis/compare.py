@@ -15,12 +15,12 @@ compare.json:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from multibranch.analysis.report import ReportFolder
 from multibranch.data.errors import DataError
+from multibranch.json_file import read_json_object
 
 KINDS = {"heads.json": "heads", "diversity.json": "diversity"}
 
@@ -32,10 +32,7 @@ def read_report(folder: str | Path) -> tuple[str, dict[str, Any]]:
         raise FileNotFoundError(f"{folder} is not a report folder")
     for name, kind in KINDS.items():
         if (folder / name).is_file():
-            try:
-                return kind, json.loads((folder / name).read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                raise DataError(f"{folder / name}: not valid JSON ({error})") from None
+            return kind, read_json_object(folder / name, DataError)
     raise DataError(f"{folder} has none of {', '.join(KINDS)}: not a heads or diversity report")
 
 
