@@ -137,3 +137,37 @@ def test_train_refuses_a_classification_preset_on_translation_data(tiny_data, tm
     assert err == [f"multibranch train: error: the config is for classification but {tiny_data} holds translation "
                    "data; prepare it with `multibranch prepare --task classify` or pick a translation preset"]
     assert not out.exists()
+
+
+def test_classify_ensemble_averages_the_members_probabilities(classify_run, tmp_path, capsys):
+    import torch
+
+    from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
+    from multibranch.checkpoint.model import load_model
+    from multibranch.commands.classify import format_line
+    from multibranch.inference.classify import classify_lines, label_names
+
+    members = sorted(str(p) for p in (classify_run / "run" / "checkpoints").glob("step_*.pt"))[-2:]
+    lines = ["red of the", "seven it is", "the north", "a a red seven"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    assert main(["classify", "--ckpt", *members, "-i", str(tmp_path / "in.txt"), "-o", str(out), "--probs",
+                 "--device", "cpu"]) == 0
+    loaded = [load_model(m, "cpu", task="classification") for m in members]
+    probs = [classify_lines(m.model, m.tokenizer, lines) for m in loaded]
+    assert not torch.allclose(probs[0], probs[1], atol=1e-3)  # two different members
+    mean = (probs[0] + probs[1]) / 2
+    expected = [format_line(label_names(loaded[0].config), row.tolist(), True) for row in mean]
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == expected
+
+    # a member with other labels (here: the same ones in another order) is refused before anything is written
+    payload = load_checkpoint(members[0])
+    payload["config"]["classifier"]["labels"] = payload["config"]["classifier"]["labels"][::-1]
+    save_checkpoint(tmp_path / "reordered.pt", payload)
+    out.unlink()
+    assert main(["classify", "--ckpt", members[0], str(tmp_path / "reordered.pt"), "-i", str(tmp_path / "in.txt"),
+                 "-o", str(out), "--device", "cpu"]) == 2
+    assert "same labels in the same order" in capsys.readouterr().err and not out.exists()
+    # and the output may not overwrite a member
+    assert main(["classify", "--ckpt", *members, "-i", str(tmp_path / "in.txt"), "-o", members[0]]) == 2
+    assert "same file as input" in capsys.readouterr().err

@@ -2,7 +2,10 @@
 
 One output line per input line: the label, or with --probs `LABEL<TAB>name=p name=p ...` (every
 label's probability, in the checkpoint's label order). An empty (or whitespace-only) input line has
-no text to classify and gives an empty output line. -o is written atomically and never over -i.
+no text to classify and gives an empty output line. -o is written atomically and never over -i or
+a checkpoint. Several --ckpt make an ensemble: the label is the argmax of the members' mean
+probabilities (each member reads the text with its own tokenizer; all must have the same labels in
+the same order). Members are loaded one at a time, so an ensemble needs the memory of one model.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ HELP = "label lines of text (one label per line) with a classifier checkpoint"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ckpt", required=True, metavar="PATH", help="classifier checkpoint file")
+    parser.add_argument("--ckpt", required=True, nargs="+", metavar="PATH",
+                        help="classifier checkpoint file; several: an ensemble (their mean probabilities)")
     parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text, one example per line ('-' = stdin)")
     parser.add_argument("-o", "--output", default="-", metavar="FILE",
                         help="output labels ('-' = stdout); a file is replaced only when labelling succeeds")
@@ -45,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.cli import UserError
     from multibranch.data.text import check_input_file, check_output_file, iter_lines, open_input, open_output
     from multibranch.device import resolve_device
-    from multibranch.inference.classify import classify_lines
+    from multibranch.inference.classify import classify_lines, label_names
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size}: must be >= 1")
@@ -54,19 +58,28 @@ def run(args: argparse.Namespace) -> int:
     resolve_device(args.device)  # ConfigError for a device this machine cannot use
     if args.input != "-":
         check_input_file(args.input)
-    check_output_file(args.output, [args.input])
+    check_output_file(args.output, [args.input, *args.ckpt])
     device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.ckpt, device, task="classification")
-    if loaded.tokenizer is None:
-        raise CheckpointError(f"{args.ckpt} has no tokenizer, so it cannot label raw text")
-    labels = loaded.config.classifier.labels or [str(i) for i in range(loaded.config.classifier.num_labels)]
     name = "<stdin>" if args.input == "-" else args.input
     with open_input(args.input) as source:
         lines = list(iter_lines(source, name, args.encoding_errors))
     texts = [i for i, line in enumerate(lines) if line.strip()]
-    probs = classify_lines(loaded.model, loaded.tokenizer, [lines[i] for i in texts], device, args.batch_size)
+    labels: list[str] = []
+    total = None  # [n, C] sum of the members' probabilities
+    for ckpt in args.ckpt:
+        loaded = load_model(ckpt, device, task="classification")
+        if loaded.tokenizer is None:
+            raise CheckpointError(f"{ckpt} has no tokenizer, so it cannot label raw text")
+        if labels and label_names(loaded.config) != labels:
+            raise CheckpointError(f"{ckpt} has the labels {label_names(loaded.config)}, {args.ckpt[0]} has {labels}: "
+                                  "an ensemble needs the same labels in the same order")
+        labels = label_names(loaded.config)
+        probs = classify_lines(loaded.model, loaded.tokenizer, [lines[i] for i in texts], device, args.batch_size)
+        total = probs if total is None else total + probs
+        del loaded
+    probs = total / len(args.ckpt)
     per_line: list[list[float] | None] = [None] * len(lines)
     for row, i in enumerate(texts):
         per_line[i] = probs[row].tolist()

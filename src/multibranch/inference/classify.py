@@ -1,4 +1,5 @@
-"""Labelling raw text with a trained classifier: its tokenizer (SentencePiece or HF), batches, softmax."""
+"""Labelling raw text with a trained classifier: its tokenizer (SentencePiece or HF), batches, softmax;
+an ensemble of classifiers averages their probabilities."""
 
 from __future__ import annotations
 
@@ -24,3 +25,9 @@ def classify_lines(model: nn.Module, tokenizer: AnyTokenizer, lines: list[str], 
         src = encode_batch([ids[i] for i in chunk], cfg.pad_id, cfg.bos_id, cfg.eos_id).to(device)  # [B, S]
         probs[chunk] = model(src).float().softmax(-1).cpu()  # [B, C]
     return probs
+
+
+def label_names(config: object) -> list[str]:
+    """The label names of a classifier's ExperimentConfig, in output order ("0", "1", ... if unnamed)."""
+    head = config.classifier  # type: ignore[attr-defined]
+    return head.labels or [str(i) for i in range(head.num_labels)]
