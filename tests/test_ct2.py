@@ -312,3 +312,25 @@ def test_cli_refuses_absolute_plus_relative_positions(tiny_data, tmp_path, capsy
     assert main(["convert", "ct2", "--ckpt", str(ckpt), "--out", str(tmp_path / "ct2")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "positions='sinusoidal'" in err and "relative" in err
+
+
+
+def _has_repeated_ngram(tokens: list[str], n: int) -> bool:
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_no_repeat_ngram_size_reaches_ctranslate2(n, tiny_data, tmp_path):
+    """translate_options forwards no_repeat_ngram_size: CT2's outputs then hold no repeated n-gram
+    (without it, some do). Not compared token for token with ours: CT2 removes blocked tokens before
+    its log-softmax, ours after it (as fairseq), so the renormalised scores can rank beams differently."""
+    import dataclasses
+
+    lines = _source_lines(tiny_data, 12)
+    payload, _ = natural_payload(_tokenizer(tiny_data), lines, **CONFIGS["post_norm_shared"])
+    directory = export_ct2(payload, tmp_path / "ct2")
+    free = [tokens for tokens, _ in ct2(directory, lines, DECODE)]
+    blocked = [tokens for tokens, _ in ct2(directory, lines, dataclasses.replace(DECODE, no_repeat_ngram_size=n))]
+    assert any(_has_repeated_ngram(tokens, n) for tokens in free)
+    assert not any(_has_repeated_ngram(tokens, n) for tokens in blocked)

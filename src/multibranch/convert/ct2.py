@@ -355,8 +355,9 @@ def translate_options(decode: DecodeConfig) -> dict[str, Any]:
     EOS while CT2 ends on its best tokens; before min_len CT2 removes EOS before the log-softmax
     (renormalising), ours after it, so with min_len >= 1 scores differ by log(1 - p(EOS)) of the
     first step; when the step that completes K hypotheses finishes several at once, CT2 ranks all
-    of them, ours the first K by raw score; and with length_penalty 0 CT2 stops as soon as the best
-    beam ends."""
+    of them, ours the first K by raw score; with length_penalty 0 CT2 stops as soon as the best
+    beam ends; and no_repeat_ngram_size removes the blocked tokens before CT2's log-softmax (after
+    ours), so with it scores, and then sometimes the chosen beams, differ."""
     if decode.length_penalty_kind != "fairseq":
         raise ConfigError(f"length_penalty_kind={decode.length_penalty_kind!r}: CTranslate2 only has the "
                           "score / len^alpha (fairseq) penalty")
