@@ -163,14 +163,13 @@ class Ct2Engine:
         self.settings = read_json_object(settings_path, UserError, "convert the checkpoint again")
         try:
             self.decode = DecodeConfig(**self.settings["decode"])
-            files = self.settings["tokenizer"]
-            files["src"], files["tgt"]  # noqa: B018  (both must be named)
+            src_model, tgt_model = self.settings["tokenizer"]["src"], self.settings["tokenizer"]["tgt"]
         except (KeyError, TypeError) as err:
             raise UserError(f"{settings_path}: incomplete or foreign settings ({type(err).__name__}: {err}); "
                             "convert the checkpoint again") from None
         self.default_beam = self.decode.beam
-        self.src = spm.SentencePieceProcessor(model_file=str(root / files["src"]))
-        self.tgt = spm.SentencePieceProcessor(model_file=str(root / files["tgt"]))
+        self.src = spm.SentencePieceProcessor(model_file=str(root / src_model))
+        self.tgt = spm.SentencePieceProcessor(model_file=str(root / tgt_model))
         self.translator = ctranslate2.Translator(str(root), device=device, inter_threads=1, intra_threads=threads)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
