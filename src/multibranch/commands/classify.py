@@ -72,10 +72,11 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_model(ckpt, device, task="classification")
         if loaded.tokenizer is None:
             raise CheckpointError(f"{ckpt} has no tokenizer, so it cannot label raw text")
-        if labels and label_names(loaded.config) != labels:
-            raise CheckpointError(f"{ckpt} has the labels {label_names(loaded.config)}, {args.ckpt[0]} has {labels}: "
+        names = label_names(loaded.config)
+        if labels and names != labels:
+            raise CheckpointError(f"{ckpt} has the labels {names}, {args.ckpt[0]} has {labels}: "
                                   "an ensemble needs the same labels in the same order")
-        labels = label_names(loaded.config)
+        labels = names
         probs = classify_lines(loaded.model, loaded.tokenizer, [lines[i] for i in texts], device, args.batch_size)
         total = probs if total is None else total + probs
         del loaded
