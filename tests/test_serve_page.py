@@ -3,6 +3,7 @@ command builds, run by uvicorn on a free loopback port in a thread) with a tiny 
 translate, see the n-best lists (equal to our Translator's), open the attention view and find a
 target x source heat map whose header tokens are the SentencePiece pieces of the source and of the
 translation and whose rows sum to 1; an over-long text gives the server's 413 message on the page.
+With a classifier the page labels texts: every label with its probability, equal to the model's.
 
 Needs Debian's `chromium` and `chromium-driver` and the selenium package; skipped with the reason
 when one is missing, unless MULTIBRANCH_REQUIRE_BROWSER=1 (CI), which makes absence a failure.
@@ -73,13 +74,17 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def server(checkpoint) -> Iterator[str]:  # noqa: F811
+    yield from _serve(checkpoint)
+
+
+def _serve(ckpt: Any) -> Iterator[str]:
     """The server `multibranch serve --ckpt CKPT --port 0 --max-chars N` builds (arguments parsed by
     the CLI, the engine loaded, the page mounted), run on a free loopback port in a thread; its URL.
     At the end it is stopped as on SIGTERM (should_exit) and must finish."""
     from multibranch.cli import build_parser
     from multibranch.commands.serve import build_server
 
-    args = build_parser().parse_args(["serve", "--ckpt", str(checkpoint), "--port", "0", "--device", "cpu",
+    args = build_parser().parse_args(["serve", "--ckpt", str(ckpt), "--port", "0", "--device", "cpu",
                                       "--max-chars", str(MAX_CHARS)])
     uvicorn_server = build_server(args)
     thread = threading.Thread(target=uvicorn_server.run, daemon=True)
@@ -164,3 +169,31 @@ def test_an_over_long_text_shows_the_server_message(browser, server):
                   else None)
     assert error.text == f"Error 413: texts[0] has {2 * MAX_CHARS} characters: at most {MAX_CHARS} per text"
     assert not browser.find_element(By.ID, "results").is_displayed()
+
+
+def test_classifier_page_shows_labels_with_probabilities(browser, tmp_path_factory):
+    from selenium.webdriver.common.by import By
+    from test_serve_classify import TEXTS, train_classifier
+
+    from multibranch.checkpoint.model import load_model
+    from multibranch.inference.classify import classify_lines
+
+    ckpt = train_classifier(tmp_path_factory.mktemp("page_classifier"))
+    loaded = load_model(ckpt, "cpu", task="classification")
+    labels = loaded.config.classifier.labels
+    expected = classify_lines(loaded.model, loaded.tokenizer, TEXTS[:2]).tolist()
+    for url in _serve(ckpt):
+        browser.get(url + "/")
+        _wait(browser, lambda d: "labels: colour, number, place" in d.find_element(By.ID, "model-info").text)
+        assert browser.find_element(By.ID, "translate").text == "Classify"
+        assert not browser.find_element(By.ID, "nbest").is_displayed()
+        browser.find_element(By.ID, "source").send_keys("\n".join(TEXTS[:2]))
+        browser.find_element(By.ID, "translate").click()
+        sentences = _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#sentences .sentence"))
+        assert len(sentences) == 2
+        for sentence, probs in zip(sentences, expected):
+            ranked = sorted(zip(labels, probs), key=lambda item: -item[1])
+            assert _texts(sentence.find_elements(By.CSS_SELECTOR, ".label .text")) == [name for name, _ in ranked]
+            assert _texts(sentence.find_elements(By.CSS_SELECTOR, ".label .score")) == [f"{p:.3f}" for _, p in ranked]
+        assert browser.find_element(By.ID, "results-title").text == "Labels"
+        assert not browser.find_element(By.ID, "error").is_displayed()

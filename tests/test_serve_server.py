@@ -1,12 +1,22 @@
 """`multibranch serve` end to end: a real uvicorn server on an ephemeral loopback port (in a thread),
-the command's argument errors, and the CTranslate2 engine through the same API."""
+the command in its own process stopped by Ctrl-C (once: graceful; twice: at once, in one line), the
+command's argument errors, and the CTranslate2 engine through the same API."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -129,6 +139,7 @@ def test_serve_names_the_port_it_asked_for_never_port_zero(port, expected, monke
 
     class Server:
         ran = False
+        force_exit = False
 
         def run(self) -> None:
             Server.ran = True
@@ -154,3 +165,56 @@ def test_ct2_engine_with_broken_settings_is_one_line(settings, message, tmp_path
     assert main(["serve", "--engine", "ct2", "--ckpt", str(tmp_path), "--port", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("multibranch serve: error:") and message in err and "\n" not in err
+
+
+def _start_serve(ckpt: Path) -> tuple[Any, queue.Queue, int]:
+    """`multibranch serve --port 0` in its own process; (process, its stderr lines, the port it bound)."""
+    process = subprocess.Popen([sys.executable, "-m", "multibranch", "serve", "--ckpt", str(ckpt), "--port", "0",
+                                "--device", "cpu", "--threads", "1"], stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True).start()
+    seen = _until(lines, "Uvicorn running on")
+    return process, lines, int(re.search(r"127\.0\.0\.1:(\d+)", seen[-1]).group(1))
+
+
+def _until(lines: queue.Queue, text: str) -> list[str]:
+    """stderr lines up to the first one containing `text` (60 s at most)."""
+    seen: list[str] = []
+    while not seen or text not in seen[-1]:
+        seen.append(lines.get(timeout=60))
+    return seen
+
+
+def _rest(process: Any, lines: queue.Queue) -> tuple[int, str]:
+    code = process.wait(60)
+    time.sleep(0.1)  # the reader thread drains the closed pipe
+    rest = []
+    while not lines.empty():
+        rest.append(lines.get())
+    return code, "".join(rest)
+
+
+def test_ctrl_c_finishes_cleanly_and_a_second_one_stops_at_once_in_one_line(checkpoint):  # noqa: F811
+    # one Ctrl-C: graceful stop (the app's shutdown runs), then status 130 as for any interrupt
+    process, lines, port = _start_serve(checkpoint)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        assert client.post("/translate", json={"texts": LINES[:1]}).status_code == 200
+    process.send_signal(signal.SIGINT)
+    code, rest = _rest(process, lines)
+    assert code == 130 and "Application shutdown complete" in rest
+    assert "multibranch serve: interrupted" in rest and "Traceback" not in rest
+
+    # a request still arriving keeps the graceful stop waiting; a second Ctrl-C then stops at once
+    process, lines, port = _start_serve(checkpoint)
+    with socket.create_connection(("127.0.0.1", port)) as half_sent:
+        half_sent.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 100\r\n\r\n{\"texts\": ")
+        time.sleep(0.2)  # the server has read the headers: the request is in progress
+        process.send_signal(signal.SIGINT)
+        _until(lines, "Waiting for connections to close")
+        process.send_signal(signal.SIGINT)
+        code, rest = _rest(process, lines)
+    assert code == 130 and "Application shutdown complete" not in rest
+    assert "forced stop: requests not answered yet were dropped" in rest
+    assert "Traceback" not in rest and "CancelledError" not in rest

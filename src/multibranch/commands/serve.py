@@ -1,19 +1,23 @@
-"""`multibranch serve`: an HTTP translation server (FastAPI + uvicorn) over one loaded model.
+"""`multibranch serve`: an HTTP server (FastAPI + uvicorn) over one loaded translation model or classifier.
 
-API: POST /translate {"texts": [...], "beam": N?, "nbest": N?} -> {"translations": [...]};
-POST /attention (one attention map of one sentence, torch engine); GET /health, /info, /metrics
-(Prometheus); a web page at / (translation, n-best, attention heat map). Concurrent requests are micro-batched by one worker.
+API: POST /translate {"texts": [...], "beam": N?, "nbest": N?} -> {"translations": [...]} (translation
+models); POST /classify {"texts": [...], "probs": bool?} -> {"labels": [...], "probabilities": ...}
+(classifiers); POST /attention (one attention map of one sentence, torch engine, translation models);
+GET /health, /info, /metrics (Prometheus); a web page at / (translation, n-best, attention heat map;
+labels and probabilities). Concurrent requests are micro-batched by one worker.
 Binds 127.0.0.1 unless --host says otherwise. Ctrl-C / SIGTERM: stop accepting, finish the
-accepted requests, exit.
+accepted requests, exit as interrupted (status 130 after Ctrl-C); a second Ctrl-C while shutting down
+stops at once, dropping what is not answered yet (one warning line, status 130).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
-HELP = ("serve translations over HTTP (a web page at /; POST /translate, /attention; /health, /info, /metrics), "
-        "micro-batching requests")
+HELP = ("serve a translation model or a classifier over HTTP (a web page at /; POST /translate, /classify, "
+        "/attention; /health, /info, /metrics), micro-batching requests")
 
 logger = logging.getLogger("multibranch.serve")
 
@@ -29,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8080, help="TCP port (0: any free port)")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto", help="where to run the model")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads of the engine (unset: torch's choice)")
-    parser.add_argument("--beam", type=int, metavar="N", help="default beam size (unset: the checkpoint's; torch only)")
+    parser.add_argument("--beam", type=int, metavar="N",
+                        help="default beam size (unset: the checkpoint's; torch engine, translation models)")
     parser.add_argument("--precision", choices=["fp32", "int8"], default="fp32",
                         help="torch only: fp32, or int8 linear layers (CPU; faster, BLEU may move slightly)")
     group = parser.add_argument_group("limits and batching")
@@ -120,10 +125,10 @@ def load_engine(args: argparse.Namespace):  # noqa: ANN201
         from multibranch.serve.engine import Ct2Engine
 
         return Ct2Engine(args.ckpt, device="cpu" if args.device == "auto" else args.device, threads=args.threads or 1)
-    from multibranch.serve.engine import TorchEngine
+    from multibranch.serve.engine import load_torch_engine
 
     overrides = {} if args.beam is None else {"beam": args.beam}
-    return TorchEngine.from_checkpoint(args.ckpt, args.device, precision=args.precision, **overrides)
+    return load_torch_engine(args.ckpt, args.device, precision=args.precision, **overrides)
 
 
 def build_server(args: argparse.Namespace):  # noqa: ANN201
@@ -141,8 +146,32 @@ def build_server(args: argparse.Namespace):  # noqa: ANN201
         torch.set_num_threads(args.threads)
     engine = load_engine(args)
     app = create_app(engine, limits, static_dir=PAGE_DIR)
-    return uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                                         timeout_graceful_shutdown=None))
+    return _server_class()(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                          timeout_graceful_shutdown=None))
+
+
+def _server_class() -> type:
+    """uvicorn's Server, with one line instead of a traceback on a forced stop: a second Ctrl-C while
+    shutting down makes uvicorn skip the app's shutdown (requests still queued are dropped), and the
+    app's lifespan task is then cancelled as the loop closes, which uvicorn logs as a traceback."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def run(self, sockets: Any = None) -> None:
+            error_log = logging.getLogger("uvicorn.error")
+            was_disabled = error_log.disabled
+            try:
+                super().run(sockets)
+            finally:
+                error_log.disabled = was_disabled
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets)
+            if self.force_exit:
+                logger.warning("forced stop: requests not answered yet were dropped")
+                logging.getLogger("uvicorn.error").disabled = True  # the cancelled lifespan's traceback
+
+    return Server
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,4 +181,4 @@ def run(args: argparse.Namespace) -> int:
     else:  # the port is chosen when uvicorn binds; it logs the address it got
         logger.info("serving %s (%s engine) on a free port of %s", args.ckpt, args.engine, args.host)
     server.run()
-    return 0
+    return 130 if server.force_exit else 0  # 130: stopped by a second Ctrl-C, as a shell reports it

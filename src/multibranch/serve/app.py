@@ -1,15 +1,18 @@
-"""The FastAPI application: POST /translate, POST /attention, GET /health, /info, /metrics.
+"""The FastAPI application: POST /translate or /classify (by the engine's task), POST /attention,
+GET /health, /info, /metrics.
 
 `create_app(engine, limits)` builds it around an already loaded engine (one model copy); the
 batcher's worker starts with the app and, on shutdown, finishes every accepted request before it
 stops. `static_dir` mounts a directory of static files at / after the API routes: `multibranch
-serve` mounts PAGE_DIR, the packaged web page (static/: translation, n-best, attention heat map).
+serve` mounts PAGE_DIR, the packaged web page (static/: translation, n-best, attention heat map;
+labels and probabilities for a classifier).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +50,22 @@ class TranslateResponse(BaseModel):
     translations: list[str] | list[list[Hypothesis]]
 
 
+class ClassifyRequest(BaseModel):
+    """texts: the texts to label; probs: also return every label's probability."""
+
+    model_config = ConfigDict(extra="forbid")
+    texts: list[str]
+    probs: bool = False
+
+
+class ClassifyResponse(BaseModel):
+    """labels: the most probable label per text (None for a blank text); probabilities (with probs):
+    label -> probability per text, in the model's label order (None for a blank text)."""
+
+    labels: list[str | None]
+    probabilities: list[dict[str, float] | None] | None = None
+
+
 class AttentionRequest(BaseModel):
     """One attention map of `text`: `kind` (attention type), `layer`, and exactly one of `head` or
     `branch` (a MAT branch: the mean of its heads; branch 0 of a one-branch module: all its heads).
@@ -75,8 +94,10 @@ def _unavailable(err: Exception, limits: ServeLimits, metrics: ServeMetrics) -> 
     return JSONResponse({"detail": f"not answered within {limits.timeout_s:g} s"}, 504)
 
 
-def _check_attention(body: AttentionRequest, limits: ServeLimits, choices: dict[str, Any] | None) -> None:
+def _check_attention(body: AttentionRequest, limits: ServeLimits, choices: dict[str, Any] | None, task: str) -> None:
     """400 when the engine draws no maps, 413 for too much text, 422 for choices out of range."""
+    if task != "translation":
+        raise HTTPException(400, f"attention maps are drawn for translation models; this server holds a {task} model")
     if choices is None:
         raise HTTPException(400, "attention maps need the PyTorch engine (multibranch serve --engine torch)")
     for name in ("text", "target"):
@@ -93,16 +114,21 @@ def _check_attention(body: AttentionRequest, limits: ServeLimits, choices: dict[
         raise HTTPException(422, str(err)) from None
 
 
-def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> None:
-    """413 for too much text, 422 for settings out of range."""
-    if len(body.texts) > limits.max_items:
-        raise HTTPException(413, f"{len(body.texts)} texts: at most {limits.max_items} per request")
-    for i, text in enumerate(body.texts):
+def _check_texts(texts: list[str], limits: ServeLimits) -> None:
+    """413 for too many texts or characters."""
+    if len(texts) > limits.max_items:
+        raise HTTPException(413, f"{len(texts)} texts: at most {limits.max_items} per request")
+    for i, text in enumerate(texts):
         if len(text) > limits.max_chars:
             raise HTTPException(413, f"texts[{i}] has {len(text)} characters: at most {limits.max_chars} per text")
-    total = sum(len(text) for text in body.texts)
+    total = sum(len(text) for text in texts)
     if total > limits.max_total_chars:
         raise HTTPException(413, f"{total} characters in all: at most {limits.max_total_chars} per request")
+
+
+def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> None:
+    """413 for too much text, 422 for settings out of range."""
+    _check_texts(body.texts, limits)
     if beam > limits.max_beam:
         raise HTTPException(422, f"beam={beam}: at most {limits.max_beam}")
     if body.nbest is not None and body.nbest > beam:
@@ -117,7 +143,8 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
     batcher = MicroBatcher(engine, limits, metrics)
     choices_of = getattr(engine, "attention_choices", None)  # engines without it draw no maps
     choices = choices_of() if choices_of is not None else None
-    info = {**engine.info(), "attention": choices}
+    task = getattr(engine, "task", "translation")
+    info = {"task": task, **engine.info(), "attention": choices}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
@@ -128,19 +155,14 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
     app = FastAPI(title="multibranch", lifespan=lifespan)
     app.state.batcher, app.state.metrics, app.state.limits, app.state.engine = batcher, metrics, limits, engine
 
-    @app.post("/translate", response_model=TranslateResponse)
-    async def translate(body: TranslateRequest) -> Any:
+    async def queued(handle: Callable[[], Awaitable[Any]]) -> Any:
+        """Answer a request that goes through the queue, counted in the in-flight gauge and the latency
+        histogram; 503 / 504 when the worker did not take it or did not finish it in time."""
         start = time.perf_counter()
         status = 200
         metrics.in_flight.inc()
         try:
-            beam = body.beam if body.beam is not None else engine.default_beam
-            _check_limits(body, limits, beam)
-            if not body.texts:
-                results = []
-            else:
-                tokens = sum(engine.count_tokens(body.texts))
-                results = await batcher.submit(body.texts, tokens, beam, body.nbest or 1)
+            return await handle()
         except HTTPException as err:
             status = err.status_code
             raise
@@ -151,13 +173,46 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
         finally:
             metrics.in_flight.dec()
             metrics.latency.labels(str(status)).observe(time.perf_counter() - start)
-        if body.nbest is None:
-            return {"translations": [entries[0][0] for entries in results]}
-        return {"translations": [[{"text": t, "score": s} for t, s in entries] for entries in results]}
+
+    def require_task(wanted: str, other_route: str) -> None:
+        if task != wanted:
+            raise HTTPException(400, f"this server holds a {task} model: POST {other_route}")
+
+    @app.post("/translate", response_model=TranslateResponse)
+    async def translate(body: TranslateRequest) -> Any:
+        async def handle() -> Any:
+            require_task("translation", "/classify")
+            beam = body.beam if body.beam is not None else engine.default_beam  # type: ignore[attr-defined]
+            _check_limits(body, limits, beam)
+            if not body.texts:
+                return {"translations": []}
+            tokens = sum(engine.count_tokens(body.texts))
+            results = await batcher.submit(body.texts, tokens, beam, body.nbest or 1)
+            if body.nbest is None:
+                return {"translations": [entries[0][0] for entries in results]}
+            return {"translations": [[{"text": t, "score": s} for t, s in entries] for entries in results]}
+
+        return await queued(handle)
+
+    @app.post("/classify", response_model=ClassifyResponse)
+    async def classify(body: ClassifyRequest) -> Any:
+        async def handle() -> Any:
+            require_task("classification", "/translate")
+            _check_texts(body.texts, limits)
+            if not body.texts:
+                return {"labels": [], "probabilities": [] if body.probs else None}
+            tokens = sum(engine.count_tokens(body.texts))
+            results = await batcher.submit_call(body.texts, tokens, ("classify",))
+            names = engine.labels  # type: ignore[attr-defined]
+            best = [None if p is None else names[max(range(len(p)), key=p.__getitem__)] for p in results]
+            probs = [None if p is None else dict(zip(names, p)) for p in results] if body.probs else None
+            return {"labels": best, "probabilities": probs}
+
+        return await queued(handle)
 
     @app.post("/attention")
     async def attention(body: AttentionRequest) -> Any:
-        _check_attention(body, limits, choices)
+        _check_attention(body, limits, choices, task)
         try:
             return await batcher.run_exclusive(engine.attention, body.text, body.kind, body.layer, body.head,  # type: ignore[attr-defined]
                                                body.branch, body.beam, body.target)

@@ -1,11 +1,12 @@
 """Micro-batching across concurrent requests: a bounded queue and one worker that owns the engine.
 
-Requests are queued whole (their texts stay together). The worker takes the oldest request, then
-keeps gathering requests with the same decode setting (beam, nbest) until the batch holds
-`batch_tokens` source tokens x beam or `max_wait_ms` has passed since the first one, translates
+Requests are queued whole (their texts stay together), each with its engine call: the engine method
+and its settings (`("translate", beam, nbest)`, `("classify",)`). The worker takes the oldest
+request, then keeps gathering requests with the same call until the batch holds `batch_tokens`
+source tokens x the call's weight (the beam) or `max_wait_ms` has passed since the first one, runs
 the texts of all of them in one engine call (in a single worker thread, so the one model copy is
 never used concurrently), and resolves each request's future with its own slice of the results.
-Requests with another setting wait for the next round, at the head of the queue.
+Requests with another call wait for the next round, at the head of the queue.
 A request whose caller has gone (timeout, disconnect) is dropped before the engine call.
 `run_exclusive` runs another engine call (an attention map) on the same worker thread, between
 batches, counted against the same queue bound.
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from multibranch.serve.engine import Engine, Hypotheses
+from multibranch.serve.engine import Engine
 from multibranch.serve.limits import ServeLimits
 from multibranch.serve.metrics import ServeMetrics
 
@@ -38,15 +39,14 @@ class ShuttingDown(Exception):
 
 @dataclass
 class Job:
+    """One request: its texts, their source tokens, the engine call `key` (method name, settings...) and
+    its `weight` (tokens count `weight` times against the batch budget: the beam)."""
+
     texts: list[str]
     tokens: int
-    beam: int
-    nbest: int
-    future: asyncio.Future[list[Hypotheses]] = field(repr=False)
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return self.beam, self.nbest
+    key: tuple[Any, ...]
+    weight: int
+    future: asyncio.Future[list[Any]] = field(repr=False)
 
 
 class MicroBatcher:
@@ -70,14 +70,19 @@ class MicroBatcher:
         self._wakeup = asyncio.Event()
         self._worker = asyncio.get_running_loop().create_task(self._run(), name="multibranch-batcher")
 
-    async def submit(self, texts: list[str], tokens: int, beam: int, nbest: int) -> list[Hypotheses]:
-        """Queue one request and wait for its n-best lists (raises QueueFull, ShuttingDown,
-        TimeoutError after limits.timeout_s; a timed-out request is dropped from the queue)."""
+    async def submit(self, texts: list[str], tokens: int, beam: int, nbest: int) -> list[Any]:
+        """Queue one translation request and wait for its n-best lists (see `submit_call`)."""
+        return await self.submit_call(texts, tokens, ("translate", beam, nbest), weight=beam)
+
+    async def submit_call(self, texts: list[str], tokens: int, key: tuple[Any, ...], weight: int = 1) -> list[Any]:
+        """Queue one request for the engine call `key` (`engine.<key[0]>(texts, *key[1:])`, one result
+        per text) and wait for its results (raises QueueFull, ShuttingDown, TimeoutError after
+        limits.timeout_s; a timed-out request is dropped from the queue)."""
         if self._closing or self._wakeup is None:
             raise ShuttingDown
         if self.depth >= self.limits.max_queue:
             raise QueueFull
-        job = Job(texts, tokens, beam, nbest, asyncio.get_running_loop().create_future())
+        job = Job(texts, tokens, key, weight, asyncio.get_running_loop().create_future())
         self._pending.append(job)
         self.metrics.queue_depth.set(self.depth)
         self._wakeup.set()
@@ -89,7 +94,7 @@ class MicroBatcher:
                 self._discard(job)
 
     async def run_exclusive(self, fn: Callable[..., T], *args: Any) -> T:
-        """fn(*args) on the engine's worker thread, never concurrently with a translation (raises
+        """fn(*args) on the engine's worker thread, never concurrently with a batch (raises
         QueueFull, ShuttingDown, TimeoutError after limits.timeout_s: a call still waiting for the
         thread is then dropped, one already started finishes in the background and close() waits
         for it)."""
@@ -135,7 +140,7 @@ class MicroBatcher:
                 continue
             batch = await self._gather()
             if batch:
-                await self._translate(batch)
+                await self._call(batch)
 
     async def _gather(self) -> list[Job]:
         """The oldest live request plus later ones with its setting, up to the token budget or the
@@ -150,16 +155,16 @@ class MicroBatcher:
                 if job.future.done():
                     self._pending.remove(job)
                     continue
-                if batch and (job.key != batch[0].key or (tokens + job.tokens) * job.beam > budget):
+                if batch and (job.key != batch[0].key or (tokens + job.tokens) * job.weight > budget):
                     continue
                 self._pending.remove(job)
                 batch.append(job)
                 tokens += job.tokens
-                if tokens * job.beam >= budget:
+                if tokens * job.weight >= budget:
                     break
             self.metrics.queue_depth.set(self.depth)
             remaining = deadline - time.monotonic()
-            if not batch or tokens * batch[0].beam >= self.limits.batch_tokens or remaining <= 0 or self._closing:
+            if not batch or tokens * batch[0].weight >= self.limits.batch_tokens or remaining <= 0 or self._closing:
                 return batch
             self._wakeup.clear()
             try:
@@ -167,16 +172,16 @@ class MicroBatcher:
             except asyncio.TimeoutError:
                 pass
 
-    async def _translate(self, batch: list[Job]) -> None:
+    async def _call(self, batch: list[Job]) -> None:
         live = [job for job in batch if not job.future.done()]
         if not live:
             return
         texts = [text for job in live for text in job.texts]
-        beam, nbest = live[0].key
+        method, *settings = live[0].key
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
         try:
-            results = await loop.run_in_executor(self._executor, self.engine.translate, texts, beam, nbest)
+            results = await loop.run_in_executor(self._executor, getattr(self.engine, method), texts, *settings)
         except Exception as err:  # the engine failed: every request of the batch gets the error (500)
             for job in live:
                 if not job.future.done():

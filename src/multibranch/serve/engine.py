@@ -1,10 +1,12 @@
-"""Translation engines behind the server: one model copy, used by one worker thread at a time.
+"""Engines behind the server: one model copy, used by one worker thread at a time.
 
-An engine turns a batch of texts into n-best lists for one decode setting (beam, nbest) and counts
-source tokens (for the batching budget). `TorchEngine` wraps our Translator (every model kind) and
-also draws attention maps (`attention_choices`, `attention`); `Ct2Engine` a directory written by
-`multibranch convert ct2` (no attention maps: CTranslate2 returns only the alignment heads chosen at
-conversion, not a chosen layer and head).
+A translation engine (`task = "translation"`) turns a batch of texts into n-best lists for one decode
+setting (beam, nbest); a classification engine (`task = "classification"`) into label probabilities.
+Both count source tokens (for the batching budget). `TorchEngine` wraps our Translator (every model
+kind) and also draws attention maps (`attention_choices`, `attention`); `Ct2Engine` a directory written
+by `multibranch convert ct2` (no attention maps: CTranslate2 returns only the alignment heads chosen at
+conversion, not a chosen layer and head); `ClassifierEngine` a classifier checkpoint (`multibranch
+classify`'s model). `load_torch_engine` picks the engine from the checkpoint's task.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ Hypotheses = list[tuple[str, float]]  # (text, normalised score), best first
 
 
 class Engine(Protocol):
-    default_beam: int
+    """What the app and the batcher need. Translation engines also have `default_beam` and
+    `translate(texts, beam, nbest) -> list[Hypotheses]`; classification engines `labels` and
+    `classify(texts) -> list[list[float] | None]`. An engine without `task` is a translation engine."""
 
     def count_tokens(self, texts: list[str]) -> list[int]: ...
-
-    def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]: ...
 
     def info(self) -> dict[str, Any]: ...
 
@@ -46,8 +48,46 @@ def branch_weights(model: Any) -> dict[str, dict[str, list[float]]]:
     return out
 
 
+def load_torch_engine(path: str, device: str = "cpu", precision: str = "fp32",
+                      **overrides: Any) -> TorchEngine | ClassifierEngine:
+    """The engine of a checkpoint, chosen by its task: TorchEngine for a translation model,
+    ClassifierEngine for a classifier. `overrides` are decode settings (translation only). The one
+    place the server imports the checkpoint loader; one model copy in `precision`
+    (inference/precision.py) serves every request."""
+    from multibranch.checkpoint.format import CheckpointError
+    from multibranch.checkpoint.model import load_model
+    from multibranch.cli import UserError
+    from multibranch.device import resolve_device
+    from multibranch.inference.precision import check_precision, for_decoding
+
+    resolved = resolve_device(device)
+    check_precision(precision, resolved)
+    loaded = load_model(path, resolved, task=("translation", "classification"))
+    if loaded.tokenizer is None:
+        raise CheckpointError(f"{path} has no tokenizer, so it cannot serve raw text")
+    model = for_decoding(loaded.model, precision)
+    if loaded.config.task == "classification":
+        if overrides:
+            raise UserError(f"{path} is a classifier: decode settings ({', '.join(sorted(overrides))}) apply to "
+                            "translation models")
+        return ClassifierEngine(model, loaded.tokenizer, loaded.config, resolved, precision)
+    decode = dataclasses.replace(loaded.config.decode, **overrides)
+    decode.validate()
+    return TorchEngine(model, loaded.tokenizer, decode, resolved, kind=loaded.config.model.encoder.kind,
+                       summary=model_summary(loaded.config.model), precision=precision)
+
+
+def model_summary(model_cfg: Any) -> dict[str, Any]:
+    """The sizes /info shows of a ModelConfig."""
+    return {"d_model": model_cfg.d_model, "heads": model_cfg.heads, "ffn_dim": model_cfg.ffn_dim,
+            "encoder_layers": model_cfg.encoder_layers, "decoder_layers": model_cfg.decoder_layers,
+            "encoder_kind": model_cfg.encoder.kind, "decoder_kind": model_cfg.decoder.kind}
+
+
 class TorchEngine:
     """Our Translator over a loaded model; one Translator per decode setting, all sharing the model."""
+
+    task = "translation"
 
     def __init__(self, model: Any, tokenizer: Any, decode: Any, device: Any = "cpu", kind: str = "torch",
                  summary: dict[str, Any] | None = None, precision: str = "fp32"):
@@ -63,26 +103,13 @@ class TorchEngine:
 
     @classmethod
     def from_checkpoint(cls, path: str, device: str = "cpu", precision: str = "fp32", **overrides: Any) -> TorchEngine:
-        """Load a checkpoint (the one place the server imports the checkpoint loader); one model copy
-        in `precision` (inference/precision.py) serves every decode setting."""
+        """The engine of a translation checkpoint (load_torch_engine; a classifier is refused)."""
         from multibranch.checkpoint.format import CheckpointError
-        from multibranch.checkpoint.model import load_model
-        from multibranch.device import resolve_device
-        from multibranch.inference.precision import check_precision, for_decoding
 
-        resolved = resolve_device(device)
-        check_precision(precision, resolved)
-        loaded = load_model(path, resolved, task="translation")
-        if loaded.tokenizer is None:
-            raise CheckpointError(f"{path} has no tokenizer, so it cannot translate raw text")
-        decode = dataclasses.replace(loaded.config.decode, **overrides)
-        decode.validate()
-        model_cfg = loaded.config.model
-        summary = {"d_model": model_cfg.d_model, "heads": model_cfg.heads, "ffn_dim": model_cfg.ffn_dim,
-                   "encoder_layers": model_cfg.encoder_layers, "decoder_layers": model_cfg.decoder_layers,
-                   "encoder_kind": model_cfg.encoder.kind, "decoder_kind": model_cfg.decoder.kind}
-        return cls(for_decoding(loaded.model, precision), loaded.tokenizer, decode, resolved,
-                   kind=model_cfg.encoder.kind, summary=summary, precision=precision)
+        engine = load_torch_engine(path, device, precision, **overrides)
+        if not isinstance(engine, cls):
+            raise CheckpointError(f"{path} is a {engine.task} model, not a translation model")
+        return engine
 
     def _translator(self, beam: int) -> Any:
         if beam not in self._translators:
@@ -130,6 +157,7 @@ class TorchEngine:
     def info(self) -> dict[str, Any]:
         return {
             "engine": "torch",
+            "task": self.task,
             "precision": self.precision,
             "kind": self.kind,
             "config": self.summary,
@@ -139,9 +167,55 @@ class TorchEngine:
         }
 
 
+class ClassifierEngine:
+    """A classifier over a loaded model: label probabilities of texts as `multibranch classify` gives
+    them (same tokenizer, truncation and softmax); an empty or blank text has no label (None)."""
+
+    task = "classification"
+
+    def __init__(self, model: Any, tokenizer: Any, config: Any, device: Any = "cpu", precision: str = "fp32"):
+        from multibranch.inference.classify import label_names
+
+        self.model, self.tokenizer, self.device, self.precision = model, tokenizer, device, precision
+        self.labels = label_names(config)
+        self.pooling = config.classifier.pooling
+        self.summary = model_summary(config.model)
+        self.max_tokens = config.model.max_positions  # BOS + text + EOS, as classify_lines truncates
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [min(len(ids) + 2, self.max_tokens) for ids in self.tokenizer.encode_src(texts)]  # + BOS, EOS
+
+    def classify(self, texts: list[str]) -> list[list[float] | None]:
+        """Per text: the label probabilities in `labels` order, or None for a blank text."""
+        from multibranch.inference.classify import classify_lines
+
+        kept = [i for i, text in enumerate(texts) if text.strip()]
+        out: list[list[float] | None] = [None] * len(texts)
+        if kept:
+            probs = classify_lines(self.model, self.tokenizer, [texts[i] for i in kept], self.device)  # [n, C]
+            for row, i in enumerate(kept):
+                out[i] = probs[row].tolist()
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "engine": "torch",
+            "task": self.task,
+            "precision": self.precision,
+            "kind": self.summary["encoder_kind"],
+            "config": {k: v for k, v in self.summary.items() if not k.startswith("decoder")},
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "labels": self.labels,
+            "pooling": self.pooling,
+            "branch_weights": branch_weights(self.model),
+        }
+
+
 class Ct2Engine:
     """A CTranslate2 directory written by `multibranch convert ct2` (standard and folded MAT models),
     decoded with the options equal to our beam search (`translate_options`)."""
+
+    task = "translation"
 
     def __init__(self, directory: str, device: str = "cpu", threads: int = 1):
         import sentencepiece as spm
@@ -199,6 +273,6 @@ class Ct2Engine:
         return None
 
     def info(self) -> dict[str, Any]:
-        return {"engine": "ct2", "kind": self.settings.get("model_kind"), "config": {
+        return {"engine": "ct2", "task": self.task, "kind": self.settings.get("model_kind"), "config": {
                     "source": self.settings.get("source"), "quantization": self.settings.get("quantization")},
                 "parameters": None, "decode": dataclasses.asdict(self.decode), "branch_weights": {}}

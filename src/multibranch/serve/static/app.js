@@ -1,5 +1,6 @@
 // The page of `multibranch serve`: translate with n-best alternatives (POST translate) and draw the
-// attention of a chosen translation as a heat map table (POST attention). Plain JS, no dependencies.
+// attention of a chosen translation as a heat map table (POST attention); for a classifier (info.task),
+// label texts with every label's probability (POST classify). Plain JS, no dependencies.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -62,6 +63,11 @@ async function loadInfo() {
     return;
   }
   const parts = [info.kind, `${info.engine} engine`];
+  if (info.task === "classification") {
+    parts.unshift("classifier");
+    parts.push(`labels: ${info.labels.join(", ")}`);
+    useClassifierLayout();
+  }
   if (info.decode) parts.push(`beam ${info.decode.beam}`);
   if (info.parameters) parts.push(`${(info.parameters / 1e6).toFixed(2)}M parameters`);
   $("model-info").textContent = parts.filter(Boolean).join(" \u00b7 ");
@@ -73,7 +79,74 @@ async function loadInfo() {
   }
 }
 
-// ---- translation -----------------------------------------------------------------------------------
+function useClassifierLayout() {
+  document.title = "multibranch: classify";
+  $("source-label").textContent = "Texts to classify (one per line)";
+  $("nbest-label").hidden = true;
+  $("translate").textContent = "Classify";
+  $("results-title").textContent = "Labels";
+  $("results-hint").textContent = "The most probable label first, with every label's probability.";
+}
+
+// ---- translation and classification ----------------------------------------------------------------
+
+function submit() {
+  if (info && info.task === "classification") classify();
+  else translate();
+}
+
+async function classify() {
+  const texts = $("source").value.split("\n").map((line) => line.trim()).filter((line) => line);
+  showError("");
+  if (!texts.length) {
+    showError("Type a text to classify.");
+    return;
+  }
+  $("translate").disabled = true;
+  $("status").textContent = "classifying\u2026";
+  try {
+    const data = await api("classify", { texts, probs: true });
+    showLabels(texts, data.probabilities);
+  } catch (err) {
+    showError(err.message);
+  } finally {
+    $("translate").disabled = false;
+    $("status").textContent = "";
+  }
+}
+
+function showLabels(texts, probabilities) {
+  const list = $("sentences");
+  list.replaceChildren();
+  texts.forEach((source, i) => {
+    const item = document.createElement("li");
+    item.className = "sentence";
+    const src = document.createElement("div");
+    src.className = "source";
+    src.textContent = source;
+    const labels = document.createElement("ol");
+    labels.className = "labels";
+    const ranked = Object.entries(probabilities[i]).sort((a, b) => b[1] - a[1]);
+    for (const [name, probability] of ranked) {
+      const row = document.createElement("li");
+      row.className = "label";
+      const text = document.createElement("span");
+      text.className = "text";
+      text.textContent = name;
+      const bar = document.createElement("span");
+      bar.className = "bar";
+      bar.style.width = `${(100 * probability).toFixed(1)}%`;
+      const score = document.createElement("span");
+      score.className = "score";
+      score.textContent = probability.toFixed(3);
+      row.append(text, bar, score);
+      labels.append(row);
+    }
+    item.append(src, labels);
+    list.append(item);
+  });
+  $("results").hidden = false;
+}
 
 async function translate() {
   const texts = $("source").value.split("\n").map((line) => line.trim()).filter((line) => line);
@@ -240,9 +313,9 @@ function drawHeatmap(map, label) {
 
 // ---- wiring ----------------------------------------------------------------------------------------
 
-$("translate").addEventListener("click", translate);
+$("translate").addEventListener("click", submit);
 $("source").addEventListener("keydown", (event) => {
-  if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) translate();
+  if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) submit();
 });
 $("kind").addEventListener("change", () => { fillLayers(); drawAttention(); });
 $("layer").addEventListener("change", () => { fillUnits(); drawAttention(); });
