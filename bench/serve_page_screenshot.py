@@ -1,9 +1,11 @@
 """Screenshot of the `multibranch serve` page for the docs: a translation with its n-best list and
-the attention heat map of the best one, in headless Chromium (Debian's chromium + chromium-driver,
-driven by Selenium with the system driver; nothing is downloaded).
+the attention heat map of the best one (or, for a classifier, the texts' labels with their
+probabilities), in headless Chromium (Debian's chromium + chromium-driver, driven by Selenium with the
+system driver; nothing is downloaded).
 
     python bench/serve_page_screenshot.py --ckpt runs/m30k/transformer/best.pt \
         [--text "..."] [--kind cross] [--layer L] [--unit branch:0|head:H] [--out docs/images/serve-page.png]
+    python bench/serve_page_screenshot.py --ckpt runs/trec6/std/best.pt --text "..." --out docs/images/serve-classify.png
 """
 
 from __future__ import annotations
@@ -70,14 +72,18 @@ def main() -> None:
         driver.get(url + "/")
         wait.until(lambda d: "engine" in d.find_element(By.ID, "model-info").text)
         driver.find_element(By.ID, "source").send_keys(args.text)
+        classifier = driver.find_element(By.ID, "translate").text == "Classify"  # the page's classifier layout
         driver.find_element(By.ID, "translate").click()
-        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#sentences .hyp"))
-        driver.find_element(By.CSS_SELECTOR, "#sentences .hyp").click()
-        Select(driver.find_element(By.ID, "kind")).select_by_value(args.kind)
-        if args.layer is not None:
-            Select(driver.find_element(By.ID, "layer")).select_by_value(str(args.layer))
-        Select(driver.find_element(By.ID, "unit")).select_by_value(args.unit)
-        wait.until(lambda d: d.find_element(By.ID, "attention-caption").text.startswith(("encoder.", "decoder.")))
+        if classifier:
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#sentences .label"))
+        else:
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#sentences .hyp"))
+            driver.find_element(By.CSS_SELECTOR, "#sentences .hyp").click()
+            Select(driver.find_element(By.ID, "kind")).select_by_value(args.kind)
+            if args.layer is not None:
+                Select(driver.find_element(By.ID, "layer")).select_by_value(str(args.layer))
+            Select(driver.find_element(By.ID, "unit")).select_by_value(args.unit)
+            wait.until(lambda d: d.find_element(By.ID, "attention-caption").text.startswith(("encoder.", "decoder.")))
         height = driver.execute_script("return document.documentElement.scrollHeight")
         driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {  # the whole page in the viewport
             "width": args.width, "height": max(args.height, height), "deviceScaleFactor": 1, "mobile": False})
