@@ -90,23 +90,39 @@ function useClassifierLayout() {
 
 // ---- translation and classification ----------------------------------------------------------------
 
-function submit() {
-  if (info && info.task === "classification") classify();
-  else translate();
-}
+// What the page asks of the server for each task: the route, the request, and how to show the answer.
+const TASKS = {
+  translation: {
+    empty: "Type a sentence to translate.", busy: "translating",
+    request: (texts) => ["translate", { texts, nbest: Number($("nbest").value) || 1 }],
+    show: (list, texts, data) => texts.forEach((source, i) => list.append(sentenceItem(source, translationList(source, data.translations[i])))),
+    done: () => { $("attention").hidden = true; chosen = null; },
+  },
+  classification: {
+    empty: "Type a text to classify.", busy: "classifying",
+    request: (texts) => ["classify", { texts, probs: true }],
+    show: (list, texts, data) => texts.forEach((source, i) => list.append(sentenceItem(source, labelList(data.probabilities[i])))),
+    done: () => {},
+  },
+};
 
-async function classify() {
+async function submit() {
+  const task = TASKS[info && info.task === "classification" ? "classification" : "translation"];
   const texts = $("source").value.split("\n").map((line) => line.trim()).filter((line) => line);
   showError("");
   if (!texts.length) {
-    showError("Type a text to classify.");
+    showError(task.empty);
     return;
   }
   $("translate").disabled = true;
-  $("status").textContent = "classifying\u2026";
+  $("status").textContent = `${task.busy}\u2026`;
   try {
-    const data = await api("classify", { texts, probs: true });
-    showLabels(texts, data.probabilities);
+    const data = await api(...task.request(texts));
+    const list = $("sentences");
+    list.replaceChildren();
+    task.show(list, texts, data);
+    $("results").hidden = false;
+    task.done();
   } catch (err) {
     showError(err.message);
   } finally {
@@ -115,92 +131,51 @@ async function classify() {
   }
 }
 
-function showLabels(texts, probabilities) {
-  const list = $("sentences");
-  list.replaceChildren();
-  texts.forEach((source, i) => {
-    const item = document.createElement("li");
-    item.className = "sentence";
-    const src = document.createElement("div");
-    src.className = "source";
-    src.textContent = source;
-    const labels = document.createElement("ol");
-    labels.className = "labels";
-    const ranked = Object.entries(probabilities[i]).sort((a, b) => b[1] - a[1]);
-    for (const [name, probability] of ranked) {
-      const row = document.createElement("li");
-      row.className = "label";
-      const text = document.createElement("span");
-      text.className = "text";
-      text.textContent = name;
-      const bar = document.createElement("span");
-      bar.className = "bar";
-      bar.style.width = `${(100 * probability).toFixed(1)}%`;
-      const score = document.createElement("span");
-      score.className = "score";
-      score.textContent = probability.toFixed(3);
-      row.append(text, bar, score);
-      labels.append(row);
-    }
-    item.append(src, labels);
-    list.append(item);
-  });
-  $("results").hidden = false;
+function span(className, text) {
+  const element = document.createElement("span");
+  element.className = className;
+  element.textContent = text;
+  return element;
 }
 
-async function translate() {
-  const texts = $("source").value.split("\n").map((line) => line.trim()).filter((line) => line);
-  showError("");
-  if (!texts.length) {
-    showError("Type a sentence to translate.");
-    return;
-  }
-  const nbest = Number($("nbest").value) || 1;
-  $("translate").disabled = true;
-  $("status").textContent = "translating\u2026";
-  try {
-    const data = await api("translate", { texts, nbest });
-    showResults(texts, data.translations);
-  } catch (err) {
-    showError(err.message);
-  } finally {
-    $("translate").disabled = false;
-    $("status").textContent = "";
-  }
+function sentenceItem(source, answers) {
+  const item = document.createElement("li");
+  item.className = "sentence";
+  const src = document.createElement("div");
+  src.className = "source";
+  src.textContent = source;
+  item.append(src, answers);
+  return item;
 }
 
-function showResults(texts, translations) {
-  const list = $("sentences");
-  list.replaceChildren();
-  texts.forEach((source, i) => {
-    const item = document.createElement("li");
-    item.className = "sentence";
-    const src = document.createElement("div");
-    src.className = "source";
-    src.textContent = source;
-    const hyps = document.createElement("ol");
-    hyps.className = "nbest";
-    for (const hyp of translations[i]) {
-      const row = document.createElement("li");
-      row.className = "hyp";
-      row.tabIndex = 0;
-      const text = document.createElement("span");
-      text.className = "text";
-      text.textContent = hyp.text;
-      const score = document.createElement("span");
-      score.className = "score";
-      score.textContent = hyp.score.toFixed(3);
-      row.append(text, score);
-      row.addEventListener("click", () => choose(source, hyp.text, row));
-      row.addEventListener("keydown", (event) => { if (event.key === "Enter") choose(source, hyp.text, row); });
-      hyps.append(row);
-    }
-    item.append(src, hyps);
-    list.append(item);
-  });
-  $("results").hidden = false;
-  $("attention").hidden = true;
-  chosen = null;
+function translationList(source, hypotheses) {
+  const hyps = document.createElement("ol");
+  hyps.className = "nbest";
+  for (const hyp of hypotheses) {
+    const row = document.createElement("li");
+    row.className = "hyp";
+    row.tabIndex = 0;
+    row.append(span("text", hyp.text), span("score", hyp.score.toFixed(3)));
+    row.addEventListener("click", () => choose(source, hyp.text, row));
+    row.addEventListener("keydown", (event) => { if (event.key === "Enter") choose(source, hyp.text, row); });
+    hyps.append(row);
+  }
+  return hyps;
+}
+
+function labelList(probabilities) {
+  const labels = document.createElement("ol");
+  labels.className = "labels";
+  const ranked = Object.entries(probabilities).sort((a, b) => b[1] - a[1]);
+  for (const [name, probability] of ranked) {
+    const row = document.createElement("li");
+    row.className = "label";
+    const bar = span("bar", "");
+    bar.style.width = `${(100 * probability).toFixed(1)}%`;
+    row.append(span("text", name), bar, span("score", probability.toFixed(3)));
+    labels.append(row);
+  }
+  return labels;
 }
 
 // ---- attention -------------------------------------------------------------------------------------
