@@ -7,6 +7,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ from multibranch.experiment import ExperimentConfig
 from multibranch.models import ModelConfig
 from multibranch.models.classifier import Classifier, ClassifierConfig, drop_tokens, pool
 from multibranch.schedules import RateConfig, rate_at
+from multibranch.tasks.classification import encode_batch
 from multibranch.train.trainer import RunOptions, train
 
 KEYWORDS = {"north": "place", "seven": "number", "red": "colour"}
@@ -46,7 +48,8 @@ def labelled_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
-def _experiment(pooling: str = "first", token_dropout: float = 0.0, **train_overrides) -> ExperimentConfig:
+def _experiment(pooling: str = "first", token_dropout: float = 0.0, subword_sampling: float = 0.0,
+                **train_overrides) -> ExperimentConfig:
     train_cfg = {"max_tokens": 400, "lr": {"schedule": "inverse_sqrt", "lr": 0.003, "warmup": 5},
                  "valid_every": 10, "log_every": 1, "max_steps": 20, "seed": 7, "label_smoothing": 0.0,
                  "best_metric": "accuracy", "deterministic": True}
@@ -54,7 +57,8 @@ def _experiment(pooling: str = "first", token_dropout: float = 0.0, **train_over
     model = {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "dropout": 0.1,
              "drophead": {"rate": {"schedule": "v", "rate": 0.1, "warmup_ratio": 0.1}}}
     return from_dict(ExperimentConfig, {"model": model, "train": train_cfg,
-                                        "classifier": {"pooling": pooling, "token_dropout": token_dropout}})
+                                        "classifier": {"pooling": pooling, "token_dropout": token_dropout,
+                                                       "subword_sampling": subword_sampling}})
 
 
 def _records(run: Path, kind: str) -> list[dict]:
@@ -182,10 +186,11 @@ def test_tiny_classifier_learns_and_reloads(labelled_data, tmp_path):
     assert loaded.payload["meta"]["valid"]["accuracy"] == best
 
 
-@pytest.mark.parametrize("token_dropout", [0.0, 0.3])
-def test_classification_resume_is_exact(token_dropout, labelled_data, tmp_path):
+@pytest.mark.parametrize(("token_dropout", "subword_sampling"), [(0.0, 0.0), (0.3, 0.0), (0.0, 0.3)])
+def test_classification_resume_is_exact(token_dropout, subword_sampling, labelled_data, tmp_path):
     def experiment() -> ExperimentConfig:
-        return _experiment(pooling="mean", token_dropout=token_dropout, max_steps=16, valid_every=4)
+        return _experiment(pooling="mean", token_dropout=token_dropout, subword_sampling=subword_sampling,
+                           max_steps=16, valid_every=4)
 
     train(experiment(), RunOptions(labelled_data, tmp_path / "straight"))
     # paused at 8 of 16 planned updates: the V schedule of DropHead (T_w = 0.1 * 16) plans for 16
@@ -195,6 +200,37 @@ def test_classification_resume_is_exact(token_dropout, labelled_data, tmp_path):
     legs = {r["step"]: r["loss"] for r in _records(tmp_path / "legs", "train")}
     assert sorted(legs) == list(range(1, 17))
     assert legs == straight
+
+
+def test_subword_sampling_resegments_training_texts_only(labelled_data):
+    """Sampled training batches: other segmentations of the same texts (they decode to them), new ones at
+    every draw, reproducible from torch's seed; validation batches and labels are the stored ones."""
+    from multibranch.tasks import task_for_data
+
+    task = task_for_data(_experiment(subword_sampling=0.5), labelled_data)
+    task.fill_config()
+    split, tok = task.train_split, task.tokenizer
+    lines = split.raw_lines()
+    assert tok.encode_src(lines) == [split.ids(i).tolist() for i in range(len(split))]  # what prepare stored
+    indices = np.arange(40)
+    stored = task.collate(indices, torch.device("cpu"), split)
+    torch.manual_seed(3)
+    first, second = task.collate(indices, torch.device("cpu")), task.collate(indices, torch.device("cpu"))
+    torch.manual_seed(3)
+    again = task.collate(indices, torch.device("cpu"))
+    assert torch.equal(first.src, again.src) and not torch.equal(first.src, second.src)
+    assert first.src.shape[1] > stored.src.shape[1]  # BPE-dropout: more, shorter pieces
+    for batch in (first, second):
+        assert torch.equal(batch.labels, stored.labels)
+        rows = [[t for t in row if t not in (task.cfg.model.pad_id, task.cfg.model.bos_id, task.cfg.model.eos_id)]
+                for row in batch.src.tolist()]
+        assert tok.src.decode(rows) == [lines[i] for i in indices]
+    valid = task.collate(np.arange(len(task.valid_split)), torch.device("cpu"), task.valid_split)
+    assert valid.src.tolist() == encode_batch([task.valid_split.ids(i) for i in range(len(task.valid_split))],
+                                              task.cfg.model.pad_id, task.cfg.model.bos_id,
+                                              task.cfg.model.eos_id).tolist()
+    with pytest.raises(ConfigError, match="classifier.subword_sampling=1.0"):
+        ClassifierConfig(num_labels=2, subword_sampling=1.0).validate()
 
 
 CLASSIFY_PRESETS = ["trec6-tiny", "trec6-tiny-drophead", "trec6-tiny-mat", "sst2-tiny", "sst2-tiny-drophead",

@@ -105,6 +105,12 @@ def test_fine_tune_an_imported_bert_end_to_end(tmp_path, capsys):
                  "--valid-every", "2", "--lr", "1e-3", "--warmup", "1", "--no-progress",
                  "--set", "train.max_sentences=8"]) == 0
     capsys.readouterr()
+    # SentencePiece sampling cannot resegment for a Hugging Face tokenizer: refused before the run starts
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "sampled"), "--init-from", str(ckpt),
+                 "--max-steps", "4", "--no-progress", "--set", "classifier.subword_sampling=0.1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "classifier.subword_sampling samples SentencePiece segmentations" in err
+    assert not (tmp_path / "sampled").exists()
     assert sorted(p.name for p in (run / "tokenizer").iterdir()) == ["special_ids.json", "tokenizer.json"]
     best = load_checkpoint(run / "best.pt")
     start = load_checkpoint(ckpt)

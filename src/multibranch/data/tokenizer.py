@@ -80,6 +80,14 @@ class Tokenizer:
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:
         return self.tgt.encode(lines)
 
+    def sample_src(self, lines: list[str], alpha: float, seed: int) -> list[list[int]]:
+        """Sampled segmentations of `lines` (subword regularisation: BPE-dropout with probability `alpha`
+        for a BPE model, sampling with smoothing `alpha` for a unigram model), the same for the same
+        `seed`: SentencePiece's generator is seeded and the lines are encoded one by one (its batch
+        encoding samples in several threads, in no fixed order)."""
+        spm.set_random_generator_seed(seed)
+        return [self.src.encode(line, enable_sampling=True, alpha=alpha, nbest_size=-1) for line in lines]
+
     @property
     def unk_id(self) -> int:
         return self.src.unk_id()

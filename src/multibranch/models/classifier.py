@@ -32,6 +32,9 @@ class ClassifierConfig:
     `dropout`: the head's dropout rate (None: model.dropout); `input_dropout` also applies it to the
     pooled vector before the dense layer (RoBERTa's head does; BERT's does not). `token_dropout`: the
     probability that a text token (not BOS/EOS) is dropped from a training example (`drop_tokens`).
+    `subword_sampling`: SentencePiece's sampling alpha for training texts (subword regularisation; BPE-
+    dropout for a BPE model): each training batch re-segments its raw texts (the task's collate); 0 keeps
+    the segmentation `prepare` stored.
     """
 
     pooling: Literal["first", "mean", "max"] = "first"
@@ -40,6 +43,7 @@ class ClassifierConfig:
     dropout: float | None = None
     input_dropout: bool = False
     token_dropout: float = 0.0
+    subword_sampling: float = 0.0
 
     def validate(self) -> None:
         if self.pooling not in ("first", "mean", "max"):
@@ -48,6 +52,8 @@ class ClassifierConfig:
             raise ConfigError(f"classifier.dropout={self.dropout} must be in [0, 1)")
         if not 0.0 <= self.token_dropout < 1.0:
             raise ConfigError(f"classifier.token_dropout={self.token_dropout} must be in [0, 1)")
+        if not 0.0 <= self.subword_sampling < 1.0:
+            raise ConfigError(f"classifier.subword_sampling={self.subword_sampling} must be in [0, 1)")
 
 
 def pool(states: Tensor, padding_mask: Tensor, how: str) -> Tensor:

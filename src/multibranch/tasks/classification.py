@@ -1,7 +1,9 @@
 """Text classification: labelled prepared data, encoder + pooling classifier, cross-entropy,
 validation loss / accuracy / macro-F1 (best metric: accuracy).
 
-Every example is fed as BOS + ids + EOS: BOS is the CLS position that "first" pooling reads.
+Every example is fed as BOS + ids + EOS: BOS is the CLS position that "first" pooling reads. With
+`classifier.subword_sampling` each training batch re-segments its raw texts with SentencePiece
+sampling; batches are still formed from the stored lengths (sampled segmentations are longer).
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ def encode_batch(ids: list[np.ndarray] | list[list[int]], pad_id: int, bos_id: i
 
 
 def collate_labels(split: ClassificationSplit, indices: np.ndarray, pad_id: int, bos_id: int,
-                   eos_id: int) -> LabelBatch:
+                   eos_id: int, ids: list[list[int]] | None = None) -> LabelBatch:
+    """The batch of examples `indices` of `split`; `ids` replaces their stored token ids (sampled ones)."""
     idx = np.asarray(indices, dtype=np.int64)
-    src = encode_batch([split.ids(int(i)) for i in idx], pad_id, bos_id, eos_id)
+    src = encode_batch(ids if ids is not None else [split.ids(int(i)) for i in idx], pad_id, bos_id, eos_id)
     return LabelBatch(src, torch.as_tensor(np.asarray(split.labels[idx], dtype=np.int64)), idx)
 
 
@@ -61,6 +64,7 @@ class ClassificationTask(Task):
     name = "classification"
     best_metric = "accuracy"
     sample_unit, speed_unit = "sentences", "sent/s"  # examples (texts), whatever their length
+    _train_lines: list[str] | None = None  # raw training texts, read when subword sampling first needs them
 
     @staticmethod
     def load_data(data_dir: Path) -> ClassificationData:
@@ -77,6 +81,9 @@ class ClassificationTask(Task):
         self.cfg.classifier.labels = self.data.labels
         m.validate()
         self.cfg.classifier.validate()
+        if self.cfg.classifier.subword_sampling > 0 and not hasattr(tok, "sample_src"):
+            raise ConfigError(f"classifier.subword_sampling samples SentencePiece segmentations, but {self.data_dir} "
+                              "was prepared with a Hugging Face tokenizer; set it to 0")
         if m.positions == "learned":  # a learned table has no row beyond max_positions
             splits = [s for s in (self.train_split, self.valid_split) if s is not None and len(s)]
             longest = max(int(s.lengths.max()) for s in splits) + 2  # + BOS + EOS
@@ -107,8 +114,25 @@ class ClassificationTask(Task):
                              max_sentences=t.max_sentences)
 
     def collate(self, indices: np.ndarray, device: torch.device, split: ClassificationSplit | None = None) -> LabelBatch:
+        """Training examples `indices` (resegmented with classifier.subword_sampling), or those of `split`."""
         m = self.cfg.model
-        return collate_labels(split or self.train_split, indices, m.pad_id, m.bos_id, m.eos_id).to(device)
+        ids = self._sampled_ids(indices) if split is None and self.cfg.classifier.subword_sampling > 0 else None
+        return collate_labels(split or self.train_split, indices, m.pad_id, m.bos_id, m.eos_id, ids).to(device)
+
+    def _sampled_ids(self, indices: np.ndarray) -> list[list[int]]:
+        """Sampled segmentations of training texts `indices`, cut as `prepare` cut the stored ones (its
+        --max-len) and to the model's positions. The seed comes from torch's generator, which a
+        checkpoint saves, so a resumed run samples what the uninterrupted one does."""
+        if self._train_lines is None:
+            self._train_lines = self.train_split.raw_lines()
+        limit = self.cfg.model.max_positions - 2  # + BOS + EOS
+        max_len = self.data.meta.get("config", {}).get("max_len")
+        if isinstance(max_len, int) and max_len > 0:
+            limit = min(limit, max_len)
+        seed = int(torch.randint(2**31 - 1, ()))
+        lines = [self._train_lines[int(i)] for i in indices]
+        sampled = self.tokenizer.sample_src(lines, self.cfg.classifier.subword_sampling, seed)  # type: ignore[union-attr]
+        return [ids[:limit] for ids in sampled]
 
     def sample_size(self, batch: LabelBatch) -> float:
         return float(len(batch))
