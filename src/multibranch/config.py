@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import hashlib
 import json
 import types
@@ -20,6 +21,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Union
 import yaml
 
 T = TypeVar("T")
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # 5e-5: a string to YAML 1.1, a number here
 
 
 class ConfigError(ValueError):
@@ -124,6 +126,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 5e-5 and 1e3 (no dot) as strings
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
