@@ -160,3 +160,30 @@ def test_exported_import_keeps_its_tokenizer(tmp_path, capsys):
     a, b = load_model(ckpt, task="classification"), load_model(out, task="classification")
     assert type(a.tokenizer) is type(b.tokenizer) and a.tokenizer.describe() == b.tokenizer.describe()
     torch.testing.assert_close(classify_lines(b.model, b.tokenizer, texts), classify_lines(a.model, a.tokenizer, texts))
+
+
+def test_a_tokenizer_saved_with_padding_and_truncation_gives_each_text_its_own_ids(tmp_path, capsys):
+    """sentence-transformers save tokenizer.json with fixed padding (to 128) and truncation: `prepare` must
+    store each text's own ids (no pad ids, nothing cut but by --max-len), as the plain tokenizer gives them."""
+    from transformers import AutoTokenizer
+
+    _, tok = bert_dir(tmp_path / "hf")
+    fast = AutoTokenizer.from_pretrained(str(tmp_path / "hf"), local_files_only=True).backend_tokenizer
+    fast.enable_padding(length=24, pad_id=tok.pad_token_id, pad_token="[PAD]")
+    fast.enable_truncation(max_length=5)
+    fast.save(str(tmp_path / "hf" / "tokenizer.json"))
+    texts = sentences(12, seed=3) + ["the cat sat on a red mat far away from the blue house"]
+    write_tsv(tmp_path / "train.tsv", texts)
+    assert main(["prepare", "--task", "classify", "--train", str(tmp_path / "train.tsv"), "--holdout", "3",
+                 "--hf-tokenizer", str(tmp_path / "hf"), "--out", str(tmp_path / "data")]) == 0
+    data = ClassificationData.load(tmp_path / "data")
+    ours = data.tokenizer()
+    seen = []
+    for name in ("train", "valid"):
+        split = data.split(name)
+        for i, text in enumerate(split.raw_lines()):
+            src = encode_batch([split.ids(i)], ours.pad_id, ours.bos_id, ours.eos_id)[0].tolist()
+            assert src == tok(text)["input_ids"], text
+            seen.append(len(src))
+    assert max(seen) > 7 and min(seen) < 7  # neither cut to 5 + specials nor padded to 24
+    assert ours.encode_src(["the cat"]) == [tok("the cat", add_special_tokens=False)["input_ids"]]

@@ -133,6 +133,10 @@ class HFTokenizer:
 
         self.tokenizer_json = tokenizer_json
         self.backend = Backend.from_str(tokenizer_json.decode("utf-8"))
+        # A saved tokenizer.json may pad or cut every text to a fixed length (sentence-transformers models
+        # pad to 128): ids here are the text's own; the tasks add the specials, pad per batch and `prepare` cuts.
+        self.backend.no_padding()
+        self.backend.no_truncation()
         self.vocab_size = vocab_size
         self.ids = {"vocab_size": vocab_size, "pad": pad, "bos": bos, "eos": eos, "unk": -1 if unk is None else unk}
 
