@@ -187,3 +187,30 @@ def test_a_tokenizer_saved_with_padding_and_truncation_gives_each_text_its_own_i
             seen.append(len(src))
     assert max(seen) > 7 and min(seen) < 7  # neither cut to 5 + specials nor padded to 24
     assert ours.encode_src(["the cat"]) == [tok("the cat", add_special_tokens=False)["input_ids"]]
+
+
+def test_init_from_a_head_for_other_labels(tmp_path, capsys, caplog):
+    """The head's rows belong to the checkpoint's labels: the data's labels in another order are refused
+    (one line, nothing written); other label names train with a warning naming both."""
+    bert_dir(tmp_path / "hf", num_labels=2)
+    write_tsv(tmp_path / "train.tsv", sentences(30, seed=21))
+    data = tmp_path / "data"
+    assert main(["prepare", "--task", "classify", "--train", str(tmp_path / "train.tsv"), "--holdout", "6",
+                 "--hf-tokenizer", str(tmp_path / "hf"), "--out", str(data)]) == 0
+    short = ["--max-steps", "1", "--valid-every", "1", "--no-progress", "--threads", "1"]
+    for labels in ("other,animal", "animal,other", "cats,rest"):
+        assert main(["convert", "from-hf-bert", "--model-dir", str(tmp_path / "hf"), "--labels", labels,
+                     "--out", str(tmp_path / f"{labels}.pt")]) == 0
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "swapped"), "--init-from",
+                 str(tmp_path / "other,animal.pt"), *short]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "labels in another order (other, animal vs the data's animal, other)" in err
+    assert "--labels animal,other" in err and not (tmp_path / "swapped").exists()
+    caplog.clear()
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "same"), "--init-from",
+                 str(tmp_path / "animal,other.pt"), *short]) == 0
+    assert "head was made for the labels" not in caplog.text
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "renamed"), "--init-from",
+                 str(tmp_path / "cats,rest.pt"), *short]) == 0
+    assert "head was made for the labels cats, rest; the data's animal, other" in caplog.text

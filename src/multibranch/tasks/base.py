@@ -89,6 +89,10 @@ class Task(ABC):
     def describe_model(self) -> str:
         """A few words for the log, e.g. 'transformer/transformer layers'."""
 
+    def check_init_from(self, config: dict[str, Any], path: Path) -> None:
+        """Refuse (CheckpointError) or warn about `train --init-from` weights made for other outputs than
+        this data's, given the checkpoint's config; shapes are checked by the trainer."""
+
     # ---- batches and loss ------------------------------------------------------------------------
 
     @abstractmethod

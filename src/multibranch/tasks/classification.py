@@ -9,6 +9,7 @@ sampling; batches are still formed from the stored lengths (sampled segmentation
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from multibranch.data.classify_dataset import ClassificationData, ClassificationSplit
     from multibranch.experiment import ExperimentConfig
 
+
+log = logging.getLogger("multibranch.train")
 
 @dataclass
 class LabelBatch:
@@ -97,6 +100,22 @@ class ClassificationTask(Task):
         from multibranch.models.classifier import Classifier
 
         return Classifier(cfg.model, cfg.classifier)
+
+    def check_init_from(self, config: dict[str, Any], path: Path) -> None:
+        """The head's rows are the checkpoint's labels: the data's labels in another order would train each
+        row on another label (refused); other names (a new task on the same number of labels) get a warning."""
+        from multibranch.checkpoint.format import CheckpointError
+
+        theirs = list((config.get("classifier") or {}).get("labels") or [])
+        ours = list(self.data.labels)
+        if not theirs or theirs == ours or len(theirs) != len(ours):  # a count mismatch is a shape mismatch
+            return
+        if sorted(theirs) == sorted(ours):
+            raise CheckpointError(f"--init-from {path}: its classifier has the data's labels in another order "
+                                  f"({', '.join(theirs)} vs the data's {', '.join(ours)}); convert it again with "
+                                  f"--labels {','.join(ours)}")
+        log.warning("--init-from %s: its classifier head was made for the labels %s; the data's %s take its rows "
+                    "in that order", path, ", ".join(theirs), ", ".join(ours))
 
     def describe_model(self) -> str:
         return f"{self.cfg.model.encoder.kind} encoder, {self.cfg.classifier.pooling} pooling, " \

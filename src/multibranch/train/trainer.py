@@ -203,6 +203,7 @@ class Trainer:
             raise CheckpointError(f"--init-from {path}: its weights expect the ids of its Hugging Face tokenizer, "
                                   f"but {self.opts.data_dir} was prepared with another tokenizer; prepare it with "
                                   "`multibranch prepare --task classify --hf-tokenizer DIR` (DIR: the imported model)")
+        self.task.check_init_from(payload["config"], path)
         if state_mismatch(self.model.state_dict(), payload["model"]):
             differences = config_differences(payload["config"].get("model"), self.cfg.to_dict()["model"], "model",
                                              "checkpoint", "config")
