@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 import hashlib
 import json
+import re
 import types
 import typing
 from pathlib import Path

@@ -92,6 +92,7 @@ class Task(ABC):
     def check_init_from(self, config: dict[str, Any], path: Path) -> None:
         """Refuse (CheckpointError) or warn about `train --init-from` weights made for other outputs than
         this data's, given the checkpoint's config; shapes are checked by the trainer."""
+        return None  # default: weights of the right shape suit the task (translation, code)
 
     # ---- batches and loss ------------------------------------------------------------------------
 
