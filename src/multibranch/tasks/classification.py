@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("multibranch.train")
 
+
 @dataclass
 class LabelBatch:
     """src [B, S] long: BOS + ids + EOS, right-padded; labels [B] long; indices [B] into the split."""
