@@ -160,7 +160,7 @@ def split_sizes(data: Path) -> dict[str, Any]:
 
 
 def scores(predictions: list[str], references: list[str]) -> dict[str, float]:
-    from multibranch.evaluate.classification import classification_scores
+    from multibranch.tasks.classification.metrics import classification_scores
 
     result = classification_scores(predictions, references)
     return {"accuracy": result["accuracy"], "macro_f1": result["macro_f1"]}

@@ -55,12 +55,13 @@ def child(system: str, preset: str, dataset: str, steps: int, warmup: int, amp: 
 
     torch.set_num_threads(threads)
     from multibranch.experiment import resolve_config
+    from multibranch.tasks import task_for_data
     from multibranch.train.trainer import RunOptions, Trainer
 
     data = prepared(dataset, work_dir() / "classify" / f"{dataset}-prepare.log")
     cfg = resolve_config(preset, None, [f"train.amp={amp}", "train.max_steps=100000", "train.max_minutes=null"])
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, RunOptions(data_dir=data, run_dir=Path(tmp) / "run", progress=False))
+        trainer = Trainer(cfg, RunOptions(data_dir=data, run_dir=Path(tmp) / "run", progress=False), task_for_data)
         batches = [trainer._collate(ix) for ix in trainer._epoch_batches(1)[: warmup + steps]]
         if len(batches) < warmup + steps:
             raise SystemExit(f"epoch 1 has only {len(batches)} batches; lower --steps/--warmup")

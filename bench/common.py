@@ -36,7 +36,7 @@ def multi30k_data(vocab_size: int = 8000) -> Path:
     """Multi30k En-De prepared with a joint SentencePiece vocabulary (prepared once, then reused)."""
     out = work_dir() / f"m30k-data-{vocab_size}"
     if not (out / "data.json").exists():
-        from multibranch.data.prepare import PrepareConfig, prepare
+        from multibranch.tasks.translation.prepare import PrepareConfig, prepare
 
         raw = multi30k_raw()
         prepare(PrepareConfig(src_lang="en", tgt_lang="de", train=str(raw / "train"), valid=str(raw / "val"),

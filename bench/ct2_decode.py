@@ -46,7 +46,7 @@ BASE = "multibranch-fp32"  # speed ratios are relative to this engine when it ru
 
 
 def _decode_settings(args: argparse.Namespace):
-    from multibranch.inference.config import DecodeConfig
+    from multibranch.experiment.decoding import DecodeConfig
 
     return DecodeConfig(beam=args.beam, length_penalty=1.0, max_len_a=1.2, max_len_b=10,
                         batch_size=args.batch, batch_tokens=10**9)
@@ -55,9 +55,9 @@ def _decode_settings(args: argparse.Namespace):
 def _ours(args: argparse.Namespace, precision: str):
     import torch
 
-    from multibranch.checkpoint.model import load_model
     from multibranch.inference.precision import for_decoding
-    from multibranch.inference.translator import Translator
+    from multibranch.tasks.loading import load_model
+    from multibranch.tasks.translation.translator import Translator
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.ckpt)
@@ -147,7 +147,7 @@ def _sentences(args: argparse.Namespace) -> tuple[list[str], list[str], str]:
         src = Path(args.src).read_text(encoding="utf-8").splitlines()[: args.sentences]
         ref = Path(args.ref).read_text(encoding="utf-8").splitlines()[: args.sentences]
         return src, ref, args.src
-    from multibranch.data.dataset import PreparedData
+    from multibranch.tasks.translation.dataset import PreparedData
 
     valid = PreparedData.load(multi30k_data()).split("valid")
     return valid.raw_src_lines()[: args.sentences], valid.raw_tgt_lines()[: args.sentences], "multi30k valid"

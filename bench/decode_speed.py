@@ -74,10 +74,10 @@ def main() -> None:
 
     from dataclasses import replace
 
-    from multibranch.checkpoint.model import load_model
-    from multibranch.data.dataset import PreparedData
     from multibranch.evaluate.metrics import score_corpus
-    from multibranch.inference.translator import Translator
+    from multibranch.tasks.loading import load_model
+    from multibranch.tasks.translation.dataset import PreparedData
+    from multibranch.tasks.translation.translator import Translator
 
     valid = PreparedData.load(multi30k_data()).split("valid")
     sources = valid.raw_src_lines()[: args.sentences]

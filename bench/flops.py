@@ -26,11 +26,12 @@ from bench.common import environment, multi30k_data, save_results  # noqa: E402
 def update_flops(preset: str, batches: int) -> dict:
     """Mean FLOPs per update over the first `batches` batches of epoch 1 (the preset's own batch size)."""
     from multibranch.experiment import resolve_config
+    from multibranch.tasks import task_for_data
     from multibranch.train.trainer import RunOptions, Trainer
 
     cfg = resolve_config(preset, None, ["train.amp=none", "train.max_steps=100000", "train.valid_bleu=false"])
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, RunOptions(data_dir=multi30k_data(), run_dir=Path(tmp) / "run", progress=False))
+        trainer = Trainer(cfg, RunOptions(data_dir=multi30k_data(), run_dir=Path(tmp) / "run", progress=False), task_for_data)
         collated = [trainer._collate(ix) for ix in trainer._epoch_batches(1)[:batches]]
         counter = FlopCounterMode(display=False)
         with counter:

@@ -39,10 +39,10 @@ def main() -> None:
 
     from bench.decode_speed import hf_translate
     from multibranch.data.batching import collate, token_batches
-    from multibranch.data.dataset import PreparedData
     from multibranch.evaluate.metrics import score_corpus
     from multibranch.experiment import resolve_config
     from multibranch.schedules import learning_rate_at
+    from multibranch.tasks.translation.dataset import PreparedData
 
     data = PreparedData.load(args.data)
     tokenizer = data.tokenizer()

@@ -39,6 +39,7 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
 
     torch.set_num_threads(threads)
     from multibranch.experiment import resolve_config
+    from multibranch.tasks import task_for_data
     from multibranch.train.trainer import RunOptions, Trainer
 
     data = multi30k_data()
@@ -50,7 +51,7 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
     else:
         cfg = resolve_config("transformer-tiny", None, SIZE + SYSTEMS[system] + common)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, RunOptions(data_dir=data, run_dir=Path(tmp) / "run", progress=False))
+        trainer = Trainer(cfg, RunOptions(data_dir=data, run_dir=Path(tmp) / "run", progress=False), task_for_data)
         indices = trainer._epoch_batches(1)[: warmup + steps]
         batches = [trainer._collate(ix) for ix in indices]
         tokens = sum(b.n_tgt_tokens for b in batches[warmup:])

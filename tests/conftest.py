@@ -89,8 +89,8 @@ def tiny_model_dict(**overrides) -> dict:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A prepared data directory from the built-in synthetic task (400 pairs, joint vocabulary of 200)."""
-    from multibranch.data.prepare import PrepareConfig, prepare
-    from multibranch.data.synthetic import generate_synthetic_task
+    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     root = tmp_path_factory.mktemp("tiny_data")
     generate_synthetic_task(root / "raw", seed=3, n_train=400, n_valid=24, n_test=24)

@@ -71,7 +71,8 @@ def test_tiny_presets_ask_for_auto():
 
 def _one_update(data: Path, run: Path, amp: str, lr: float = 1e-3) -> tuple[float, dict[str, torch.Tensor]]:
     """Train one update from the seeded init; return (its training loss, the updated weights)."""
-    from multibranch.train.trainer import RunOptions, train
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
 
     model = {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0,
              "encoder": {"kind": "transformer", "attention_branches": 2}, "decoder": {"kind": "transformer"}}

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from multibranch.cli import main
-from multibranch.data.dataset import PreparedData
 from multibranch.experiment import ExperimentConfig, resolve_config
 from multibranch.models import build_model
+from multibranch.tasks.translation.dataset import PreparedData
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -110,8 +110,8 @@ def test_raw_text_uses_the_model_translation_as_target(tiny_data, tmp_path):
                  "--type", "decoder_self", "--layers", "0", "--heads", "2", "--beam", "1", "--out", str(out)]) == 0
     [sentence] = json.loads((out / "attention.json").read_text())["sentences"]
     tokenizer = data.tokenizer()
-    from multibranch.inference.config import DecodeConfig
-    from multibranch.inference.translator import Translator
+    from multibranch.experiment.decoding import DecodeConfig
+    from multibranch.tasks.translation.translator import Translator
 
     hypothesis = Translator(model, tokenizer, DecodeConfig(beam=1)).translate([text])[0]
     target = ["<s>", *(tokenizer.tgt.id_to_piece(i) for i in tokenizer.encode_tgt([hypothesis])[0])]

@@ -14,7 +14,7 @@ from multibranch.analysis.batches import teacher_forced_batches
 from multibranch.analysis.heads import attention_sites, gates_installed, mask_gates
 from multibranch.analysis.importance import head_importance
 from multibranch.cli import main
-from multibranch.data.classify_dataset import ClassificationSplit
+from multibranch.tasks.classification.dataset import ClassificationSplit
 from tests.test_classifier import _experiment, _synthetic_lines
 
 
@@ -77,9 +77,9 @@ def classifier_run(tmp_path_factory) -> Path:
 
 def _accuracy(ckpt: Path, data_dir: Path, split: str = "valid", masked=()) -> float:
     """Accuracy (%) through the `classify` path: raw text -> tokenizer -> probabilities."""
-    from multibranch.checkpoint.model import load_model
-    from multibranch.data.classify_dataset import ClassificationData
-    from multibranch.inference.classify import classify_lines
+    from multibranch.tasks.classification.dataset import ClassificationData
+    from multibranch.tasks.classification.inference import classify_lines
+    from multibranch.tasks.loading import load_model
 
     loaded = load_model(ckpt)
     data = ClassificationData.load(data_dir)
@@ -116,7 +116,7 @@ def test_analyze_heads_of_a_classifier_uses_accuracy(classifier_run, tmp_path):
 
 
 def test_prune_a_classifier_by_accuracy_threshold(classifier_run, tmp_path):
-    from multibranch.checkpoint.model import load_model
+    from multibranch.tasks.loading import load_model
 
     ckpt, data = classifier_run / "run" / "best.pt", classifier_run / "data"
     out = tmp_path / "pruned.pt"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from multibranch.analysis.curves import moving_average, read_metrics, schedule_curves
 from multibranch.cli import main
 from multibranch.experiment import resolve_config
+from multibranch.figures.curves import moving_average, read_metrics, schedule_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 KAPPA = "encoder.layers.0.branched.weights.kappa"

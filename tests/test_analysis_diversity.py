@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from multibranch.cli import main
-from multibranch.data.dataset import PreparedData
 from multibranch.experiment import ExperimentConfig, resolve_config
 from multibranch.models import build_model
+from multibranch.tasks.translation.dataset import PreparedData
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 UNIT_PARAMS = ("in_weight", "in_bias", "out_weight", "out_bias", "norm_weight", "norm_bias", "fc1_weight", "fc1_bias",

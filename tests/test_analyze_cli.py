@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from multibranch.cli import main
-from multibranch.data.dataset import PreparedData
 from multibranch.evaluate.metrics import score_corpus
-from multibranch.inference.translator import Translator
-from multibranch.train.trainer import RunOptions, train
+from multibranch.tasks import train
+from multibranch.tasks.translation.dataset import PreparedData
+from multibranch.tasks.translation.loading import load_translator
+from multibranch.train.trainer import RunOptions
 from tests.conftest import tiny_experiment
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -49,7 +50,7 @@ def test_analyze_heads_writes_numbers_plots_and_index(tiny_checkpoint, tiny_data
     assert all(len(p["masked"]) == p["masked_heads"] for p in points)
 
     split = PreparedData.load(tiny_data).split("valid")
-    translator = Translator.from_checkpoint(str(tiny_checkpoint), beam=1)
+    translator = load_translator(str(tiny_checkpoint), beam=1)
     hypotheses = translator.translate(split.raw_src_lines()[:2])
     unpruned = score_corpus(hypotheses, [split.raw_tgt_lines()[:2]], metrics=("bleu",))["bleu"]["score"]
     assert points[0]["score"] == unpruned

@@ -9,14 +9,15 @@ import torch
 from conftest import tiny_experiment, tiny_model_dict
 
 from multibranch.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
-from multibranch.checkpoint.model import load_model
 from multibranch.checkpoint.origin import weights_fingerprint
 from multibranch.cli import main
 from multibranch.convert.average import average_checkpoints, select_checkpoints
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
+from multibranch.tasks import train
+from multibranch.tasks.loading import load_model
 from multibranch.train.rng import seed_everything
-from multibranch.train.trainer import RunOptions, train
+from multibranch.train.trainer import RunOptions
 
 
 def make_payload(seed: int, step: int, bleu: float | None = None, loss: float | None = None, **model) -> dict:

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multibranch.data.batching import Batch, collate, shard_batches, token_batches
-from multibranch.data.dataset import ParallelSplit
-from multibranch.data.errors import DataError
+from multibranch.errors import DataError
+from multibranch.tasks.translation.dataset import ParallelSplit
 
 PAD, BOS, EOS = 0, 2, 3
 

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multibranch.config import ConfigError, from_dict
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.beam import (
     Hypothesis,
     _beam_search,
@@ -25,7 +26,6 @@ from multibranch.inference.beam import (
     length_penalty,
     search,
 )
-from multibranch.inference.config import DecodeConfig
 from multibranch.models import ModelConfig, build_model
 from multibranch.models.seq2seq import EncoderOut
 from multibranch.modules.state import DecoderState

@@ -13,14 +13,14 @@ import pytest
 import sentencepiece as spm
 
 from multibranch.config import ConfigError, from_dict
-from multibranch.data.classification import ReadOptions, detect_format, read_labeled
-from multibranch.data.classify_dataset import ClassificationData, ClassificationSplit
-from multibranch.data.errors import DataError
-from multibranch.data.prepare_classify import (
+from multibranch.errors import DataError
+from multibranch.tasks.classification.dataset import ClassificationData, ClassificationSplit
+from multibranch.tasks.classification.prepare import (
     ClassifyPrepareConfig,
     prepare_classification,
     stratified_holdout,
 )
+from multibranch.tasks.classification.readers import ReadOptions, detect_format, read_labeled
 
 
 def _write(path: Path, data: str | bytes) -> Path:

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from multibranch.checkpoint.model import load_model
 from multibranch.config import ConfigError, from_dict
-from multibranch.evaluate.classification import classification_scores
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import ModelConfig
 from multibranch.models.classifier import Classifier, ClassifierConfig, drop_tokens, pool
 from multibranch.schedules import RateConfig, rate_at
-from multibranch.tasks.classification import encode_batch
-from multibranch.train.trainer import RunOptions, train
+from multibranch.tasks import train
+from multibranch.tasks.classification.metrics import classification_scores
+from multibranch.tasks.classification.task import encode_batch
+from multibranch.tasks.loading import load_model
+from multibranch.train.trainer import RunOptions
 
 KEYWORDS = {"north": "place", "seven": "number", "red": "colour"}
 FILLER = "the a of to is on in it and at by we you they this that what how where".split()
@@ -39,7 +40,7 @@ def _synthetic_lines(n: int, seed: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def labelled_data(tmp_path_factory) -> Path:
-    from multibranch.data.prepare_classify import ClassifyPrepareConfig, prepare_classification
+    from multibranch.tasks.classification.prepare import ClassifyPrepareConfig, prepare_classification
 
     root = tmp_path_factory.mktemp("labelled")
     (root / "train.tsv").write_text("".join(_synthetic_lines(240, seed=1)), encoding="utf-8")

@@ -65,7 +65,8 @@ def test_classify_refuses_bad_arguments(classify_run, tmp_path, capsys):
 
 
 def test_classify_refuses_a_translation_checkpoint(tiny_data, tmp_path, capsys):
-    from multibranch.train.trainer import RunOptions, train
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
     from tests.conftest import tiny_experiment
 
     train(tiny_experiment(max_steps=1, valid_every=1), RunOptions(tiny_data, tmp_path / "run"))
@@ -143,9 +144,9 @@ def test_classify_ensemble_averages_the_members_probabilities(classify_run, tmp_
     import torch
 
     from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
-    from multibranch.checkpoint.model import load_model
     from multibranch.commands.classify import format_line
-    from multibranch.inference.classify import classify_lines, label_names
+    from multibranch.tasks.classification.inference import classify_lines, label_names
+    from multibranch.tasks.loading import load_model
 
     members = sorted(str(p) for p in (classify_run / "run" / "checkpoints").glob("step_*.pt"))[-2:]
     lines = ["red of the", "seven it is", "the north", "a a red seven"]

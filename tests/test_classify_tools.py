@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from multibranch.checkpoint.model import load_model
 from multibranch.cli import main
 from multibranch.models.classifier import Classifier
-from multibranch.train.trainer import RunOptions, train
+from multibranch.tasks import train
+from multibranch.tasks.loading import load_model
+from multibranch.train.trainer import RunOptions
 from tests.test_classifier import _experiment, _synthetic_lines
 
 
@@ -21,7 +22,7 @@ from tests.test_classifier import _experiment, _synthetic_lines
 def classifier_run(tmp_path_factory) -> Path:
     """A prepared synthetic labelled set (210 train / 30 valid) and a 3-label classifier trained on it
     (step checkpoints at 10, 20, 30; `log_every` 1)."""
-    from multibranch.data.prepare_classify import ClassifyPrepareConfig, prepare_classification
+    from multibranch.tasks.classification.prepare import ClassifyPrepareConfig, prepare_classification
 
     root = tmp_path_factory.mktemp("classify_tools")
     (root / "train.tsv").write_text("".join(_synthetic_lines(240, seed=4)), encoding="utf-8")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from conftest import tiny_experiment
 
-from multibranch.train.trainer import RunOptions, train
+from multibranch.tasks import train
+from multibranch.train.trainer import RunOptions
 
 
 def _validation_decoding_stderr(tiny_data, tmp_path, capsys, progress: bool) -> str:

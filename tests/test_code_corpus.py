@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multibranch.data.code_corpus import (
+from multibranch.errors import DataError
+from multibranch.tasks.code.corpus import (
     INDENT,
     CodeCorpus,
     decode_code,
@@ -22,8 +23,7 @@ from multibranch.data.code_corpus import (
     raw_docstring,
     read_code_corpus,
 )
-from multibranch.data.errors import DataError
-from multibranch.evaluate.code import parses
+from multibranch.tasks.code.metrics import parses
 
 _ESCAPE_WORDS = re.compile(r"\b(DCNL|DCSP|DCTB)\b")
 

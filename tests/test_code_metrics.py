@@ -8,9 +8,9 @@ import warnings
 import pytest
 import sacrebleu
 
-from multibranch.data.code_corpus import encode_code
-from multibranch.data.errors import DataError
-from multibranch.evaluate.code import (
+from multibranch.errors import DataError
+from multibranch.tasks.code.corpus import encode_code
+from multibranch.tasks.code.metrics import (
     code_tokens,
     format_code_scores,
     parses,

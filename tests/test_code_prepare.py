@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from multibranch.cli import main
-from multibranch.data.code_corpus import decode_code
-from multibranch.data.dataset import PreparedData
-from multibranch.data.prepare_code import holdout_indices, source_line
 from multibranch.tasks import task_name_of
+from multibranch.tasks.code.corpus import decode_code
+from multibranch.tasks.code.prepare import holdout_indices, source_line
+from multibranch.tasks.translation.dataset import PreparedData
 
 NAMES = ["alpha", "beta", "gamma", "delta", "count", "total", "size", "width", "height", "depth"]
 OPS = {"plus": "+", "minus": "-", "times": "*"}

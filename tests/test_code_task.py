@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from multibranch.checkpoint.format import CheckpointError
-from multibranch.checkpoint.model import load_model
 from multibranch.cli import main
 from multibranch.config import from_dict
-from multibranch.data.code_corpus import decode_code
-from multibranch.evaluate.code import score_code
 from multibranch.experiment import ExperimentConfig, resolve_config
 from multibranch.models import build_model
-from multibranch.train.trainer import RunOptions, train
+from multibranch.tasks import train
+from multibranch.tasks.code.corpus import decode_code
+from multibranch.tasks.code.metrics import score_code
+from multibranch.tasks.loading import load_model
+from multibranch.train.trainer import RunOptions
 from tests.test_code_prepare import synthetic_pairs, write_corpus
 
 
@@ -60,7 +61,7 @@ def test_code_task_validates_with_pov_and_bleu(code_data, code_run):
     # the validation scores are those of evaluate.code on the decoded valid functions: recompute them
     loaded = load_model(code_run / "last.pt")
     assert loaded.config.task == "code" and loaded.config.train.best_metric == "pov"
-    from multibranch.inference.translator import Translator
+    from multibranch.tasks.translation.translator import Translator
 
     data_sources = (code_data / "valid.src.txt").read_text(encoding="utf-8").split("\n")[:6]
     references = (code_data / "valid.tgt.txt").read_text(encoding="utf-8").split("\n")[:6]

@@ -24,8 +24,8 @@ from multibranch.cli import main  # noqa: E402
 from multibranch.convert.ct2 import export_ct2, max_decoding_length, translate_options  # noqa: E402
 from multibranch.data.tokenizer import Tokenizer  # noqa: E402
 from multibranch.experiment import ExperimentConfig  # noqa: E402
+from multibranch.experiment.decoding import DecodeConfig  # noqa: E402
 from multibranch.inference.beam import search  # noqa: E402
-from multibranch.inference.config import DecodeConfig  # noqa: E402
 from multibranch.models import build_model  # noqa: E402
 
 # min_len 0 on both sides: CT2 masks EOS *before* its log-softmax below min_length, ours after it, so
@@ -110,8 +110,8 @@ def assert_same(expected, got, tol: float | None = SCORE_TOL, min_compared: int 
 @pytest.fixture(scope="module")
 def separate_data(tmp_path_factory) -> Path:
     """Synthetic task prepared with separate source/target SentencePiece models."""
-    from multibranch.data.prepare import PrepareConfig, prepare
-    from multibranch.data.synthetic import generate_synthetic_task
+    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     root = tmp_path_factory.mktemp("ct2_separate")
     generate_synthetic_task(root / "raw", seed=5, n_train=300, n_valid=8, n_test=16)
@@ -182,7 +182,8 @@ def test_decoder_starts_with_bos(tiny_data, tmp_path):
 @pytest.fixture(scope="module")
 def trained(tiny_data, tmp_path_factory) -> Path:
     """A tiny transformer trained for a few dozen updates on the synthetic task."""
-    from multibranch.train.trainer import RunOptions, train
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
 
     run = tmp_path_factory.mktemp("ct2_run") / "run"
     cfg = tiny_experiment(max_steps=100, valid_every=100)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from multibranch.data.classify_dataset import ClassificationData
-from multibranch.data.dataset import PreparedData
-from multibranch.data.errors import DataError
+from multibranch.errors import DataError
+from multibranch.tasks.classification.dataset import ClassificationData
+from multibranch.tasks.translation.dataset import PreparedData
 
 
 @pytest.mark.parametrize("loader", [PreparedData.load, ClassificationData.load])
@@ -22,7 +22,8 @@ def test_data_json_that_is_not_an_object_is_a_data_error(tmp_path, loader, docum
 @pytest.mark.parametrize(("loader", "key"), [(PreparedData.load, "fingerprint"), (ClassificationData.load, "labels")])
 def test_missing_key_is_named(tmp_path, loader, key):
     good = {"format": "x", "format_version": 0}
-    from multibranch.data import prepare, prepare_classify
+    from multibranch.tasks.classification import prepare as prepare_classify
+    from multibranch.tasks.translation import prepare
 
     module = prepare if loader == PreparedData.load else prepare_classify
     good.update(format=module.FORMAT, format_version=module.FORMAT_VERSION, spm={}, splits={},

@@ -10,7 +10,7 @@ import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
 from multibranch.cli import main
-from multibranch.data.errors import DataError
+from multibranch.errors import DataError
 from multibranch.evaluate.metrics import format_scores, score_corpus
 
 HYP = ["The cat sat on the mat.", "", "A dog barked loudly at the postman!", "Nothing here matches"]

@@ -7,13 +7,13 @@ import torch
 from conftest import tiny_model_dict
 
 from multibranch.checkpoint.format import load_state_strict, save_checkpoint
-from multibranch.checkpoint.model import load_model
 from multibranch.cli import main
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
 from multibranch.modules.state import DecoderState
+from multibranch.tasks.loading import load_model
 
 
 def mat_payload(n_a: int, n_f: int = 1, merge: str = "mean", dec_n_f: int | None = None, **model) -> dict:

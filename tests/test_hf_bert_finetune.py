@@ -12,10 +12,10 @@ pytest.importorskip("transformers")
 from hf_bert_helpers import bert_dir, padded_batches, roberta_dir, sentences  # noqa: E402
 
 from multibranch.checkpoint.format import load_checkpoint  # noqa: E402
-from multibranch.checkpoint.model import load_model  # noqa: E402
 from multibranch.cli import main  # noqa: E402
-from multibranch.data.classify_dataset import ClassificationData  # noqa: E402
-from multibranch.tasks.classification import encode_batch  # noqa: E402
+from multibranch.tasks.classification.dataset import ClassificationData  # noqa: E402
+from multibranch.tasks.classification.task import encode_batch  # noqa: E402
+from multibranch.tasks.loading import load_model  # noqa: E402
 
 
 def write_tsv(path, texts: list[str]) -> list[str]:
@@ -154,7 +154,7 @@ def test_exported_import_keeps_its_tokenizer(tmp_path, capsys):
     assert main(["convert", "export", "--ckpt", str(ckpt), "--out", str(out)]) == 0
     capsys.readouterr()
     assert (out / "tokenizer.json").is_file()
-    from multibranch.inference.classify import classify_lines
+    from multibranch.tasks.classification.inference import classify_lines
 
     texts = sentences(6, seed=4)
     a, b = load_model(ckpt, task="classification"), load_model(out, task="classification")

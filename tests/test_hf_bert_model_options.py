@@ -14,7 +14,8 @@ from multibranch.experiment import ExperimentConfig
 from multibranch.models import ModelConfig, build_model
 from multibranch.models.classifier import Classifier, ClassifierConfig, pool
 from multibranch.modules.dropout import dropout
-from multibranch.train.trainer import RunOptions, train
+from multibranch.tasks import train
+from multibranch.train.trainer import RunOptions
 from tests.conftest import tiny_experiment, tiny_model_dict
 
 KINDS = {  # one encoder/decoder layer config per layer kind
@@ -88,7 +89,7 @@ def test_run_saved_before_the_new_fields_resumes(tiny_data, tmp_path):
 
 def test_learned_positions_must_cover_the_data(tmp_path):
     """A classifier with learned positions refuses data with longer texts before training, in one line."""
-    from multibranch.data.prepare_classify import ClassifyPrepareConfig, prepare_classification
+    from multibranch.tasks.classification.prepare import ClassifyPrepareConfig, prepare_classification
 
     lines = [f"{'a' if i % 2 else 'b'}\t{' '.join(['word'] * (3 + i % 20))} x{i}" for i in range(60)]
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -12,8 +12,8 @@ from multibranch.analysis.entropy import attention_entropy
 from multibranch.analysis.heads import attention_sites, gates_installed
 from multibranch.analysis.importance import batch_nll, head_importance
 from multibranch.config import from_dict
-from multibranch.data.dataset import ParallelSplit
 from multibranch.models import ModelConfig, build_model
+from multibranch.tasks.translation.dataset import ParallelSplit
 from tests.conftest import tiny_model_dict
 
 KINDS = {

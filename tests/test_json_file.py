@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from multibranch.data.errors import DataError
+from multibranch.errors import DataError
 from multibranch.json_file import read_json_object
 
 

@@ -1,9 +1,18 @@
-"""The package's layering, checked statically: every import (module- or function-level) of every
-module under src/multibranch is parsed with `ast` and checked against the rules below."""
+"""The package's floor order, checked statically: every import (module- or function-level) of every module
+under src/multibranch is parsed with `ast`.
+
+Each room (a subpackage, or a top-level module) has a floor (FLOORS, bottom first). A module may import its
+own room and rooms on lower floors, never a higher one; inside a room the modules import each other without
+a cycle. An import inside a function is kept for what a plain install may lack or what costs seconds to
+import (LAZY_ALLOWED); everything else is imported at module level, where the order is visible. Commands
+(and the CLI) are exempt from that last rule: the CLI imports every command to build its parser, and a
+command imports its library code when it runs, so `multibranch --help` stays fast.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -11,29 +20,56 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "multibranch"
 
-# (importing package, forbidden packages): "multibranch.modules" may not import "multibranch.train", ...
-RULES = [
-    ("modules", ("train", "convert", "commands", "inference")),
-    ("checkpoint", ("train", "convert", "commands")),
-    ("data", ("train", "convert", "models")),
+# bottom first; docs/architecture.md shows the same order with what each floor holds
+FLOORS = [
+    "__init__",  # the version
+    "errors", "atomic", "json_file", "config", "device", "schedules", "hooks",
+    "checkpoint", "data", "evaluate", "modules", "models", "experiment", "figures",
+    "inference", "train", "tasks", "convert", "analysis", "serve",
+    "commands", "cli", "__main__",
 ]
-COMMANDS_ALLOWED = {"multibranch.cli"}  # the only module outside commands/ that may import it
+# optional extras and slow imports, imported where they are used
+LAZY_ALLOWED = ("transformers", "ctranslate2", "fastapi", "uvicorn", "starlette", "prometheus_client",
+                "matplotlib", "tensorboard", "torch.utils.tensorboard", "tokenizers", "scipy")
+LAZY_EXEMPT_ROOMS = ("commands", "cli")
 
 
 def module_name(path: Path, src: Path) -> str:
     parts = list(path.relative_to(src).with_suffix("").parts)
-    if parts[-1] == "__init__":
+    if parts[-1] == "__init__" and len(parts) > 1:
         parts.pop()
     return ".".join(parts)
 
 
-def imports(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, list[str]]]:
-    """Every import statement in `tree` (at any depth): its line and the absolute names it reaches,
-    `from x import y` giving [x, x.y] (y may be a submodule)."""
+def room(module: str) -> str:
+    """The room of a module: `multibranch.tasks.translation.task` -> "tasks", `multibranch` -> "__init__"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def floor(module: str) -> int:
+    name = room(module)
+    if name not in FLOORS:
+        raise AssertionError(f"{module}: room {name!r} has no floor; add it to FLOORS (and docs/architecture.md)")
+    return FLOORS.index(name)
+
+
+class Import:
+    def __init__(self, line: int, names: list[str], in_function: bool):
+        self.line, self.names, self.in_function = line, names, in_function
+
+
+def imports(tree: ast.AST, module: str, is_package: bool) -> list[Import]:
+    """Every import statement in `tree` (at any depth): its line, the absolute names it reaches (`from x
+    import y` gives [x, x.y]: y may be a submodule) and whether it sits inside a function."""
+    in_function = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            in_function.update(id(inner) for inner in ast.walk(node) if inner is not node)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, [alias.name]) for alias in node.names]
+            names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative import: resolve against the importing module's package
                 base = module.split(".")
@@ -41,40 +77,95 @@ def imports(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, lis
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.append((node.lineno, [target, *(f"{target}.{alias.name}" for alias in node.names)]))
+            names = [target, *(f"{target}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found.append(Import(node.lineno, names, id(node) in in_function))
     return found
-
-
-def rule_broken(module: str, target: str) -> str | None:
-    """Why `module` may not import `target`, or None."""
-    for owner, forbidden in RULES:
-        if inside(module, f"{PACKAGE}.{owner}"):
-            for bad in forbidden:
-                if inside(target, f"{PACKAGE}.{bad}"):
-                    return f"{owner}/ must not import {bad}/"
-    if inside(target, f"{PACKAGE}.commands") and not inside(module, f"{PACKAGE}.commands") \
-            and module not in COMMANDS_ALLOWED:
-        return "only cli.py may import commands/"
-    return None
 
 
 def inside(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-def violations(src: Path = SRC) -> list[str]:
-    """One line per offending import: importing module, line, imported module, broken rule."""
-    lines = []
+def parse_tree(src: Path) -> dict[str, list[Import]]:
+    """module name -> its imports, for every module of the package under `src`."""
+    modules = {}
     for path in sorted((src / PACKAGE).rglob("*.py")):
         module = module_name(path, src)
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for lineno, names in imports(tree, module, path.name == "__init__.py"):
-            for target in names:
-                why = rule_broken(module, target)
-                if why:
-                    lines.append(f"{module} (line {lineno}) imports {target}: {why}")
-                    break
+        modules[module] = imports(tree, module, path.name == "__init__.py")
+    return modules
+
+
+def target_module(names: list[str], known: set[str]) -> str | None:
+    """The most specific module of ours an import reaches (`from a.b import c`: a.b.c if it is a module)."""
+    ours = [n for n in names if inside(n, PACKAGE)]
+    for name in sorted(ours, key=len, reverse=True):
+        if name in known:
+            return name
+    if not ours:
+        return None
+    return ours[1] if ours[0] == PACKAGE and len(ours) > 1 else ours[0]  # `from multibranch import models`
+
+
+def violations(src: Path = SRC) -> list[str]:
+    """One line per broken rule: an import that climbs, a cycle inside a room, a needless lazy import."""
+    modules = parse_tree(src)
+    known = set(modules)
+    lines = []
+    edges: dict[str, set[str]] = defaultdict(set)
+    for module, found in modules.items():
+        floor(module)  # a new room must be given its floor
+        for imp in found:
+            target = target_module(imp.names, known)
+            if target is not None:
+                if floor(target) > floor(module):
+                    lines.append(f"{module} (line {imp.line}) imports {target}: {room(module)} (floor "
+                                 f"{floor(module)}) must not import {room(target)} (floor {floor(target)})")
+                elif room(target) == room(module) and target != module:
+                    edges[module].add(target)
+            if imp.in_function and room(module) not in LAZY_EXEMPT_ROOMS and not any(
+                    inside(name, allowed) for name in imp.names[:1] for allowed in LAZY_ALLOWED):
+                lines.append(f"{module} (line {imp.line}) imports {imp.names[0]} inside a function: "
+                             "import it at module level (only optional or slow dependencies are imported lazily)")
+    lines += [f"import cycle inside {room(c[0])}/: {' -> '.join(c)}" for c in cycles(edges)]
     return lines
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected group of modules (Tarjan), as a closed path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group) + [sorted(group)[0]])
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
 
 
 def test_package_layering():
@@ -82,35 +173,64 @@ def test_package_layering():
     assert not problems, "layering violations:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize(
-    ("path", "source", "expected"),
-    [
-        ("modules/foo.py", "def f():\n    from multibranch.train.hooks import X\n",
-         "multibranch.modules.foo (line 2) imports multibranch.train.hooks: modules/ must not import train/"),
-        ("modules/foo.py", "from ..inference import translator\n",
-         "multibranch.modules.foo (line 1) imports multibranch.inference: modules/ must not import inference/"),
-        ("checkpoint/foo.py", "import multibranch.convert.payload\n",
-         "multibranch.checkpoint.foo (line 1) imports multibranch.convert.payload: "
-         "checkpoint/ must not import convert/"),
-        ("data/foo.py", "from multibranch import models\n",
-         "multibranch.data.foo (line 1) imports multibranch.models: data/ must not import models/"),
-        ("convert/foo.py", "from multibranch.commands.train import run\n",
-         "multibranch.convert.foo (line 1) imports multibranch.commands.train: only cli.py may import commands/"),
-    ],
-)
-def test_checker_names_the_offending_module_and_import(tmp_path, path, source, expected):
-    file = tmp_path / PACKAGE / path
-    file.parent.mkdir(parents=True)
-    file.write_text(source)
-    assert expected in violations(tmp_path)
+def test_every_room_has_a_floor():
+    for module in parse_tree(SRC):
+        floor(module)  # raises naming the room
 
 
-def test_checker_accepts_allowed_imports(tmp_path):
-    for path, source in [("cli.py", "from multibranch.commands import train\n"),
-                         ("modules/foo.py", "from multibranch.hooks import ParamGroupSpec\n"),
-                         ("commands/foo.py", "from multibranch.commands.train import run\n"),
-                         ("train/foo.py", "from multibranch.checkpoint.format import load_checkpoint\n")]:
+def write(tmp_path: Path, files: dict[str, str]) -> Path:
+    for path, source in files.items():
         file = tmp_path / PACKAGE / path
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text(source)
-    assert violations(tmp_path) == []
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "expected"),
+    [
+        ("modules/foo.py", "import torch\ndef f():\n    import multibranch.train.trainer\n",
+         "multibranch.modules.foo (line 3) imports multibranch.train.trainer: modules (floor 11) must not "
+         "import train (floor 16)"),
+        ("checkpoint/foo.py", "from ..tasks import loading\n",
+         "multibranch.checkpoint.foo (line 1) imports multibranch.tasks: checkpoint (floor 8) must not "
+         "import tasks (floor 17)"),
+        ("data/foo.py", "from multibranch import models\n",
+         "multibranch.data.foo (line 1) imports multibranch.models: data (floor 9) must not import models"),
+        ("convert/foo.py", "from multibranch.commands.train import run\n",
+         "multibranch.convert.foo (line 1) imports multibranch.commands.train: convert (floor 18) must not "
+         "import commands"),
+        ("tasks/foo.py", "def f():\n    import difflib\n",
+         "multibranch.tasks.foo (line 2) imports difflib inside a function"),
+    ],
+)
+def test_checker_names_the_offending_module_and_import(tmp_path, path, source, expected):
+    found = violations(write(tmp_path, {path: source}))
+    assert any(expected in line for line in found), found
+
+
+def test_checker_finds_a_cycle_inside_a_room(tmp_path):
+    src = write(tmp_path, {"data/a.py": "from multibranch.data import b\n",
+                           "data/b.py": "from multibranch.data.c import x\n",
+                           "data/c.py": "import multibranch.data.a\n"})
+    assert violations(src) == ["import cycle inside data/: multibranch.data.a -> multibranch.data.b -> "
+                               "multibranch.data.c -> multibranch.data.a"]
+
+
+def test_checker_accepts_allowed_imports(tmp_path):
+    src = write(tmp_path, {
+        "cli.py": "from multibranch.commands import train\n",
+        "modules/foo.py": "from multibranch.hooks import ParamGroupSpec\n",
+        "commands/foo.py": "def run():\n    from multibranch.tasks import train\n",
+        "train/foo.py": "from multibranch.checkpoint.format import load_checkpoint\n",
+        "convert/hf.py": "def f():\n    from transformers import AutoModel\n",
+        "data/a.py": "from multibranch.data import b\n",
+        "data/b.py": "import numpy\n",
+    })
+    assert violations(src) == []
+
+
+def test_unknown_room_is_named(tmp_path):
+    src = write(tmp_path, {"newthing/foo.py": "import os\n"})
+    with pytest.raises(AssertionError, match="room 'newthing' has no floor"):
+        violations(src)

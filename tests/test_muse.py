@@ -234,8 +234,8 @@ def test_presets_resolve_and_tiny_presets_match_transformer_tiny_size():
 
 @pytest.fixture(scope="module")
 def synthetic_data(tmp_path_factory):
-    from multibranch.data.prepare import PrepareConfig, prepare
-    from multibranch.data.synthetic import generate_synthetic_task
+    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     root = tmp_path_factory.mktemp("muse_data")
     generate_synthetic_task(root / "raw", seed=5, n_train=200, n_valid=16, n_test=8)
@@ -246,7 +246,8 @@ def synthetic_data(tmp_path_factory):
 
 
 def test_short_training_run_through_the_trainer(synthetic_data, tmp_path):
-    from multibranch.train.trainer import RunOptions, train
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
 
     data = deep_merge(load_preset_dict("muse-tiny"), {
         "model": {"d_model": 32, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2},

@@ -9,11 +9,11 @@ import torch
 
 from multibranch.config import ConfigError, from_dict
 from multibranch.experiment import resolve_config
+from multibranch.experiment.training import TrainConfig
 from multibranch.hooks import ModuleHooks
 from multibranch.models import LayerConfig, ModelConfig, build_model
 from multibranch.models.layers.mute import MuteEncoderLayer, diversity_score, encoder_diversity
 from multibranch.modules.autoshuffle import normalise_shuffle, sequential_fusion
-from multibranch.train.config import TrainConfig
 from multibranch.train.optim import build_optimizer
 from tests.conftest import tiny_model_dict
 
@@ -366,8 +366,9 @@ def _train_records(run) -> list[dict]:
 
 
 def test_short_training_run_through_the_trainer(tiny_data, tmp_path):
-    from multibranch.checkpoint.model import load_model
-    from multibranch.train.trainer import RunOptions, train
+    from multibranch.tasks import train
+    from multibranch.tasks.loading import load_model
+    from multibranch.train.trainer import RunOptions
 
     train(_mute_experiment(), RunOptions(tiny_data, tmp_path / "run"))
     records = _train_records(tmp_path / "run")
@@ -381,7 +382,8 @@ def test_short_training_run_through_the_trainer(tiny_data, tmp_path):
 @pytest.mark.slow
 def test_resumed_run_repeats_the_uninterrupted_one(tiny_data, tmp_path):
     """Noise coins and positions come from the torch RNG (saved in last.pt); M^p loads bit-for-bit."""
-    from multibranch.train.trainer import RunOptions, train
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
 
     train(_mute_experiment(max_steps=8, deterministic=True), RunOptions(tiny_data, tmp_path / "straight"))
     train(_mute_experiment(max_steps=4, deterministic=True), RunOptions(tiny_data, tmp_path / "legs"))

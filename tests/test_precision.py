@@ -124,8 +124,8 @@ def test_translate_and_serve_engine_decode_in_int8(tmp_path, capsys):
     from multibranch.cli import main
     from multibranch.data.tokenizer import Tokenizer
     from multibranch.experiment import ExperimentConfig
-    from multibranch.inference.translator import Translator
     from multibranch.serve.engine import TorchEngine
+    from multibranch.tasks.translation.loading import load_translator
 
     rng = random.Random(0)
     words = ["".join(rng.choice(["ka", "lo", "mi", "ne", "su", "ta"]) for _ in range(rng.randint(1, 3)))
@@ -149,7 +149,7 @@ def test_translate_and_serve_engine_decode_in_int8(tmp_path, capsys):
                  "--device", "cpu", "--no-progress"]) == 0
     translations = out.read_text(encoding="utf-8").splitlines()
     assert len(translations) == 5
-    assert Translator.from_checkpoint(str(ckpt), precision="int8").translate(lines) == translations
+    assert load_translator(str(ckpt), precision="int8").translate(lines) == translations
     engine = TorchEngine.from_checkpoint(str(ckpt), "cpu", precision="int8")
     assert engine.info()["precision"] == "int8"
     assert [h[0][0] for h in engine.translate(lines, beam=2, nbest=1)] == translations

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from multibranch.data.batching import collate, token_batches
-from multibranch.data.dataset import PreparedData
-from multibranch.data.prepare import PrepareConfig, prepare
 from multibranch.data.text import read_parallel
+from multibranch.tasks.translation.dataset import PreparedData
+from multibranch.tasks.translation.prepare import PrepareConfig, prepare
 
 pytestmark = pytest.mark.multi30k
 

@@ -7,12 +7,12 @@ import torch
 from conftest import tiny_model_dict
 
 from multibranch.checkpoint.format import CheckpointError, load_checkpoint, load_state_strict, save_checkpoint
-from multibranch.checkpoint.model import load_model
 from multibranch.cli import main
 from multibranch.config import ConfigError
 from multibranch.convert.proximal import proximal_init
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
+from multibranch.tasks.loading import load_model
 
 
 def make_payload(seed: int = 0, **model) -> dict:

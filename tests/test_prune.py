@@ -11,11 +11,11 @@ from multibranch.analysis.heads import attention_sites
 from multibranch.analysis.pruning import dominant_heads, planned_counts, pruning_curve, select_heads
 from multibranch.analysis.scoring import BleuScorer
 from multibranch.config import from_dict
-from multibranch.data.dataset import PreparedData
 from multibranch.evaluate.metrics import score_corpus
-from multibranch.inference.config import DecodeConfig
-from multibranch.inference.translator import Translator
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.models import ModelConfig, build_model
+from multibranch.tasks.translation.dataset import PreparedData
+from multibranch.tasks.translation.translator import Translator
 from tests.conftest import tiny_model_dict
 
 
@@ -257,8 +257,8 @@ def test_pruning_every_head_of_a_module_or_a_missing_head_is_refused():
 def test_prune_cli_fraction_and_heads_json(tiny_data, tmp_path, capsys):
     from multibranch.analysis.heads import gates_installed, mask_gates
     from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
-    from multibranch.checkpoint.model import load_model
     from multibranch.cli import main
+    from multibranch.tasks.loading import load_model
 
     vocab = PreparedData.load(tiny_data).meta["vocab_size"]["src"]
     model = _model(vocab=vocab)

@@ -76,7 +76,8 @@ def test_speed_rounds_alternate_the_order_and_keep_every_time():
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
-    from multibranch.train.trainer import RunOptions, train
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
 
     run = tmp_path_factory.mktemp("prune_threshold") / "run"
     train(tiny_experiment(max_steps=12, deterministic=True), RunOptions(tiny_data, run, device="cpu", progress=False))
@@ -84,17 +85,17 @@ def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
 
 
 def _parameters(path: Path) -> int:
-    from multibranch.checkpoint.model import load_model
+    from multibranch.tasks.loading import load_model
 
     return sum(p.numel() for p in load_model(path).model.parameters())
 
 
 def test_prune_max_drop_report_is_complete_and_consistent(tiny_checkpoint, tiny_data, tmp_path, capsys):
-    from multibranch.checkpoint.model import load_model
-    from multibranch.data.dataset import PreparedData
     from multibranch.evaluate.metrics import score_corpus
-    from multibranch.inference.config import DecodeConfig
-    from multibranch.inference.translator import Translator
+    from multibranch.experiment.decoding import DecodeConfig
+    from multibranch.tasks.loading import load_model
+    from multibranch.tasks.translation.dataset import PreparedData
+    from multibranch.tasks.translation.translator import Translator
 
     out = tmp_path / "pruned.pt"
     argv = ["prune", "--ckpt", str(tiny_checkpoint), "--out", str(out), "--data", str(tiny_data), "--max-drop", "100",

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from multibranch.checkpoint.format import CheckpointError, load_checkpoint
-from multibranch.train.trainer import RunOptions, train
+from multibranch.tasks import train
+from multibranch.train.trainer import RunOptions
 from tests.conftest import tiny_experiment
 
 

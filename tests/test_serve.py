@@ -23,11 +23,11 @@ pytest.importorskip("prometheus_client")
 from test_translator import _corpus, experiment, tokenizer  # noqa: E402, F401  (shared tiny model + SentencePiece)
 
 from multibranch.config import from_dict  # noqa: E402
-from multibranch.inference.translator import Translator  # noqa: E402
 from multibranch.models import ModelConfig, build_model  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import TorchEngine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
+from multibranch.tasks.translation.translator import Translator  # noqa: E402
 
 LINES = _corpus(10, seed=11)
 
@@ -318,7 +318,7 @@ def test_info_reports_learned_branch_weights(kind, tokenizer):  # noqa: F811
         for name, p in model.named_parameters():
             if name.endswith(("kappa", "alpha", "unit_weights")):
                 p.copy_(torch.rand_like(p) + 0.1)
-    from multibranch.inference.config import DecodeConfig
+    from multibranch.experiment.decoding import DecodeConfig
 
     weights = TorchEngine(model, tokenizer, DecodeConfig(beam=2)).info()["branch_weights"]
     assert weights

@@ -23,12 +23,12 @@ from test_translator import _corpus, checkpoint, experiment, tokenizer  # noqa: 
 
 from multibranch.analysis.attention_maps import capture_maps  # noqa: E402
 from multibranch.config import from_dict  # noqa: E402
-from multibranch.inference.config import DecodeConfig  # noqa: E402
-from multibranch.inference.translator import Translator  # noqa: E402
+from multibranch.experiment.decoding import DecodeConfig  # noqa: E402
 from multibranch.models import ModelConfig, build_model  # noqa: E402
 from multibranch.serve.app import PAGE_DIR, create_app  # noqa: E402
 from multibranch.serve.engine import TorchEngine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
+from multibranch.tasks.translation.translator import Translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = min(_corpus(20, seed=31), key=len)  # short: no truncation, small maps

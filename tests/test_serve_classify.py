@@ -17,12 +17,12 @@ pytest.importorskip("prometheus_client")
 
 from test_serve import BlockingEngine, run, serving  # noqa: E402
 
-from multibranch.checkpoint.model import load_model  # noqa: E402
 from multibranch.cli import main  # noqa: E402
-from multibranch.inference.classify import classify_lines  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import ClassifierEngine, TorchEngine, load_torch_engine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
+from multibranch.tasks.classification.inference import classify_lines  # noqa: E402
+from multibranch.tasks.loading import load_model  # noqa: E402
 from tests.test_classifier import _experiment, _synthetic_lines  # noqa: E402
 
 TEXTS = ["the red of it", "seven and a on", "north the is", "red red seven", "a of north to"]

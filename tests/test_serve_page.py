@@ -26,7 +26,7 @@ pytest.importorskip("uvicorn")
 
 from test_translator import _corpus, checkpoint, experiment, tokenizer  # noqa: E402, F401  (shared tiny model)
 
-from multibranch.inference.translator import Translator  # noqa: E402
+from multibranch.tasks.translation.loading import load_translator
 
 MAX_CHARS = 120
 LINES = [line for line in _corpus(40, seed=41) if len(line) < 40][:2]
@@ -127,7 +127,7 @@ def test_translate_see_nbest_and_attention_heat_map(browser, server, checkpoint,
     sentences = _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#sentences .sentence"))
     assert len(sentences) == len(LINES)
 
-    reference = Translator.from_checkpoint(str(checkpoint))
+    reference = load_translator(str(checkpoint))
     nbest = min(3, reference.cfg.beam)
     expected = reference.translate_nbest(LINES, nbest)
     shown = [_texts(s.find_elements(By.CSS_SELECTOR, ".hyp .text")) for s in sentences]
@@ -175,8 +175,8 @@ def test_classifier_page_shows_labels_with_probabilities(browser, tmp_path_facto
     from selenium.webdriver.common.by import By
     from test_serve_classify import TEXTS, train_classifier
 
-    from multibranch.checkpoint.model import load_model
-    from multibranch.inference.classify import classify_lines
+    from multibranch.tasks.classification.inference import classify_lines
+    from multibranch.tasks.loading import load_model
 
     ckpt = train_classifier(tmp_path_factory.mktemp("page_classifier"))
     loaded = load_model(ckpt, "cpu", task="classification")

@@ -27,10 +27,10 @@ uvicorn = pytest.importorskip("uvicorn")
 from test_translator import _corpus, checkpoint, experiment, tokenizer  # noqa: E402, F401  (shared tiny model)
 
 from multibranch.cli import main  # noqa: E402
-from multibranch.inference.translator import Translator  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import TorchEngine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
+from multibranch.tasks.translation.loading import load_translator  # noqa: E402
 
 LINES = _corpus(6, seed=21)
 
@@ -57,7 +57,7 @@ def test_real_uvicorn_server_on_loopback(checkpoint):  # noqa: F811
         server.should_exit = True
         thread.join(30)
     assert not thread.is_alive()
-    reference = Translator.from_checkpoint(str(checkpoint))
+    reference = load_translator(str(checkpoint))
     assert [r.json()["translations"][0] for r in replies] == reference.translate(LINES[:3])
     assert info["decode"]["beam"] == reference.cfg.beam
 
@@ -82,7 +82,7 @@ def test_ct2_engine_through_the_api_equals_ctranslate2(checkpoint, tmp_path):  #
 
     from multibranch.checkpoint.format import load_checkpoint
     from multibranch.convert.ct2 import SETTINGS_FILE, export_ct2, max_decoding_length, translate_options
-    from multibranch.inference.config import DecodeConfig
+    from multibranch.experiment.decoding import DecodeConfig
     from multibranch.serve.engine import Ct2Engine
 
     directory = export_ct2(load_checkpoint(checkpoint), tmp_path / "ct2")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from multibranch.data.synthetic import (
+from multibranch.data.text import read_parallel
+from multibranch.tasks.translation.synthetic import (
     MAX_WORDS,
     MIN_WORDS,
     build_lexicon,
     generate_pairs,
     generate_synthetic_task,
 )
-from multibranch.data.text import read_parallel
 
 PUNCT = ",.?!"
 

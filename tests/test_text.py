@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multibranch.data.errors import DataError
 from multibranch.data.text import open_input, read_lines, read_parallel, write_lines
+from multibranch.errors import DataError
 
 
 def _write(path: Path, data: bytes) -> Path:

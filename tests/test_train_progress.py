@@ -10,7 +10,8 @@ import sys
 
 import yaml
 
-from multibranch.train.trainer import RunOptions, Trainer, train
+from multibranch.tasks import task_for_data, train
+from multibranch.train.trainer import RunOptions, Trainer
 from tests.conftest import tiny_experiment
 
 
@@ -29,7 +30,7 @@ def test_with_the_bar_the_per_update_lines_still_go_to_train_log(tiny_data, tmp_
 
 def test_budget_left_counts_updates_and_minutes(tiny_data, tmp_path):
     cfg = tiny_experiment(max_steps=10, max_minutes=2.0)
-    trainer = Trainer(cfg, RunOptions(tiny_data, tmp_path / "run", stop_at_step=6, progress=False))
+    trainer = Trainer(cfg, RunOptions(tiny_data, tmp_path / "run", stop_at_step=6, progress=False), task_for_data)
     try:
         trainer.state.step = 4
         assert trainer._budget_left(elapsed=30.4) == {"upd_left": "2", "time_left": "0:01:29"}

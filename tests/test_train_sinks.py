@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from multibranch.cli import main
-from multibranch.train.trainer import RunOptions, train
+from multibranch.tasks import train
+from multibranch.train.trainer import RunOptions
 from tests.conftest import tiny_experiment
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -22,7 +23,7 @@ def _records(run: Path) -> list[dict]:
 
 
 def test_train_plots_draws_the_run_curves_at_every_validation(tiny_data, tmp_path, monkeypatch):
-    from multibranch.analysis import run_plots
+    from multibranch.figures import run_plots
 
     drawn: list[int] = []
     real = run_plots.plot_run

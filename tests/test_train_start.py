@@ -20,9 +20,10 @@ import torch
 
 from multibranch.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
 from multibranch.config import ConfigError
-from multibranch.data.errors import DataError
+from multibranch.errors import DataError
 from multibranch.experiment import resolve_config
-from multibranch.train.trainer import RunOptions, train
+from multibranch.tasks import train
+from multibranch.train.trainer import RunOptions
 from tests.conftest import tiny_experiment
 
 
@@ -134,8 +135,8 @@ def test_checkpoints_get_ordinary_file_modes(tiny_data, tmp_path):
 
 
 def test_resume_refuses_another_sentencepiece_model_unless_allowed(tiny_data, tmp_path, caplog):
-    from multibranch.data.prepare import PrepareConfig, prepare
-    from multibranch.data.synthetic import generate_synthetic_task
+    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     generate_synthetic_task(tmp_path / "raw", seed=11, n_train=400, n_valid=24, n_test=24)
     other = tmp_path / "other"

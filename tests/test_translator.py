@@ -21,10 +21,11 @@ from multibranch.cli import main
 from multibranch.config import from_dict
 from multibranch.data.tokenizer import EOS_ID, Tokenizer
 from multibranch.experiment import ExperimentConfig
-from multibranch.inference import translator as translator_module
-from multibranch.inference.config import DecodeConfig
-from multibranch.inference.translator import Translator, make_batches
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.models import ModelConfig, build_model
+from multibranch.tasks.translation import translator as translator_module
+from multibranch.tasks.translation.loading import load_translator
+from multibranch.tasks.translation.translator import Translator, make_batches
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -117,7 +118,7 @@ def test_over_long_inputs_are_truncated_with_one_warning(translator, caplog):
     long_line = " ".join(LINES)  # far more than MAX_POSITIONS pieces
     keep, ids, truncated = translator.encode([long_line, LINES[0], long_line])
     assert truncated == 2 and [len(x) for x in ids][0] == MAX_POSITIONS and ids[0][-1] == EOS_ID
-    with caplog.at_level(logging.WARNING, logger="multibranch.inference.translator"):
+    with caplog.at_level(logging.WARNING, logger="multibranch.tasks.translation.translator"):
         out = translator.translate([long_line, LINES[0], long_line])
     assert len(out) == 3 and out[0] == out[2]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -229,7 +230,7 @@ def test_cli_subprocess_pipe(checkpoint):
 
 
 def test_from_checkpoint_applies_overrides(checkpoint, translator):
-    loaded = Translator.from_checkpoint(str(checkpoint), device="cpu", beam=2)
+    loaded = load_translator(str(checkpoint), device="cpu", beam=2)
     assert loaded.cfg.beam == 2 and loaded.cfg.max_len_b == translator.cfg.max_len_b
     direct = Translator(translator.model, translator.tokenizer, DecodeConfig(**{**translator.cfg.__dict__, "beam": 2}))
     assert loaded.translate(LINES[:3]) == direct.translate(LINES[:3])

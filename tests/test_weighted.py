@@ -309,8 +309,8 @@ def test_kappa_alpha_groups_get_their_schedule_and_lr_zero_while_frozen():
 
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory):
-    from multibranch.data.prepare import PrepareConfig, prepare
-    from multibranch.data.synthetic import generate_synthetic_task
+    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     root = tmp_path_factory.mktemp("weighted_data")
     generate_synthetic_task(root / "raw", seed=2, n_train=200, n_valid=12, n_test=12)
@@ -321,8 +321,9 @@ def small_data(tmp_path_factory):
 
 
 def test_trainer_keeps_kappa_alpha_on_the_simplex_logs_them_and_freezes_them(small_data, tmp_path):
-    from multibranch.checkpoint.model import load_model
-    from multibranch.train.trainer import RunOptions, train
+    from multibranch.tasks import train
+    from multibranch.tasks.loading import load_model
+    from multibranch.train.trainer import RunOptions
 
     steps, freeze = 8, 3
     state = train(_experiment(steps, freeze), RunOptions(data_dir=small_data, run_dir=tmp_path / "run", progress=False))

@@ -13,22 +13,17 @@ import os
 import sys
 from collections.abc import Iterator
 
+from multibranch import __version__
+from multibranch.errors import UserError
+
 COMMANDS = [
     "demo", "prepare", "train", "translate", "classify", "evaluate", "average", "convert", "info", "analyze",
     "prune", "plot", "serve",
 ]
 
 
-class UserError(Exception):
-    """An error caused by the user's input: reported as one clear message, no traceback."""
-
-
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    from multibranch.checkpoint.format import CheckpointError
-    from multibranch.config import ConfigError
-    from multibranch.data.errors import DataError
-
-    return (UserError, ConfigError, DataError, CheckpointError, FileNotFoundError, FileExistsError)
+# what a user can cause: one line and exit code 2 (ConfigError, DataError, CheckpointError are UserErrors)
+USER_ERRORS = (UserError, FileNotFoundError, FileExistsError)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -52,8 +47,6 @@ def all_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from multibranch import __version__
-
     parser = argparse.ArgumentParser(
         prog="multibranch",
         description="Multi-branch Transformers (MAT, Weighted Transformer, MUTE, MUSE, Scheduled DropHead) "
@@ -87,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _quiet_broken_pipe()
-    except _user_error_types() as err:
+    except USER_ERRORS as err:
         print(f"multibranch {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -20,12 +20,10 @@ from typing import Any, ClassVar, Literal, TypeVar, Union
 
 import yaml
 
+from multibranch.errors import ConfigError
+
 T = TypeVar("T")
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # 5e-5: a string to YAML 1.1, a number here
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or of the wrong type."""
 
 
 class Tagged:

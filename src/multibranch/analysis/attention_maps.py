@@ -10,13 +10,20 @@ mean of its M heads (head h belongs to branch h // M).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from multibranch.analysis.batches import check_vocabulary
 from multibranch.analysis.heads import ROLES, AttentionSite, attention_sites
+from multibranch.figures import plots
+from multibranch.figures.report import ReportFolder
+from multibranch.tasks.loading import load_model
+from multibranch.tasks.translation.dataset import PreparedData
+from multibranch.tasks.translation.translator import Translator
 
 
 class SelectionError(ValueError):
@@ -109,10 +116,7 @@ def analyze_attention(ckpt: str, out: str, *, data_dir: str | None = None, split
                       selection: Selection | None = None, beam: int | None = None, force: bool = False) -> Any:
     """Maps for split examples `indices` (reference targets) and/or raw source `texts` (the model's
     translation as target); writes attention.json, one PNG per sentence and module, and index.md."""
-    import dataclasses
 
-    from multibranch.analysis.report import ReportFolder
-    from multibranch.checkpoint.model import load_model
 
     ReportFolder.check(out, force)
     selection = selection or Selection()
@@ -121,8 +125,6 @@ def analyze_attention(ckpt: str, out: str, *, data_dir: str | None = None, split
     sentences: list[dict[str, Any]] = []
     data = None
     if data_dir is not None:
-        from multibranch.analysis.batches import check_vocabulary
-        from multibranch.data.dataset import PreparedData
 
         data = PreparedData.load(data_dir)
         check_vocabulary(data, loaded.config.model, ckpt)
@@ -138,7 +140,6 @@ def analyze_attention(ckpt: str, out: str, *, data_dir: str | None = None, split
     if texts:
         if tokenizer is None:
             raise SelectionError(f"{ckpt} carries no tokenizer: pass --data to use the data's tokenizer")
-        from multibranch.inference.translator import Translator
 
         decode = loaded.config.decode if beam is None else dataclasses.replace(loaded.config.decode, beam=beam)
         hypotheses = Translator(model, tokenizer, decode, "cpu").translate(texts)
@@ -160,8 +161,6 @@ def analyze_attention(ckpt: str, out: str, *, data_dir: str | None = None, split
 
 
 def write_report(report: dict[str, Any], out: str, force: bool) -> Any:
-    from multibranch.analysis import plots
-    from multibranch.analysis.report import ReportFolder
 
     folder = ReportFolder.create(out, force)
     lines = [f"# Attention maps of `{report['checkpoint']}`", "", "Numbers: [attention.json](attention.json).", ""]

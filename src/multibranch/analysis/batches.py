@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.data.batching import Batch, collate, token_batches
-from multibranch.data.errors import DataError
-from multibranch.tasks.classification import LabelBatch, collate_labels
+from multibranch.errors import DataError
+from multibranch.tasks.classification.task import LabelBatch, collate_labels
 
 if TYPE_CHECKING:
     from multibranch.models import ModelConfig

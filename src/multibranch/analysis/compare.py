@@ -18,8 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from multibranch.analysis.report import ReportFolder
-from multibranch.data.errors import DataError
+from multibranch.analysis.diversity import TITLES, VARIANTS
+from multibranch.errors import DataError
+from multibranch.figures import plots
+from multibranch.figures.report import ReportFolder
 from multibranch.json_file import read_json_object
 
 KINDS = {"heads.json": "heads", "diversity.json": "diversity"}
@@ -79,7 +81,6 @@ def _diversity(reports: list[tuple[str, dict]], folders: list[str], labels: list
 
 
 def _write_heads(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-    from multibranch.analysis import plots
 
     metric = "BLEU" if report["metric"] == "bleu" else "accuracy (%)"
     folder = ReportFolder.create(out, force)
@@ -118,8 +119,6 @@ def _write_heads(report: dict[str, Any], out: str | Path, force: bool) -> Report
 
 
 def _write_diversity(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-    from multibranch.analysis import plots
-    from multibranch.analysis.diversity import TITLES, VARIANTS
 
     folder = ReportFolder.create(out, force)
     folder.write_json("compare.json", report)

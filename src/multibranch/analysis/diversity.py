@@ -20,9 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from multibranch.analysis.batches import check_vocabulary, teacher_forced_batches
 from multibranch.analysis.mixing import unit_weights
-from multibranch.analysis.report import ReportFolder
 from multibranch.data.batching import Batch
+from multibranch.figures import plots
+from multibranch.figures.report import ReportFolder
+from multibranch.models.layers.mute import MuteEncoderLayer, encoder_diversity
+from multibranch.tasks.loading import load_model
+from multibranch.tasks.translation.dataset import PreparedData
 
 VARIANTS = ("att_pos", "att_sub", "ffn_sub")
 TITLES = {"att_pos": "Att Pos.", "att_sub": "Att Sub.", "ffn_sub": "FFN Sub."}
@@ -34,7 +39,6 @@ class NotMuteError(ValueError):
 
 def check_mute(model: nn.Module, what: str) -> None:
     """NotMuteError with the reason unless the encoder has at least one MUTE layer."""
-    from multibranch.models.layers.mute import MuteEncoderLayer
 
     if not any(isinstance(layer, MuteEncoderLayer) for layer in getattr(model.encoder, "layers", [])):
         raise NotMuteError(f"{what} is not a MUTE model (no multi-unit encoder layer): unit diversity is defined only "
@@ -44,7 +48,6 @@ def check_mute(model: nn.Module, what: str) -> None:
 @torch.no_grad()
 def split_diversity(model: nn.Module, batches: list[Batch]) -> list[dict[str, float]]:
     """Per MUTE encoder layer: each variant's diversity averaged over `batches` (model in eval mode)."""
-    from multibranch.models.layers.mute import MuteEncoderLayer, encoder_diversity
 
     if not batches:
         raise ValueError("no batches to score")
@@ -63,9 +66,6 @@ def analyze_diversity(ckpt: str | Path, data_dir: str | Path, out: str | Path, s
                       max_examples: int | None = None, max_tokens: int = 4096, device: str = "cpu",
                       force: bool = False) -> ReportFolder:
     """Score the split and write diversity.json, diversity.png, unit_weights.png and index.md."""
-    from multibranch.analysis.batches import check_vocabulary, teacher_forced_batches
-    from multibranch.checkpoint.model import load_model
-    from multibranch.data.dataset import PreparedData
 
     ReportFolder.check(out, force)
     loaded = load_model(ckpt, device)
@@ -84,7 +84,6 @@ def analyze_diversity(ckpt: str | Path, data_dir: str | Path, out: str | Path, s
 
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-    from multibranch.analysis import plots
 
     folder = ReportFolder.create(out, force)
     folder.write_json("diversity.json", report)

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from multibranch.analysis.mixing import branch_weights, kernel_gates, unit_weights
-from multibranch.analysis.report import ReportFolder
+from multibranch.figures import plots
+from multibranch.figures.report import ReportFolder
+from multibranch.tasks.loading import load_model
 
 
 def analyze_gates(ckpt: str | Path, out: str | Path, ratio: tuple[int, int] = (3, 15),
                   force: bool = False) -> ReportFolder:
     """ValueError (before writing) when the model has no kernel gates, kappa/alpha or unit weights."""
-    from multibranch.checkpoint.model import load_model
 
     ReportFolder.check(out, force)
     model = load_model(ckpt, "cpu").model
@@ -31,7 +32,6 @@ def analyze_gates(ckpt: str | Path, out: str | Path, ratio: tuple[int, int] = (3
 
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-    from multibranch.analysis import plots
 
     folder = ReportFolder.create(out, force)
     folder.write_json("gates.json", report)

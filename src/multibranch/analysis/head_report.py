@@ -27,8 +27,11 @@ from multibranch.analysis.entropy import attention_entropy
 from multibranch.analysis.heads import attention_sites
 from multibranch.analysis.importance import head_importance
 from multibranch.analysis.pruning import dominant_heads, pruning_curve
-from multibranch.analysis.report import ReportFolder
 from multibranch.analysis.scoring import make_scorer
+from multibranch.figures import plots
+from multibranch.figures.report import ReportFolder
+from multibranch.tasks import task_class
+from multibranch.tasks.loading import load_model
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,6 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
 
     A translation model is scored by BLEU, a classifier by accuracy (%) and its importance comes from
     the classification loss."""
-    from multibranch.checkpoint.model import load_model
-    from multibranch.tasks import task_class
 
     ReportFolder.check(out, force)
     if not 0.0 < options.step <= 1.0:
@@ -116,7 +117,6 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
     """heads.json, importance.png, entropy.png, pruning_curve.png (if any) and index.md."""
-    from multibranch.analysis import plots
 
     folder = ReportFolder.create(out, force)
     folder.write_json("heads.json", report)

@@ -20,8 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from multibranch.analysis.report import ReportFolder
+from multibranch.analysis.batches import check_vocabulary
 from multibranch.evaluate.metrics import score_corpus
+from multibranch.figures import plots
+from multibranch.figures.report import ReportFolder
+from multibranch.tasks.loading import load_model
+from multibranch.tasks.translation.dataset import PreparedData
+from multibranch.tasks.translation.translator import Translator
 
 DEFAULT_EDGES = (15, 30, 45, 60, 75, 90, 105)
 
@@ -95,10 +100,6 @@ class LengthOptions:
 def analyze_lengths(ckpts: list[str], labels: list[str] | None, data_dir: str | Path, out: str | Path,
                     options: LengthOptions, force: bool = False) -> ReportFolder:
     """Translate the split with every checkpoint and write lengths.json, lengths.png, index.md."""
-    from multibranch.analysis.batches import check_vocabulary
-    from multibranch.checkpoint.model import load_model
-    from multibranch.data.dataset import PreparedData
-    from multibranch.inference.translator import Translator
 
     ReportFolder.check(out, force)
     labels = labels or [Path(c).stem if len(ckpts) == 1 else str(c) for c in ckpts]
@@ -129,7 +130,6 @@ def analyze_lengths(ckpts: list[str], labels: list[str] | None, data_dir: str | 
 
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-    from multibranch.analysis import plots
 
     folder = ReportFolder.create(out, force)
     folder.write_json("lengths.json", report)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from multibranch.models.layers.mute import MuteEncoderLayer
 from multibranch.modules.dynconv import DynamicConv
 from multibranch.modules.simplex import BranchWeights
 
@@ -60,7 +61,6 @@ def branch_weights(model: nn.Module) -> list[dict[str, Any]]:
 
 def unit_weights(model: nn.Module) -> list[dict[str, Any]]:
     """The unit weights w_j of every MUTE encoder layer."""
-    from multibranch.models.layers.mute import MuteEncoderLayer
 
     rows = []
     for name, module in model.named_modules():

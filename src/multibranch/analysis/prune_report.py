@@ -21,6 +21,9 @@ from torch import nn
 
 from multibranch.analysis.heads import AttentionSite, HeadId, total_heads
 from multibranch.analysis.pruning import CurvePoint, Importance, pruning_steps, select_heads, within_drop
+from multibranch.checkpoint.format import load_state_strict
+from multibranch.convert.payload import experiment_config
+from multibranch.tasks import build_task_model
 
 
 def least_important(sites: list[AttentionSite], scores: Mapping[str, torch.Tensor], fraction: float) -> list[HeadId]:
@@ -66,9 +69,6 @@ def parameter_count(model: nn.Module) -> int:
 
 def model_of(payload: dict[str, Any], where: str, device: str = "cpu") -> nn.Module:
     """The (eval-mode) model of an in-memory checkpoint payload."""
-    from multibranch.checkpoint.format import load_state_strict
-    from multibranch.convert.payload import experiment_config
-    from multibranch.tasks import build_task_model
 
     model = build_task_model(experiment_config(payload))
     load_state_strict(model, payload["model"], where)

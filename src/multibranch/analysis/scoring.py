@@ -15,9 +15,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from multibranch.analysis.batches import teacher_forced_batches
 from multibranch.evaluate.metrics import score_corpus
-from multibranch.inference.config import DecodeConfig
-from multibranch.inference.translator import Translator
+from multibranch.experiment.decoding import DecodeConfig
+from multibranch.tasks.translation.translator import Translator
 
 
 class BleuScorer:
@@ -88,7 +89,6 @@ def make_scorer(model: nn.Module, tokenizer: Any, data: Any, split: str, max_sen
                 decode: DecodeConfig | None, device: str = "cpu", max_tokens: int = 4096) -> BleuScorer | AccuracyScorer:
     """A BLEU scorer on the first `max_sentences` raw sentences of a translation split, or an accuracy
     scorer on the first `max_sentences` examples of a classification split (by the data's kind)."""
-    from multibranch.analysis.batches import teacher_forced_batches
 
     chosen = data.split(split)
     n = len(chosen) if max_sentences is None else min(max_sentences, len(chosen))

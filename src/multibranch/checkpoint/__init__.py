@@ -1,9 +1,10 @@
-"""Checkpoints and exported models: the bottom layer under train/, convert/, inference/ and commands/.
+"""Checkpoints and exported models: the bottom layer that knows no task, model or experiment.
 
-- `format`  the checkpoint file (FORMAT/VERSION, save/load, CheckpointError, state-dict checks)
-- `origin`  which run a checkpoint comes from (kept in its meta; averaging checks it)
-- `export`  the release directory (safetensors + config.json + SentencePiece), read back as a payload
-- `model`   `load_model`: rebuild the model, tokenizer and config of a checkpoint or export
+- `payload`          FORMAT/VERSION of a payload, tied-tensor groups
+- `format`           the checkpoint file (atomic save, strict load, state-dict checks)
+- `export`           the release directory (safetensors + config.json + tokenizer files), read back as a payload
+- `tokenizer_state`  how a tokenizer is stored in a payload (plain tensors)
+- `origin`           which run a checkpoint comes from (kept in its meta; averaging checks it)
 
-Nothing here imports `multibranch.train`, `multibranch.convert` or `multibranch.commands`.
+Rebuilding a model from a payload is the tasks layer's job (`multibranch.tasks.loading.load_model`).
 """

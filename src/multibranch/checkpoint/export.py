@@ -8,7 +8,8 @@
     OUT/tokenizer.json        a Hugging Face tokenizer (imported BERT/RoBERTa; its ids in config.json)
 
 `load_export(OUT)` returns a payload shaped like `checkpoint.format.load_checkpoint`'s, so any code
-that takes a payload (load_model, averaging, conversions) can read an exported directory.
+that takes a payload (load_model, averaging, conversions) can read an exported directory. The payload's
+config is written as given: convert/export.py validates it first (this layer knows no experiment).
 """
 
 from __future__ import annotations
@@ -17,11 +18,22 @@ import json
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file, save
 from torch import Tensor
 
+from multibranch import __version__
 from multibranch.atomic import atomic_write_bytes
-from multibranch.checkpoint.format import FORMAT, VERSION, CheckpointError, tied_groups
-from multibranch.config import to_dict
+from multibranch.checkpoint.payload import FORMAT, VERSION, tied_groups
+from multibranch.checkpoint.tokenizer_state import (
+    HF_ID_NAMES,
+    hf_ids_valid,
+    hf_parts,
+    hf_state,
+    is_hf_state,
+    spm_parts,
+    spm_state,
+)
+from multibranch.errors import CheckpointError
 from multibranch.json_file import read_json_object
 
 EXPORT_FORMAT = "multibranch-export"
@@ -34,16 +46,12 @@ HF_TOKENIZER = "tokenizer.json"
 
 def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False) -> list[Path]:
     """Write `payload` (its model, config, tokenizer, meta; never training state) to `out_dir`."""
-    from safetensors.torch import save
-
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise FileExistsError(f"{out} is not empty; pass --force to overwrite the exported files in it")
-    from multibranch.experiment import ExperimentConfig
-
-    config = to_dict(ExperimentConfig.from_dict(payload["config"]))  # validated, every default resolved
+    config = payload["config"]
     state: dict[str, Tensor] = payload["model"]
     aliases = tied_groups(state)
     tensors = {key: _standalone(t) for key, t in state.items() if key not in aliases}
@@ -54,22 +62,21 @@ def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False)
     written.append(_write_bytes(out / WEIGHTS_FILE, weights))
 
     tokenizer_files = None
-    if payload.get("tokenizer"):
-        from multibranch.data.tokenizer import HFTokenizer, tokenizer_from_state
-
-        tok = tokenizer_from_state(payload["tokenizer"])
-        if isinstance(tok, HFTokenizer):
-            tokenizer_files = {"hf": HF_TOKENIZER, "ids": tok.describe()}
-            written.append(_write_bytes(out / HF_TOKENIZER, tok.tokenizer_json))
-        elif tok.joint:
-            tokenizer_files = {"src": JOINT_SPM, "tgt": JOINT_SPM}
-            written.append(_write_bytes(out / JOINT_SPM, tok.src_proto))
+    tokenizer = payload.get("tokenizer")
+    if tokenizer:
+        if is_hf_state(tokenizer):
+            tokenizer_json, ids = hf_parts(tokenizer)
+            tokenizer_files = {"hf": HF_TOKENIZER, "ids": ids}
+            written.append(_write_bytes(out / HF_TOKENIZER, tokenizer_json))
         else:
-            tokenizer_files = {"src": SOURCE_SPM, "tgt": TARGET_SPM}
-            written.append(_write_bytes(out / SOURCE_SPM, tok.src_proto))
-            written.append(_write_bytes(out / TARGET_SPM, tok.tgt_proto))
-
-    from multibranch import __version__
+            src_proto, tgt_proto = spm_parts(tokenizer)
+            if tgt_proto is None or tgt_proto == src_proto:
+                tokenizer_files = {"src": JOINT_SPM, "tgt": JOINT_SPM}
+                written.append(_write_bytes(out / JOINT_SPM, src_proto))
+            else:
+                tokenizer_files = {"src": SOURCE_SPM, "tgt": TARGET_SPM}
+                written.append(_write_bytes(out / SOURCE_SPM, src_proto))
+                written.append(_write_bytes(out / TARGET_SPM, tgt_proto))
 
     document = {
         "format": EXPORT_FORMAT,
@@ -88,8 +95,6 @@ def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False)
 
 def load_export(directory: str | Path) -> dict[str, Any]:
     """The payload of an exported directory (tied keys share one tensor again)."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
@@ -116,17 +121,19 @@ def load_export(directory: str | Path) -> dict[str, Any]:
     tokenizer = None
     files = document.get("tokenizer")
     if files:
-        from multibranch.data.tokenizer import HFTokenizer, Tokenizer
-
         paths = [directory / files[side] for side in (("hf",) if "hf" in files else ("src", "tgt"))]
         for path in paths:
             if not path.is_file():
                 raise CheckpointError(f"{directory} is incomplete: missing {path.name}")
         if "hf" in files:
-            tokenizer = HFTokenizer.from_description(paths[0].read_bytes(), files.get("ids") or {},
-                                                     str(config_path)).to_state()
+            ids = files.get("ids") or {}
+            if not hf_ids_valid(ids):
+                raise CheckpointError(f"{config_path}: corrupted (the Hugging Face tokenizer needs integer "
+                                      f"{', '.join(HF_ID_NAMES)})")
+            tokenizer = hf_state(paths[0].read_bytes(), ids)
         else:
-            tokenizer = Tokenizer(paths[0].read_bytes(), paths[1].read_bytes()).to_state()
+            src_proto, tgt_proto = paths[0].read_bytes(), paths[1].read_bytes()
+            tokenizer = spm_state(src_proto, None if tgt_proto == src_proto else tgt_proto)
     return {
         "format": FORMAT,
         "version": VERSION,

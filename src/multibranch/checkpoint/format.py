@@ -18,13 +18,12 @@ import torch
 from torch import nn
 
 from multibranch.atomic import atomic_write
+from multibranch.checkpoint.export import CONFIG_FILE, WEIGHTS_FILE, load_export
+from multibranch.checkpoint.payload import FORMAT, VERSION, tied_groups
+from multibranch.errors import CheckpointError
 
-FORMAT = "multibranch-checkpoint"
-VERSION = 1
+__all__ = ["FORMAT", "VERSION", "CheckpointError", "load_checkpoint", "save_checkpoint", "tied_groups"]
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, corrupted, or does not fit the model/run it is loaded into."""
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -83,8 +82,6 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def _load_directory(path: Path) -> dict[str, Any]:
     """An export directory (`multibranch convert export`); a run directory gets a pointer to its best.pt."""
-    from multibranch.checkpoint.export import CONFIG_FILE, WEIGHTS_FILE, load_export
-
     if (path / CONFIG_FILE).is_file() or (path / WEIGHTS_FILE).is_file():
         return load_export(path)
     if any((path / name).exists() for name in RUN_DIR_MARKERS):
@@ -130,23 +127,3 @@ def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], source: 
     if problems:
         raise CheckpointError("\n".join([f"{source} does not match the model it is loaded into:", *problems]))
     model.load_state_dict(state)
-
-
-def storage_key(t: torch.Tensor) -> tuple[Any, ...]:
-    """Identity of the memory a tensor views: equal keys = the same (tied) tensor."""
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
-def tied_groups(state: dict[str, torch.Tensor]) -> dict[str, str]:
-    """Map every key whose tensor is tied to an earlier key onto that earlier (canonical) key."""
-    first: dict[tuple[Any, ...], str] = {}
-    aliases: dict[str, str] = {}
-    for key, tensor in state.items():
-        if tensor.device.type == "meta" or tensor.numel() == 0:
-            continue
-        ident = storage_key(tensor)
-        if ident in first:
-            aliases[key] = first[ident]
-        else:
-            first[ident] = key
-    return aliases

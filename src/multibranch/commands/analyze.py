@@ -135,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _heads(args: argparse.Namespace) -> int:
     from multibranch.analysis.head_report import HeadAnalysisOptions, analyze_heads
-    from multibranch.cli import UserError
     from multibranch.device import resolve_device
+    from multibranch.errors import UserError
 
     if not 0.0 < args.step <= 1.0:
         raise UserError(f"--step {args.step} must be in (0, 1]")
@@ -155,7 +155,7 @@ def _heads(args: argparse.Namespace) -> int:
 
 def _lengths(args: argparse.Namespace) -> int:
     from multibranch.analysis.lengths import LengthOptions, analyze_lengths, parse_edges
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     try:
         edges = parse_edges(args.buckets)
@@ -174,7 +174,7 @@ def _lengths(args: argparse.Namespace) -> int:
 
 def _gates(args: argparse.Namespace) -> int:
     from multibranch.analysis.gate_report import analyze_gates
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     parts = args.ratio.split(",")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
@@ -189,7 +189,7 @@ def _gates(args: argparse.Namespace) -> int:
 
 def _diversity(args: argparse.Namespace) -> int:
     from multibranch.analysis.diversity import NotMuteError, analyze_diversity
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     try:
         folder = analyze_diversity(args.ckpt, args.data, args.out, args.split, args.max_examples, args.max_tokens,
@@ -201,7 +201,7 @@ def _diversity(args: argparse.Namespace) -> int:
 
 
 def _index_list(flag: str, text: str | None) -> tuple[int, ...] | None:
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     if text is None:
         return None
@@ -217,7 +217,7 @@ def _index_list(flag: str, text: str | None) -> tuple[int, ...] | None:
 def _attention(args: argparse.Namespace) -> int:
     from multibranch.analysis.attention_maps import Selection, SelectionError, analyze_attention
     from multibranch.analysis.heads import ROLES
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     indices = _index_list("--sentences", args.sentences)
     selection = Selection(roles=tuple(args.type) if args.type else ROLES, layers=_index_list("--layers", args.layers),
@@ -234,7 +234,7 @@ def _attention(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from multibranch.analysis.compare import compare_reports
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     try:
         folder = compare_reports(args.report, args.label, args.out, force=args.force)

@@ -32,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import save_checkpoint
-    from multibranch.cli import UserError
     from multibranch.convert.average import average_checkpoints, select_checkpoints
     from multibranch.convert.payload import refuse_overwrite
     from multibranch.data.text import check_output_file
+    from multibranch.errors import UserError
 
     if args.run and args.last is None and args.best is None:
         raise UserError("--run needs --last N or --best N")

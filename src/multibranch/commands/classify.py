@@ -45,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from multibranch.checkpoint.format import CheckpointError
-    from multibranch.checkpoint.model import load_model
-    from multibranch.cli import UserError
     from multibranch.data.text import check_input_file, check_output_file, iter_lines, open_input, open_output
     from multibranch.device import resolve_device
-    from multibranch.inference.classify import classify_lines, label_names
+    from multibranch.errors import UserError
+    from multibranch.tasks.classification.inference import classify_lines, label_names
+    from multibranch.tasks.loading import load_model
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size}: must be >= 1")

@@ -160,10 +160,10 @@ def _from_hf_bert(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from multibranch.checkpoint.export import export
     from multibranch.checkpoint.format import load_checkpoint
+    from multibranch.convert.export import export_release
 
-    files = export(load_checkpoint(args.ckpt), args.out, force=args.force)
+    files = export_release(load_checkpoint(args.ckpt), args.out, force=args.force)
     print(f"exported {args.ckpt} to {args.out}: {', '.join(p.name for p in files)}")
     return 0
 

@@ -24,16 +24,17 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from multibranch.atomic import atomic_write_text
-    from multibranch.checkpoint.model import load_model
-    from multibranch.cli import UserError
     from multibranch.commands.translate import one_line
-    from multibranch.data.dataset import PreparedData
-    from multibranch.data.prepare import PrepareConfig, prepare
-    from multibranch.data.synthetic import generate_synthetic_task
+    from multibranch.errors import UserError
     from multibranch.evaluate.metrics import score_corpus
     from multibranch.experiment import resolve_config
-    from multibranch.inference.translator import Translator, show_progress
-    from multibranch.train.trainer import RunOptions, train
+    from multibranch.tasks import train
+    from multibranch.tasks.loading import load_model
+    from multibranch.tasks.translation.dataset import PreparedData
+    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.synthetic import generate_synthetic_task
+    from multibranch.tasks.translation.translator import Translator, show_progress
+    from multibranch.train.trainer import RunOptions
 
     out: Path = args.out
     if out.exists() and any(out.iterdir()):

@@ -13,7 +13,7 @@ With `--task code`, --hyp and the one --ref hold one Python function per line in
 corpus's escaped form (`DCNL`/`DCSP`, what `translate` writes for a code checkpoint; the prepared
 `test.tgt.txt` or a corpus `.code` file): PoV (the share of hypotheses that Python's `ast` parses after
 decoding; nothing is executed), mean sentence BLEU (exponential smoothing) and corpus BLEU, both on
-code tokens (`multibranch.evaluate.code`).
+code tokens (`multibranch.tasks.code.metrics`).
 
 stdout carries exactly one kind of output: the JSON with `--json -`, else the per-line rows with
 `--sentence-level`, else the score lines; everything else goes to stderr.
@@ -70,8 +70,8 @@ def _read(path: str, errors: str) -> list[str]:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """User errors that need no scoring, before anything is read or written."""
-    from multibranch.cli import UserError
     from multibranch.data.text import check_input_file, check_output_file
+    from multibranch.errors import UserError
 
     if "-" in args.ref:
         raise UserError("--ref cannot be '-' (only --hyp may come from stdin)")
@@ -90,7 +90,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.data.errors import DataError
+    from multibranch.errors import DataError
     from multibranch.evaluate.metrics import (
         format_bootstrap,
         format_scores,
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_single_reference(args: argparse.Namespace, what: str) -> None:
     """UserError for translation-only flags and for more than one --ref (classify and code)."""
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     translation_only = [flag for flag, given in (
         ("--sentence-level", args.sentence_level), ("--compare", args.compare), ("--lowercase", args.lowercase),
@@ -160,7 +160,7 @@ def _check_single_reference(args: argparse.Namespace, what: str) -> None:
 
 
 def _run_code(args: argparse.Namespace) -> int:
-    from multibranch.evaluate.code import format_code_scores, score_code
+    from multibranch.tasks.code.metrics import format_code_scores, score_code
 
     _check_single_reference(args, "one escaped function per line")
     hypotheses = _read(args.hyp, args.encoding_errors)
@@ -172,7 +172,7 @@ def _run_code(args: argparse.Namespace) -> int:
 
 def _check_pairs(args: argparse.Namespace, hypotheses: list[str], references: list[str], what: str) -> None:
     """Equal, non-zero line counts of --hyp and the one --ref, or one clear DataError."""
-    from multibranch.data.errors import DataError
+    from multibranch.errors import DataError
 
     hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
     if len(hypotheses) != len(references):
@@ -194,8 +194,8 @@ def _report(args: argparse.Namespace, lines: list[str], result: dict) -> int:
 
 
 def _run_classify(args: argparse.Namespace) -> int:
-    from multibranch.data.errors import DataError
-    from multibranch.evaluate.classification import classification_scores
+    from multibranch.errors import DataError
+    from multibranch.tasks.classification.metrics import classification_scores
 
     _check_single_reference(args, "one gold label per line")
     hyp_name = "<stdin>" if args.hyp == "-" else args.hyp

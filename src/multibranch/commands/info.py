@@ -50,7 +50,7 @@ def parameter_table(model) -> list[tuple[str, int]]:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
     from multibranch.experiment import list_presets, load_preset_dict, resolve_config
     from multibranch.tasks import build_task_model
 
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:24s} {' '.join(description.split())}")
         return 0
     if args.ckpt:
-        from multibranch.checkpoint.model import load_model
+        from multibranch.tasks.loading import load_model
 
         loaded = load_model(args.ckpt)
         cfg, model = loaded.config, loaded.model

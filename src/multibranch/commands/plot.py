@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.analysis.run_plots import EmptyRunError, plot_run
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
+    from multibranch.figures.run_plots import EmptyRunError, plot_run
 
     if args.window < 1 or args.points < 2:
         raise UserError("--window must be >= 1 and --points >= 2")

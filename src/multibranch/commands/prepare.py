@@ -95,7 +95,7 @@ DEFAULTS = {"holdout": None, "format": "auto", "header": "auto", "label_column":
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     if args.task == "classify":
         wrong = _given(args, TRANSLATION_ONLY + CODE_ONLY, DEFAULTS)
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("src", "tgt", "valid") if getattr(args, n) is None]
     if missing:
         raise UserError(f"the following arguments are required: {', '.join(missing)}")
-    from multibranch.data.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
 
     cfg = PrepareConfig(
         src_lang=args.src,
@@ -139,9 +139,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_classify(args: argparse.Namespace) -> int:
-    from multibranch.cli import UserError
-    from multibranch.data.classification import ReadOptions
-    from multibranch.data.prepare_classify import ClassifyPrepareConfig, prepare_classification
+    from multibranch.errors import UserError
+    from multibranch.tasks.classification.prepare import ClassifyPrepareConfig, prepare_classification
+    from multibranch.tasks.classification.readers import ReadOptions
 
     if (args.valid is None) == (args.holdout is None):
         raise UserError("--task classify needs exactly one of --valid FILE and --holdout N")
@@ -165,8 +165,8 @@ def run_classify(args: argparse.Namespace) -> int:
 
 
 def run_code(args: argparse.Namespace) -> int:
-    from multibranch.cli import UserError
-    from multibranch.data.prepare_code import CodePrepareConfig, prepare_code
+    from multibranch.errors import UserError
+    from multibranch.tasks.code.prepare import CodePrepareConfig, prepare_code
 
     if args.valid is None:
         raise UserError("--task code needs --valid PREFIX (the corpus's valid.desc / valid.code)")

@@ -107,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_arguments(args: argparse.Namespace) -> Path:
-    from multibranch.cli import UserError
     from multibranch.device import resolve_device
+    from multibranch.errors import UserError
 
     if args.fraction is not None and not 0.0 < args.fraction < 1.0:
         raise UserError(f"--fraction {args.fraction} must be between 0 and 1 (exclusive)")
@@ -134,8 +134,8 @@ class _Context:
         from multibranch.analysis.batches import check_vocabulary, teacher_forced_batches
         from multibranch.analysis.heads import attention_sites
         from multibranch.analysis.scoring import make_scorer
-        from multibranch.checkpoint.model import load_model
         from multibranch.tasks import task_class
+        from multibranch.tasks.loading import load_model
 
         self.args = args
         self.loaded = load_model(args.ckpt, args.device)
@@ -164,7 +164,7 @@ class _Context:
 
     def least_important(self, fraction: float) -> list[tuple[str, int]]:
         from multibranch.analysis.prune_report import least_important
-        from multibranch.cli import UserError
+        from multibranch.errors import UserError
 
         try:
             return least_important(self.sites, self.importance({}), fraction)
@@ -223,7 +223,7 @@ def summary(report: dict[str, Any]) -> str:
 
 
 def _read_heads(path: str) -> list[tuple[str, int]]:
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     try:
         data: Any = json.loads(Path(path).read_text(encoding="utf-8"))

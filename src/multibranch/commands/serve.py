@@ -65,7 +65,7 @@ def limits_from_args(args: argparse.Namespace):  # noqa: ANN201
 def _check_arguments(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: must be between 0 and 65535")
@@ -102,7 +102,7 @@ def _check_address(host: str, port: int) -> None:
     address); the socket is closed again at once, so uvicorn binds it next."""
     import socket
 
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
 
     if port == 0:
         return

@@ -63,9 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.cli import UserError
+    from multibranch.errors import UserError
     from multibranch.experiment import resolve_config
-    from multibranch.train.trainer import RunOptions, train
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
 
     overrides = list(args.overrides)
     for flag, key in SHORTCUTS.items():

@@ -104,7 +104,7 @@ def count_lines(path: str) -> int | None:
 
 def code_source(text: str) -> str:
     """`--code-format source`: an escaped function -> its Python source, ending in an empty line."""
-    from multibranch.data.code_corpus import decode_code
+    from multibranch.tasks.code.corpus import decode_code
 
     return decode_code(one_line(text)) + "\n"
 
@@ -147,9 +147,9 @@ def _is_interactive(args: argparse.Namespace) -> bool:
 
 def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
     """Every user error that needs no model: before anything is loaded or written."""
-    from multibranch.cli import UserError
     from multibranch.data.text import check_input_file, check_output_file
     from multibranch.device import resolve_device
+    from multibranch.errors import UserError
     from multibranch.inference.precision import check_precision
 
     check_precision(args.precision, resolve_device(args.device))  # ConfigError: unusable device/precision
@@ -179,11 +179,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from multibranch.checkpoint.format import CheckpointError
-    from multibranch.checkpoint.model import load_model
     from multibranch.data.text import iter_lines, open_input, open_output
     from multibranch.device import resolve_device
     from multibranch.inference.precision import for_decoding
-    from multibranch.inference.translator import Translator, progress_bar, show_progress
+    from multibranch.tasks.loading import load_model
+    from multibranch.tasks.translation.translator import Translator, progress_bar, show_progress
 
     interactive = _is_interactive(args)
     _check_arguments(args, interactive)
@@ -244,9 +244,9 @@ def _interactive(translator: Any, nbest: int, encoding_errors: str, stdin: IO[by
 
 def _score_reference(translator: Any, args: argparse.Namespace, name: str, show: bool) -> None:
     """Read input and references whole, check they align, score, then write (nothing is written on error)."""
-    from multibranch.data.errors import DataError
     from multibranch.data.text import iter_lines, open_input, open_output
-    from multibranch.inference.translator import progress_bar
+    from multibranch.errors import DataError
+    from multibranch.tasks.translation.translator import progress_bar
 
     with open_input(args.input) as source:
         lines = list(iter_lines(source, name, args.encoding_errors))

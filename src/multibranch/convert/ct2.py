@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,11 +52,13 @@ from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat, fold_output
 from multibranch.convert.payload import experiment_config
+from multibranch.data.tokenizer import Tokenizer
 from multibranch.modules.merge import merge_constant
+from multibranch.modules.positions import sinusoidal_table
 
 if TYPE_CHECKING:
     from multibranch.data.tokenizer import Tokenizer
-    from multibranch.inference.config import DecodeConfig
+    from multibranch.experiment.decoding import DecodeConfig
     from multibranch.models import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -175,7 +178,6 @@ def _import_ctranslate2() -> Any:
 
 
 def _tokenizer(payload: dict[str, Any], where: str) -> Tokenizer:
-    from multibranch.data.tokenizer import Tokenizer
 
     if not payload.get("tokenizer"):
         raise CheckpointError(f"{where} has no tokenizer; CTranslate2 maps tokens by their SentencePiece pieces, "
@@ -286,7 +288,6 @@ def _position_table(model: ModelConfig, state: dict[str, Tensor], side: str) -> 
         return state[f"{side}.embed.positions.weight"]
     if model.positions == "none":
         return torch.zeros(model.max_positions, model.d_model)
-    from multibranch.modules.positions import sinusoidal_table
 
     return sinusoidal_table(model.max_positions, model.d_model)
 
@@ -376,6 +377,5 @@ def translate_options(decode: DecodeConfig) -> dict[str, Any]:
 def max_decoding_length(decode: DecodeConfig, source_tokens: int) -> int:
     """CT2's max_decoding_length (tokens including EOS) for a source of `source_tokens` pieces
     (without EOS): our limit floor(a * (n + 1) + b) output tokens before EOS, plus the EOS."""
-    import math
 
     return int(math.floor(decode.max_len_a * (source_tokens + 1) + decode.max_len_b)) + 1

@@ -34,12 +34,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import Tensor
 
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.payload import check_state, imported_payload
+from multibranch.data.tokenizer import HFTokenizer
+from multibranch.errors import DataError
+from multibranch.experiment import ExperimentConfig
+from multibranch.experiment.training import TrainConfig
 from multibranch.json_file import read_json_object
+from multibranch.models import LayerConfig, ModelConfig
+from multibranch.models.classifier import Classifier, ClassifierConfig
+from multibranch.schedules import LRConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +75,6 @@ def import_bert(directory: str | Path, labels: list[str] | None = None, num_labe
     except (OSError, ValueError, TypeError) as err:
         raise ConfigError(f"{config_file}: transformers cannot read it ({str(err).splitlines()[0]})") from None
     _check_config(c, raw, config_file)
-    from multibranch.data.errors import DataError
-    from multibranch.data.tokenizer import HFTokenizer
 
     try:
         tokenizer = HFTokenizer.from_pretrained(directory)
@@ -106,8 +112,6 @@ def import_bert(directory: str | Path, labels: list[str] | None = None, num_labe
 
     dense, out, hf_labels = _head_keys(c, hf)
     head_labels, rows, head_note = _choose_head(hf_labels, labels, num_labels, directory)
-    from multibranch.experiment import ExperimentConfig
-    from multibranch.models.classifier import ClassifierConfig
 
     config = ExperimentConfig(
         model=_model_config(c, max_positions, tokenizer), train=_fine_tuning_defaults(), task="classification",
@@ -175,7 +179,6 @@ def _check_config(c: Any, raw: dict[str, Any], where: Path) -> None:
 
 
 def _model_config(c: Any, max_positions: int, tokenizer: Any) -> Any:
-    from multibranch.models import LayerConfig, ModelConfig
 
     return ModelConfig(
         d_model=c.hidden_size,
@@ -211,8 +214,6 @@ def _classifier_dropout(c: Any) -> float | None:
 def _fine_tuning_defaults() -> Any:
     """The usual BERT fine-tuning settings (Devlin et al.): AdamW 2e-5, betas (0.9, 0.999), weight decay
     0.01, batches of 32 texts, no label smoothing, 3 epochs, best checkpoint by accuracy."""
-    from multibranch.schedules import LRConfig
-    from multibranch.train.config import TrainConfig
 
     return TrainConfig(lr=LRConfig(schedule="constant", lr=2e-5, warmup=100), betas=(0.9, 0.999), weight_decay=0.01,
                        max_sentences=32, max_tokens=32 * 512, label_smoothing=0.0, max_epochs=3, valid_every=500,
@@ -231,7 +232,6 @@ def _load_weights(directory: Path, model_type: str) -> dict[str, Tensor]:
         if found.name == "pytorch_model.bin":
             state = torch.load(found, map_location="cpu", weights_only=True)
         else:
-            from safetensors.torch import load_file
 
             files = [found]
             if found.name.endswith(".index.json"):
@@ -318,7 +318,6 @@ def _choose_head(hf_labels: list[str], labels: list[str] | None, num_labels: int
 
 def _fresh_head(config: Any, seed: int) -> dict[str, Tensor]:
     """dense/out weights of a freshly initialised classifier of `config` (seeded)."""
-    from multibranch.models.classifier import Classifier
 
     fork = torch.random.fork_rng(devices=[])
     with fork:

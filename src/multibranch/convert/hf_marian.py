@@ -44,7 +44,12 @@ from torch import Tensor
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.payload import check_state, imported_payload
+from multibranch.data.tokenizer import Tokenizer, load_processor
+from multibranch.experiment import ExperimentConfig
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.json_file import read_json_object
+from multibranch.models import LayerConfig, ModelConfig
+from multibranch.modules.positions import sinusoidal_table
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +161,6 @@ def import_marian(directory: str | Path, *, use_tokenizer: bool = True) -> dict[
         state.update(_ffn(p, layer))
 
     model = _model_config(c, share, use_bias, vocab, src_rows.shape[0], tgt_rows.shape[0])
-    from multibranch.experiment import ExperimentConfig
 
     config = ExperimentConfig(model=model, decode=_decode_config(directory),
                               description=f"imported from Hugging Face MarianMTModel {directory}")
@@ -181,7 +185,6 @@ def _check_raw_config(raw: dict[str, Any], where: Path) -> None:
 
 def _check_positions(hf: Any, d_model: int, max_positions: int, where: Path) -> None:
     """HF's sinusoidal table must equal ours (same layout and frequencies), else the import is wrong."""
-    from multibranch.modules.positions import sinusoidal_table
 
     ours = sinusoidal_table(max_positions, d_model)
     for side in ("encoder", "decoder"):
@@ -194,7 +197,6 @@ def _check_positions(hf: Any, d_model: int, max_positions: int, where: Path) -> 
 def _decode_config(directory: Path) -> Any:
     """Beam size and length penalty from generation_config.json (HF's penalty is score / len^alpha,
     our "fairseq" kind); everything else keeps multibranch's defaults."""
-    from multibranch.inference.config import DecodeConfig
 
     cfg = DecodeConfig()
     path = directory / "generation_config.json"
@@ -211,7 +213,6 @@ def _decode_config(directory: Path) -> Any:
 
 
 def _model_config(c: Any, share: str, output_bias: bool, vocab: VocabMap, src_size: int, tgt_size: int) -> Any:
-    from multibranch.models import LayerConfig, ModelConfig
 
     layer = LayerConfig.variant("transformer")
     decoder_heads = None if c.decoder_attention_heads == c.encoder_attention_heads else c.decoder_attention_heads
@@ -261,7 +262,6 @@ def _spm_vocab_map(directory: Path, c: Any, enc_rows: int, dec_rows: int) -> Voc
     files = [directory / "source.spm", directory / "target.spm", directory / "vocab.json"]
     if not all(f.is_file() for f in files):
         return None
-    from multibranch.data.tokenizer import Tokenizer, load_processor
 
     src_bytes, tgt_bytes = files[0].read_bytes(), files[1].read_bytes()
     sp_src, sp_tgt = load_processor(src_bytes), load_processor(tgt_bytes)

@@ -15,6 +15,9 @@ import torch
 from torch import Tensor
 
 from multibranch.checkpoint.format import CheckpointError, state_mismatch
+from multibranch.config import to_dict
+from multibranch.experiment import ExperimentConfig
+from multibranch.tasks import build_task_model
 
 if TYPE_CHECKING:
     from multibranch.experiment import ExperimentConfig
@@ -25,7 +28,6 @@ RUN_META_KEYS = ("valid", "config_hash")
 
 def experiment_config(payload: dict[str, Any]) -> ExperimentConfig:
     """The payload's config, validated (unknown keys or bad values raise ConfigError)."""
-    from multibranch.experiment import ExperimentConfig
 
     return ExperimentConfig.from_dict(payload["config"])
 
@@ -53,7 +55,6 @@ def describe_source(payload: dict[str, Any], source: str | None) -> dict[str, An
 def check_state(config: ExperimentConfig, state: dict[str, Tensor], source: str) -> None:
     """Raise CheckpointError unless `state` has exactly the keys and shapes of the model (of its task)
     built from `config`. The reference model is built on the meta device, so this costs no memory."""
-    from multibranch.tasks import build_task_model
 
     with torch.device("meta"):
         reference = build_task_model(config).state_dict()
@@ -68,7 +69,6 @@ def imported_payload(config: ExperimentConfig, state: dict[str, Tensor], tokeniz
     saying what it came from (`details` add to it; the installed transformers version is recorded)."""
     import transformers
 
-    from multibranch.config import to_dict
 
     conversion = {"kind": kind, "source": str(source), "summary": summary, **details,
                   "transformers_version": transformers.__version__}

@@ -12,16 +12,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from multibranch.data.errors import DataError
 from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from multibranch.errors import DataError
 
-if TYPE_CHECKING:
-    from multibranch.data.dataset import ParallelSplit
+
+class TokenPairs(Protocol):
+    """A split of source/target token sequences stored flat (tasks/translation/dataset.py's ParallelSplit)."""
+
+    src_tokens: np.ndarray  # [total source tokens]
+    tgt_tokens: np.ndarray
+    src_offsets: np.ndarray  # [N] start of each sequence
+    tgt_offsets: np.ndarray
+    src_lengths: np.ndarray  # [N] tokens of each sequence (no EOS)
+    tgt_lengths: np.ndarray
 
 
 def token_batches(
@@ -137,7 +145,7 @@ def _gather(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tupl
 
 
 def collate(
-    split: ParallelSplit,
+    split: TokenPairs,
     indices: Sequence[int] | np.ndarray,
     pad_id: int = PAD_ID,
     bos_id: int = BOS_ID,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from multibranch.data.errors import DataError
+from multibranch.errors import DataError
 from multibranch.json_file import read_json_object
 
 AGAIN = "run `multibranch prepare` again"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from multibranch.atomic import atomic_write
-from multibranch.data.errors import DataError
+from multibranch.errors import DataError
 
 EncodingErrors = Literal["strict", "replace"]
 ENCODING_ERRORS = ("strict", "replace")

@@ -22,7 +22,16 @@ from typing import Any
 import sentencepiece as spm
 import torch
 
-from multibranch.data.errors import DataError
+from multibranch.checkpoint.tokenizer_state import (
+    HF_ID_NAMES,
+    hf_ids_valid,
+    hf_parts,
+    hf_state,
+    is_hf_state,
+    spm_parts,
+    spm_state,
+)
+from multibranch.errors import DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -101,21 +110,16 @@ class Tokenizer:
         return {"src.model": self.src_proto, "tgt.model": self.tgt_proto}
 
     def to_state(self) -> dict[str, torch.Tensor]:
-        """Checkpoint form: the serialized protos as uint8 tensors (loadable with weights_only=True)."""
-        state = {"src": torch.frombuffer(bytearray(self.src_proto), dtype=torch.uint8)}
-        if not self.joint:
-            state["tgt"] = torch.frombuffer(bytearray(self.tgt_proto), dtype=torch.uint8)
-        return state
+        """Checkpoint form (checkpoint/tokenizer_state.py): the serialized protos as uint8 tensors."""
+        return spm_state(self.src_proto, None if self.joint else self.tgt_proto)
 
     @classmethod
     def from_state(cls, state: dict[str, torch.Tensor]) -> Tokenizer:
-        src = bytes(state["src"].numpy().tobytes())
-        tgt = bytes(state["tgt"].numpy().tobytes()) if "tgt" in state else src
-        return cls(src, tgt)
+        src, tgt = spm_parts(state)
+        return cls(src, src if tgt is None else tgt)
 
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")  # a directory needs one of them
-HF_ID_NAMES = ("vocab_size", "pad", "bos", "eos", "unk")
 
 
 class HFTokenizer:
@@ -212,7 +216,7 @@ class HFTokenizer:
     @classmethod
     def from_description(cls, tokenizer_json: bytes, ids: dict[str, Any], where: str) -> HFTokenizer:
         """The inverse of `describe` (unk -1 = none); DataError naming `where` for missing or bad ids."""
-        if not all(isinstance(ids.get(name), int) for name in HF_ID_NAMES):
+        if not hf_ids_valid(ids):
             raise DataError(f"{where}: corrupted (the Hugging Face tokenizer needs integer {', '.join(HF_ID_NAMES)})")
         unk = ids["unk"] if ids["unk"] >= 0 else None
         return cls(tokenizer_json, ids["vocab_size"], ids["pad"], ids["bos"], ids["eos"], unk)
@@ -230,14 +234,13 @@ class HFTokenizer:
                 "special_ids.json": (json.dumps(self.ids, indent=2) + "\n").encode("utf-8")}
 
     def to_state(self) -> dict[str, torch.Tensor]:
-        """Checkpoint form: the JSON bytes and [vocab_size, pad, bos, eos, unk] as tensors."""
-        return {"hf_json": torch.frombuffer(bytearray(self.tokenizer_json), dtype=torch.uint8),
-                "hf_ids": torch.tensor([self.ids[k] for k in HF_ID_NAMES], dtype=torch.int64)}
+        """Checkpoint form (checkpoint/tokenizer_state.py): the JSON bytes and the special ids as tensors."""
+        return hf_state(self.tokenizer_json, self.ids)
 
     @classmethod
     def from_state(cls, state: dict[str, torch.Tensor]) -> HFTokenizer:
-        values = dict(zip(HF_ID_NAMES, state["hf_ids"].tolist(), strict=True))
-        return cls.from_description(bytes(state["hf_json"].numpy().tobytes()), values, "checkpoint tokenizer")
+        tokenizer_json, ids = hf_parts(state)
+        return cls.from_description(tokenizer_json, ids, "checkpoint tokenizer")
 
 
 AnyTokenizer = Tokenizer | HFTokenizer
@@ -245,4 +248,4 @@ AnyTokenizer = Tokenizer | HFTokenizer
 
 def tokenizer_from_state(state: dict[str, Any]) -> AnyTokenizer:
     """The tokenizer of a checkpoint's `tokenizer` entry (SentencePiece or Hugging Face)."""
-    return HFTokenizer.from_state(state) if "hf_json" in state else Tokenizer.from_state(state)
+    return HFTokenizer.from_state(state) if is_hf_state(state) else Tokenizer.from_state(state)

@@ -8,10 +8,15 @@ refused unless `allow_download=True`; test sets (`sacrebleu -t`) are never fetch
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
-from multibranch.data.errors import DataError
+from sacrebleu.metrics import BLEU, CHRF, TER
+from sacrebleu.metrics.bleu import _TOKENIZERS
+from sacrebleu.significance import PairedTest
+
+from multibranch.errors import DataError
 
 METRICS = ("bleu", "chrf", "chrf++", "ter")
 DOWNLOADING_TOKENIZERS = ("spm", "flores101", "flores200", "spBLEU-1K")
@@ -25,7 +30,6 @@ def _reference_streams(references: Sequence[str] | Sequence[Sequence[str]]) -> l
 
 
 def _metric(name: str, tokenize: str, lowercase: bool) -> Any:
-    from sacrebleu.metrics import BLEU, CHRF, TER
 
     if name == "bleu":
         return BLEU(tokenize=tokenize, lowercase=lowercase)
@@ -40,7 +44,6 @@ def _metric(name: str, tokenize: str, lowercase: bool) -> Any:
 
 def check_tokenizer(tokenize: str, allow_download: bool = False) -> None:
     """Refuse unknown tokenisers and, unless allowed, those that download a model."""
-    from sacrebleu.metrics.bleu import _TOKENIZERS
 
     if tokenize not in _TOKENIZERS:
         raise DataError(f"unknown sacreBLEU tokenizer {tokenize!r}; choose from {', '.join(_TOKENIZERS)}")
@@ -125,7 +128,6 @@ def score_sentences(
 
     Returns {"bleu": [score per line], "chrf": [...], "bleu_signature": ..., "chrf_signature": ...}.
     """
-    from sacrebleu.metrics import BLEU, CHRF
 
     streams = _checked_streams(hypotheses, references)
     check_tokenizer(tokenize, allow_download)
@@ -158,9 +160,7 @@ def paired_bootstrap(
     Identical outputs get p = 1 (sacreBLEU counts only resampled differences strictly above the
     observed one, which gives 1 / (samples + 1) when every difference is exactly 0).
     """
-    import logging
 
-    from sacrebleu.significance import PairedTest
 
     if samples < 1:
         raise DataError(f"bootstrap samples must be >= 1, got {samples}")

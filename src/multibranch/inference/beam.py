@@ -38,7 +38,7 @@ from torch import Tensor
 from multibranch.modules.state import DecoderState
 
 if TYPE_CHECKING:
-    from multibranch.inference.config import DecodeConfig
+    from multibranch.experiment.decoding import DecodeConfig
     from multibranch.models.seq2seq import EncoderOut
 
 LengthPenaltyKind = Literal["fairseq", "gnmt"]

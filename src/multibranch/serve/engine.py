@@ -15,6 +15,23 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Protocol
 
+import sentencepiece as spm
+import torch
+
+from multibranch.analysis.attention_maps import SelectionError
+from multibranch.checkpoint.format import CheckpointError
+from multibranch.convert.ct2 import SETTINGS_FILE, max_decoding_length, translate_options
+from multibranch.device import resolve_device
+from multibranch.errors import UserError
+from multibranch.experiment.decoding import DecodeConfig
+from multibranch.inference.precision import check_precision, for_decoding
+from multibranch.json_file import read_json_object
+from multibranch.modules.simplex import BranchWeights
+from multibranch.serve.attention import attention_choices, sentence_map
+from multibranch.tasks.classification.inference import classify_lines, label_names
+from multibranch.tasks.loading import load_model
+from multibranch.tasks.translation.translator import Translator
+
 Hypotheses = list[tuple[str, float]]  # (text, normalised score), best first
 
 
@@ -34,9 +51,7 @@ class Engine(Protocol):
 def branch_weights(model: Any) -> dict[str, dict[str, list[float]]]:
     """Learned branch weights read from the model: kappa/alpha per Weighted module, unit weights per
     MUTE module (the raw learned w), keyed by module name."""
-    import torch
 
-    from multibranch.modules.simplex import BranchWeights
 
     out: dict[str, dict[str, list[float]]] = {}
     for name, module in model.named_modules():
@@ -54,11 +69,6 @@ def load_torch_engine(path: str, device: str = "cpu", precision: str = "fp32",
     ClassifierEngine for a classifier. `overrides` are decode settings (translation only). The one
     place the server imports the checkpoint loader; one model copy in `precision`
     (inference/precision.py) serves every request."""
-    from multibranch.checkpoint.format import CheckpointError
-    from multibranch.checkpoint.model import load_model
-    from multibranch.cli import UserError
-    from multibranch.device import resolve_device
-    from multibranch.inference.precision import check_precision, for_decoding
 
     resolved = resolve_device(device)
     check_precision(precision, resolved)
@@ -91,7 +101,6 @@ class TorchEngine:
 
     def __init__(self, model: Any, tokenizer: Any, decode: Any, device: Any = "cpu", kind: str = "torch",
                  summary: dict[str, Any] | None = None, precision: str = "fp32"):
-        from multibranch.inference.translator import Translator
 
         self.model, self.tokenizer, self.decode, self.kind = model, tokenizer, decode, kind
         self.precision = precision  # the model is already the one to decode with (for_decoding)
@@ -104,7 +113,6 @@ class TorchEngine:
     @classmethod
     def from_checkpoint(cls, path: str, device: str = "cpu", precision: str = "fp32", **overrides: Any) -> TorchEngine:
         """The engine of a translation checkpoint (load_torch_engine; a classifier is refused)."""
-        from multibranch.checkpoint.format import CheckpointError
 
         engine = load_torch_engine(path, device, precision, **overrides)
         if not isinstance(engine, cls):
@@ -113,7 +121,6 @@ class TorchEngine:
 
     def _translator(self, beam: int) -> Any:
         if beam not in self._translators:
-            from multibranch.inference.translator import Translator
 
             cfg = dataclasses.replace(self.decode, beam=beam, nbest=1)
             self._translators[beam] = Translator(self.model, self.tokenizer, cfg, self._base.device)
@@ -126,7 +133,6 @@ class TorchEngine:
         return self._translator(beam).translate_nbest(texts, nbest)
 
     def attention_choices(self) -> dict[str, dict[str, Any]]:
-        from multibranch.serve.attention import attention_choices
 
         return attention_choices(self.model)
 
@@ -135,8 +141,6 @@ class TorchEngine:
         """One attention map of `text` with `target` as the translation (unset: the model's 1-best
         with `beam`, as POST /translate gives it): the source is encoded and truncated as for
         translation; a target longer than learned positions allow raises SelectionError."""
-        from multibranch.analysis.attention_maps import SelectionError
-        from multibranch.serve.attention import sentence_map
 
         translator = self._translator(beam or self.default_beam)
         keep, sources, _ = translator.encode([text])
@@ -174,7 +178,6 @@ class ClassifierEngine:
     task = "classification"
 
     def __init__(self, model: Any, tokenizer: Any, config: Any, device: Any = "cpu", precision: str = "fp32"):
-        from multibranch.inference.classify import label_names
 
         self.model, self.tokenizer, self.device, self.precision = model, tokenizer, device, precision
         self.labels = label_names(config)
@@ -187,7 +190,6 @@ class ClassifierEngine:
 
     def classify(self, texts: list[str]) -> list[list[float] | None]:
         """Per text: the label probabilities in `labels` order, or None for a blank text."""
-        from multibranch.inference.classify import classify_lines
 
         kept = [i for i, text in enumerate(texts) if text.strip()]
         out: list[list[float] | None] = [None] * len(texts)
@@ -218,12 +220,7 @@ class Ct2Engine:
     task = "translation"
 
     def __init__(self, directory: str, device: str = "cpu", threads: int = 1):
-        import sentencepiece as spm
 
-        from multibranch.cli import UserError
-        from multibranch.convert.ct2 import SETTINGS_FILE
-        from multibranch.inference.config import DecodeConfig
-        from multibranch.json_file import read_json_object
 
         try:
             import ctranslate2
@@ -250,7 +247,6 @@ class Ct2Engine:
         return [len(ids) + 1 for ids in self.src.encode(texts)]
 
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
-        from multibranch.convert.ct2 import max_decoding_length, translate_options
 
         out: list[Hypotheses] = [[("", 0.0)] for _ in texts]
         kept = [i for i, text in enumerate(texts) if text.strip()]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from multibranch.experiment.training import TrainConfig
 from multibranch.hooks import ParamGroupSpec
 from multibranch.schedules import LRConfig, learning_rate_at
-from multibranch.train.config import TrainConfig
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, specs: list[ParamGroupSpec]) -> torch.optim.Optimizer:

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 import yaml
 from torch import nn
+from tqdm import tqdm
 
 import multibranch
 from multibranch.atomic import atomic_write_bytes, atomic_write_text, remove_stale_temporaries
@@ -46,19 +48,25 @@ from multibranch.checkpoint.format import (
 )
 from multibranch.checkpoint.origin import make_origin, new_run_id, origin_of, weights_fingerprint
 from multibranch.config import config_hash
+from multibranch.data.batching import shard_batches
 from multibranch.device import resolve_amp, resolve_device
 from multibranch.experiment import ExperimentConfig
+from multibranch.experiment.training import RESUMABLE_CHANGES
+from multibranch.figures.run_plots import plot_run
 from multibranch.hooks import ModuleHooks
-from multibranch.tasks import task_for_data
 from multibranch.train import distributed as D
-from multibranch.train.config import RESUMABLE_CHANGES
 from multibranch.train.metrics_log import MetricsLog
 from multibranch.train.optim import LRScheduler, build_optimizer
 from multibranch.train.rng import rng_state, seed_everything, set_rng_state
+from multibranch.train.task import Task
+from multibranch.train.tensorboard import TensorBoardSink, check_tensorboard
 
 log = logging.getLogger("multibranch.train")
 # The per-update train lines: train.log always; the console only when no progress bar replaces them.
 step_log = logging.getLogger("multibranch.train.steps")
+
+# builds the task of a config and a prepared data directory (multibranch.tasks.task_for_data)
+TaskFactory = Callable[[ExperimentConfig, Path], Task]
 
 # Which training settings a resume may only change with which reset flag.
 DATA_FIELDS = {"seed", "max_tokens", "max_sentences", "update_freq"}
@@ -106,7 +114,7 @@ class Trainer:
     """Everything is validated before the run directory is created or changed: config, data, device,
     the --init-from checkpoint and the --resume compatibility. Only then `_prepare_run_dir` writes."""
 
-    def __init__(self, cfg: ExperimentConfig, opts: RunOptions):
+    def __init__(self, cfg: ExperimentConfig, opts: RunOptions, make_task: TaskFactory):
         self.cfg, self.opts = cfg, opts
         tcfg = cfg.train
         self.run_dir = Path(opts.run_dir)
@@ -122,7 +130,7 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         seed_everything(tcfg.seed + self.dist.rank)
 
-        self.task = task_for_data(cfg, opts.data_dir)
+        self.task = make_task(cfg, Path(opts.data_dir))
         if opts.resume:
             self.task.verify()  # files changed since `prepare` would silently change the data order
         self.tokenizer = self.task.tokenizer
@@ -141,7 +149,6 @@ class Trainer:
         self.config_hash = config_hash(self._model_sections(self.cfg.to_dict()))
         self.origin: dict[str, str] | None = None
         if opts.tensorboard is not None:
-            from multibranch.train.tensorboard import check_tensorboard
 
             check_tensorboard()
             if opts.tensorboard.exists() and not opts.tensorboard.is_dir():
@@ -158,7 +165,6 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.dist.is_main)
         self._prepare_run_dir()
         if opts.tensorboard is not None and self.dist.is_main:
-            from multibranch.train.tensorboard import TensorBoardSink
 
             # events of steps this run will (re)write are dropped: after the resumed step, or all on a fresh start
             self.metrics.sinks.append(TensorBoardSink(opts.tensorboard, self.state.step + 1 if opts.resume else 0))
@@ -320,7 +326,6 @@ class Trainer:
     # ---- batches ---------------------------------------------------------------------------------
 
     def _epoch_batches(self, epoch: int) -> list:
-        from multibranch.data.batching import shard_batches
 
         return shard_batches(self.task.train_batches(epoch), self.dist.rank, self.dist.world_size)
 
@@ -458,8 +463,6 @@ class Trainer:
 
     def _plot(self) -> None:
         """Redraw RUN/plots from metrics.jsonl; a failure is logged, never fatal to the training."""
-        from multibranch.analysis.run_plots import plot_run
-
         try:
             plot_run(self.run_dir, force=True)
         except Exception as error:  # plots are a by-product: the run must go on
@@ -565,7 +568,6 @@ class Trainer:
         if not show or not self.dist.is_main:
             yield None
             return
-        from tqdm import tqdm
 
         limits = [n for n in (self.cfg.train.max_steps, self.opts.stop_at_step) if n is not None]
         bar = tqdm(total=min(limits) if limits else None, initial=self.state.step, unit="upd", dynamic_ncols=True)
@@ -580,7 +582,3 @@ class Trainer:
             if self._log_handler is not None:
                 step_log.removeHandler(self._log_handler)
 
-
-def train(cfg: ExperimentConfig, opts: RunOptions) -> TrainState:
-    """Train `cfg` on the prepared data in `opts.data_dir`, writing `opts.run_dir`."""
-    return Trainer(cfg, opts).train()

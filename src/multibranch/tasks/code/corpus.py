@@ -41,8 +41,8 @@ import warnings
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from multibranch.data.errors import DataError
 from multibranch.data.text import EncodingErrors, read_parallel
+from multibranch.errors import DataError
 
 NEWLINE_TOKEN = "DCNL"
 SPACE_TOKEN = "DCSP"

@@ -1,6 +1,6 @@
 """Preparing code-generation data: the code-docstring corpus -> a translation data directory (docstring -> code).
 
-Inputs are `{prefix}.desc` / `{prefix}.code` pairs read by `multibranch.data.code_corpus` (strict
+Inputs are `{prefix}.desc` / `{prefix}.code` pairs read by `multibranch.tasks.code.corpus` (strict
 lines, one example a line, malformed docstring literals an error unless `docstring_errors="raw"`).
 Each example becomes one translation pair, one line per side:
 
@@ -19,7 +19,7 @@ longer than `max_len` subword tokens on either side are dropped (counted); valid
 are. Examples whose docstring is empty (the corpus has a few `''`) are dropped in every split and
 counted, as translation drops pairs with an empty side. There is no length-ratio filter (a function is many times longer than its docstring).
 
-The output is a translation data directory (`multibranch.data.prepare`'s layout, one joint
+The output is a translation data directory (`multibranch.tasks.translation.prepare`'s layout, one joint
 SentencePiece model unless `joint=False`) whose data.json also holds `"task": "code"` (so `train`
 chooses the code task) and a `"code"` section: the source/target forms, held-out indices, malformed
 docstrings kept raw, and how many test docstrings also occur verbatim in train.
@@ -35,9 +35,10 @@ from typing import Any, Literal
 
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
-from multibranch.data.code_corpus import DOCSTRING_ERRORS, CodeCorpusReading, read_code_corpus_details
-from multibranch.data.errors import DataError
-from multibranch.data.prepare import (  # the translation `prepare`'s pieces, shared rather than copied
+from multibranch.data.text import ParallelText, TextLines
+from multibranch.errors import DataError
+from multibranch.tasks.code.corpus import DOCSTRING_ERRORS, CodeCorpusReading, read_code_corpus_details
+from multibranch.tasks.translation.prepare import (  # the translation `prepare`'s pieces, shared rather than copied
     DROP_REASONS,
     PrepareConfig,
     Split,
@@ -46,7 +47,6 @@ from multibranch.data.prepare import (  # the translation `prepare`'s pieces, sh
     check_out_dir,
     check_spm_settings,
 )
-from multibranch.data.text import ParallelText, TextLines
 
 TASK = "code"  # data.json "task" of a code-generation directory
 SRC_LANG, TGT_LANG = "desc", "code"

@@ -19,7 +19,7 @@
   `multibranch.evaluate.metrics.score_corpus` on the same token streams.
 
 By default hypotheses and references are in the corpus's one-line escaped form (`DCNL`/`DCSP`, what
-a line-based model writes) and are decoded with `multibranch.data.code_corpus.decode_code` first.
+a line-based model writes) and are decoded with `multibranch.tasks.code.corpus.decode_code` first.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from multibranch.data.code_corpus import decode_code, python_tokens
-from multibranch.data.errors import DataError
+from sacrebleu.metrics import BLEU
+
+from multibranch.errors import DataError
 from multibranch.evaluate.metrics import score_corpus
+from multibranch.tasks.code.corpus import decode_code, python_tokens
 
 MAX_SOURCE_CHARS = 100_000
 CODE_TOKENIZATION = "python tokenize (regex fallback), layout dropped, tokens joined by spaces"
@@ -105,7 +107,6 @@ def token_line(tokens: Sequence[str]) -> str:
 
 def sentence_bleu_scores(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[list[float], str]:
     """Per-line sacreBLEU sentence BLEU (exp smoothing, effective order) of token lines, and its signature."""
-    from sacrebleu.metrics import BLEU
 
     metric = BLEU(tokenize="none", smooth_method="exp", effective_order=True)
     scores = [float(metric.sentence_score(h, [r]).score) for h, r in zip(hypotheses, references)]

@@ -6,16 +6,17 @@ name a `base` preset whose values it overrides (deep merge).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from multibranch.config import ConfigError, deep_merge, from_dict, load_yaml, parse_override, to_dict
-from multibranch.inference.config import DecodeConfig
+from multibranch.experiment.decoding import DecodeConfig
+from multibranch.experiment.training import TrainConfig
 from multibranch.models import ModelConfig
 from multibranch.models.classifier import ClassifierConfig
-from multibranch.train.config import TrainConfig
 
 
 @dataclass
@@ -50,7 +51,6 @@ def load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
         path = preset_dir() / f"{name}.yaml"
         if not path.exists():
-            import difflib
 
             close = difflib.get_close_matches(name, list_presets(), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

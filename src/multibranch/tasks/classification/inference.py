@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.data.tokenizer import AnyTokenizer
-from multibranch.tasks.classification import encode_batch
+from multibranch.tasks.classification.task import encode_batch
 
 
 @torch.no_grad()

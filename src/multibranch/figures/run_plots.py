@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multibranch.analysis import curves
-from multibranch.analysis.report import ReportFolder
-from multibranch.config import ConfigError
+from multibranch.config import ConfigError, load_yaml
+from multibranch.experiment import ExperimentConfig
+from multibranch.figures import curves, plots
+from multibranch.figures.report import ReportFolder
 
 
 class EmptyRunError(ValueError):
@@ -22,9 +23,6 @@ class EmptyRunError(ValueError):
 def plot_run(run_dir: str | Path, out: str | Path | None = None, window: int = 10, points: int = 200,
              force: bool = False) -> ReportFolder:
     """Write the report folder of `run_dir` into `out` (default RUN/plots); validates before writing."""
-    from multibranch.analysis import plots
-    from multibranch.config import load_yaml
-    from multibranch.experiment import ExperimentConfig
 
     if window < 1 or points < 2:
         raise ValueError("the moving-average window must be >= 1 and the schedule points >= 2")

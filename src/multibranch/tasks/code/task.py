@@ -1,6 +1,6 @@
 """Code generation (docstring -> Python function): a translation task over `prepare --task code` data
 whose validation also decodes the valid split and scores the functions with PoV, mean sentence BLEU
-and corpus BLEU on code tokens (`multibranch.evaluate.code`; generated code is parsed, never run).
+and corpus BLEU on code tokens (`multibranch.tasks.code.metrics`; generated code is parsed, never run).
 
 Validation metrics (besides loss / NLL / ppl): "pov" (fraction in [0, 1] of hypotheses that
 `ast.parse` accepts after `DCNL`/`DCSP` decoding), "sentence_bleu" (mean, 0-100) and "bleu" (corpus
@@ -13,11 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from multibranch.data.errors import DataError
-from multibranch.tasks.translation import TranslationTask
+from multibranch.errors import DataError
+from multibranch.tasks.code.metrics import score_code
+from multibranch.tasks.code.prepare import TASK
+from multibranch.tasks.translation.dataset import PreparedData
+from multibranch.tasks.translation.task import TranslationTask
 
 if TYPE_CHECKING:
-    from multibranch.data.dataset import PreparedData
+    from multibranch.tasks.translation.dataset import PreparedData
 
 
 class CodeTask(TranslationTask):
@@ -26,8 +29,6 @@ class CodeTask(TranslationTask):
 
     @staticmethod
     def load_data(data_dir: Path) -> PreparedData:
-        from multibranch.data.dataset import PreparedData
-        from multibranch.data.prepare_code import TASK
 
         data = PreparedData.load(data_dir)
         if data.meta.get("task") != TASK:
@@ -36,7 +37,6 @@ class CodeTask(TranslationTask):
         return data
 
     def decode_scores(self, hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-        from multibranch.evaluate.code import score_code
 
         scores = score_code(hypotheses, references)
         return {"pov": scores["pov"]["score"], "sentence_bleu": scores["sentence_bleu"]["score"],

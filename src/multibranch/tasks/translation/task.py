@@ -12,13 +12,18 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.config import ConfigError
-from multibranch.tasks.base import Autocast, Task
+from multibranch.data.batching import collate, token_batches
+from multibranch.evaluate.metrics import score_corpus
+from multibranch.models import build_model
+from multibranch.tasks.translation.dataset import PreparedData
+from multibranch.tasks.translation.translator import Translator, show_progress
 from multibranch.train.loss import output_layer_loss
+from multibranch.train.task import Autocast, Task
 
 if TYPE_CHECKING:
     from multibranch.data.batching import Batch
-    from multibranch.data.dataset import PreparedData
     from multibranch.experiment import ExperimentConfig
+    from multibranch.tasks.translation.dataset import PreparedData
 
 
 class TranslationTask(Task):
@@ -28,7 +33,6 @@ class TranslationTask(Task):
 
     @staticmethod
     def load_data(data_dir: Path) -> PreparedData:
-        from multibranch.data.dataset import PreparedData
 
         return PreparedData.load(data_dir)
 
@@ -46,7 +50,6 @@ class TranslationTask(Task):
 
     @classmethod
     def build_model(cls, cfg: ExperimentConfig) -> nn.Module:
-        from multibranch.models import build_model
 
         return build_model(cfg.model)
 
@@ -54,14 +57,12 @@ class TranslationTask(Task):
         return f"{self.cfg.model.encoder.kind}/{self.cfg.model.decoder.kind} layers"
 
     def train_batches(self, epoch: int) -> list[np.ndarray]:
-        from multibranch.data.batching import token_batches
 
         t, split = self.cfg.train, self.train_split
         return token_batches(split.src_lengths, split.tgt_lengths, t.max_tokens, seed=t.seed, epoch=epoch,
                              shuffle=True, max_sentences=t.max_sentences)
 
     def collate(self, indices: np.ndarray, device: torch.device, split=None) -> Batch:
-        from multibranch.data.batching import collate
 
         m = self.cfg.model
         return collate(split or self.train_split, indices, m.pad_id, m.bos_id, m.eos_id).to(device)
@@ -86,7 +87,6 @@ class TranslationTask(Task):
     def validate(self, model: nn.Module, device: torch.device, autocast: Autocast,
                  progress: bool | None) -> dict[str, Any]:
         """Valid loss / NLL / perplexity (+ BLEU with the decode settings)."""
-        from multibranch.data.batching import token_batches
 
         split = self.valid_split
         loss_sum = nll_sum = tokens = 0.0
@@ -105,7 +105,6 @@ class TranslationTask(Task):
         return result
 
     def _valid_bleu(self, model: nn.Module, device: torch.device, progress: bool | None) -> dict[str, Any]:
-        from multibranch.inference.translator import Translator, show_progress
 
         sources = self.valid_split.raw_src_lines()
         references = self.valid_split.raw_tgt_lines()
@@ -120,7 +119,6 @@ class TranslationTask(Task):
 
     def decode_scores(self, hypotheses: list[str], references: list[str]) -> dict[str, Any]:
         """The validation scores of decoded valid sentences (translation: corpus BLEU and its signature)."""
-        from multibranch.evaluate.metrics import score_corpus
 
         scores = score_corpus(hypotheses, [references], metrics=("bleu",))
         return {"bleu": scores["bleu"]["score"], "bleu_signature": scores["bleu"]["signature"]}

@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from multibranch.data.errors import DataError
 from multibranch.data.meta import read_meta
-from multibranch.data.prepare import FORMAT, FORMAT_VERSION, SIDES, fingerprint
 from multibranch.data.text import read_lines
+from multibranch.data.tokenizer import Tokenizer
+from multibranch.errors import DataError
+from multibranch.tasks.translation.prepare import FORMAT, FORMAT_VERSION, SIDES, fingerprint
 
 
 @dataclass
@@ -80,7 +81,7 @@ class ParallelSplit:
 
 
 class PreparedData:
-    """A prepared data directory (see `multibranch.data.prepare` for the layout)."""
+    """A prepared data directory (see `multibranch.tasks.translation.prepare` for the layout)."""
 
     def __init__(self, directory: Path, meta: dict[str, Any]) -> None:
         self.directory = directory
@@ -112,7 +113,6 @@ class PreparedData:
 
     def tokenizer(self):
         """The `Tokenizer` of this data (SentencePiece model(s) written by prepare)."""
-        from multibranch.data.tokenizer import Tokenizer
 
         spm = self.meta["spm"]
         tgt = None if spm["tgt"] == spm["src"] else self.directory / spm["tgt"]

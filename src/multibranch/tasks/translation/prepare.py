@@ -33,12 +33,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import sentencepiece
+import sentencepiece as spm
 
+from multibranch import __version__
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
-from multibranch.data.errors import DataError
 from multibranch.data.text import ParallelText, read_parallel, write_lines
 from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_processor
+from multibranch.errors import DataError
 
 FORMAT = "multibranch-data"
 FORMAT_VERSION = 1
@@ -186,7 +189,6 @@ def _read_split(cfg: PrepareConfig, name: str, prefix: str) -> Split:
 
 def train_spm(cfg: PrepareConfig, sentences: list[str]) -> bytes:
     """Train one SentencePiece model in memory; returns the serialized model."""
-    import sentencepiece as spm
 
     if len(sentences) > cfg.spm_max_sentences:
         picked = sorted(random.Random(cfg.seed).sample(range(len(sentences)), cfg.spm_max_sentences))
@@ -264,9 +266,7 @@ def length_stats(lengths: np.ndarray) -> dict[str, float]:
 
 def build_data_dir(cfg: PrepareConfig, splits: list[Split], out: Path) -> dict[str, Any]:
     """Train SentencePiece, encode, filter and write every file into `out`; returns the metadata."""
-    import sentencepiece
 
-    from multibranch import __version__
 
     train = splits[0]
     train_src = [train.text.src.lines[i] for i in train.keep]

@@ -15,15 +15,16 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from tqdm import tqdm
 
-from multibranch.data.errors import DataError
 from multibranch.device import resolve_device
+from multibranch.errors import DataError
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.beam import Hypothesis, forced_scores, length_penalty, search
-from multibranch.inference.config import DecodeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ def show_progress(setting: bool | None = None) -> bool:
 
 def progress_bar(total: int | None, enabled: bool, unit: str = "line", desc: str | None = None) -> Any:
     """A tqdm bar on stderr (lines done / total with an ETA, or a counter when total is None)."""
-    from tqdm import tqdm
 
     return tqdm(total=total, disable=not enabled, unit=unit, desc=desc, dynamic_ncols=True, leave=False,
                 file=sys.stderr)
@@ -124,23 +124,6 @@ class Translator:
         self.cfg.validate()
         self.max_input_tokens = input_limit(model.config, self.cfg)
         self.stats = TranslationStats()
-
-    @classmethod
-    def from_checkpoint(cls, path: str, device: str | torch.device = "cpu", precision: str = "fp32",
-                        **overrides: Any) -> Translator:
-        """Load a checkpoint; `overrides` replace fields of its decode config (e.g. beam=4);
-        `precision` "int8" decodes with an int8 copy of the model (inference/precision.py)."""
-        from multibranch.checkpoint.format import CheckpointError
-        from multibranch.checkpoint.model import load_model
-        from multibranch.inference.precision import check_precision, for_decoding
-
-        device = resolve_device(device) if isinstance(device, str) else device
-        check_precision(precision, device)
-        loaded = load_model(path, device, task="translation")
-        if loaded.tokenizer is None:
-            raise CheckpointError(f"{path} has no tokenizer, so it cannot translate raw text")
-        cfg = replace(loaded.config.decode, **overrides)
-        return cls(for_decoding(loaded.model, precision), loaded.tokenizer, cfg, device)
 
     def translate(self, lines: list[str], progress: Progress = False) -> list[str]:
         """One translation (the best hypothesis) per input line, in input order.

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Literal
 
 from multibranch.config import ConfigError
-from multibranch.data.errors import DataError
 from multibranch.data.text import read_lines
+from multibranch.errors import DataError
 
 Format = Literal["auto", "tsv", "csv", "trec", "jsonl"]
 EXTENSIONS = {".tsv": "tsv", ".csv": "csv", ".label": "trec", ".jsonl": "jsonl"}

@@ -1,6 +1,6 @@
 """Preparing classification data: labelled text -> SentencePiece + binarised splits + label arrays + a report.
 
-Inputs are labelled files read by `multibranch.data.classification` (TSV, CSV, TREC, JSONL). The
+Inputs are labelled files read by `multibranch.tasks.classification.readers` (TSV, CSV, TREC, JSONL). The
 validation split is a file (`valid`) or, the easy path for corpora that ship only a training file
 (TREC-6, SST-2), a `holdout` carved from train: a fraction in (0, 1) or a whole number of examples,
 stratified by label and chosen with a fixed seed (`stratified_holdout`). Further files are `test`,
@@ -43,19 +43,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import sentencepiece
 
+from multibranch import __version__
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
-from multibranch.data.classification import LabeledText, ReadOptions, read_labeled
-from multibranch.data.errors import DataError
-from multibranch.data.prepare import (  # the translation `prepare`'s pieces, shared rather than copied
+from multibranch.data.text import write_lines
+from multibranch.data.tokenizer import HFTokenizer, Tokenizer
+from multibranch.errors import DataError
+from multibranch.tasks.classification.readers import LabeledText, ReadOptions, read_labeled
+from multibranch.tasks.translation.prepare import (  # the translation `prepare`'s pieces, shared rather than copied
     binarise,
     check_spm_settings,
     length_stats,
     train_spm,
 )
-from multibranch.data.text import write_lines
-from multibranch.data.tokenizer import HFTokenizer, Tokenizer
 
 FORMAT = "multibranch-classification-data"
 FORMAT_VERSION = 1
@@ -256,9 +258,7 @@ def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], 
            hf: HFTokenizer | None) -> dict[str, Any]:
     """Train SentencePiece (unless `hf` is given), encode, fit lengths and write every file into `out`;
     returns the metadata."""
-    import sentencepiece
 
-    from multibranch import __version__
 
     tokenizer: Tokenizer | HFTokenizer
     if hf is None:

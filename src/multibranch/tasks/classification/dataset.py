@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from multibranch.data.errors import DataError
 from multibranch.data.meta import AGAIN, META_FILE, read_meta
-from multibranch.data.prepare import binarise
-from multibranch.data.prepare_classify import ARRAYS, FORMAT, FORMAT_VERSION, fingerprint
 from multibranch.data.text import read_lines
+from multibranch.data.tokenizer import HFTokenizer, Tokenizer  # imports torch: only when asked
+from multibranch.errors import DataError
+from multibranch.tasks.classification.prepare import ARRAYS, FORMAT, FORMAT_VERSION, fingerprint
+from multibranch.tasks.translation.prepare import binarise
 
 if TYPE_CHECKING:
     from multibranch.data.tokenizer import HFTokenizer, Tokenizer
@@ -65,7 +66,7 @@ class ClassificationSplit:
 
 
 class ClassificationData:
-    """A prepared classification directory (see `multibranch.data.prepare_classify` for the layout)."""
+    """A prepared classification directory (see `multibranch.tasks.classification.prepare` for the layout)."""
 
     def __init__(self, directory: Path, meta: dict[str, Any]) -> None:
         self.directory = directory
@@ -123,7 +124,6 @@ class ClassificationData:
     def tokenizer(self) -> Tokenizer | HFTokenizer:
         """The tokenizer of this data: its SentencePiece model (as a joint `Tokenizer`), or the Hugging Face
         tokenizer it was prepared with; use `encode_src`."""
-        from multibranch.data.tokenizer import HFTokenizer, Tokenizer  # imports torch: only when asked
 
         hf = self.meta.get("hf_tokenizer")
         if hf:

@@ -9,7 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from multibranch.checkpoint.format import CheckpointError, load_checkpoint, load_state_strict
+from multibranch.checkpoint.format import load_checkpoint, load_state_strict
+from multibranch.data.tokenizer import tokenizer_from_state
+from multibranch.errors import CheckpointError
+from multibranch.experiment import ExperimentConfig
+from multibranch.tasks.registry import build_task_model
 
 # the command that uses a checkpoint of each task
 TASK_COMMANDS = {"translation": "multibranch translate", "classification": "multibranch classify",
@@ -20,7 +24,7 @@ TASK_COMMANDS = {"translation": "multibranch translate", "classification": "mult
 class LoadedModel:
     model: nn.Module
     tokenizer: Any
-    config: Any  # ExperimentConfig
+    config: ExperimentConfig
     payload: dict[str, Any]
 
 
@@ -32,10 +36,6 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     ("translation", "classification", "code"); a checkpoint of another task is a CheckpointError naming
     the command that uses it, before any weights are built.
     """
-    from multibranch.data.tokenizer import tokenizer_from_state
-    from multibranch.experiment import ExperimentConfig
-    from multibranch.tasks import build_task_model
-
     payload = load_checkpoint(path)
     config = ExperimentConfig.from_dict(payload["config"])
     wanted = (task,) if isinstance(task, str) else task

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from multibranch.data.errors import DataError
+from multibranch.errors import DataError
 from multibranch.schedules import RateConfig, rate_at
 
 TRAIN_KEYS = ("loss", "nll", "ppl", "accuracy", "lr", "grad_norm", "tokens_per_s", "sentences_per_s")

@@ -19,12 +19,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError
-from multibranch.tasks.base import Autocast, Task
+from multibranch.data.batching import token_batches
+from multibranch.models.classifier import Classifier
+from multibranch.tasks.classification.dataset import ClassificationData
+from multibranch.tasks.classification.metrics import classification_scores
+from multibranch.train.task import Autocast, Task
 
 if TYPE_CHECKING:
-    from multibranch.data.classify_dataset import ClassificationData, ClassificationSplit
     from multibranch.experiment import ExperimentConfig
+    from multibranch.tasks.classification.dataset import ClassificationData, ClassificationSplit
 
 
 log = logging.getLogger("multibranch.train")
@@ -72,7 +77,6 @@ class ClassificationTask(Task):
 
     @staticmethod
     def load_data(data_dir: Path) -> ClassificationData:
-        from multibranch.data.classify_dataset import ClassificationData
 
         return ClassificationData.load(data_dir)
 
@@ -98,14 +102,12 @@ class ClassificationTask(Task):
 
     @classmethod
     def build_model(cls, cfg: ExperimentConfig) -> nn.Module:
-        from multibranch.models.classifier import Classifier
 
         return Classifier(cfg.model, cfg.classifier)
 
     def check_init_from(self, config: dict[str, Any], path: Path) -> None:
         """The head's rows are the checkpoint's labels: the data's labels in another order would train each
         row on another label (refused); other names (a new task on the same number of labels) get a warning."""
-        from multibranch.checkpoint.format import CheckpointError
 
         theirs = list((config.get("classifier") or {}).get("labels") or [])
         ours = list(self.data.labels)
@@ -126,7 +128,6 @@ class ClassificationTask(Task):
         return self._batches(self.train_split, epoch, shuffle=True)
 
     def _batches(self, split: ClassificationSplit, epoch: int, shuffle: bool) -> list[np.ndarray]:
-        from multibranch.data.batching import token_batches
 
         t = self.cfg.train
         lengths = split.lengths + 1  # + BOS; token_batches adds the EOS
@@ -177,7 +178,6 @@ class ClassificationTask(Task):
     def validate(self, model: nn.Module, device: torch.device, autocast: Autocast,
                  progress: bool | None) -> dict[str, Any]:
         """Valid loss / NLL per sentence, accuracy and macro-F1 (fractions in [0, 1])."""
-        from multibranch.evaluate.classification import classification_scores
 
         split = self.valid_split
         loss_sum = nll_sum = 0.0

@@ -1,0 +1,1 @@
+"""The code task: everything it adds to the shared machinery, in one folder."""
