@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["# Commands of bench/analysis_multi30k.py", "", f"threads={args.threads}", ""]
     lines += [f"- `{e['step']}`: `{e['command']}`" + (f" ({e['seconds']} s)" if "seconds" in e else "") for e in log]
     (args.out / "commands.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    summary = {"environment": environment(), "settings": {k: str(v) if isinstance(v, Path) else v
-                                                          for k, v in vars(args).items()},
+    summary = {"environment": environment(amp="none"),  # analyses and prune run without autocast
+               "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                "steps": log, **summarize(args.out)}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     save_results("analysis_multi30k", summary)
