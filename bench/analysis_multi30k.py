@@ -14,8 +14,11 @@ It runs, each as the `multibranch analyze ...` command it prints (all logged in 
   diversity-{mute,mute-bias,mute-bias-seq}, diversity-compare   MUTE eq. 21 on --importance-examples of valid
   gates-muse                         MUSE kernel-gate ratios (no data)
   lengths                            BLEU by source length, standard vs MUSE, first --length-sentences of test
-  prune-transformer                  `prune --max-drop` of the standard model: heads removed while test BLEU
-                                     stays within --max-drop; before/after parameters, sentences/s, BLEU
+  prune-select                       `prune --max-drop` of the standard model: heads removed while BLEU on the
+                                     first --score-sentences of VALID stays within --max-drop (the choice)
+  prune-transformer                  the heads prune-select removed, removed again and scored on the first
+                                     --score-sentences of test: before/after parameters, sentences/s, BLEU
+                                     (the threshold is chosen on valid, the reported score is on test)
 A finished step (its index.md exists) is not redone unless --force. Then OUT/summary.json (the numbers
 the doc quotes), bench/results/analysis_multi30k.json (the same) and the PNGs the doc shows copied into
 docs/images/analysis/ (--images).
@@ -23,8 +26,9 @@ docs/images/analysis/ (--images).
 CPU cost is dominated by the translations: per head report, (1 + 1/step) curve points + one per head
 (36 for the tiny presets), each translating --score-sentences sentences with the checkpoint's beam;
 --beam 1 or fewer sentences make it proportionally cheaper. With the defaults (beam 5, 200 test sentences,
-step 0.1) that is 2 x (11 + 36) + up to 11 + 6 + 2 x 5 translations of 200 sentences: roughly 30-50 minutes
-at --threads 1 on a quiet 2-core machine (checked on the transformer checkpoint with small settings:
+step 0.1) that is 2 x (11 + 36) + up to 11 + 6 (prune-select, on valid) + 6 (prune-transformer, on test)
++ 2 x 5 translations of 200 sentences: roughly 30-50 minutes at --threads 1 on a quiet 2-core machine
+(checked, before the prune step was split in two, on the transformer checkpoint with small settings:
 --importance-examples 100 --score-sentences 40 --beam 2 --step 0.25 took 7 min for heads-transformer
 and 2.5 min for prune-transformer on a machine loaded ~8x, 75 s of CPU time together).
 """
@@ -113,13 +117,28 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str], list[str]]]:
                               "--max-sentences", str(args.length_sentences), "--buckets", args.length_buckets, *beam,
                               "--out", str(out / "lengths")],
                   ["transformer", "muse"]))
-    prune = out / "prune-transformer"
-    steps.append(("prune-transformer", ["prune", "--ckpt", ckpt["transformer"], *data, "--max-drop", str(args.max_drop),
-                                        "--split", "valid", "--max-examples", str(args.importance_examples),
-                                        "--score-split", "test", "--max-sentences", str(args.score_sentences),
-                                        "--step", str(args.step), *beam, "--out", str(prune / "pruned.pt"),
-                                        "--report", str(prune / "index.json")], ["transformer"]))
+    select, prune = out / "prune-select", out / "prune-transformer"
+    steps.append(("prune-select", ["prune", "--ckpt", ckpt["transformer"], *data, "--max-drop", str(args.max_drop),
+                                   "--split", "valid", "--max-examples", str(args.importance_examples),
+                                   "--score-split", "valid", "--max-sentences", str(args.score_sentences),
+                                   "--step", str(args.step), *beam, "--out", str(select / "pruned.pt"),
+                                   "--report", str(select / "index.json")], ["transformer"]))
+    steps.append(("prune-transformer", ["prune", "--ckpt", ckpt["transformer"], *data,
+                                        "--heads-json", str(select / "heads.json"),
+                                        "--score-split", "test", "--max-sentences", str(args.score_sentences), *beam,
+                                        "--out", str(prune / "pruned.pt"), "--report", str(prune / "index.json")],
+                  ["transformer"]))
     return steps
+
+
+def write_selected_heads(out: Path) -> bool:
+    """OUT/prune-select/heads.json: the heads the valid-split walk removed, for `prune --heads-json`."""
+    report = out / "prune-select" / "index.json"
+    if not report.is_file():
+        return False
+    removed = json.loads(report.read_text(encoding="utf-8"))["removed"]
+    (out / "prune-select" / "heads.json").write_text(json.dumps(removed) + "\n", encoding="utf-8")
+    return True
 
 
 def finished(folder: Path) -> bool:
@@ -133,11 +152,16 @@ def summarize(out: Path) -> dict[str, Any]:
         return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
 
     summary: dict[str, Any] = {}
-    prune = read("prune-transformer/index.json")
+    prune, select = read("prune-transformer/index.json"), read("prune-select/index.json")
     if prune:
-        summary["prune"] = {k: prune.get(k) for k in ("selection", "parameters", "before", "after", "score_change",
+        summary["prune"] = {k: prune.get(k) for k in ("parameters", "before", "after", "score_change",
                                                       "speedup", "identical_outputs")}
         summary["prune"]["removed_heads"] = len(prune["removed"])
+        summary["prune"]["score_split"] = "test"
+        if select:  # the choice, made on valid
+            summary["prune"]["selection"] = {**select["selection"], "score_split": "valid",
+                                             "valid_before": select["before"]["score"],
+                                             "valid_after": select["after"]["score"]}
     heads = read("heads-compare/compare.json")
     if heads:
         summary["pruning"] = {m["label"]: {"baseline": m["baseline"],
@@ -178,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             entry["skipped"] = f"no checkpoint for {', '.join(missing)}"
         elif finished(folder) and not args.force:
             entry["skipped"] = "done before (use --force to redo)"
+        elif name == "prune-transformer" and not write_selected_heads(args.out):
+            entry["skipped"] = "no prune-select report to take the heads from"
         else:
             print(f"[{time.strftime('%H:%M:%S')}] {name}: {entry['command']}", flush=True)
             start = time.perf_counter()
@@ -191,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["# Commands of bench/analysis_multi30k.py", "", f"threads={args.threads}", ""]
     lines += [f"- `{e['step']}`: `{e['command']}`" + (f" ({e['seconds']} s)" if "seconds" in e else "") for e in log]
     (args.out / "commands.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    summary = {"environment": environment(), "settings": {k: str(v) if isinstance(v, Path) else v
-                                                          for k, v in vars(args).items()},
+    summary = {"environment": environment(amp="none"),  # analyses and prune run without autocast
+               "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                "steps": log, **summarize(args.out)}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     save_results("analysis_multi30k", summary)

@@ -85,7 +85,8 @@ def main() -> None:
                      "ensemble": [round(accuracy(list(tables.values()), gold), 4)]})
     for row in rows:
         print(f"{row['system']:>24}: alone {row.get('alone', '-')}  ensembles of {row['members']}: {row['ensemble']}")
-    result = {"environment": environment(), "dataset": args.dataset, "split": args.split, "runs_dir": str(args.runs), "examples": len(texts),
+    result = {"environment": environment(amp="none"),  # `classify` runs without autocast
+              "dataset": args.dataset, "split": args.split, "runs_dir": str(args.runs), "examples": len(texts),
               "rows": rows}
     path = RESULTS / f"{args.name or f'ensemble_{args.dataset}'}.json"
     path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -151,7 +151,7 @@ def main() -> None:
     for r in rows:
         print(f"| {r['system']} | {r['parameters'] / 1e6:.2f}M | {r['sentences_per_s']:.0f} | {r['tokens_per_s']:.0f} | "
               f"{r['ms_per_update']:.0f} | {r['peak_rss_mb']:.0f} | {r['sentences_per_s'] / hf['sentences_per_s']:.2f}x |")
-    path = save_results(args.name or f"classify_speed_{args.amp}", {"environment": environment(), "rows": rows})
+    path = save_results(args.name or f"classify_speed_{args.amp}", {"environment": environment(amp=args.amp), "rows": rows})
     print(f"\nwritten {path}")
 
 

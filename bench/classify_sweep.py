@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.classify_quality import DATASETS, multibranch, prepared, timed  # noqa: E402
-from bench.common import RESULTS, environment, work_dir  # noqa: E402
+from bench.common import RESULTS, environment, preset_amp, work_dir  # noqa: E402
 
 
 def parse_candidate(text: str) -> tuple[str, list[str]]:
@@ -74,17 +74,19 @@ def main() -> None:
     args = parser.parse_args()
     name = args.name or f"sweep_{args.dataset}"
     candidates = [parse_candidate(c) for c in args.candidate]
+    amp = {cand: preset_amp(args.preset, sets) for cand, sets in candidates}  # an invalid --set stops here
     runs = work_dir() / name
     runs.mkdir(parents=True, exist_ok=True)
     data = prepared(args.dataset, runs / "prepare.log", args.vocab)
     start = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda c: run_candidate(*c, data, runs, args), candidates))
+        rows = [{**row, "amp": amp[row["candidate"]]}
+                for row in pool.map(lambda c: run_candidate(*c, data, runs, args), candidates)]
     path = RESULTS / f"{name}.json"
     old = json.loads(path.read_text())["rows"] if path.exists() else []
     done = {(r["candidate"], r["seed"]) for r in rows}
     rows = [r for r in old if (r["candidate"], r["seed"]) not in done] + rows
-    path.write_text(json.dumps({"environment": environment(), "dataset": args.dataset, "preset": args.preset,
+    path.write_text(json.dumps({"environment": environment(amp=amp), "dataset": args.dataset, "preset": args.preset,
                                 "split": "valid", "rows": rows}, indent=2) + "\n")
     for row in [r for r in rows if "error" in r]:
         print(f"{row['candidate']:>24} seed {row['seed']}: {row['error']}")

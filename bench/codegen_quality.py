@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, environment, save_results, work_dir  # noqa: E402
+from bench.common import ROOT, environment, preset_amp, save_results, work_dir  # noqa: E402
 
 SYSTEMS = ["codegen-tiny", "codegen-tiny-mat"]
 
@@ -148,7 +148,8 @@ def main() -> None:
     runs.mkdir(parents=True, exist_ok=True)
     data = prepared_data(runs / "prepare.log")
     rows: list[dict] = []
-    env = environment()  # the commit the runs start from (HEAD may move while they run)
+    amp = {system: preset_amp(system, args.overrides) for system in args.systems}
+    env = environment(amp=amp)  # the commit the runs start from (HEAD may move while they run)
     for seed in args.seeds:
         for system in args.systems:
             row = run_system(system, seed, data, runs, args)

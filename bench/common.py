@@ -1,7 +1,9 @@
 """Shared helpers for the benchmarks: data location, the Hugging Face Marian peer, peak memory.
 
 Benchmarks are not part of the test suite. They write JSON into bench/results/ and print a table; the
-numbers quoted in docs/benchmarks.md come from those files, with the command that made them.
+numbers quoted in docs/benchmarks.md come from those files, with the command that made them. Every
+results file starts with `environment(amp=...)`: the commit and command, and the CPU model and the
+autocast setting the numbers were measured with.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import resource
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -138,12 +141,61 @@ def save_results(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
-def environment() -> dict[str, Any]:
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_model() -> str:
+    """The CPU's model name: /proc/cpuinfo's first "model name" line, else platform.processor(), else the
+    architecture (platform.machine()), else "unknown"."""
+    import platform
+
+    try:
+        for line in CPUINFO.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_native_bf16() -> bool:
+    """Whether /proc/cpuinfo lists AVX512-BF16 or AMX-BF16: where a preset's `amp: auto` trains under bf16."""
+    try:
+        flags = CPUINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def preset_amp(preset: str, overrides: list[str] | None = None) -> str:
+    """The autocast a `multibranch train --preset PRESET --set OVERRIDE ...` run uses on this machine's CPU:
+    the setting, and for `auto` what it resolves to here ("auto: bf16" or "auto: none")."""
+    import torch
+
+    from multibranch.device import resolve_amp
+    from multibranch.experiment import resolve_config
+
+    setting = resolve_config(preset, None, list(overrides or [])).train.amp
+    return setting if setting != "auto" else f"auto: {resolve_amp(setting, torch.device('cpu'))}"
+
+
+def environment(*, amp: str | Mapping[str, str]) -> dict[str, Any]:
+    """The environment block of a results file: commit, torch, threads, the CPU's architecture and model
+    name, whether it computes bf16 natively, Python, the exact command, and the autocast setting of the
+    run(s): `amp` is one setting for all ("none", "bf16", ...; inference runs without autocast, so "none")
+    or one per system (`{"codegen-tiny": "auto: bf16", "tfidf-lr": "none"}`)."""
     import platform
 
     import torch
 
+    if isinstance(amp, str):
+        if not amp:
+            raise ValueError("amp: give the autocast setting of the run(s), e.g. 'none'")
+    elif not amp or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in amp.items()):
+        raise ValueError(f"amp: a setting, or a non-empty mapping system -> setting; got {amp!r}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     return {"commit": commit, "torch": str(torch.__version__), "threads": torch.get_num_threads(),
-            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "command": " ".join([Path(sys.executable).name, *sys.argv])}
+            "cpu": platform.processor() or platform.machine(), "cpu_model": cpu_model(),
+            "cpu_native_bf16": cpu_native_bf16(), "amp": amp if isinstance(amp, str) else dict(amp),
+            "python": platform.python_version(), "command": " ".join([Path(sys.executable).name, *sys.argv])}

@@ -221,7 +221,7 @@ def main() -> None:
                      "round_seconds": [run["seconds"] for run in rounds]})
     import ctranslate2
 
-    path = save_results(args.name, {"environment": {**environment(), "ctranslate2": ctranslate2.__version__},
+    path = save_results(args.name, {"environment": {**environment(amp="none"), "ctranslate2": ctranslate2.__version__},
                                     "checkpoint": args.ckpt, "corpus": corpus, "sentences": len(sources),
                                     "beam": args.beam, "batch": args.batch, "threads": args.threads,
                                     "rounds": args.rounds, "base": base, "rows": rows})

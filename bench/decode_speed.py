@@ -116,7 +116,7 @@ def main() -> None:
     for row in best.values():
         print(f"| {row['system']} | {row['parameters'] / 1e6:.2f}M | {row['sentences_per_s']:.1f} | "
               f"{row['words_per_s']:.0f} | {row['bleu']:.2f} | {row['sentences_per_s'] / reference['sentences_per_s']:.2f}x |")
-    path = save_results(args.name, {"environment": environment(), "checkpoints": checkpoints,
+    path = save_results(args.name, {"environment": environment(amp="none"), "checkpoints": checkpoints,
                                     "sentences": len(sources), "beam": args.beam, "batch": args.batch,
                                     "rows": list(best.values())})
     print(f"\nwritten {path}")

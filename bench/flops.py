@@ -53,7 +53,7 @@ def main() -> None:
     for row in rows:
         print(f"| {row['system']} | {row['parameters'] / 1e6:.2f}M | {row['gflops_per_update']:.1f} | "
               f"{row['gflops_per_update'] / rows[0]['gflops_per_update']:.2f}x |")
-    print(f"written {save_results('presets_flops', {'environment': environment(), 'rows': rows})}")
+    print(f"written {save_results('presets_flops', {'environment': environment(amp='none'), 'rows': rows})}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, environment, multi30k_data, work_dir  # noqa: E402
+from bench.common import RESULTS, cpu_model, environment, multi30k_data, preset_amp, work_dir  # noqa: E402
 
 PROXIMAL_SOURCE = ["--set", "model.encoder.attention_branches=1", "--set", "model.decoder.attention_branches=1",
                    "--set", "model.encoder.drop_branch=0.0", "--set", "model.decoder.drop_branch=0.0"]
@@ -107,6 +107,14 @@ def run_system(system: str, data: Path, runs: Path, minutes: float, extra: list[
             "best": score(run / "best.pt", data, log), "avg_last3": score(avg, data, log)}
 
 
+def system_amp(system: str, overrides: list[str]) -> str:
+    """The autocast a system trains with here: hf-marian fp32 (bench/hf_marian_train.py), mat-proximal
+    mat-tiny's, a preset its `train.amp` after the --set overrides."""
+    if system == "hf-marian":
+        return "none"
+    return preset_amp("mat-tiny" if system == "mat-proximal" else system, overrides)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", nargs="+", required=True)
@@ -119,12 +127,14 @@ def main() -> None:
     extra = [x for o in args.overrides for x in ("--set", o)]
     path = RESULTS / f"{args.name}.json"
     results = json.loads(path.read_text())["rows"] if path.exists() else []
+    amp = {system: system_amp(system, args.overrides) for system in args.systems}
     for system in args.systems:
         row = run_system(system, data, runs, args.minutes, extra)
         row["minutes_budget"] = args.minutes
+        row["cpu_model"], row["amp"] = cpu_model(), amp[system]
         results = [r for r in results if r["system"] != system] + [row]
         RESULTS.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"environment": environment(), "rows": results}, indent=2) + "\n")
+        path.write_text(json.dumps({"environment": environment(amp=amp), "rows": results}, indent=2) + "\n")
         print(json.dumps(row), flush=True)
     print("\n| system | params | updates | tok/s | test BLEU (best) | test BLEU (avg last 3) | chrF |")
     print("|---|---|---|---|---|---|---|")

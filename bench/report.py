@@ -26,7 +26,20 @@ def rows_by_system(result: dict) -> dict[str, dict]:
 def header(title: str, result: dict, columns: list[str]) -> list[str]:
     env = result["environment"]
     return [f"### {title}", "", f"`{env['command']}` (commit {env['commit']}, torch {env['torch']}, "
-            f"{env['threads']} threads)", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            f"{env['threads']} threads{machine(env)})", "", "| " + " | ".join(columns) + " |",
+            "|" + "---|" * len(columns)]
+
+
+def machine(env: dict) -> str:
+    """", CPU <model>, amp <setting>" from a results file that records them (older files do not: nothing)."""
+    parts = [f"CPU {env['cpu_model']}"] if env.get("cpu_model") else []
+    amp = env.get("amp")
+    if isinstance(amp, dict):  # one setting per system: said once when they agree
+        settings = set(amp.values())
+        amp = settings.pop() if len(settings) == 1 else "; ".join(f"{k} {v}" for k, v in amp.items())
+    if amp:
+        parts.append(f"amp {amp}")
+    return "".join(f", {p}" for p in parts)
 
 
 def train_speed(name: str) -> list[str]:

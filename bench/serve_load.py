@@ -155,7 +155,7 @@ def main() -> None:
             server.kill()
             result_code = None
     result = {**result, "server_exit_code": result_code, "engine": args.engine, "ckpt": args.ckpt,
-              "environment": environment()}
+              "environment": environment(amp="none")}
     path = save_results(args.name, result)
     print(json.dumps(result, indent=2))
     print(f"wrote {path}", file=sys.stderr)

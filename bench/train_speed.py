@@ -144,7 +144,7 @@ def main() -> None:
         print(f"\nMAT N_a=2 update time / standard: "
               f"{base['multibranch-mat2']['ms_per_update'] / base['multibranch']['ms_per_update']:.2f}x")
     name = args.name or f"{'presets' if args.presets else 'train'}_speed_{args.amp}"
-    path = save_results(name, {"environment": environment(), "rows": rows})
+    path = save_results(name, {"environment": environment(amp=args.amp), "rows": rows})
     print(f"\nwritten {path}")
 
 
