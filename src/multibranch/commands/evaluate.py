@@ -11,9 +11,9 @@ macro-F1 (percent) and the confusion matrix (rows: reference, columns: predictio
 
 With `--task code`, --hyp and the one --ref hold one Python function per line in the code-docstring
 corpus's escaped form (`DCNL`/`DCSP`, what `translate` writes for a code checkpoint; the prepared
-`test.tgt.txt` or a corpus `.code` file): PoV (the share of hypotheses that Python's `ast` parses after
-decoding; nothing is executed), mean sentence BLEU (exponential smoothing) and corpus BLEU, both on
-code tokens (`multibranch.evaluate.code`).
+`test.tgt.txt` or a corpus `.code` file): PoV (the share of hypotheses that Python's `ast` parses, after
+decoding, as exactly one function definition; nothing is executed), mean sentence BLEU (exponential
+smoothing) and corpus BLEU, both on code tokens (`multibranch.evaluate.code`).
 
 stdout carries exactly one kind of output: the JSON with `--json -`, else the per-line rows with
 `--sentence-level`, else the score lines; everything else goes to stderr.
