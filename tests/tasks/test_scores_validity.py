@@ -2,6 +2,8 @@
 
 - PoV counts a hypothesis only if it parses as one function definition (text that merely parses,
   such as `QQQQ` or `raise SystemExit(3)`, does not count); the expected verdicts are written by hand.
+- `evaluate --task classify` refuses predicted labels that the reference never uses (naming them),
+  unless `--allow-unseen-labels`.
 """
 
 from __future__ import annotations
@@ -87,3 +89,44 @@ def test_evaluate_code_pov_of_parseable_non_functions(tmp_path, capsys):
     report = json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))
     assert report["pov"]["valid"] == 1 and report["pov"]["invalid"] == 3 and report["pov"]["score"] == 0.25
     assert report["pov"]["not_function"] == 3  # they parse, but are not one function definition
+
+
+# ---- classify: predicted labels the reference never uses ---------------------------------------------
+
+
+def test_evaluate_classify_refuses_labels_the_reference_never_uses(tmp_path, capsys):
+    hyp = _lines(tmp_path / "hyp.txt", ["positive", "negative\t0.9", "Positive", "positive"])
+    ref = _lines(tmp_path / "ref.txt", ["Positive", "Negative", "Positive", "Negative"])
+    out = tmp_path / "s.json"
+    assert _evaluate("--task", "classify", "--hyp", str(hyp), "--ref", str(ref), "--json", str(out)) == 2
+    line = _one_error_line(capsys)
+    assert "'negative'" in line and "'positive'" in line and "'Positive'" not in line.split(";")[0]
+    assert f"{ref}" in line and "--allow-unseen-labels" in line
+    assert "case" in line  # they differ from the reference's labels only in case
+    assert not out.exists()
+
+
+def test_evaluate_classify_unseen_labels_with_the_flag(tmp_path, capsys, caplog):
+    # a legitimate case: the reference (a subset) has no 'c', the classifier predicts it once
+    hyp = _lines(tmp_path / "hyp.txt", ["a", "c", "b", "b"])
+    ref = _lines(tmp_path / "ref.txt", ["a", "a", "b", "b"])
+    base = ["--task", "classify", "--hyp", str(hyp), "--ref", str(ref), "--json", "-"]
+    assert _evaluate(*base) == 2
+    line = _one_error_line(capsys)
+    assert "'c'" in line and "hyp.txt:2" in line
+    assert _evaluate(*base, "--allow-unseen-labels") == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    # by hand: a P 1/1 R 1/2 F1 2/3; b P 2/2 R 2/2 F1 1; c P 0/1 R 0/0 F1 0 -> macro (2/3 + 1 + 0) / 3
+    assert report["accuracy"] == pytest.approx(3 / 4)
+    assert report["macro_f1"] == pytest.approx((2 / 3 + 1 + 0) / 3)
+    assert report["labels_not_in_reference"] == {"c": 1}
+    assert "never uses, scored as wrong predictions: 'c'" in caplog.text  # still named (stderr)
+
+
+def test_evaluate_classify_labels_the_reference_uses_are_accepted(tmp_path, capsys):
+    hyp = _lines(tmp_path / "hyp.txt", ["a", "a", "a"])  # never predicting 'b' is fine
+    ref = _lines(tmp_path / "ref.txt", ["a", "b", "a"])
+    assert _evaluate("--task", "classify", "--hyp", str(hyp), "--ref", str(ref), "--json", "-") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["accuracy"] == pytest.approx(2 / 3) and "labels_not_in_reference" not in report

@@ -7,7 +7,10 @@ Optionally: per-line scores (--sentence-level), a paired bootstrap test against 
 
 With `--task classify`, --hyp holds one predicted label per line (the output of `multibranch classify`;
 anything after a TAB, such as --probs, is ignored) and the one --ref one gold label per line: accuracy,
-macro-F1 (percent) and the confusion matrix (rows: reference, columns: prediction).
+macro-F1 (percent) and the confusion matrix (rows: reference, columns: prediction). Predicted labels that
+the reference never uses are refused, named (they would enter macro-F1 with F1 0; usually the two files
+spell labels differently, e.g. `positive` vs `Positive`), unless --allow-unseen-labels, which scores them
+as wrong predictions (a class missing from a reference subset) and still names them on stderr.
 
 With `--task code`, --hyp and the one --ref hold one Python function per line in the code-docstring
 corpus's escaped form (`DCNL`/`DCSP`, what `translate` writes for a code checkpoint; the prepared
@@ -23,9 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger("multibranch.evaluate")
 
 HELP = "score translations with sacreBLEU (BLEU, chrF), per line or with paired bootstrap; print the signatures"
 
@@ -59,6 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                         help="invalid UTF-8: error naming the line (strict) or replace")
+    parser.add_argument("--allow-unseen-labels", action="store_true",
+                        help="--task classify: score predicted labels that the reference never uses (e.g. a class "
+                             "missing from a reference subset) as wrong predictions; without it they are refused, "
+                             "named, since they usually mean the files spell labels differently")
 
 
 def _read(path: str, errors: str) -> list[str]:
@@ -79,6 +89,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise UserError("--compare needs a file (only --hyp may come from stdin)")
     if args.bootstrap_samples < 1:
         raise UserError(f"--bootstrap-samples {args.bootstrap_samples}: must be >= 1")
+    if args.allow_unseen_labels and args.task != "classify":
+        raise UserError("--allow-unseen-labels: only for --task classify")
     for path in [args.hyp, *args.ref, *([args.compare] if args.compare else [])]:
         if path != "-":
             check_input_file(path)
@@ -195,7 +207,7 @@ def _report(args: argparse.Namespace, lines: list[str], result: dict) -> int:
 
 def _run_classify(args: argparse.Namespace) -> int:
     from multibranch.data.errors import DataError
-    from multibranch.evaluate.classification import classification_scores
+    from multibranch.evaluate.classification import classification_scores, labels_not_in_reference
 
     _check_single_reference(args, "one gold label per line")
     hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
@@ -207,8 +219,36 @@ def _run_classify(args: argparse.Namespace) -> int:
         if empty is not None:
             raise DataError(f"{name}:{empty + 1}: empty label (an empty input line has no prediction; remove the "
                             "line from both files)")
+    unseen = labels_not_in_reference(predictions, references)
+    if unseen and not args.allow_unseen_labels:
+        raise DataError(f"{hyp_name} predicts labels that {args.ref[0]} never uses: "
+                        f"{_name_labels(unseen, hyp_name)}; {_reference_hint(unseen, references, args.ref[0])}; "
+                        "pass --allow-unseen-labels to score them as wrong predictions")
     result = classification_scores(predictions, references)
+    if unseen:
+        logger.warning("%s predicts labels that %s never uses, scored as wrong predictions: %s", hyp_name,
+                       args.ref[0], _name_labels(unseen, hyp_name))
+        result["labels_not_in_reference"] = {str(label): len(lines) for label, lines in unseen.items()}
     return _report(args, format_classification(result), result)
+
+
+def _name_labels(unseen: dict[str, list[int]], hyp_name: str, limit: int = 5) -> str:
+    """'label' (N lines, first FILE:LINE), ... for at most `limit` labels."""
+    named = [f"{label!r} ({len(lines)} line{'s' * (len(lines) > 1)}, first {hyp_name}:{lines[0] + 1})"
+             for label, lines in list(unseen.items())[:limit]]
+    more = len(unseen) - limit
+    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
+
+
+def _reference_hint(unseen: dict[str, list[int]], references: list[str], ref_name: str, limit: int = 8) -> str:
+    """The reference labels that the unseen ones match but for case, or else the labels the reference uses."""
+    used = sorted(set(references))
+    folded = {label.casefold() for label in unseen}
+    twins = [label for label in used if label.casefold() in folded]
+    if twins:
+        return f"they differ only in case from {ref_name}'s {', '.join(map(repr, twins))} (labels are case-sensitive)"
+    shown = ", ".join(map(repr, used[:limit])) + (f" and {len(used) - limit} more" if len(used) > limit else "")
+    return f"{ref_name} uses {shown}"
 
 
 def _write_json(target: str, report: dict[str, Any]) -> None:
