@@ -14,7 +14,10 @@ as wrong predictions (a class missing from a reference subset) and still names t
 
 With `--task code`, --hyp and the one --ref hold one Python function per line in the code-docstring
 corpus's escaped form (`DCNL`/`DCSP`, what `translate` writes for a code checkpoint; the prepared
-`test.tgt.txt` or a corpus `.code` file): PoV (the share of hypotheses that Python's `ast` parses, after
+`test.tgt.txt` or a corpus `.code` file); with `--code-format source`, --hyp holds what `translate
+--code-format source` writes instead (each function's source followed by an empty line; read back with
+`multibranch.data.code_corpus.split_source_functions`, refused when the count of functions does not
+match the references, as happens when a function has an empty line of its own): PoV (the share of hypotheses that Python's `ast` parses, after
 decoding, as exactly one function definition; nothing is executed), mean sentence BLEU (exponential
 smoothing) and corpus BLEU, both on code tokens (`multibranch.evaluate.code`).
 
@@ -65,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                         help="invalid UTF-8: error naming the line (strict) or replace")
+    parser.add_argument("--code-format", choices=["escaped", "source"],
+                        help="--task code: the form of --hyp, as `translate --code-format` wrote it: escaped (when "
+                             "unset: one function per line, DCNL/DCSP) or source (each function's Python source "
+                             "followed by an empty line); --ref is always escaped")
     parser.add_argument("--allow-unseen-labels", action="store_true",
                         help="--task classify: score predicted labels that the reference never uses (e.g. a class "
                              "missing from a reference subset) as wrong predictions; without it they are refused, "
@@ -89,6 +96,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise UserError("--compare needs a file (only --hyp may come from stdin)")
     if args.bootstrap_samples < 1:
         raise UserError(f"--bootstrap-samples {args.bootstrap_samples}: must be >= 1")
+    if args.code_format is not None and args.task != "code":
+        raise UserError("--code-format: only for --task code")
     if args.allow_unseen_labels and args.task != "classify":
         raise UserError("--allow-unseen-labels: only for --task classify")
     for path in [args.hyp, *args.ref, *([args.compare] if args.compare else [])]:
@@ -172,13 +181,31 @@ def _check_single_reference(args: argparse.Namespace, what: str) -> None:
 
 
 def _run_code(args: argparse.Namespace) -> int:
+    from multibranch.data.code_corpus import decode_code, split_source_functions
+    from multibranch.data.errors import DataError
     from multibranch.evaluate.code import format_code_scores, score_code
 
     _check_single_reference(args, "one escaped function per line")
-    hypotheses = _read(args.hyp, args.encoding_errors)
+    lines = _read(args.hyp, args.encoding_errors)
     references = _read(args.ref[0], args.encoding_errors)
-    _check_pairs(args, hypotheses, references, "functions")
-    result = score_code(hypotheses, references)
+    hyp_name, ref_name = "<stdin>" if args.hyp == "-" else args.hyp, args.ref[0]
+    if args.code_format == "source":
+        hypotheses = split_source_functions(lines)
+        if references and len(hypotheses) != len(references):
+            raise DataError(f"{hyp_name} read as --code-format source holds {len(hypotheses)} functions (each ended "
+                            f"by an empty line) but {ref_name} has {len(references)} lines; a function with an empty "
+                            "line of its own splits in two in that form, so score translate's escaped one-line "
+                            "output (--code-format escaped, its default) instead")
+        _check_pairs(args, hypotheses, references, "functions")
+        result = score_code(hypotheses, [decode_code(r) for r in references], escaped=False)
+    else:
+        if references and len(lines) > len(references) and len(split_source_functions(lines)) == len(references):
+            raise DataError(f"line counts differ: {hyp_name} has {len(lines)} lines, {ref_name} has {len(references)}; "
+                            f"{hyp_name} reads as {len(references)} functions each ended by an empty line, as "
+                            "`translate --code-format source` writes them: pass --code-format source")
+        _check_pairs(args, lines, references, "functions")
+        result = score_code(lines, references)
+    result["code_format"] = args.code_format or "escaped"
     return _report(args, format_code_scores(result), result)
 
 
