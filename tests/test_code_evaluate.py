@@ -34,9 +34,9 @@ def test_pov_on_hand_written_functions(tmp_path, capsys):
     ref = _write(tmp_path / "ref.code", VALID + VALID + VALID[:1])
     assert main(["evaluate", "--task", "code", "--hyp", str(hyp), "--ref", str(ref), "--json", str(tmp_path / "s.json")]) == 0
     out = capsys.readouterr().out
-    assert "PoV = 42.86% (3/7 parse with Python's ast)" in out
+    assert "PoV = 42.86% (3/7 parse as one function definition with Python's ast; 0 others parse" in out
     report = json.loads((tmp_path / "s.json").read_text())
-    assert report["pov"] == {"score": 3 / 7, "valid": 3, "invalid": 4, "too_long": 0}
+    assert report["pov"] == {"score": 3 / 7, "valid": 3, "invalid": 4, "too_long": 0, "not_function": 0}
     assert report["hyp"] == str(hyp) and report["ref"] == str(ref) and report["lines"] == 7
 
 
@@ -66,7 +66,7 @@ def test_generated_code_is_never_executed(tmp_path, capsys):
     hyp = _write(tmp_path / "hyp.code", attack)
     ref = _write(tmp_path / "ref.code", VALID[:1] * len(attack))
     assert main(["evaluate", "--task", "code", "--hyp", str(hyp), "--ref", str(ref), "--json", "-"]) == 0
-    assert json.loads(capsys.readouterr().out)["pov"]["valid"] == len(attack)  # all parse...
+    assert json.loads(capsys.readouterr().out)["pov"]["valid"] == 2  # all parse, two are functions...
     assert not marker.exists()  # ...and none ran
 
 

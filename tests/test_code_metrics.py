@@ -39,7 +39,7 @@ INVALID = [
 def test_pov_on_hand_written_functions():
     hypotheses = VALID + INVALID
     result = score_code(hypotheses, hypotheses, escaped=False)
-    assert result["pov"] == {"score": 4 / 10, "valid": 4, "invalid": 6, "too_long": 0}
+    assert result["pov"] == {"score": 4 / 10, "valid": 4, "invalid": 6, "too_long": 0, "not_function": 0}
     assert [parses(h) for h in hypotheses] == [True] * 4 + [False] * 6
 
 
@@ -78,7 +78,7 @@ def test_size_limit():
     assert parses(source)
     assert not parses(source, max_chars=len(source) - 1)
     result = score_code([source], [source], escaped=False, max_chars=10)
-    assert result["pov"] == {"score": 0.0, "valid": 0, "invalid": 1, "too_long": 1}
+    assert result["pov"] == {"score": 0.0, "valid": 0, "invalid": 1, "too_long": 1, "not_function": 0}
 
 
 def test_generated_code_is_never_executed(tmp_path, monkeypatch):
@@ -93,7 +93,7 @@ def test_generated_code_is_never_executed(tmp_path, monkeypatch):
     escaped = [encode_code(h) for h in hypotheses]
     result = score_code(escaped, escaped)
     score_code(hypotheses, hypotheses, escaped=False)
-    assert result["pov"]["valid"] == 4  # they were parsed ...
+    assert result["pov"]["not_function"] == 3 and result["pov"]["valid"] == 1  # they were parsed ...
     assert not marker.exists() and not (tmp_path / "made_dir").exists()  # ... and nothing ran
     assert list(tmp_path.iterdir()) == []
 
@@ -210,6 +210,7 @@ def test_score_code_rejects_bad_input():
 
 def test_format_code_scores():
     lines = format_code_scores(score_code(VALID[:2] + INVALID[:2], VALID[:2] + INVALID[:2], escaped=False))
-    assert lines[0] == "PoV = 50.00% (2/4 parse with Python's ast)"
+    assert lines[0] == ("PoV = 50.00% (2/4 parse as one function definition with Python's ast; "
+                        "0 others parse but are not one)")
     assert lines[1].startswith("sentence BLEU (mean) = 100.00 (nrefs:1|")
     assert lines[2].startswith("BLEU = 100.00 ")

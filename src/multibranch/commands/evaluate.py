@@ -7,13 +7,19 @@ Optionally: per-line scores (--sentence-level), a paired bootstrap test against 
 
 With `--task classify`, --hyp holds one predicted label per line (the output of `multibranch classify`;
 anything after a TAB, such as --probs, is ignored) and the one --ref one gold label per line: accuracy,
-macro-F1 (percent) and the confusion matrix (rows: reference, columns: prediction).
+macro-F1 (percent) and the confusion matrix (rows: reference, columns: prediction). Predicted labels that
+the reference never uses are refused, named (they would enter macro-F1 with F1 0; usually the two files
+spell labels differently, e.g. `positive` vs `Positive`), unless --allow-unseen-labels, which scores them
+as wrong predictions (a class missing from a reference subset) and still names them on stderr.
 
 With `--task code`, --hyp and the one --ref hold one Python function per line in the code-docstring
 corpus's escaped form (`DCNL`/`DCSP`, what `translate` writes for a code checkpoint; the prepared
-`test.tgt.txt` or a corpus `.code` file): PoV (the share of hypotheses that Python's `ast` parses after
-decoding; nothing is executed), mean sentence BLEU (exponential smoothing) and corpus BLEU, both on
-code tokens (`multibranch.tasks.code.metrics`).
+`test.tgt.txt` or a corpus `.code` file); with `--code-format source`, --hyp holds what `translate
+--code-format source` writes instead (each function's source followed by an empty line; read back with
+`multibranch.tasks.code.corpus.split_source_functions`, refused when the count of functions does not
+match the references, as happens when a function has an empty line of its own): PoV (the share of hypotheses that Python's `ast` parses, after
+decoding, as exactly one function definition; nothing is executed), mean sentence BLEU (exponential
+smoothing) and corpus BLEU, both on code tokens (`multibranch.tasks.code.metrics`).
 
 stdout carries exactly one kind of output: the JSON with `--json -`, else the per-line rows with
 `--sentence-level`, else the score lines; everything else goes to stderr.
@@ -23,9 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger("multibranch.evaluate")
 
 HELP = "score translations with sacreBLEU (BLEU, chrF), per line or with paired bootstrap; print the signatures"
 
@@ -59,6 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                         help="invalid UTF-8: error naming the line (strict) or replace")
+    parser.add_argument("--code-format", choices=["escaped", "source"],
+                        help="--task code: the form of --hyp, as `translate --code-format` wrote it: escaped (when "
+                             "unset: one function per line, DCNL/DCSP) or source (each function's Python source "
+                             "followed by an empty line); --ref is always escaped")
+    parser.add_argument("--allow-unseen-labels", action="store_true",
+                        help="--task classify: score predicted labels that the reference never uses (e.g. a class "
+                             "missing from a reference subset) as wrong predictions; without it they are refused, "
+                             "named, since they usually mean the files spell labels differently")
 
 
 def _read(path: str, errors: str) -> list[str]:
@@ -79,6 +96,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise UserError("--compare needs a file (only --hyp may come from stdin)")
     if args.bootstrap_samples < 1:
         raise UserError(f"--bootstrap-samples {args.bootstrap_samples}: must be >= 1")
+    if args.code_format is not None and args.task != "code":
+        raise UserError("--code-format: only for --task code")
+    if args.allow_unseen_labels and args.task != "classify":
+        raise UserError("--allow-unseen-labels: only for --task classify")
     for path in [args.hyp, *args.ref, *([args.compare] if args.compare else [])]:
         if path != "-":
             check_input_file(path)
@@ -160,13 +181,31 @@ def _check_single_reference(args: argparse.Namespace, what: str) -> None:
 
 
 def _run_code(args: argparse.Namespace) -> int:
+    from multibranch.errors import DataError
+    from multibranch.tasks.code.corpus import decode_code, split_source_functions
     from multibranch.tasks.code.metrics import format_code_scores, score_code
 
     _check_single_reference(args, "one escaped function per line")
-    hypotheses = _read(args.hyp, args.encoding_errors)
+    lines = _read(args.hyp, args.encoding_errors)
     references = _read(args.ref[0], args.encoding_errors)
-    _check_pairs(args, hypotheses, references, "functions")
-    result = score_code(hypotheses, references)
+    hyp_name, ref_name = "<stdin>" if args.hyp == "-" else args.hyp, args.ref[0]
+    if args.code_format == "source":
+        hypotheses = split_source_functions(lines)
+        if references and len(hypotheses) != len(references):
+            raise DataError(f"{hyp_name} read as --code-format source holds {len(hypotheses)} functions (each ended "
+                            f"by an empty line) but {ref_name} has {len(references)} lines; a function with an empty "
+                            "line of its own splits in two in that form, so score translate's escaped one-line "
+                            "output (--code-format escaped, its default) instead")
+        _check_pairs(args, hypotheses, references, "functions")
+        result = score_code(hypotheses, [decode_code(r) for r in references], escaped=False)
+    else:
+        if references and len(lines) > len(references) and len(split_source_functions(lines)) == len(references):
+            raise DataError(f"line counts differ: {hyp_name} has {len(lines)} lines, {ref_name} has {len(references)}; "
+                            f"{hyp_name} reads as {len(references)} functions each ended by an empty line, as "
+                            "`translate --code-format source` writes them: pass --code-format source")
+        _check_pairs(args, lines, references, "functions")
+        result = score_code(lines, references)
+    result["code_format"] = args.code_format or "escaped"
     return _report(args, format_code_scores(result), result)
 
 
@@ -195,7 +234,7 @@ def _report(args: argparse.Namespace, lines: list[str], result: dict) -> int:
 
 def _run_classify(args: argparse.Namespace) -> int:
     from multibranch.errors import DataError
-    from multibranch.tasks.classification.metrics import classification_scores
+    from multibranch.tasks.classification.metrics import classification_scores, labels_not_in_reference
 
     _check_single_reference(args, "one gold label per line")
     hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
@@ -207,8 +246,36 @@ def _run_classify(args: argparse.Namespace) -> int:
         if empty is not None:
             raise DataError(f"{name}:{empty + 1}: empty label (an empty input line has no prediction; remove the "
                             "line from both files)")
+    unseen = labels_not_in_reference(predictions, references)
+    if unseen and not args.allow_unseen_labels:
+        raise DataError(f"{hyp_name} predicts labels that {args.ref[0]} never uses: "
+                        f"{_name_labels(unseen, hyp_name)}; {_reference_hint(unseen, references, args.ref[0])}; "
+                        "pass --allow-unseen-labels to score them as wrong predictions")
     result = classification_scores(predictions, references)
+    if unseen:
+        logger.warning("%s predicts labels that %s never uses, scored as wrong predictions: %s", hyp_name,
+                       args.ref[0], _name_labels(unseen, hyp_name))
+        result["labels_not_in_reference"] = {str(label): len(lines) for label, lines in unseen.items()}
     return _report(args, format_classification(result), result)
+
+
+def _name_labels(unseen: dict[str, list[int]], hyp_name: str, limit: int = 5) -> str:
+    """'label' (N lines, first FILE:LINE), ... for at most `limit` labels."""
+    named = [f"{label!r} ({len(lines)} line{'s' * (len(lines) > 1)}, first {hyp_name}:{lines[0] + 1})"
+             for label, lines in list(unseen.items())[:limit]]
+    more = len(unseen) - limit
+    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
+
+
+def _reference_hint(unseen: dict[str, list[int]], references: list[str], ref_name: str, limit: int = 8) -> str:
+    """The reference labels that the unseen ones match but for case, or else the labels the reference uses."""
+    used = sorted(set(references))
+    folded = {label.casefold() for label in unseen}
+    twins = [label for label in used if label.casefold() in folded]
+    if twins:
+        return f"they differ only in case from {ref_name}'s {', '.join(map(repr, twins))} (labels are case-sensitive)"
+    shown = ", ".join(map(repr, used[:limit])) + (f" and {len(used) - limit} more" if len(used) > limit else "")
+    return f"{ref_name} uses {shown}"
 
 
 def _write_json(target: str, report: dict[str, Any]) -> None:

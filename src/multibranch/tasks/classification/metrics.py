@@ -43,3 +43,16 @@ def classification_scores(predictions: Sequence[Hashable], references: Sequence[
     correct = sum(matrix[i][i] for i in range(len(order)))
     return {"accuracy": correct / len(references), "macro_f1": sum(f1s) / len(f1s), "examples": len(references),
             "labels": [str(x) for x in order], "per_label": per_label, "confusion": matrix}
+
+
+def labels_not_in_reference(predictions: Sequence[Hashable], references: Sequence[Hashable]) -> dict[Hashable, list[int]]:
+    """Predicted labels that no reference uses, each with the 0-based indices of the predictions that
+    give it, in order of first appearance. `classification_scores` counts such labels into macro-F1
+    (F1 0) and the confusion matrix; a non-empty answer usually means the two files spell labels
+    differently (e.g. `positive` vs `Positive`), sometimes a class that a reference subset lacks."""
+    used = set(references)
+    found: dict[Hashable, list[int]] = {}
+    for i, label in enumerate(predictions):
+        if label not in used:
+            found.setdefault(label, []).append(i)
+    return found

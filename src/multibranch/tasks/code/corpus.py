@@ -84,6 +84,25 @@ def decode_code(escaped: str) -> str:
     return "\n".join(lines)
 
 
+def split_source_functions(lines: list[str]) -> list[str]:
+    """The functions of `translate --code-format source` output, given as its lines (as
+    `multibranch.data.text` reads them, final newline removed).
+
+    That output is, for every function, `decode_code(escaped) + "\n"` and one empty line, so it is
+    split at the empty lines (a missing final empty line is accepted). The form is ambiguous where a
+    function has an empty line of its own (inside, or first or last): such a function splits into
+    more pieces. So the caller must check that the count matches the references: for output as
+    `translate` writes it the count is never lower than the number of functions, and when it is equal
+    every piece is its function give or take one leading or trailing newline, which neither parsing
+    nor code tokens see. An empty function (the model wrote nothing) comes back as "".
+    """
+    if not lines:
+        return []
+    text = "\n".join(lines)
+    if text.endswith("\n"):  # the empty line after the last function
+        text = text[:-1]
+    return text.split("\n\n")
+
 def python_tokens(source: str) -> list[tokenize.TokenInfo]:
     """Python's tokenizer over `source`, with every f-string as one STRING token (as before 3.12).
 

@@ -1,11 +1,15 @@
 """Scores for generated Python functions: PoV, mean sentence BLEU and corpus BLEU.
 
 - **PoV** (percentage of valid code, the MAT paper's code-generation metric): the fraction of
-  hypotheses that are not blank and that `ast.parse` accepts, under the grammar of the running
-  Python. Generated code is only parsed, never executed or compiled to bytecode. Parsing is
-  guarded: sources longer than `MAX_SOURCE_CHARS` characters count as invalid without being
-  parsed, and SyntaxError (IndentationError, TabError), ValueError (null bytes), RecursionError,
-  MemoryError and OverflowError all mean "invalid".
+  hypotheses that `ast.parse` accepts, under the grammar of the running Python, as one function
+  definition: the parsed module's body is exactly one `FunctionDef` or `AsyncFunctionDef` (its
+  decorators are part of it; comments and blank lines are not statements). Text that parses but is
+  something else (`QQQQ`, `raise SystemExit(3)`, a function with statements before or after it,
+  two functions, a class) is invalid: each target is one function (docs/code-generation.md says
+  why). Generated code is only parsed, never executed or compiled to bytecode, and names are never
+  resolved. Parsing is guarded: sources longer than `MAX_SOURCE_CHARS` characters count as invalid
+  without being parsed, and SyntaxError (IndentationError, TabError), ValueError (null bytes),
+  RecursionError, MemoryError and OverflowError all mean "invalid".
 - **BLEU on code tokens.** Both sides are cut into code tokens, so that BLEU does not depend on
   layout (indentation width, spaces around operators, line breaks): Python's `tokenize` over the
   source, keeping names, numbers, strings and operators and dropping NEWLINE/NL/INDENT/DEDENT,
@@ -63,17 +67,28 @@ _REGEX_TOKEN = re.compile(
 # ---- PoV --------------------------------------------------------------------------------------------
 
 
-def parses(source: str, max_chars: int = MAX_SOURCE_CHARS) -> bool:
-    """True if `source` is not blank, has at most `max_chars` characters and `ast.parse` accepts it."""
+def _parse(source: str, max_chars: int) -> ast.Module | None:
+    """`ast.parse(source)`, or None for blank, too long or unparseable source (never executed)."""
     if not source.strip() or len(source) > max_chars:
-        return False
+        return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. invalid escape sequences: still valid code
-            ast.parse(source)
+            return ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-        return False
-    return True
+        return None
+
+
+def parses(source: str, max_chars: int = MAX_SOURCE_CHARS) -> bool:
+    """True if `source` is not blank, has at most `max_chars` characters and `ast.parse` accepts it."""
+    return _parse(source, max_chars) is not None
+
+
+def is_function(tree: ast.Module | None) -> bool:
+    """What PoV counts: a parsed module that is exactly one function definition (`def` or `async def`,
+    with any decorators). None (source that did not parse) is not."""
+    return tree is not None and len(tree.body) == 1 and isinstance(tree.body[0], (ast.FunctionDef,
+                                                                                  ast.AsyncFunctionDef))
 
 
 # ---- code tokens ------------------------------------------------------------------------------------
@@ -125,7 +140,8 @@ def score_code(
     `escaped=True`: both sides are corpus lines (`DCNL`/`DCSP`) and are decoded first; False: both
     are Python source. Returns
     {"lines": n,
-     "pov": {"score": fraction in [0, 1], "valid": k, "invalid": n - k, "too_long": t},
+     "pov": {"score": fraction in [0, 1], "valid": k, "invalid": n - k, "too_long": t,
+             "not_function": hypotheses that parse but are not one function definition (among the invalid)},
      "sentence_bleu": {"name", "score" (mean, 0-100), "signature"},
      "bleu": score_corpus's BLEU entry (score, signature, text, precisions, bp, lengths),
      "tokenization": {"description", "hypothesis_fallbacks", "reference_fallbacks"}}.
@@ -139,7 +155,9 @@ def score_code(
     if escaped:
         hypotheses = [decode_code(h) for h in hypotheses]
         references = [decode_code(r) for r in references]
-    valid = sum(parses(h, max_chars) for h in hypotheses)
+    verdicts = [(tree is not None, is_function(tree)) for tree in (_parse(h, max_chars) for h in hypotheses)]
+    valid = sum(function for _, function in verdicts)
+    not_function = sum(parsed for parsed, _ in verdicts) - valid
     too_long = sum(len(h) > max_chars for h in hypotheses)
     hyp_lines, ref_lines, fallbacks = [], [], [0, 0]
     for side, (sources, out) in enumerate(((hypotheses, hyp_lines), (references, ref_lines))):
@@ -151,7 +169,8 @@ def score_code(
     n = len(hypotheses)
     return {
         "lines": n,
-        "pov": {"score": valid / n, "valid": valid, "invalid": n - valid, "too_long": too_long},
+        "pov": {"score": valid / n, "valid": valid, "invalid": n - valid, "too_long": too_long,
+                "not_function": not_function},
         "sentence_bleu": {"name": "sentence BLEU (mean)", "score": sum(sentence) / n, "signature": signature},
         "bleu": score_corpus(hyp_lines, ref_lines, metrics=("bleu",), tokenize="none")["bleu"],
         "tokenization": {"description": CODE_TOKENIZATION, "hypothesis_fallbacks": fallbacks[0],
@@ -163,7 +182,8 @@ def format_code_scores(result: dict[str, Any]) -> list[str]:
     """Report lines: PoV, mean sentence BLEU and corpus BLEU (each with its signature)."""
     pov, sentence, bleu = result["pov"], result["sentence_bleu"], result["bleu"]
     return [
-        f"PoV = {100 * pov['score']:.2f}% ({pov['valid']}/{result['lines']} parse with Python's ast)",
+        f"PoV = {100 * pov['score']:.2f}% ({pov['valid']}/{result['lines']} parse as one function definition "
+        f"with Python's ast; {pov['not_function']} others parse but are not one)",
         f"sentence BLEU (mean) = {sentence['score']:.2f} ({sentence['signature']})",
         f"{bleu['text']} ({bleu['signature']})",
         f"code tokens: {result['tokenization']['description']}",

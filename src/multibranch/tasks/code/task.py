@@ -3,9 +3,10 @@ whose validation also decodes the valid split and scores the functions with PoV,
 and corpus BLEU on code tokens (`multibranch.tasks.code.metrics`; generated code is parsed, never run).
 
 Validation metrics (besides loss / NLL / ppl): "pov" (fraction in [0, 1] of hypotheses that
-`ast.parse` accepts after `DCNL`/`DCSP` decoding), "sentence_bleu" (mean, 0-100) and "bleu" (corpus
-BLEU, 0-100), on the first `train.valid_max_sentences` valid examples. The best checkpoint follows
-`train.best_metric` ("bleu" by default; "pov", "sentence_bleu" or "loss" also work).
+`ast.parse` reads as exactly one function definition after `DCNL`/`DCSP` decoding), "sentence_bleu"
+(mean, 0-100) and "bleu" (corpus BLEU, 0-100), on the first `train.valid_max_sentences` valid
+examples. The best checkpoint follows `train.best_metric` ("bleu" by default; "pov", "sentence_bleu"
+or "loss" also work).
 """
 
 from __future__ import annotations
