@@ -161,7 +161,6 @@ def analyze_attention(ckpt: str, out: str, *, data_dir: str | None = None, split
 
 
 def write_report(report: dict[str, Any], out: str, force: bool) -> Any:
-
     folder = ReportFolder.create(out, force)
     lines = [f"# Attention maps of `{report['checkpoint']}`", "", "Numbers: [attention.json](attention.json).", ""]
     for i, sentence in enumerate(report["sentences"]):

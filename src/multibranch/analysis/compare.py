@@ -81,7 +81,6 @@ def _diversity(reports: list[tuple[str, dict]], folders: list[str], labels: list
 
 
 def _write_heads(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-
     metric = "BLEU" if report["metric"] == "bleu" else "accuracy (%)"
     folder = ReportFolder.create(out, force)
     folder.write_json("compare.json", report)
@@ -119,7 +118,6 @@ def _write_heads(report: dict[str, Any], out: str | Path, force: bool) -> Report
 
 
 def _write_diversity(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-
     folder = ReportFolder.create(out, force)
     folder.write_json("compare.json", report)
     folder.write_png("diversity.png", plots.diversity_comparison_plot(report["models"], TITLES))

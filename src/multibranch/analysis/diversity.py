@@ -84,7 +84,6 @@ def analyze_diversity(ckpt: str | Path, data_dir: str | Path, out: str | Path, s
 
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-
     folder = ReportFolder.create(out, force)
     folder.write_json("diversity.json", report)
     folder.write_png("diversity.png", plots.diversity_plot(report["layers"], TITLES))

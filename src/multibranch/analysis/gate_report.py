@@ -32,7 +32,6 @@ def analyze_gates(ckpt: str | Path, out: str | Path, ratio: tuple[int, int] = (3
 
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-
     folder = ReportFolder.create(out, force)
     folder.write_json("gates.json", report)
     lines = [f"# Learned mixing weights of `{report['checkpoint']}`", "", "Numbers: [gates.json](gates.json).", ""]

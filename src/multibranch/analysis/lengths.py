@@ -130,7 +130,6 @@ def analyze_lengths(ckpts: list[str], labels: list[str] | None, data_dir: str | 
 
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-
     folder = ReportFolder.create(out, force)
     folder.write_json("lengths.json", report)
     folder.write_png("lengths.png", plots.length_buckets_plot(report))

@@ -178,7 +178,6 @@ def _import_ctranslate2() -> Any:
 
 
 def _tokenizer(payload: dict[str, Any], where: str) -> Tokenizer:
-
     if not payload.get("tokenizer"):
         raise CheckpointError(f"{where} has no tokenizer; CTranslate2 maps tokens by their SentencePiece pieces, "
                               "so the export needs the SentencePiece model(s) stored in the checkpoint")

@@ -179,7 +179,6 @@ def _check_config(c: Any, raw: dict[str, Any], where: Path) -> None:
 
 
 def _model_config(c: Any, max_positions: int, tokenizer: Any) -> Any:
-
     return ModelConfig(
         d_model=c.hidden_size,
         heads=c.num_attention_heads,

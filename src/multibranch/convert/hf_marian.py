@@ -213,7 +213,6 @@ def _decode_config(directory: Path) -> Any:
 
 
 def _model_config(c: Any, share: str, output_bias: bool, vocab: VocabMap, src_size: int, tgt_size: int) -> Any:
-
     layer = LayerConfig.variant("transformer")
     decoder_heads = None if c.decoder_attention_heads == c.encoder_attention_heads else c.decoder_attention_heads
     return ModelConfig(

@@ -30,7 +30,6 @@ def _reference_streams(references: Sequence[str] | Sequence[Sequence[str]]) -> l
 
 
 def _metric(name: str, tokenize: str, lowercase: bool) -> Any:
-
     if name == "bleu":
         return BLEU(tokenize=tokenize, lowercase=lowercase)
     if name == "chrf":

@@ -10,7 +10,7 @@ import difflib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from multibranch.config import ConfigError, deep_merge, from_dict, load_yaml, parse_override, to_dict
 from multibranch.experiment.decoding import DecodeConfig
@@ -25,8 +25,8 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_epochs=100))
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     description: str = ""
-    # the task (multibranch.tasks) is set by `train` from the prepared data's format
-    task: Literal["translation", "classification", "code"] = "translation"
+    # the task (a name in multibranch.tasks.registry.TASKS), set by `train` from the prepared data's format
+    task: str = "translation"
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
 
     def to_dict(self) -> dict[str, Any]:

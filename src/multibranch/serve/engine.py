@@ -101,7 +101,6 @@ class TorchEngine:
 
     def __init__(self, model: Any, tokenizer: Any, decode: Any, device: Any = "cpu", kind: str = "torch",
                  summary: dict[str, Any] | None = None, precision: str = "fp32"):
-
         self.model, self.tokenizer, self.decode, self.kind = model, tokenizer, decode, kind
         self.precision = precision  # the model is already the one to decode with (for_decoding)
         self.default_beam = decode.beam
@@ -133,7 +132,6 @@ class TorchEngine:
         return self._translator(beam).translate_nbest(texts, nbest)
 
     def attention_choices(self) -> dict[str, dict[str, Any]]:
-
         return attention_choices(self.model)
 
     def attention(self, text: str, kind: str, layer: int, head: int | None = None, branch: int | None = None,
@@ -178,7 +176,6 @@ class ClassifierEngine:
     task = "classification"
 
     def __init__(self, model: Any, tokenizer: Any, config: Any, device: Any = "cpu", precision: str = "fp32"):
-
         self.model, self.tokenizer, self.device, self.precision = model, tokenizer, device, precision
         self.labels = label_names(config)
         self.pooling = config.classifier.pooling
@@ -220,8 +217,6 @@ class Ct2Engine:
     task = "translation"
 
     def __init__(self, directory: str, device: str = "cpu", threads: int = 1):
-
-
         try:
             import ctranslate2
         except ImportError:
@@ -247,7 +242,6 @@ class Ct2Engine:
         return [len(ids) + 1 for ids in self.src.encode(texts)]
 
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
-
         out: list[Hypotheses] = [[("", 0.0)] for _ in texts]
         kept = [i for i, text in enumerate(texts) if text.strip()]
         if not kept:

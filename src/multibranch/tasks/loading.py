@@ -13,11 +13,7 @@ from multibranch.checkpoint.format import load_checkpoint, load_state_strict
 from multibranch.data.tokenizer import tokenizer_from_state
 from multibranch.errors import CheckpointError
 from multibranch.experiment import ExperimentConfig
-from multibranch.tasks.registry import build_task_model
-
-# the command that uses a checkpoint of each task
-TASK_COMMANDS = {"translation": "multibranch translate", "classification": "multibranch classify",
-                 "code": "multibranch translate"}
+from multibranch.tasks.registry import TASKS, build_task_model
 
 
 @dataclass
@@ -40,8 +36,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     config = ExperimentConfig.from_dict(payload["config"])
     wanted = (task,) if isinstance(task, str) else task
     if wanted is not None and config.task not in wanted:
-        use = TASK_COMMANDS.get(config.task)
-        hint = f"; use `{use}`" if use else ""
+        hint = f"; use `{TASKS[config.task].command}`" if config.task in TASKS else ""
         raise CheckpointError(f"{path} is a {config.task} model, not a {wanted[0]} model{hint}")
     model = build_task_model(config)
     load_state_strict(model, payload["model"], str(path))

@@ -36,6 +36,14 @@ class Task(ABC):
     # form in train.log's speed ("tok/s")
     sample_unit: ClassVar[str]
     speed_unit: ClassVar[str]
+    # the `prepare --task` value that makes this task's data, and the command that uses its checkpoints
+    prepare_flag: ClassVar[str]
+    command: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def owns_data(cls, meta: dict[str, Any]) -> bool:
+        """Whether a prepared directory's data.json (`meta`) holds this task's data."""
 
     def __init__(self, cfg: ExperimentConfig, data_dir: Path) -> None:
         self.cfg, self.data_dir = cfg, data_dir

@@ -326,7 +326,6 @@ class Trainer:
     # ---- batches ---------------------------------------------------------------------------------
 
     def _epoch_batches(self, epoch: int) -> list:
-
         return shard_batches(self.task.train_batches(epoch), self.dist.rank, self.dist.world_size)
 
     def _collate(self, indices):

@@ -25,6 +25,7 @@ from multibranch.data.batching import token_batches
 from multibranch.models.classifier import Classifier
 from multibranch.tasks.classification.dataset import ClassificationData
 from multibranch.tasks.classification.metrics import classification_scores
+from multibranch.tasks.classification.prepare import FORMAT
 from multibranch.train.task import Autocast, Task
 
 if TYPE_CHECKING:
@@ -73,11 +74,15 @@ class ClassificationTask(Task):
     name = "classification"
     best_metric = "accuracy"
     sample_unit, speed_unit = "sentences", "sent/s"  # examples (texts), whatever their length
+    prepare_flag, command = "classify", "multibranch classify"
     _train_lines: list[str] | None = None  # raw training texts, read when subword sampling first needs them
+
+    @classmethod
+    def owns_data(cls, meta: dict[str, Any]) -> bool:
+        return meta.get("format") == FORMAT
 
     @staticmethod
     def load_data(data_dir: Path) -> ClassificationData:
-
         return ClassificationData.load(data_dir)
 
     def fill_config(self) -> None:
@@ -102,7 +107,6 @@ class ClassificationTask(Task):
 
     @classmethod
     def build_model(cls, cfg: ExperimentConfig) -> nn.Module:
-
         return Classifier(cfg.model, cfg.classifier)
 
     def check_init_from(self, config: dict[str, Any], path: Path) -> None:
@@ -128,7 +132,6 @@ class ClassificationTask(Task):
         return self._batches(self.train_split, epoch, shuffle=True)
 
     def _batches(self, split: ClassificationSplit, epoch: int, shuffle: bool) -> list[np.ndarray]:
-
         t = self.cfg.train
         lengths = split.lengths + 1  # + BOS; token_batches adds the EOS
         return token_batches(lengths, lengths, t.max_tokens, seed=t.seed, epoch=epoch, shuffle=shuffle,

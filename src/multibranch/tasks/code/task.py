@@ -27,10 +27,14 @@ if TYPE_CHECKING:
 class CodeTask(TranslationTask):
     name = "code"
     best_metric = "bleu"
+    prepare_flag, command = "code", "multibranch translate"
+
+    @classmethod
+    def owns_data(cls, meta: dict[str, Any]) -> bool:
+        return super().owns_data(meta) and meta.get("task") == TASK
 
     @staticmethod
     def load_data(data_dir: Path) -> PreparedData:
-
         data = PreparedData.load(data_dir)
         if data.meta.get("task") != TASK:
             raise DataError(f"{data_dir}: not a code-generation data directory (prepare it with "
@@ -38,7 +42,6 @@ class CodeTask(TranslationTask):
         return data
 
     def decode_scores(self, hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-
         scores = score_code(hypotheses, references)
         return {"pov": scores["pov"]["score"], "sentence_bleu": scores["sentence_bleu"]["score"],
                 "bleu": scores["bleu"]["score"], "bleu_signature": scores["bleu"]["signature"]}

@@ -16,6 +16,7 @@ from multibranch.data.batching import collate, token_batches
 from multibranch.evaluate.metrics import score_corpus
 from multibranch.models import build_model
 from multibranch.tasks.translation.dataset import PreparedData
+from multibranch.tasks.translation.prepare import FORMAT
 from multibranch.tasks.translation.translator import Translator, show_progress
 from multibranch.train.loss import output_layer_loss
 from multibranch.train.task import Autocast, Task
@@ -30,10 +31,14 @@ class TranslationTask(Task):
     name = "translation"
     best_metric = "bleu"
     sample_unit, speed_unit = "tokens", "tok/s"  # target tokens
+    prepare_flag, command = "translate", "multibranch translate"
+
+    @classmethod
+    def owns_data(cls, meta: dict[str, Any]) -> bool:
+        return meta.get("format") == FORMAT
 
     @staticmethod
     def load_data(data_dir: Path) -> PreparedData:
-
         return PreparedData.load(data_dir)
 
     def fill_config(self) -> None:
@@ -50,20 +55,17 @@ class TranslationTask(Task):
 
     @classmethod
     def build_model(cls, cfg: ExperimentConfig) -> nn.Module:
-
         return build_model(cfg.model)
 
     def describe_model(self) -> str:
         return f"{self.cfg.model.encoder.kind}/{self.cfg.model.decoder.kind} layers"
 
     def train_batches(self, epoch: int) -> list[np.ndarray]:
-
         t, split = self.cfg.train, self.train_split
         return token_batches(split.src_lengths, split.tgt_lengths, t.max_tokens, seed=t.seed, epoch=epoch,
                              shuffle=True, max_sentences=t.max_sentences)
 
     def collate(self, indices: np.ndarray, device: torch.device, split=None) -> Batch:
-
         m = self.cfg.model
         return collate(split or self.train_split, indices, m.pad_id, m.bos_id, m.eos_id).to(device)
 
@@ -105,7 +107,6 @@ class TranslationTask(Task):
         return result
 
     def _valid_bleu(self, model: nn.Module, device: torch.device, progress: bool | None) -> dict[str, Any]:
-
         sources = self.valid_split.raw_src_lines()
         references = self.valid_split.raw_tgt_lines()
         if self.cfg.train.valid_max_sentences:
