@@ -52,7 +52,7 @@ from multibranch.data.batching import shard_batches
 from multibranch.device import resolve_amp, resolve_device
 from multibranch.experiment import ExperimentConfig
 from multibranch.experiment.training import RESUMABLE_CHANGES
-from multibranch.figures.run_plots import plot_run
+from multibranch.figures import run_plots
 from multibranch.hooks import ModuleHooks
 from multibranch.train import distributed as D
 from multibranch.train.metrics_log import MetricsLog
@@ -463,7 +463,7 @@ class Trainer:
     def _plot(self) -> None:
         """Redraw RUN/plots from metrics.jsonl; a failure is logged, never fatal to the training."""
         try:
-            plot_run(self.run_dir, force=True)
+            run_plots.plot_run(self.run_dir, force=True)
         except Exception as error:  # plots are a by-product: the run must go on
             log.warning("could not draw %s: %s", self.run_dir / "plots", error)
 
