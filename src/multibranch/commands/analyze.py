@@ -18,15 +18,9 @@ from __future__ import annotations
 
 import argparse
 
+from multibranch.arguments import positive_int
+
 HELP = "analyses of a checkpoint written as a report folder (heads, lengths, ...)"
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 1")
-    return value
 
 
 def _report_folder(p: argparse.ArgumentParser) -> None:

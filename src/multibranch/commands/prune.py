@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from multibranch.commands.analyze import positive_int
+from multibranch.arguments import positive_int
 
 HELP = "remove attention heads (least important fraction, BLEU threshold, or listed) and report before/after"
 
