@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multibranch.analysis.batches import batch_units, check_vocabulary, teacher_forced_batches
+from multibranch.analysis.batches import batch_units, check_vocabulary, load_task_data, teacher_forced_batches
 from multibranch.analysis.entropy import attention_entropy
 from multibranch.analysis.heads import attention_sites
 from multibranch.analysis.importance import head_importance
@@ -30,7 +30,6 @@ from multibranch.analysis.pruning import dominant_heads, pruning_curve
 from multibranch.analysis.scoring import make_scorer
 from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
-from multibranch.tasks import task_class
 from multibranch.tasks.loading import load_model
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
         raise ValueError(f"pruning-curve step {options.step} must be in (0, 1]")
     loaded = load_model(ckpt, options.device)
     model, cfg = loaded.model, loaded.config
-    data = task_class(cfg.task).load_data(Path(data_dir))
+    data = load_task_data(cfg.task, data_dir, str(ckpt))
     check_vocabulary(data, cfg.model, str(ckpt))
     split = data.split(options.split)
     score_split = options.bleu_split or options.split
