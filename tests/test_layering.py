@@ -26,7 +26,7 @@ FLOORS = [
     "errors", "atomic", "json_file", "config", "device", "schedules", "hooks",
     "checkpoint", "data", "evaluate", "modules", "models", "experiment", "figures",
     "inference", "train", "tasks", "convert", "analysis", "serve",
-    "commands", "cli", "__main__",
+    "arguments", "commands", "cli", "__main__",
 ]
 # optional extras and slow imports, imported where they are used
 LAZY_ALLOWED = ("transformers", "ctranslate2", "fastapi", "uvicorn", "starlette", "prometheus_client",

@@ -10,6 +10,8 @@ split gives `LabelBatch`es (BOS + ids + EOS, label). The analyses stay task-agno
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,12 +20,40 @@ from torch import Tensor, nn
 
 from multibranch.data.batching import Batch, collate, token_batches
 from multibranch.errors import DataError
+from multibranch.tasks.classification.prepare import FORMAT as CLASSIFICATION_FORMAT
 from multibranch.tasks.classification.task import LabelBatch, collate_labels
+from multibranch.tasks.registry import task_class, task_name_of
+from multibranch.tasks.translation.prepare import FORMAT as TRANSLATION_FORMAT
 
 if TYPE_CHECKING:
     from multibranch.models import ModelConfig
 
 AnyBatch = Batch | LabelBatch
+
+
+def load_task_data(task: str, data_dir: str | Path, ckpt: str) -> Any:
+    """The prepared data in `data_dir`, read as `task` (the checkpoint's). DataError naming both tasks when
+    the directory holds another task's data (a translation checkpoint with classification data, say),
+    rather than the loader's complaint about a format it does not read."""
+    try:
+        return task_class(task).load_data(Path(data_dir))
+    except DataError:
+        found = data_task(data_dir)
+        if found is not None and found != task:
+            raise DataError(f"{ckpt} is a {task} checkpoint but {data_dir} holds {found} data: give the "
+                            f"{task} data the model was trained on") from None
+        raise
+
+
+def data_task(data_dir: str | Path) -> str | None:
+    """The task of a prepared data directory whose data.json names a format of ours; None otherwise."""
+    try:
+        meta = json.loads((Path(data_dir) / "data.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") not in (TRANSLATION_FORMAT, CLASSIFICATION_FORMAT):
+        return None
+    return task_name_of(data_dir)
 
 
 def check_vocabulary(data: Any, model_cfg: ModelConfig, ckpt: str) -> None:

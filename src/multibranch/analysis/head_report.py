@@ -18,29 +18,32 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from multibranch.analysis.batches import batch_units, check_vocabulary, teacher_forced_batches
+from multibranch.analysis.batches import batch_units, check_vocabulary, load_task_data, teacher_forced_batches
 from multibranch.analysis.entropy import attention_entropy
-from multibranch.analysis.heads import attention_sites
+from multibranch.analysis.heads import attention_sites, total_heads
 from multibranch.analysis.importance import head_importance
-from multibranch.analysis.pruning import dominant_heads, pruning_curve
+from multibranch.analysis.pruning import dominant_heads, planned_counts, pruning_steps
 from multibranch.analysis.scoring import make_scorer
 from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
-from multibranch.tasks import task_class
 from multibranch.tasks.loading import load_model
+from multibranch.tasks.translation.translator import progress_bar, show_progress
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
 class HeadAnalysisOptions:
     """split: importance/entropy set; max_examples: its first N examples (None = all);
     bleu_split / bleu_max_sentences: what the pruning curve and dominant heads translate (default: split);
-    beam: decode override (None = the checkpoint's decode config)."""
+    beam: decode override (None = the checkpoint's decode config); progress: bars for the importance,
+    entropy, pruning-curve and dominant-head phases (None: when stderr is a terminal)."""
 
     split: str = "valid"
     max_examples: int | None = None
@@ -55,6 +58,7 @@ class HeadAnalysisOptions:
     keep_one: bool = False
     dominant: bool = True
     device: str = "cpu"
+    progress: bool | None = None  # a progress bar per phase on stderr; None: only when stderr is a terminal
 
 
 def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, options: HeadAnalysisOptions,
@@ -69,7 +73,7 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
         raise ValueError(f"pruning-curve step {options.step} must be in (0, 1]")
     loaded = load_model(ckpt, options.device)
     model, cfg = loaded.model, loaded.config
-    data = task_class(cfg.task).load_data(Path(data_dir))
+    data = load_task_data(cfg.task, data_dir, str(ckpt))
     check_vocabulary(data, cfg.model, str(ckpt))
     split = data.split(options.split)
     score_split = options.bleu_split or options.split
@@ -78,9 +82,11 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
     sites = attention_sites(model)
 
     batches = teacher_forced_batches(split, cfg.model, options.max_tokens, options.max_examples, options.device)
+    show = show_progress(options.progress)
     log.info("importance and entropy over %d batches of %s", len(batches), options.split)
-    importance = head_importance(model, batches, sites, normalize=options.normalize)
-    entropy = attention_entropy(model, batches, sites)
+    importance = head_importance(model, with_bar(batches, show, "importance", "batch"), sites,
+                                 normalize=options.normalize)
+    entropy = attention_entropy(model, with_bar(batches, show, "entropy", "batch"), sites)
     report: dict[str, Any] = {
         "checkpoint": str(ckpt), "data": str(data_dir), "task": cfg.task, "split": options.split,
         "examples": int(sum(len(b) for b in batches)),
@@ -100,19 +106,41 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
             def importance_under(gates):  # the first ranking is the one already computed
                 return head_importance(model, batches, sites, options.normalize, gates) if gates else importance
 
-            points = pruning_curve(sites, importance_under, scorer, options.step, options.recompute, options.keep_one)
+            maskable = total_heads(sites) - len(sites) if options.keep_one else None
+            steps = pruning_steps(sites, importance_under, scorer, options.step, options.recompute, options.keep_one)
+            points = list(with_bar(steps, show, "pruning curve", "step",
+                                   len(planned_counts(total_heads(sites), options.step, maskable))))
             baseline = points[0].score
             report["pruning_curve"] = {"step": options.step, "recompute": options.recompute,
                                        "keep_one": options.keep_one, "points": [p.to_dict() for p in points]}
         if options.dominant:
             log.info("dominant heads: %d scorings of %d sentences", sum(s.heads for s in sites), scorer.sentences)
-            report["dominant_heads"] = dominant_heads(sites, scorer, baseline)
+            heads = sum(s.heads for s in sites) + (baseline is None)
+            with progress_bar(heads, show, unit="scoring", desc="dominant heads") as bar:
+                report["dominant_heads"] = dominant_heads(sites, counted(scorer, bar), baseline)
         report["score"] = {"metric": scorer.metric, "split": score_split, "sentences": scorer.sentences,
                            "signature": scorer.signature,
                            "decode": dataclasses.asdict(decode) if scorer.metric == "bleu" else None}
         if scorer.metric == "bleu":
             report["bleu"] = report["score"]
     return write_report(report, out, force)
+
+
+def with_bar(items: Iterable[T], show: bool, desc: str, unit: str, total: int | None = None) -> Iterator[T]:
+    """The items, advancing a progress bar (on stderr, when `show`) as each one is done."""
+    with progress_bar(len(items) if total is None else total, show, unit=unit, desc=desc) as bar:
+        for item in items:
+            yield item
+            bar.update(1)
+
+
+def counted(evaluate: Callable[[], float], bar: Any) -> Callable[[], float]:
+    """`evaluate`, advancing `bar` after each call."""
+    def call() -> float:
+        score = evaluate()
+        bar.update(1)
+        return score
+    return call
 
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:

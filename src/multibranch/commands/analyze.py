@@ -18,15 +18,9 @@ from __future__ import annotations
 
 import argparse
 
+from multibranch.arguments import positive_int
+
 HELP = "analyses of a checkpoint written as a report folder (heads, lengths, ...)"
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 1")
-    return value
 
 
 def _report_folder(p: argparse.ArgumentParser) -> None:
@@ -39,7 +33,8 @@ def _examples(p: argparse.ArgumentParser, help_split: str) -> None:
     """--data, --split and its batching, for analyses that run the model over a prepared split."""
     p.add_argument("--data", required=True, help="the prepared data directory the model was trained on")
     p.add_argument("--split", default="valid", help=help_split)
-    p.add_argument("--max-examples", type=positive_int, default=None, help="use only the first N examples of --split")
+    p.add_argument("--max-examples", type=positive_int, default=None,
+                   help="use only the first N examples of --split (default: all)")
     p.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch")
 
 
@@ -62,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-normalize", action="store_true", help="do not l2-normalise importance per module")
     p.add_argument("--bleu-split", default=None,
                    help="split scored: BLEU, or accuracy for a classifier (default: --split)")
-    p.add_argument("--bleu-max-sentences", type=positive_int, default=None, help="score only its first N sentences")
+    p.add_argument("--bleu-max-sentences", type=positive_int, default=None,
+                   help="score only its first N sentences (default: all)")
     _beam(p)
     p.add_argument("--step", type=float, default=0.1, help="pruning-curve step as a fraction of all heads")
     p.add_argument("--recompute", action="store_true", help="recompute importance after every pruning step")
@@ -71,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-dominant", action="store_true",
                    help="skip the dominant-head table (one translation of the BLEU set per head)")
     _device(p)
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (shown on stderr only when it is a terminal)")
     p.set_defaults(analysis_run=_heads)
 
     about = "BLEU and sentence counts by source-length bucket, one or more checkpoints (SEEDS-SPEC §4.7)"
@@ -82,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", help="split to translate")
     p.add_argument("--buckets", default="15,30,45,60,75,90,105",
                    help="inclusive upper edges in subword tokens (last bucket: above the last edge)")
-    p.add_argument("--max-sentences", type=positive_int, default=None, help="translate only the first N sentences")
+    p.add_argument("--max-sentences", type=positive_int, default=None,
+                   help="translate only the first N sentences (default: all)")
     _beam(p)
     _device(p)
     p.set_defaults(analysis_run=_lengths)
@@ -146,7 +145,7 @@ def _heads(args: argparse.Namespace) -> int:
         split=args.split, max_examples=args.max_examples, max_tokens=args.max_tokens, normalize=not args.no_normalize,
         bleu_split=args.bleu_split, bleu_max_sentences=args.bleu_max_sentences, beam=args.beam,
         curve=not args.no_curve, step=args.step, recompute=args.recompute, keep_one=args.keep_one,
-        dominant=not args.no_dominant, device=args.device,
+        dominant=not args.no_dominant, device=args.device, progress=False if args.no_progress else None,
     )
     folder = analyze_heads(args.ckpt, args.data, args.out, options, force=args.force)
     print(f"wrote {folder.path}: {', '.join(folder.files)}")

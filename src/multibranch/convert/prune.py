@@ -18,6 +18,8 @@ Drop-branch and head-drop are reset (like folding, the result is an inference ar
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -69,9 +71,7 @@ def prune_heads(payload: dict[str, Any], remove: Iterable[tuple[str, int]], sour
     heads: dict[str, int] = {}
     for name, _, _ in attention_modules(model):
         heads[name] = state[f"{name}.out_proj.weight"].shape[1] // _head_dim(model, name)
-    for name, head in remove:
-        if name not in heads or not 0 <= head < heads[name]:
-            raise ConfigError(f"{where}: no head {head} in attention module {name!r}")
+    check_heads(heads, remove, where)
 
     kept: dict[str, list[int]] = {}
     removed = set(remove)
@@ -98,6 +98,41 @@ def prune_heads(payload: dict[str, Any], remove: Iterable[tuple[str, int]], sour
     meta["conversion"] = {"kind": "prune", "removed": [[n, h] for n, h in remove], "kept": kept}
     meta["source"] = describe_source(payload, source)
     return weights_only(payload, to_dict(cfg), state, meta)
+
+
+def check_heads(heads: dict[str, int], remove: Iterable[tuple[str, int]], where: str = "checkpoint") -> None:
+    """ConfigError naming the cause unless every (module, head) of `remove` is a head of `heads` (module
+    name -> head count): an unknown module (with the closest names and the modules there are), or a head
+    index the module does not have."""
+    for name, head in remove:
+        if name not in heads:
+            close = difflib.get_close_matches(name, list(heads), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"{where} has no attention module {name!r}; {hint}its attention modules are "
+                              f"{describe_modules(heads)}")
+        if not 0 <= head < heads[name]:
+            raise ConfigError(f"{where}: no head {head} in attention module {name!r} (its heads are "
+                              f"0-{heads[name] - 1})")
+
+
+def describe_modules(heads: dict[str, int]) -> str:
+    """Attention module names, layers folded: "encoder.layers.{0-5}.self_attn, decoder.layers.{0-5}.cross_attn"."""
+    layers: dict[str, list[int]] = {}
+    for name in heads:
+        match = re.fullmatch(r"(.*\.layers\.)(\d+)(\..*)", name)
+        if match is None:
+            layers.setdefault(name, [])
+        else:
+            layers.setdefault(f"{match[1]}{{}}{match[3]}", []).append(int(match[2]))
+    parts = []
+    for pattern, numbers in layers.items():
+        if not numbers:
+            parts.append(pattern)
+        elif numbers == list(range(numbers[0], numbers[0] + len(numbers))) and len(numbers) > 1:
+            parts.append(pattern.format(f"{{{numbers[0]}-{numbers[-1]}}}"))
+        else:
+            parts.append(pattern.format(numbers[0] if len(numbers) == 1 else "{" + ",".join(map(str, numbers)) + "}"))
+    return ", ".join(parts)
 
 
 def _head_dim(model_cfg: Any, name: str) -> int:

@@ -1,0 +1,238 @@
+"""`multibranch prune` as one library call: load a checkpoint, choose the heads (listed, a least-important
+fraction, or a metric threshold), remove them physically, compare the two models on a prepared split and
+write the pruned checkpoint and the JSON report.
+
+    options = PruneOptions(fraction=0.3, data="data/")         # or max_drop=0.5, or heads=read_heads(FILE)
+    report = prune_checkpoint("best.pt", "pruned.pt", "pruned.json", options, force=False)
+    print(summary(report))
+
+The report: {"checkpoint", "pruned", "selection", "removed", "parameters": {"before", "after", "change",
+"change_percent"}} and, with data: "metric", "set", "before"/"after" ({"score"} and, unless speed is off,
+"sentences_per_s" (fastest round), "sentences_per_s_median", "sentences_per_s_min", "seconds"), "score_change",
+"speed" ({"rounds", "speedup_median", "speedup_min", "speedup_max"}: the after/before ratio of each
+alternating round), "speedup" (the median ratio), "identical_outputs" (and "masked_score" for a threshold).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from multibranch.analysis.batches import check_vocabulary, load_task_data, teacher_forced_batches
+from multibranch.analysis.heads import HeadId, attention_sites
+from multibranch.analysis.importance import head_importance
+from multibranch.analysis.prune_report import (
+    heads_within_drop,
+    least_important,
+    model_of,
+    parameter_count,
+    side_by_side,
+    speed_spread,
+)
+from multibranch.analysis.scoring import agreement, make_scorer
+from multibranch.atomic import atomic_write_text
+from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
+from multibranch.convert.payload import refuse_overwrite
+from multibranch.convert.prune import check_prunable, prune_heads
+from multibranch.data.text import check_output_file
+from multibranch.errors import ConfigError, UserError
+from multibranch.tasks.loading import load_model
+
+
+@dataclass
+class PruneOptions:
+    """Exactly one of fraction / max_drop / heads chooses the heads. data: the prepared directory that
+    ranks them (split, its first max_examples) and scores both models (score_split, default split; its
+    first max_sentences); speed: time both models over speed_rounds alternating rounds."""
+
+    fraction: float | None = None
+    max_drop: float | None = None
+    heads: list[HeadId] | None = None
+    heads_file: str | None = None  # where `heads` came from (recorded in the report)
+    data: str | Path | None = None
+    split: str = "valid"
+    max_examples: int | None = None
+    max_tokens: int = 4096
+    score_split: str | None = None
+    max_sentences: int | None = None
+    beam: int | None = None
+    step: float = 0.1
+    recompute: bool = False
+    speed: bool = True
+    speed_rounds: int = 3
+    device: str = "cpu"
+
+
+class PruneData:
+    """The loaded model, its data, the importance set and the scored set."""
+
+    def __init__(self, ckpt: str | Path, options: PruneOptions):
+        o = self.options = options
+        self.loaded = load_model(ckpt, o.device)
+        cfg = self.loaded.config
+        self.data = load_task_data(cfg.task, o.data, str(ckpt))
+        check_vocabulary(self.data, cfg.model, str(ckpt))
+        self.score_split = o.score_split or o.split
+        self.data.split(self.score_split)  # DataError for a missing split before any work
+        self.batches = teacher_forced_batches(self.data.split(o.split), cfg.model, o.max_tokens, o.max_examples,
+                                              o.device)
+        self.sites = attention_sites(self.loaded.model)
+        self.decode = cfg.decode if o.beam is None else dataclasses.replace(cfg.decode, beam=o.beam)
+        self.tokenizer = self.loaded.tokenizer or self.data.tokenizer()
+        self.scorer = self.scorer_of(self.loaded.model)
+        self._scores = None
+
+    def scorer_of(self, model):
+        o = self.options
+        return make_scorer(model, self.tokenizer, self.data, self.score_split, o.max_sentences, self.decode,
+                           o.device, o.max_tokens)
+
+    def importance(self, gates: dict) -> dict:
+        if gates:
+            return head_importance(self.loaded.model, self.batches, self.sites, gates=gates)
+        if self._scores is None:
+            self._scores = head_importance(self.loaded.model, self.batches, self.sites)
+        return self._scores
+
+    def least_important(self, fraction: float) -> list[HeadId]:
+        try:
+            return least_important(self.sites, self.importance({}), fraction)
+        except ValueError as error:
+            raise ConfigError(f"--fraction: {error}") from None
+
+    def within_drop(self, max_drop: float, step: float, recompute: bool):
+        return heads_within_drop(self.sites, self.importance, self.scorer, max_drop, step, recompute)
+
+    def compare(self, pruned, speed: bool, rounds: int) -> dict[str, Any]:
+        """Score (and unless `speed` is off, time side by side) the original and the pruned model."""
+        after = self.scorer_of(pruned)
+        timed = side_by_side({"before": self.scorer, "after": after}, rounds if speed else 1)
+        n = self.scorer.sentences
+        out: dict[str, Any] = {
+            "metric": self.scorer.metric,
+            "set": {"split": self.score_split, "sentences": n, "signature": self.scorer.signature,
+                    "decode": dataclasses.asdict(self.decode) if self.scorer.metric == "bleu" else None,
+                    "rounds": rounds if speed else None},
+        }
+        for label, result in timed.items():
+            out[label] = {"score": result["score"]}
+        out["score_change"] = out["after"]["score"] - out["before"]["score"]
+        if speed:
+            spread = speed_spread(timed["before"]["seconds"], timed["after"]["seconds"], n)
+            for label in ("before", "after"):
+                out[label].update(spread[label])
+            out["speed"] = spread["speed"]
+            out["speedup"] = spread["speed"]["speedup_median"]
+        out["identical_outputs"] = agreement(self.scorer, after)
+        return out
+
+
+def prune_checkpoint(ckpt: str | Path, out: str | Path, report_path: str | Path, options: PruneOptions,
+                     force: bool = False) -> dict[str, Any]:
+    """Prune `ckpt` as `options` say, write the pruned checkpoint `out` and the JSON report; the report.
+
+    Everything that can be refused (existing outputs without `force`, a kind that cannot be pruned, listed
+    heads the model does not have, the data of another task) is refused before the long work."""
+    chosen = [o for o in (options.fraction, options.max_drop, options.heads) if o is not None]
+    if len(chosen) != 1:
+        raise ValueError("give exactly one of fraction, max_drop, heads")
+    if options.heads is None and options.data is None:
+        raise ConfigError("--fraction and --max-drop rank heads by importance on data: give --data PREPARED_DIR")
+    report_path = Path(report_path)
+    refuse_overwrite(out, force)
+    refuse_overwrite(report_path, force)
+    check_output_file(str(out), [str(ckpt)], parent_must_exist=False)
+    check_output_file(str(report_path), [str(ckpt), str(out)], parent_must_exist=False)
+    payload = load_checkpoint(ckpt)
+    check_prunable(payload, str(ckpt))
+    pruned = None
+    if options.heads is not None:
+        remove = list(options.heads)
+        pruned = prune_heads(payload, remove, source=str(ckpt))  # unknown modules and heads: before any data work
+    context = PruneData(ckpt, options) if options.data is not None else None
+    selection: dict[str, Any] = {"mode": "heads_json", "file": options.heads_file}
+    chosen_point = None
+    if options.fraction is not None:
+        remove = context.least_important(options.fraction)
+        selection = {"mode": "fraction", "fraction": options.fraction, "split": options.split}
+    elif options.max_drop is not None:
+        chosen_point, walked = context.within_drop(options.max_drop, options.step, options.recompute)
+        remove = chosen_point.masked
+        selection = {"mode": "max_drop", "max_drop": options.max_drop, "step": options.step,
+                     "recompute": options.recompute, "split": options.split,
+                     "chosen_fraction": chosen_point.fraction,
+                     "walked": [{k: v for k, v in p.to_dict().items() if k != "masked"} for p in walked]}
+    if pruned is None:
+        pruned = prune_heads(payload, remove, source=str(ckpt))
+    after_model = model_of(pruned, str(out), options.device)
+    report: dict[str, Any] = {
+        "checkpoint": str(ckpt), "pruned": str(out), "selection": selection,
+        "removed": [[name, head] for name, head in sorted(remove)],
+        "parameters": change(parameter_count(model_of(payload, str(ckpt))), parameter_count(after_model)),
+    }
+    if context is not None:
+        report.update(context.compare(after_model, options.speed, options.speed_rounds))
+        if chosen_point is not None:
+            report["masked_score"] = chosen_point.score  # the pruned model must score exactly like the masked one
+    save_checkpoint(out, pruned)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(report_path, json.dumps(report, indent=2, allow_nan=False) + "\n")
+    return report
+
+
+def change(before: int, after: int) -> dict[str, Any]:
+    return {"before": before, "after": after, "change": after - before,
+            "change_percent": 100.0 * (after - before) / before}
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The report as a few human lines."""
+    p = report["parameters"]
+    lines = [f"removed {len(report['removed'])} head(s); parameters {p['before']:,} -> {p['after']:,} "
+             f"({p['change']:+,}, {p['change_percent']:+.1f}%)"]
+    if "before" in report:
+        metric = "BLEU" if report["metric"] == "bleu" else "accuracy (%)"
+        b, a = report["before"], report["after"]
+        lines.append(f"{metric} on {report['set']['sentences']} sentences of {report['set']['split']}: "
+                     f"{b['score']:.2f} -> {a['score']:.2f} ({report['score_change']:+.2f})")
+    if "speed" in report:
+        lines.append(speed_line(report))
+    return "\n".join(lines)
+
+
+def speed_line(report: dict[str, Any]) -> str:
+    """Sentences/s of both models (median of the rounds, min-max) and the range of the per-round ratios;
+    a range that spans x1.00 is said to be no measurable change."""
+    b, a, s = report["before"], report["after"], report["speed"]
+    rounds = s["rounds"]
+    line = (f"speed: {b['sentences_per_s_median']:.1f} -> {a['sentences_per_s_median']:.1f} sentences/s "
+            f"(median of {rounds} alternating round{'s' if rounds > 1 else ''}; "
+            f"before {b['sentences_per_s_min']:.1f}-{b['sentences_per_s']:.1f}, "
+            f"after {a['sentences_per_s_min']:.1f}-{a['sentences_per_s']:.1f}); "
+            f"x{s['speedup_median']:.2f} (rounds x{s['speedup_min']:.2f}-x{s['speedup_max']:.2f})")
+    if rounds == 1:
+        return line + "; one round measures no spread: use --speed-rounds 5 or more"
+    if s["speedup_min"] < 1.0 < s["speedup_max"]:
+        return line + "; the rounds disagree on the direction: no measurable speed change on this machine"
+    return line
+
+
+def read_heads(path: str | Path) -> list[HeadId]:
+    """The heads listed in a JSON file: [[module name, head index], ...] or {"masked": [...]} (a point of
+    `analyze heads`' pruning curve)."""
+    try:
+        data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not valid JSON ({err})") from None
+    if isinstance(data, dict):
+        data = data.get("masked")
+    ok = isinstance(data, list) and all(
+        isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)
+        for item in data
+    )
+    if not ok:
+        raise UserError(f"{path}: expected a list of [module name, head index] pairs (or {{\"masked\": [...]}})")
+    return [(name, head) for name, head in data]
