@@ -49,6 +49,7 @@ from multibranch.checkpoint.format import (
 from multibranch.checkpoint.origin import make_origin, new_run_id, origin_of, weights_fingerprint
 from multibranch.config import config_hash
 from multibranch.data.batching import shard_batches
+from multibranch.data.directories import RUN, refuse_other_kind
 from multibranch.device import resolve_amp, resolve_device
 from multibranch.experiment import ExperimentConfig
 from multibranch.experiment.training import RESUMABLE_CHANGES
@@ -192,6 +193,7 @@ class Trainer:
         run = self.run_dir
         if run.exists() and not run.is_dir():
             raise FileExistsError(f"run directory {run} exists and is not a directory")
+        refuse_other_kind(run, RUN)
         if self.opts.resume:
             if not (run / "last.pt").exists():
                 raise CheckpointError(f"--resume: no {run / 'last.pt'} to resume from")
