@@ -109,3 +109,48 @@ def test_average_never_replaces_one_of_its_inputs(run_dir, capsys):
     assert "same file as input" in one_error_line(capsys)
     assert snapshot(run_dir) == before
 
+
+# ---- translate -o / classify -o --------------------------------------------------------------------
+
+
+def test_translate_refuses_an_existing_output_without_force(run_dir, tmp_path, capsys):
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("a b c\n", encoding="utf-8")
+    out.write_bytes(b"yesterday's translations\n")
+    argv = ["translate", "--ckpt", str(run_dir / "last.pt"), "-i", str(src), "-o", str(out), "--device", "cpu",
+            "--beam", "1", "--max-len-b", "5"]
+    assert main(argv) == 2
+    err = one_error_line(capsys)
+    assert str(out) in err and "exists" in err and "--force" in err
+    assert out.read_bytes() == b"yesterday's translations\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+    assert main([*argv, "--force"]) == 0
+    assert out.read_bytes() != b"yesterday's translations\n" and out.read_text(encoding="utf-8").count("\n") == 1
+
+
+def test_translate_score_reference_refuses_an_existing_output_without_force(run_dir, tmp_path, capsys):
+    src, out = tmp_path / "in.txt", tmp_path / "scores.tsv"
+    src.write_text("a b c\n", encoding="utf-8")
+    out.write_bytes(b"old\n")
+    argv = ["translate", "--ckpt", str(run_dir / "last.pt"), "-i", str(src), "--score-reference", str(src),
+            "-o", str(out), "--device", "cpu"]
+    assert main(argv) == 2
+    assert "--force" in one_error_line(capsys)
+    assert out.read_bytes() == b"old\n"
+    assert main([*argv, "--force"]) == 0 and out.read_text(encoding="utf-8").count("\t") == 2
+
+
+def test_classify_refuses_an_existing_output_without_force(tmp_path, capsys):
+    """Refused before the checkpoint is read (here: not even a checkpoint)."""
+    ckpt, src, out = tmp_path / "model.pt", tmp_path / "in.txt", tmp_path / "labels.txt"
+    ckpt.write_bytes(b"not read: the output check comes first")
+    src.write_text("some text\n", encoding="utf-8")
+    out.write_bytes(b"earlier labels\n")
+    assert main(["classify", "--ckpt", str(ckpt), "-i", str(src), "-o", str(out), "--device", "cpu"]) == 2
+    err = one_error_line(capsys)
+    assert str(out) in err and "exists" in err and "--force" in err
+    assert out.read_bytes() == b"earlier labels\n"
+    # with --force the output check passes and the (unreadable) checkpoint is what fails
+    assert main(["classify", "--ckpt", str(ckpt), "-i", str(src), "-o", str(out), "--device", "cpu", "--force"]) == 2
+    assert "not a multibranch checkpoint" in one_error_line(capsys)
+    assert out.read_bytes() == b"earlier labels\n"
