@@ -15,15 +15,100 @@ sibling directory that replaces the target only when complete (`atomic_directory
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from multibranch.errors import UserError
+
 TMP_SUFFIX = ".tmp"
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(UserError):
+    """A write failed because the device is full (ENOSPC) or the disk quota is used up (EDQUOT)."""
+
+
+def full_disk_cause(error: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT OSError behind `error` (itself, or in its __cause__/__context__ chain: torch.save
+    turns a failed write into a RuntimeError whose context is the OSError); None if there is none."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in FULL_DISK_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def full_disk_error(path: str | Path, cause: OSError) -> DiskFullError:
+    """The one-line error for a write to `path` that found the device full."""
+    what = "disk quota exceeded" if cause.errno == errno.EDQUOT else "no space left on device"
+    return DiskFullError(f"cannot write {path}: {what}; nothing was replaced: free some space (or choose another "
+                         "location) and run again")
+
+
+def _interrupted_by(error: BaseException) -> bool:
+    """True if a KeyboardInterrupt is `error` or hides in its chain (torch.save wraps it in a RuntimeError)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+@contextlib.contextmanager
+def reporting_full_disk(path: str | Path) -> Iterator[None]:
+    """Turn an ENOSPC/EDQUOT failure inside the block into a DiskFullError naming `path`."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as error:
+        cause = full_disk_cause(error)
+        if cause is None:
+            raise
+        raise full_disk_error(path, cause) from error
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) until the block is done, then raise KeyboardInterrupt: a save that has
+    started finishes (and stays whole) before the program stops. A second Ctrl-C inside the block
+    interrupts at once (`atomic_write` then removes its temporary, so the target stays as it was).
+    Outside the main thread (where signal handlers cannot be set) the block runs unprotected."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if pending:
+            raise KeyboardInterrupt
+        pending.append(signum)
+
+    try:
+        previous = signal.signal(signal.SIGINT, hold)
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def _umask() -> int:
@@ -59,7 +144,9 @@ def atomic_write(path: str | Path, mode: str = "wb", encoding: str | None = None
     """Open a temporary file beside `path` for writing; on success it is fsynced and renamed to `path`.
 
     On any exception (including KeyboardInterrupt) the temporary file is removed and `path` is left
-    as it was. The parent directory must exist.
+    as it was. The parent directory must exist. A full device (ENOSPC/EDQUOT, also wrapped as torch.save
+    wraps it) becomes a DiskFullError naming `path`; a KeyboardInterrupt wrapped in another exception
+    becomes a plain KeyboardInterrupt again (the CLI's clean "interrupted" exit).
     """
     if "w" not in mode or "+" in mode:
         raise ValueError(f"atomic_write needs a write-only mode ('w' or 'wb'), got {mode!r}")
@@ -73,10 +160,22 @@ def atomic_write(path: str | Path, mode: str = "wb", encoding: str | None = None
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        _raise_plain(error, path)
         raise
     fsync_directory(path.parent)
+
+
+def _raise_plain(error: BaseException, path: Path) -> None:
+    """Re-raise a wrapped KeyboardInterrupt as itself and a full disk as a DiskFullError; else return."""
+    if isinstance(error, (KeyboardInterrupt, DiskFullError)):
+        return
+    if _interrupted_by(error):
+        raise KeyboardInterrupt from None
+    cause = full_disk_cause(error)
+    if cause is not None:
+        raise full_disk_error(path, cause) from error
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -124,8 +223,9 @@ def atomic_directory(out: str | Path) -> Iterator[Path]:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private
         yield tmp
         _swap_directory(tmp, out)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        _raise_plain(error, out)
         raise
 
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 
 from multibranch import __version__
+from multibranch.atomic import full_disk_cause
 from multibranch.errors import UserError
 
 COMMANDS = [
@@ -82,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         return _quiet_broken_pipe()
     except USER_ERRORS as err:
         print(f"multibranch {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if full_disk_cause(err) is None:
+            raise
+        # a write the library does not wrap (atomic writes name their file themselves)
+        where = f"cannot write {err.filename}: " if err.filename else ""
+        print(f"multibranch {args.command}: error: {where}{err.strerror or 'no space left on device'}; free some "
+              "space and run again", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"multibranch {args.command}: interrupted", file=sys.stderr)

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from multibranch.atomic import atomic_write_text
+
 
 def read_json_object(path: str | Path, error: type[Exception], hint: str = "") -> dict[str, Any]:
     """The JSON object stored in `path`. When the file cannot be read, is not UTF-8 JSON or holds
@@ -22,3 +24,10 @@ def read_json_object(path: str | Path, error: type[Exception], hint: str = "") -
     if not isinstance(document, dict):
         raise error(f"{path}: corrupted, a JSON {type(document).__name__} instead of an object{advice}")
     return document
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """`data` as indented UTF-8 JSON (ending in a newline), written atomically; missing parents are made."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")

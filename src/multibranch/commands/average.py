@@ -13,6 +13,7 @@ not always help).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 HELP = "average checkpoints (last N / best N of a run, or an explicit list) into one weights-only checkpoint"
 
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import save_checkpoint
     from multibranch.convert.average import average_checkpoints, select_checkpoints
     from multibranch.convert.payload import refuse_overwrite
+    from multibranch.data.directories import is_run_checkpoint
     from multibranch.data.text import check_output_file
     from multibranch.errors import UserError
 
@@ -41,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--run needs --last N or --best N")
     if args.ckpts and (args.last is not None or args.best is not None or args.upper_bound is not None):
         raise UserError("--last/--best/--upper-bound select from --run; they cannot be combined with --ckpts")
+    if is_run_checkpoint(args.out) or is_run_checkpoint(Path(args.out).resolve()):
+        raise UserError(f"--out {args.out}: is the last.pt of a training run, which --resume continues from; "
+                        "write the average to another file")
     refuse_overwrite(args.out, args.force)
     if args.ckpts:
         paths = select_checkpoints(paths=args.ckpts)

@@ -2,8 +2,8 @@
 
 One output line per input line: the label, or with --probs `LABEL<TAB>name=p name=p ...` (every
 label's probability, in the checkpoint's label order). An empty (or whitespace-only) input line has
-no text to classify and gives an empty output line. -o is written atomically and never over -i or
-a checkpoint. Several --ckpt make an ensemble: the label is the argmax of the members' mean
+no text to classify and gives an empty output line. -o is written atomically, never over -i or
+a checkpoint, and over an existing file only with --force. Several --ckpt make an ensemble: the label is the argmax of the members' mean
 probabilities (each member reads the text with its own tokenizer; all must have the same labels in
 the same order). Members are loaded one at a time, so an ensemble needs the memory of one model.
 """
@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text, one example per line ('-' = stdin)")
     parser.add_argument("-o", "--output", default="-", metavar="FILE",
                         help="output labels ('-' = stdout); a file is replaced only when labelling succeeds")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing -o file")
     parser.add_argument("--probs", action="store_true",
                         help="print 'LABEL<TAB>name=p name=p ...' with every label's probability")
     parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="lines per batch")
@@ -44,12 +45,18 @@ def format_line(labels: list[str], probs: list[float] | None, with_probs: bool) 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from multibranch.checkpoint.format import CheckpointError
-    from multibranch.data.text import check_input_file, check_output_file, iter_lines, open_input, open_output
+    from multibranch.data.text import (
+        check_can_write,
+        check_input_file,
+        check_output_file,
+        iter_lines,
+        open_input,
+        open_output,
+        refuse_existing_output,
+    )
     from multibranch.device import resolve_device
     from multibranch.errors import UserError
-    from multibranch.tasks.classification.inference import classify_lines, label_names
-    from multibranch.tasks.loading import load_model
+    from multibranch.tasks.classification.inference import classify_text_lines
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size}: must be >= 1")
@@ -59,31 +66,15 @@ def run(args: argparse.Namespace) -> int:
     if args.input != "-":
         check_input_file(args.input)
     check_output_file(args.output, [args.input, *args.ckpt])
+    refuse_existing_output(args.output, args.force)
     device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     name = "<stdin>" if args.input == "-" else args.input
     with open_input(args.input) as source:
         lines = list(iter_lines(source, name, args.encoding_errors))
-    texts = [i for i, line in enumerate(lines) if line.strip()]
-    labels: list[str] = []
-    total = None  # [n, C] sum of the members' probabilities
-    for ckpt in args.ckpt:
-        loaded = load_model(ckpt, device, task="classification")
-        if loaded.tokenizer is None:
-            raise CheckpointError(f"{ckpt} has no tokenizer, so it cannot label raw text")
-        names = label_names(loaded.config)
-        if labels and names != labels:
-            raise CheckpointError(f"{ckpt} has the labels {names}, {args.ckpt[0]} has {labels}: "
-                                  "an ensemble needs the same labels in the same order")
-        labels = names
-        probs = classify_lines(loaded.model, loaded.tokenizer, [lines[i] for i in texts], device, args.batch_size)
-        total = probs if total is None else total + probs
-        del loaded
-    probs = total / len(args.ckpt)
-    per_line: list[list[float] | None] = [None] * len(lines)
-    for row, i in enumerate(texts):
-        per_line[i] = probs[row].tolist()
+    check_can_write(args.output, 16 * len(lines) * (4 if args.probs else 1))
+    labels, per_line = classify_text_lines(args.ckpt, lines, device, args.batch_size)
     with open_output(args.output) as sink:
         sink.write("".join(format_line(labels, p, args.probs) + "\n" for p in per_line).encode("utf-8"))
     return 0

@@ -23,17 +23,13 @@ def run(args: argparse.Namespace) -> int:
     import shutil
     import time
 
-    from multibranch.atomic import atomic_write_text
-    from multibranch.commands.translate import one_line
     from multibranch.errors import UserError
-    from multibranch.evaluate.metrics import score_corpus
     from multibranch.experiment import resolve_config
     from multibranch.tasks import train
-    from multibranch.tasks.loading import load_model
-    from multibranch.tasks.translation.dataset import PreparedData
+    from multibranch.tasks.translation.heldout import translate_split
     from multibranch.tasks.translation.prepare import PrepareConfig, prepare
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
-    from multibranch.tasks.translation.translator import Translator, show_progress
+    from multibranch.tasks.translation.translator import show_progress
     from multibranch.train.trainer import RunOptions
 
     out: Path = args.out
@@ -59,15 +55,11 @@ def run(args: argparse.Namespace) -> int:
     state = train(cfg, RunOptions(data_dir=out / "data", run_dir=out / "run", progress=None))
 
     print("[4/4] translating the test set with the best checkpoint (by validation loss)", flush=True)
-    loaded = load_model(out / "run" / "best.pt")
-    test = PreparedData.load(out / "data").split("test")
-    sources, references = test.raw_src_lines(), test.raw_tgt_lines()
-    translator = Translator(loaded.model, loaded.tokenizer, loaded.config.decode)
-    hypotheses = translator.translate(sources, progress=show_progress())  # a bar on a terminal
-    atomic_write_text(out / "run" / "test.hyp.txt", "".join(one_line(h) + "\n" for h in hypotheses))
-    scores = score_corpus(hypotheses, [references], metrics=("bleu", "chrf"))
+    result = translate_split(out / "run" / "best.pt", out / "data", "test", hyp_file=out / "run" / "test.hyp.txt",
+                             progress=show_progress())  # a bar on a terminal
+    scores = result.scores
     print()
-    for src, hyp, ref in list(zip(sources, hypotheses, references))[:5]:
+    for src, hyp, ref in list(zip(result.sources, result.hypotheses, result.references))[:5]:
         print(f"  source:      {src}\n  translation: {hyp}\n  reference:   {ref}\n")
     print(f"test BLEU = {scores['bleu']['score']:.2f}   {scores['bleu']['signature']}")
     print(f"test chrF = {scores['chrf']['score']:.2f}   {scores['chrf']['signature']}")

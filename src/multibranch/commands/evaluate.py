@@ -111,39 +111,27 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.errors import DataError
-    from multibranch.evaluate.metrics import (
-        format_bootstrap,
-        format_scores,
-        paired_bootstrap,
-        score_corpus,
-        score_sentences,
-    )
+    from multibranch.evaluate.metrics import evaluate_translation, format_bootstrap, format_scores
 
     _check_arguments(args)
     if args.task == "classify":
         return _run_classify(args)
     if args.task == "code":
         return _run_code(args)
-    hypotheses = _read(args.hyp, args.encoding_errors)
-    references = [_read(path, args.encoding_errors) for path in args.ref]
-    for path, ref in zip(args.ref, references, strict=True):
-        if len(ref) != len(hypotheses):
-            raise DataError(f"line counts differ: {args.hyp} has {len(hypotheses)} lines, {path} has {len(ref)}")
-    system = _read(args.compare, args.encoding_errors) if args.compare else None
-    if system is not None and len(system) != len(hypotheses):
-        raise DataError(f"line counts differ: {args.hyp} has {len(hypotheses)} lines, {args.compare} has {len(system)}")
-    options: dict[str, Any] = dict(tokenize=args.tokenize, lowercase=args.lowercase, allow_download=args.allow_download)
-
-    result = score_corpus(hypotheses, references, metrics=args.metrics, **options)
-    sentences = score_sentences(hypotheses, references, **options) if args.sentence_level else None
-    bootstrap = (paired_bootstrap(hypotheses, system, references, metrics=args.metrics,
-                                  samples=args.bootstrap_samples, **options) if system is not None else None)
+    hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
+    report = evaluate_translation(
+        _read(args.hyp, args.encoding_errors), {path: _read(path, args.encoding_errors) for path in args.ref},
+        hyp_name=hyp_name, metrics=args.metrics, tokenize=args.tokenize, lowercase=args.lowercase,
+        allow_download=args.allow_download, sentence_level=args.sentence_level,
+        compare=(args.compare, _read(args.compare, args.encoding_errors)) if args.compare else None,
+        bootstrap_samples=args.bootstrap_samples)
+    report["hyp"] = args.hyp
+    sentences, bootstrap = report.get("sentences"), report.get("compare")
 
     json_to_stdout = args.json == "-"
     rows_to_stdout = sentences is not None and not json_to_stdout
     human = sys.stderr if json_to_stdout or rows_to_stdout else sys.stdout
-    for line in format_scores(result):
+    for line in format_scores(report):
         print(line, file=human, flush=True)
     if bootstrap is not None:
         print(f"paired bootstrap, baseline {args.hyp} vs system {args.compare}, {args.bootstrap_samples} resamples:",
@@ -151,16 +139,9 @@ def run(args: argparse.Namespace) -> int:
         for line in format_bootstrap(bootstrap):
             print(f"  {line}", file=human, flush=True)
     if rows_to_stdout:
-        assert sentences is not None
         sys.stdout.write("".join(f"{b:.4f}\t{c:.4f}\n" for b, c in zip(sentences["bleu"], sentences["chrf"],
                                                                          strict=True)))
     if args.json:
-        report = {"hyp": args.hyp, "refs": list(args.ref), "tokenize": args.tokenize, "lowercase": args.lowercase,
-                  **result}
-        if sentences is not None:
-            report["sentences"] = sentences
-        if bootstrap is not None:
-            report["compare"] = {"system": args.compare, **bootstrap}
         _write_json(args.json, report)
     sys.stdout.flush()
     return 0
@@ -181,44 +162,13 @@ def _check_single_reference(args: argparse.Namespace, what: str) -> None:
 
 
 def _run_code(args: argparse.Namespace) -> int:
-    from multibranch.errors import DataError
-    from multibranch.tasks.code.corpus import decode_code, split_source_functions
-    from multibranch.tasks.code.metrics import format_code_scores, score_code
+    from multibranch.tasks.code.metrics import format_code_scores, score_code_lines
 
     _check_single_reference(args, "one escaped function per line")
-    lines = _read(args.hyp, args.encoding_errors)
-    references = _read(args.ref[0], args.encoding_errors)
-    hyp_name, ref_name = "<stdin>" if args.hyp == "-" else args.hyp, args.ref[0]
-    if args.code_format == "source":
-        hypotheses = split_source_functions(lines)
-        if references and len(hypotheses) != len(references):
-            raise DataError(f"{hyp_name} read as --code-format source holds {len(hypotheses)} functions (each ended "
-                            f"by an empty line) but {ref_name} has {len(references)} lines; a function with an empty "
-                            "line of its own splits in two in that form, so score translate's escaped one-line "
-                            "output (--code-format escaped, its default) instead")
-        _check_pairs(args, hypotheses, references, "functions")
-        result = score_code(hypotheses, [decode_code(r) for r in references], escaped=False)
-    else:
-        if references and len(lines) > len(references) and len(split_source_functions(lines)) == len(references):
-            raise DataError(f"line counts differ: {hyp_name} has {len(lines)} lines, {ref_name} has {len(references)}; "
-                            f"{hyp_name} reads as {len(references)} functions each ended by an empty line, as "
-                            "`translate --code-format source` writes them: pass --code-format source")
-        _check_pairs(args, lines, references, "functions")
-        result = score_code(lines, references)
-    result["code_format"] = args.code_format or "escaped"
-    return _report(args, format_code_scores(result), result)
-
-
-def _check_pairs(args: argparse.Namespace, hypotheses: list[str], references: list[str], what: str) -> None:
-    """Equal, non-zero line counts of --hyp and the one --ref, or one clear DataError."""
-    from multibranch.errors import DataError
-
     hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
-    if len(hypotheses) != len(references):
-        raise DataError(f"line counts differ: {hyp_name} has {len(hypotheses)} lines, {args.ref[0]} has "
-                        f"{len(references)}")
-    if not references:
-        raise DataError(f"{args.ref[0]}: no {what} to score")
+    result = score_code_lines(_read(args.hyp, args.encoding_errors), _read(args.ref[0], args.encoding_errors),
+                              hyp_name, args.ref[0], code_format=args.code_format or "escaped")
+    return _report(args, format_code_scores(result), result)
 
 
 def _report(args: argparse.Namespace, lines: list[str], result: dict) -> int:
@@ -233,72 +183,23 @@ def _report(args: argparse.Namespace, lines: list[str], result: dict) -> int:
 
 
 def _run_classify(args: argparse.Namespace) -> int:
-    from multibranch.errors import DataError
-    from multibranch.tasks.classification.metrics import classification_scores, labels_not_in_reference
+    from multibranch.tasks.classification.metrics import format_classification, score_label_lines
 
     _check_single_reference(args, "one gold label per line")
     hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
-    predictions = [line.split("\t", 1)[0].strip() for line in _read(args.hyp, args.encoding_errors)]
-    references = [line.strip() for line in _read(args.ref[0], args.encoding_errors)]
-    _check_pairs(args, predictions, references, "labels")
-    for name, labels in ((hyp_name, predictions), (args.ref[0], references)):
-        empty = next((i for i, label in enumerate(labels) if not label), None)
-        if empty is not None:
-            raise DataError(f"{name}:{empty + 1}: empty label (an empty input line has no prediction; remove the "
-                            "line from both files)")
-    unseen = labels_not_in_reference(predictions, references)
-    if unseen and not args.allow_unseen_labels:
-        raise DataError(f"{hyp_name} predicts labels that {args.ref[0]} never uses: "
-                        f"{_name_labels(unseen, hyp_name)}; {_reference_hint(unseen, references, args.ref[0])}; "
-                        "pass --allow-unseen-labels to score them as wrong predictions")
-    result = classification_scores(predictions, references)
-    if unseen:
-        logger.warning("%s predicts labels that %s never uses, scored as wrong predictions: %s", hyp_name,
-                       args.ref[0], _name_labels(unseen, hyp_name))
-        result["labels_not_in_reference"] = {str(label): len(lines) for label, lines in unseen.items()}
+    result = score_label_lines(_read(args.hyp, args.encoding_errors), _read(args.ref[0], args.encoding_errors),
+                               hyp_name, args.ref[0], allow_unseen=args.allow_unseen_labels)
     return _report(args, format_classification(result), result)
-
-
-def _name_labels(unseen: dict[str, list[int]], hyp_name: str, limit: int = 5) -> str:
-    """'label' (N lines, first FILE:LINE), ... for at most `limit` labels."""
-    named = [f"{label!r} ({len(lines)} line{'s' * (len(lines) > 1)}, first {hyp_name}:{lines[0] + 1})"
-             for label, lines in list(unseen.items())[:limit]]
-    more = len(unseen) - limit
-    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
-
-
-def _reference_hint(unseen: dict[str, list[int]], references: list[str], ref_name: str, limit: int = 8) -> str:
-    """The reference labels that the unseen ones match but for case, or else the labels the reference uses."""
-    used = sorted(set(references))
-    folded = {label.casefold() for label in unseen}
-    twins = [label for label in used if label.casefold() in folded]
-    if twins:
-        return f"they differ only in case from {ref_name}'s {', '.join(map(repr, twins))} (labels are case-sensitive)"
-    shown = ", ".join(map(repr, used[:limit])) + (f" and {len(used) - limit} more" if len(used) > limit else "")
-    return f"{ref_name} uses {shown}"
 
 
 def _write_json(target: str, report: dict[str, Any]) -> None:
     """The JSON report to stdout (`-`) or atomically to a file."""
-    from multibranch.atomic import atomic_write_text
+    from multibranch.json_file import write_json
 
-    text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
     if target == "-":
-        sys.stdout.write(text)
+        sys.stdout.write(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
         return
-    out = Path(target)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, text)
+    write_json(target, report)
 
 
-def format_classification(result: dict[str, Any]) -> list[str]:
-    """Accuracy / macro-F1 line, then the confusion matrix (rows: reference, columns: prediction)."""
-    labels = result["labels"]
-    width = max(8, *(len(x) for x in labels)) + 1
-    lines = [f"accuracy = {100 * result['accuracy']:.2f} | macro-F1 = {100 * result['macro_f1']:.2f} | "
-             f"{result['examples']} examples",
-             "confusion matrix (rows: reference, columns: prediction):",
-             " " * width + "".join(f"{x:>{width}}" for x in labels)]
-    for label, row in zip(labels, result["confusion"]):
-        lines.append(f"{label:>{width}}" + "".join(f"{n:>{width}}" for n in row))
-    return lines
+

@@ -2,8 +2,11 @@
 
 Input is read as bytes and split on "\\n" only (a trailing "\\r" is removed; U+2028 and friends stay
 inside their line). Invalid UTF-8 is an error naming the line, unless --encoding-errors replace.
-Translations go to stdout, flushed after every chunk, or to -o FILE, written to a temporary file
-beside it and renamed on success (a failure leaves an existing FILE untouched). Logs, the progress
+Translations go to stdout, flushed after every chunk, or to -o FILE (an existing FILE only with
+--force), written to a temporary file beside it and renamed on success (a failure leaves an existing
+FILE untouched). Before the model is loaded, an input file is read through once for invalid UTF-8 and
+-o's directory is checked for write permission and free space; a disk that fills up anyway is one
+error line (exit 2), the old FILE intact. The work itself: `multibranch.tasks.translation.files`. Logs, the progress
 bar (terminal only) and the speed summary go to stderr.
 
 Modes: batch translation (default), --interactive (one line at a time, flushed as typed; the
@@ -21,12 +24,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
 
 HELP = "translate text with a checkpoint (beam search; one output line per input line)"
-CHUNK_LINES = 4096  # lines translated (sorted, batched) together before writing
 SCORE_FORMAT = "SCORE<TAB>LOGPROB<TAB>TOKENS"
 
 logger = logging.getLogger("multibranch.translate")
@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text ('-' = stdin)")
     parser.add_argument("-o", "--output", default="-", metavar="FILE",
                         help="output text ('-' = stdout); a file is replaced only when translation succeeds")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing -o file")
     parser.add_argument("--interactive", action="store_true",
                         help="translate each line as it is typed and flush it at once (the default when stdin "
                              "is a terminal and neither -i nor -o is given); output goes to stdout")
@@ -72,59 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="code-generation checkpoints: one function a line in the corpus's DCNL/DCSP form "
                              "(escaped, what `evaluate --task code` reads) or Python source, each function followed "
                              "by an empty line (source)")
-
-
-def one_line(text: str) -> str:
-    """Keep the one-line-per-input contract even if a detokenised string holds a line break."""
-    return text.replace("\r", " ").replace("\n", " ")
-
-
-def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def count_lines(path: str) -> int | None:
-    """Lines of a regular input file (as `iter_lines` splits them), None for stdin or a non-file."""
-    if path == "-" or not Path(path).is_file():
-        return None
-    count, last = 0, b"\n"
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
-
-
-def code_source(text: str) -> str:
-    """`--code-format source`: an escaped function -> its Python source, ending in an empty line."""
-    from multibranch.tasks.code.corpus import decode_code
-
-    return decode_code(one_line(text)) + "\n"
-
-
-def format_translations(translator: Any, chunk: list[str], nbest: int, first_index: int, progress: Any = False,
-                        render: Callable[[str], str] = one_line) -> str:
-    """The output text of one chunk: `render(text)` and a newline per input line, or nbest rows
-    'index ||| text ||| score'."""
-    if nbest == 1:
-        return "".join(render(text) + "\n" for text in translator.translate(chunk, progress=progress))
-    return "".join(
-        f"{first_index + i} ||| {one_line(text)} ||| {score:.6f}\n"
-        for i, entries in enumerate(translator.translate_nbest(chunk, nbest, progress=progress))
-        for text, score in entries
-    )
-
-
-def format_score(score: Any) -> str:
-    """One --score-reference output line (without newline); None (empty input line) -> ""."""
-    return "" if score is None else f"{score.score:.6f}\t{score.log_prob:.6f}\t{score.tokens}"
 
 
 # ---- the command ---------------------------------------------------------------------------------
@@ -173,20 +121,45 @@ def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
     check_output_file(args.output, [args.input, *([args.score_reference] if args.score_reference else [])])
 
 
+def _check_output(args: argparse.Namespace, interactive: bool) -> tuple[list[str], list[str]] | None:
+    """Input errors, then the output: refuse an existing -o without --force and a directory that cannot
+    take the output, before the model is loaded. Returns the --score-reference pairs (read whole)."""
+    from multibranch.data.text import check_can_write, refuse_existing_output, scan_lines
+    from multibranch.tasks.translation.files import read_scored_pairs
+
+    pairs = None
+    if args.score_reference is not None:
+        pairs = read_scored_pairs(args.input, args.score_reference, args.encoding_errors)
+    elif not interactive and args.input != "-":
+        scan_lines(args.input, args.encoding_errors)  # invalid UTF-8: an error now, not after hours of decoding
+    refuse_existing_output(args.output, args.force)
+    size = Path(args.input).stat().st_size if args.input != "-" else 0
+    check_can_write(args.output, size * (args.nbest or 1))  # a translation is about as long as its source
+    return pairs
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     import torch
 
     from multibranch.checkpoint.format import CheckpointError
-    from multibranch.data.text import iter_lines, open_input, open_output
+    from multibranch.data.text import count_lines, open_input, open_output
     from multibranch.device import resolve_device
     from multibranch.inference.precision import for_decoding
     from multibranch.tasks.loading import load_model
+    from multibranch.tasks.translation.files import (
+        code_source,
+        one_line,
+        score_text,
+        translate_interactive,
+        translate_stream,
+    )
     from multibranch.tasks.translation.translator import Translator, progress_bar, show_progress
 
     interactive = _is_interactive(args)
     _check_arguments(args, interactive)
+    pairs = _check_output(args, interactive)
     device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -209,54 +182,28 @@ def run(args: argparse.Namespace) -> int:
     name = "<stdin>" if args.input == "-" else args.input
     show = not args.no_progress and show_progress()
     if interactive:
-        _interactive(translator, cfg.nbest, args.encoding_errors, render=render)
-    elif args.score_reference is not None:
-        _score_reference(translator, args, name, show)
+        translate_interactive(translator, cfg.nbest, args.encoding_errors, render=render)
+    elif pairs is not None:
+        lines, references = pairs
+        bar = progress_bar(len(lines), show, desc="score")
+        text = score_text(translator, lines, references, progress=bar)
+        bar.close()
+        with open_output(args.output) as sink:
+            sink.write(text.encode("utf-8"))
     else:
         bar = progress_bar(count_lines(args.input), show, desc="translate")
-        index = 0
         with open_input(args.input) as source, open_output(args.output) as sink:
-            for chunk in _chunks(iter_lines(source, name, args.encoding_errors), CHUNK_LINES):
-                sink.write(format_translations(translator, chunk, cfg.nbest, index, progress=bar,
-                                               render=render).encode("utf-8"))
-                sink.flush()
-                index += len(chunk)
+            translate_stream(translator, source, sink, name, args.encoding_errors, cfg.nbest, progress=bar,
+                             render=render)
         bar.close()
     logger.info("translated %s", translator.stats.summary())
     return 0
 
 
-def _interactive(translator: Any, nbest: int, encoding_errors: str, stdin: IO[bytes] | None = None,
-                 render: Callable[[str], str] = one_line) -> None:
-    """Translate stdin line by line as it arrives, flushing every answer; prompts go to stderr."""
-    from multibranch.data.text import iter_lines
+def __getattr__(name: str):
+    """Names that moved to `multibranch.tasks.translation.files`, for code that imported them from here."""
+    if name in ("one_line", "code_source", "format_translations", "format_score", "CHUNK_LINES"):
+        from multibranch.tasks.translation import files
 
-    source = stdin if stdin is not None else sys.stdin.buffer
-    sink = sys.stdout
-    print("multibranch translate: type a sentence and press Enter (Ctrl-D to quit)", file=sys.stderr, flush=True)
-    print("> ", end="", file=sys.stderr, flush=True)
-    for index, line in enumerate(iter_lines(source, "<stdin>", encoding_errors)):
-        sink.write(format_translations(translator, [line], nbest, index, render=render))
-        sink.flush()
-        print("> ", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr, flush=True)
-
-
-def _score_reference(translator: Any, args: argparse.Namespace, name: str, show: bool) -> None:
-    """Read input and references whole, check they align, score, then write (nothing is written on error)."""
-    from multibranch.data.text import iter_lines, open_input, open_output
-    from multibranch.errors import DataError
-    from multibranch.tasks.translation.translator import progress_bar
-
-    with open_input(args.input) as source:
-        lines = list(iter_lines(source, name, args.encoding_errors))
-    with open_input(args.score_reference) as stream:
-        references = list(iter_lines(stream, args.score_reference, args.encoding_errors))
-    if len(lines) != len(references):
-        raise DataError(f"line counts differ: {name} has {len(lines)} lines, {args.score_reference} has "
-                        f"{len(references)}; line i of the reference must translate input line i")
-    bar = progress_bar(len(lines), show, desc="score")
-    scores = translator.score(lines, references, progress=bar)
-    bar.close()
-    with open_output(args.output) as sink:
-        sink.write("".join(format_score(score) + "\n" for score in scores).encode("utf-8"))
+        return getattr(files, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from multibranch.atomic import atomic_write
+from multibranch.atomic import DiskFullError, atomic_write
 from multibranch.errors import DataError
 
 EncodingErrors = Literal["strict", "replace"]
@@ -234,6 +235,55 @@ def check_output_file(path: str, inputs: Iterable[str] = (), parent_must_exist: 
         raise DataError(f"{path}: is a directory, expected an output file")
     if parent_must_exist and not target.parent.is_dir():
         raise DataError(f"{path}: directory {target.parent} does not exist")
+
+
+def refuse_existing_output(path: str, force: bool) -> None:
+    """FileExistsError (one line in the CLI) if the output file `path` exists and not `force`; '-' passes."""
+    if path != "-" and Path(path).exists() and not force:
+        raise FileExistsError(f"{path} exists; pass --force to overwrite it")
+
+
+SPACE_MARGIN = 1 << 20  # bytes kept free beyond an output's expected size
+
+
+def check_can_write(path: str, expected_bytes: int = 0) -> None:
+    """Before a long computation whose result goes to `path`: its directory must be writable and hold
+    about `expected_bytes` (plus SPACE_MARGIN) of free space; DataError / DiskFullError naming the path.
+    '-' (stdout) passes. A check, not a promise: the disk may still fill up while the work runs."""
+    if path == "-":
+        return
+    directory = Path(path).parent
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise DataError(f"{path}: cannot write to directory {directory} (permission denied)")
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:  # a file system that does not say
+        return
+    if free < expected_bytes + SPACE_MARGIN:
+        raise DiskFullError(f"cannot write {path}: no space left on device ({free / 2**20:.1f} MiB free in "
+                            f"{directory}, about {(expected_bytes + SPACE_MARGIN) / 2**20:.1f} MiB needed); free "
+                            "some space or choose another location")
+
+
+def scan_lines(path: str, errors: str = "strict") -> int:
+    """Read a text file through once as `iter_lines` would: DataError naming the first line of invalid
+    UTF-8 (errors="strict"), so a long job over it cannot fail half-way; returns its line count."""
+    if errors != "strict":
+        return count_lines(path) or 0
+    with open_input(path) as stream:
+        return sum(1 for _ in iter_lines(stream, path, errors))
+
+
+def count_lines(path: str) -> int | None:
+    """Lines of a regular input file (as `iter_lines` splits them), None for stdin or a non-file."""
+    if path == "-" or not Path(path).is_file():
+        return None
+    count, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
 
 
 @contextmanager

@@ -204,3 +204,29 @@ def format_bootstrap(result: dict[str, Any]) -> list[str]:
             f"p = {entry['p_value']:.4f} ({entry['signature']})"
         )
     return lines
+
+
+def evaluate_translation(hypotheses: Sequence[str], references: dict[str, Sequence[str]], *, hyp_name: str = "<hyp>",
+                         metrics: Sequence[str] = ("bleu", "chrf"), tokenize: str = "13a", lowercase: bool = False,
+                         allow_download: bool = False, sentence_level: bool = False,
+                         compare: tuple[str, Sequence[str]] | None = None,
+                         bootstrap_samples: int = 1000) -> dict[str, Any]:
+    """`evaluate --task translate` as one report: {"hyp", "refs", "tokenize", "lowercase", corpus scores
+    by metric, and "sentences" (per-line BLEU and chrF) if `sentence_level`, "compare" (paired bootstrap
+    of system `compare` = (name, lines) against the baseline `hypotheses`) if given}. `references` maps
+    each reference file's name to its lines; DataError when a line count differs."""
+    for name, lines in [*references.items(), *([compare] if compare is not None else [])]:
+        if len(lines) != len(hypotheses):
+            raise DataError(f"line counts differ: {hyp_name} has {len(hypotheses)} lines, {name} has {len(lines)}")
+    refs = list(references.values())
+    options: dict[str, Any] = dict(tokenize=tokenize, lowercase=lowercase, allow_download=allow_download)
+    result = score_corpus(hypotheses, refs, metrics=metrics, **options)
+    report: dict[str, Any] = {"hyp": hyp_name, "refs": list(references), "tokenize": tokenize, "lowercase": lowercase,
+                              **result}
+    if sentence_level:
+        report["sentences"] = score_sentences(hypotheses, refs, **options)
+    if compare is not None:
+        system_name, system = compare
+        report["compare"] = {"system": system_name, **paired_bootstrap(hypotheses, system, refs, metrics=metrics,
+                                                                        samples=bootstrap_samples, **options)}
+    return report

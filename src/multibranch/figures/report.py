@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from multibranch.atomic import atomic_write_bytes, atomic_write_text
+from multibranch.data.directories import REPORT, refuse_other_kind
 
 
 class ReportFolder:
@@ -30,6 +31,7 @@ class ReportFolder:
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise FileExistsError(f"{path} exists and is not a directory")
+        refuse_other_kind(path, REPORT)
         if path.is_dir() and any(path.iterdir()) and not force:
             raise FileExistsError(f"{path} is not empty; pass --force to write the report into it")
         return path

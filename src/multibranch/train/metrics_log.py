@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from multibranch.atomic import atomic_write_text
+from multibranch.atomic import atomic_write_text, reporting_full_disk
 
 
 class MetricsLog:
@@ -22,7 +22,7 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        with self.path.open("a", encoding="utf-8") as handle:
+        with reporting_full_disk(self.path), self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, sort_keys=False) + "\n")
         for sink in self.sinks:
             sink.write(record)

@@ -35,7 +35,14 @@ from torch import nn
 from tqdm import tqdm
 
 import multibranch
-from multibranch.atomic import atomic_write_bytes, atomic_write_text, remove_stale_temporaries
+from multibranch.atomic import (
+    atomic_write_bytes,
+    atomic_write_text,
+    deferred_interrupt,
+    full_disk_cause,
+    full_disk_error,
+    remove_stale_temporaries,
+)
 from multibranch.checkpoint.format import (
     CheckpointError,
     config_differences,
@@ -49,6 +56,7 @@ from multibranch.checkpoint.format import (
 from multibranch.checkpoint.origin import make_origin, new_run_id, origin_of, weights_fingerprint
 from multibranch.config import config_hash
 from multibranch.data.batching import shard_batches
+from multibranch.data.directories import RUN, refuse_other_kind
 from multibranch.device import resolve_amp, resolve_device
 from multibranch.experiment import ExperimentConfig
 from multibranch.experiment.training import RESUMABLE_CHANGES
@@ -62,6 +70,17 @@ from multibranch.train.task import Task
 from multibranch.train.tensorboard import TensorBoardSink, check_tensorboard
 
 log = logging.getLogger("multibranch.train")
+
+
+class RunLogHandler(logging.FileHandler):
+    """train.log; a full disk stops the run with one line (logging would print a traceback per record)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        error = sys.exc_info()[1]
+        cause = full_disk_cause(error) if error is not None else None
+        if cause is not None:
+            raise full_disk_error(self.baseFilename, cause) from error
+        super().handleError(record)
 # The per-update train lines: train.log always; the console only when no progress bar replaces them.
 step_log = logging.getLogger("multibranch.train.steps")
 
@@ -192,6 +211,7 @@ class Trainer:
         run = self.run_dir
         if run.exists() and not run.is_dir():
             raise FileExistsError(f"run directory {run} exists and is not a directory")
+        refuse_other_kind(run, RUN)
         if self.opts.resume:
             if not (run / "last.pt").exists():
                 raise CheckpointError(f"--resume: no {run / 'last.pt'} to resume from")
@@ -233,7 +253,7 @@ class Trainer:
                     old.unlink()
             (run / "checkpoints").mkdir(parents=True, exist_ok=True)
             (run / "tokenizer").mkdir(exist_ok=True)
-            self._log_handler = logging.FileHandler(run / "train.log", encoding="utf-8")
+            self._log_handler = RunLogHandler(run / "train.log", encoding="utf-8")
             self._log_handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(message)s"))
             logging.getLogger("multibranch").addHandler(self._log_handler)
             removed = [p for folder in (run, run / "checkpoints", run / "tokenizer")
@@ -403,7 +423,9 @@ class Trainer:
         }
 
     def save(self, improved: bool) -> None:
-        """last.pt (+ training state), step checkpoint, best.pt; all atomic; rank 0 writes."""
+        """last.pt (+ training state), step checkpoint, best.pt; all atomic; rank 0 writes. A Ctrl-C while
+        saving is held back until the files are written; a second one abandons the file being written
+        (its temporary is removed, the previous file stays)."""
         rngs = D.all_gather_objects(rng_state(), self.dist)
         if not self.dist.is_main:
             return
@@ -411,13 +433,14 @@ class Trainer:
                 "tokenizer": self.tokenizer.to_state(), "meta": self._meta()}
         training = {"state": self.state.__dict__.copy(), "optimizer": self.optimizer.state_dict(),
                     "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None, "rng": rngs}
-        save_checkpoint(self.run_dir / "last.pt", {**base, "training": training})  # first: resume needs it
-        save_checkpoint(self.run_dir / "checkpoints" / f"step_{self.state.step:08d}.pt", base)
-        if improved:
-            save_checkpoint(self.run_dir / "best.pt", base)
-        kept = sorted((self.run_dir / "checkpoints").glob("step_*.pt"))
-        for old in kept[: max(len(kept) - self.cfg.train.keep_last, 0)]:
-            old.unlink()
+        with deferred_interrupt():  # Ctrl-C: the save finishes first, then the clean "interrupted" exit
+            save_checkpoint(self.run_dir / "last.pt", {**base, "training": training})  # first: resume needs it
+            save_checkpoint(self.run_dir / "checkpoints" / f"step_{self.state.step:08d}.pt", base)
+            if improved:
+                save_checkpoint(self.run_dir / "best.pt", base)
+            kept = sorted((self.run_dir / "checkpoints").glob("step_*.pt"))
+            for old in kept[: max(len(kept) - self.cfg.train.keep_last, 0)]:
+                old.unlink()
 
     # ---- the loop --------------------------------------------------------------------------------
 

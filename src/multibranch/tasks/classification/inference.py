@@ -7,7 +7,9 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.data.tokenizer import AnyTokenizer
+from multibranch.errors import CheckpointError
 from multibranch.tasks.classification.task import encode_batch
+from multibranch.tasks.loading import load_model
 
 
 @torch.no_grad()
@@ -31,3 +33,31 @@ def label_names(config: object) -> list[str]:
     """The label names of a classifier's ExperimentConfig, in output order ("0", "1", ... if unnamed)."""
     head = config.classifier  # type: ignore[attr-defined]
     return head.labels or [str(i) for i in range(head.num_labels)]
+
+
+def classify_text_lines(ckpts: list[str], lines: list[str], device: torch.device | str = "cpu",
+                        batch_size: int = 64) -> tuple[list[str], list[list[float] | None]]:
+    """(label names, per line its probabilities or None for an empty line) of `lines` under the mean
+    of the classifiers `ckpts` (one: itself). Members are loaded one at a time (the memory of one model);
+    each reads the text with its own tokenizer; all must have the same labels in the same order."""
+    texts = [i for i, line in enumerate(lines) if line.strip()]
+    labels: list[str] = []
+    total = None  # [n, C] sum of the members' probabilities
+    for ckpt in ckpts:
+        loaded = load_model(ckpt, device, task="classification")
+        if loaded.tokenizer is None:
+            raise CheckpointError(f"{ckpt} has no tokenizer, so it cannot label raw text")
+        names = label_names(loaded.config)
+        if labels and names != labels:
+            raise CheckpointError(f"{ckpt} has the labels {names}, {ckpts[0]} has {labels}: "
+                                  "an ensemble needs the same labels in the same order")
+        labels = names
+        probs = classify_lines(loaded.model, loaded.tokenizer, [lines[i] for i in texts], device, batch_size)
+        total = probs if total is None else total + probs
+        del loaded
+    assert total is not None, "no checkpoint given"
+    mean = total / len(ckpts)
+    per_line: list[list[float] | None] = [None] * len(lines)
+    for row, i in enumerate(texts):
+        per_line[i] = mean[row].tolist()
+    return labels, per_line

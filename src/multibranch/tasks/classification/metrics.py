@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Sequence
 from typing import Any
+
+from multibranch.errors import DataError
+
+logger = logging.getLogger("multibranch.evaluate")
 
 
 def classification_scores(predictions: Sequence[Hashable], references: Sequence[Hashable],
@@ -56,3 +61,66 @@ def labels_not_in_reference(predictions: Sequence[Hashable], references: Sequenc
         if label not in used:
             found.setdefault(label, []).append(i)
     return found
+
+
+def score_label_lines(hyp_lines: Sequence[str], ref_lines: Sequence[str], hyp_name: str, ref_name: str,
+                      allow_unseen: bool = False) -> dict[str, Any]:
+    """`evaluate --task classify`: the scores of one predicted label per line (anything after a TAB, as
+    `classify --probs` writes, is ignored) against one gold label per line. DataError for different or
+    zero line counts, an empty label, and (unless `allow_unseen`, which scores them as wrong and warns)
+    predicted labels that the reference never uses."""
+    predictions = [line.split("\t", 1)[0].strip() for line in hyp_lines]
+    references = [line.strip() for line in ref_lines]
+    if len(predictions) != len(references):
+        raise DataError(f"line counts differ: {hyp_name} has {len(predictions)} lines, {ref_name} has "
+                        f"{len(references)}")
+    if not references:
+        raise DataError(f"{ref_name}: no labels to score")
+    for name, labels in ((hyp_name, predictions), (ref_name, references)):
+        empty = next((i for i, label in enumerate(labels) if not label), None)
+        if empty is not None:
+            raise DataError(f"{name}:{empty + 1}: empty label (an empty input line has no prediction; remove the "
+                            "line from both files)")
+    unseen = labels_not_in_reference(predictions, references)
+    if unseen and not allow_unseen:
+        raise DataError(f"{hyp_name} predicts labels that {ref_name} never uses: "
+                        f"{_name_labels(unseen, hyp_name)}; {_reference_hint(unseen, references, ref_name)}; "
+                        "pass --allow-unseen-labels to score them as wrong predictions")
+    result = classification_scores(predictions, references)
+    if unseen:
+        logger.warning("%s predicts labels that %s never uses, scored as wrong predictions: %s", hyp_name,
+                       ref_name, _name_labels(unseen, hyp_name))
+        result["labels_not_in_reference"] = {str(label): len(lines) for label, lines in unseen.items()}
+    return result
+
+
+def _name_labels(unseen: dict[str, list[int]], hyp_name: str, limit: int = 5) -> str:
+    """'label' (N lines, first FILE:LINE), ... for at most `limit` labels."""
+    named = [f"{label!r} ({len(lines)} line{'s' * (len(lines) > 1)}, first {hyp_name}:{lines[0] + 1})"
+             for label, lines in list(unseen.items())[:limit]]
+    more = len(unseen) - limit
+    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
+
+
+def _reference_hint(unseen: dict[str, list[int]], references: list[str], ref_name: str, limit: int = 8) -> str:
+    """The reference labels that the unseen ones match but for case, or else the labels the reference uses."""
+    used = sorted(set(references))
+    folded = {label.casefold() for label in unseen}
+    twins = [label for label in used if label.casefold() in folded]
+    if twins:
+        return f"they differ only in case from {ref_name}'s {', '.join(map(repr, twins))} (labels are case-sensitive)"
+    shown = ", ".join(map(repr, used[:limit])) + (f" and {len(used) - limit} more" if len(used) > limit else "")
+    return f"{ref_name} uses {shown}"
+
+
+def format_classification(result: dict[str, Any]) -> list[str]:
+    """Accuracy / macro-F1 line, then the confusion matrix (rows: reference, columns: prediction)."""
+    labels = result["labels"]
+    width = max(8, *(len(x) for x in labels)) + 1
+    lines = [f"accuracy = {100 * result['accuracy']:.2f} | macro-F1 = {100 * result['macro_f1']:.2f} | "
+             f"{result['examples']} examples",
+             "confusion matrix (rows: reference, columns: prediction):",
+             " " * width + "".join(f"{x:>{width}}" for x in labels)]
+    for label, row in zip(labels, result["confusion"]):
+        lines.append(f"{label:>{width}}" + "".join(f"{n:>{width}}" for n in row))
+    return lines

@@ -39,7 +39,7 @@ from sacrebleu.metrics import BLEU
 
 from multibranch.errors import DataError
 from multibranch.evaluate.metrics import score_corpus
-from multibranch.tasks.code.corpus import decode_code, python_tokens
+from multibranch.tasks.code.corpus import decode_code, python_tokens, split_source_functions
 
 MAX_SOURCE_CHARS = 100_000
 CODE_TOKENIZATION = "python tokenize (regex fallback), layout dropped, tokens joined by spaces"
@@ -188,3 +188,39 @@ def format_code_scores(result: dict[str, Any]) -> list[str]:
         f"{bleu['text']} ({bleu['signature']})",
         f"code tokens: {result['tokenization']['description']}",
     ]
+
+
+def check_pairs(hypotheses: Sequence[str], references: Sequence[str], hyp_name: str, ref_name: str,
+                what: str = "functions") -> None:
+    """Equal, non-zero counts of hypotheses and references, or one clear DataError."""
+    if len(hypotheses) != len(references):
+        raise DataError(f"line counts differ: {hyp_name} has {len(hypotheses)} lines, {ref_name} has "
+                        f"{len(references)}")
+    if not references:
+        raise DataError(f"{ref_name}: no {what} to score")
+
+
+def score_code_lines(lines: Sequence[str], references: Sequence[str], hyp_name: str, ref_name: str,
+                     code_format: str = "escaped") -> dict[str, Any]:
+    """`evaluate --task code`: score `lines` (escaped functions one a line, or with code_format "source"
+    what `translate --code-format source` writes) against escaped reference functions, one a line.
+    DataError when the counts do not match (naming --code-format source when that is the likely cause)."""
+    if code_format == "source":
+        hypotheses = split_source_functions(list(lines))
+        if references and len(hypotheses) != len(references):
+            raise DataError(f"{hyp_name} read as --code-format source holds {len(hypotheses)} functions (each ended "
+                            f"by an empty line) but {ref_name} has {len(references)} lines; a function with an empty "
+                            "line of its own splits in two in that form, so score translate's escaped one-line "
+                            "output (--code-format escaped, its default) instead")
+        check_pairs(hypotheses, references, hyp_name, ref_name)
+        result = score_code(hypotheses, [decode_code(r) for r in references], escaped=False)
+    else:
+        if (references and len(lines) > len(references)
+                and len(split_source_functions(list(lines))) == len(references)):
+            raise DataError(f"line counts differ: {hyp_name} has {len(lines)} lines, {ref_name} has {len(references)}; "
+                            f"{hyp_name} reads as {len(references)} functions each ended by an empty line, as "
+                            "`translate --code-format source` writes them: pass --code-format source")
+        check_pairs(lines, references, hyp_name, ref_name)
+        result = score_code(lines, references)
+    result["code_format"] = code_format
+    return result

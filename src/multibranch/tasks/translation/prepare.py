@@ -39,6 +39,7 @@ import sentencepiece as spm
 from multibranch import __version__
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
+from multibranch.data.directories import DATA, refuse_other_kind
 from multibranch.data.text import ParallelText, read_parallel, write_lines
 from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_processor
 from multibranch.errors import DataError
@@ -163,6 +164,7 @@ def check_inputs(cfg: PrepareConfig) -> None:
 def check_out_dir(cfg: PrepareConfig, out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a directory; choose another --out")
+    refuse_other_kind(out, DATA)
     if out.is_dir() and any(out.iterdir()):
         if not cfg.force:
             raise DataError(f"{out}: output directory exists and is not empty; pass --force to replace it")

@@ -1,0 +1,107 @@
+"""Translating text as `multibranch translate` does: strictly one output line per input line.
+
+Streams are read in chunks (sorted and batched inside a chunk) and each chunk's output is written and
+flushed before the next is read, so a pipe sees translations as they are done. Output lines are the
+translations with line breaks turned into spaces (`one_line`), or n-best rows `index ||| text ||| score`,
+or for `--score-reference` `SCORE<TAB>LOGPROB<TAB>TOKENS`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import IO, Any, BinaryIO
+
+from multibranch.data.text import iter_lines, open_input
+from multibranch.errors import DataError
+from multibranch.tasks.code.corpus import decode_code
+
+CHUNK_LINES = 4096  # lines translated (sorted, batched) together before writing
+
+
+def one_line(text: str) -> str:
+    """Keep the one-line-per-input contract even if a detokenised string holds a line break."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def code_source(text: str) -> str:
+    """`--code-format source`: an escaped function -> its Python source, ending in an empty line."""
+    return decode_code(one_line(text)) + "\n"
+
+
+def chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def format_translations(translator: Any, chunk: list[str], nbest: int, first_index: int, progress: Any = False,
+                        render: Callable[[str], str] = one_line) -> str:
+    """The output text of one chunk: `render(text)` and a newline per input line, or nbest rows
+    'index ||| text ||| score'."""
+    if nbest == 1:
+        return "".join(render(text) + "\n" for text in translator.translate(chunk, progress=progress))
+    return "".join(
+        f"{first_index + i} ||| {one_line(text)} ||| {score:.6f}\n"
+        for i, entries in enumerate(translator.translate_nbest(chunk, nbest, progress=progress))
+        for text, score in entries
+    )
+
+
+def format_score(score: Any) -> str:
+    """One --score-reference output line (without newline); None (empty input line) -> ""."""
+    return "" if score is None else f"{score.score:.6f}\t{score.log_prob:.6f}\t{score.tokens}"
+
+
+def translate_stream(translator: Any, source: BinaryIO, sink: BinaryIO, name: str, encoding_errors: str,
+                     nbest: int, progress: Any = False, render: Callable[[str], str] = one_line,
+                     chunk_lines: int = CHUNK_LINES) -> int:
+    """Translate `source` chunk by chunk into `sink` (UTF-8, flushed after every chunk); returns the
+    number of input lines."""
+    index = 0
+    for chunk in chunks(iter_lines(source, name, encoding_errors), chunk_lines):
+        sink.write(format_translations(translator, chunk, nbest, index, progress=progress,
+                                       render=render).encode("utf-8"))
+        sink.flush()
+        index += len(chunk)
+    return index
+
+
+def translate_interactive(translator: Any, nbest: int, encoding_errors: str, source: IO[bytes] | None = None,
+                          sink: IO[str] | None = None, prompts: IO[str] | None = None,
+                          render: Callable[[str], str] = one_line) -> None:
+    """Translate `source` (stdin) line by line as it arrives, flushing every answer to `sink` (stdout);
+    prompts go to `prompts` (stderr)."""
+    source = source if source is not None else sys.stdin.buffer
+    sink = sink if sink is not None else sys.stdout
+    prompts = prompts if prompts is not None else sys.stderr
+    print("multibranch translate: type a sentence and press Enter (Ctrl-D to quit)", file=prompts, flush=True)
+    print("> ", end="", file=prompts, flush=True)
+    for index, line in enumerate(iter_lines(source, "<stdin>", encoding_errors)):
+        sink.write(format_translations(translator, [line], nbest, index, render=render))
+        sink.flush()
+        print("> ", end="", file=prompts, flush=True)
+    print(file=prompts, flush=True)
+
+
+def read_scored_pairs(input_path: str, reference_path: str, encoding_errors: str) -> tuple[list[str], list[str]]:
+    """Input lines and the reference lines that score them (--score-reference), of equal count."""
+    name = "<stdin>" if input_path == "-" else input_path
+    with open_input(input_path) as source:
+        lines = list(iter_lines(source, name, encoding_errors))
+    with open_input(reference_path) as stream:
+        references = list(iter_lines(stream, reference_path, encoding_errors))
+    if len(lines) != len(references):
+        raise DataError(f"line counts differ: {name} has {len(lines)} lines, {reference_path} has "
+                        f"{len(references)}; line i of the reference must translate input line i")
+    return lines, references
+
+
+def score_text(translator: Any, lines: list[str], references: list[str], progress: Any = False) -> str:
+    """The --score-reference output: one `format_score` line per input line."""
+    return "".join(format_score(score) + "\n" for score in translator.score(lines, references, progress=progress))

@@ -1,0 +1,156 @@
+"""`--force` replaces only its own kind of output, and -o never silently replaces a file (issue #25, item 3).
+
+A prepared data directory (data.json), a training run (config.yaml, last.pt, checkpoints/) and an
+analysis report folder (index.md) are each only replaced or written into by the command that made them;
+`average` never writes over the last.pt a resume needs; `translate -o` / `classify -o` refuse an existing
+file without --force, before a model is loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from multibranch.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = {"model": {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.1},
+        "train": {"max_tokens": 600, "lr": {"schedule": "inverse_sqrt", "lr": 0.002, "warmup": 5}, "valid_every": 2,
+                  "log_every": 1, "valid_bleu": False, "max_steps": 2, "seed": 7}}
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under `root` (relative name -> sha256): equal snapshots mean nothing changed."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_data, tmp_path_factory) -> Path:
+    """A trained tiny translation run (2 updates, one validation: last.pt, best.pt, checkpoints/)."""
+    root = tmp_path_factory.mktemp("safety")
+    (root / "exp.yaml").write_text(yaml.safe_dump(TINY), encoding="utf-8")
+    assert main(["train", "--data", str(tiny_data), "--out", str(root / "run"), "--config", str(root / "exp.yaml"),
+                 "--no-progress", "--threads", "1"]) == 0
+    return root / "run"
+
+
+def test_prepare_force_refuses_to_replace_a_training_run(run_dir, tmp_path, capsys):
+    before = snapshot(run_dir)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split in ("train", "valid"):
+        for lang in ("en", "de"):
+            (raw / f"{split}.{lang}").write_text("a b c\nd e f\n", encoding="utf-8")
+    assert main(["prepare", "--src", "en", "--tgt", "de", "--train", str(raw / "train"), "--valid",
+                 str(raw / "valid"), "--out", str(run_dir), "--vocab-size", "20", "--force"]) == 2
+    err = one_error_line(capsys)
+    assert "training run directory" in err and str(run_dir) in err
+    assert snapshot(run_dir) == before
+
+
+def test_train_force_refuses_to_write_into_prepared_data(tiny_data, tmp_path, capsys):
+    before = snapshot(tiny_data)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY), encoding="utf-8")
+    assert main(["train", "--data", str(tiny_data), "--out", str(tiny_data), "--config", str(tmp_path / "exp.yaml"),
+                 "--no-progress", "--force"]) == 2
+    assert "prepared data directory" in one_error_line(capsys)
+    assert snapshot(tiny_data) == before
+
+
+def test_analyze_force_refuses_to_write_into_prepared_data_or_a_run(run_dir, tiny_data, capsys):
+    for out, kind in ((tiny_data, "prepared data directory"), (run_dir, "training run directory")):
+        before = snapshot(out)
+        assert main(["analyze", "heads", "--ckpt", str(run_dir / "last.pt"), "--data", str(tiny_data), "--out",
+                     str(out), "--no-dominant", "--no-curve", "--force"]) == 2
+        assert kind in one_error_line(capsys)
+        assert snapshot(out) == before
+
+
+def test_force_still_replaces_its_own_kind(run_dir, tiny_data, tmp_path, capsys):
+    """The refusals above are about the kind: the same command may still replace its own output."""
+    report = tmp_path / "report"
+    args = ["analyze", "heads", "--ckpt", str(run_dir / "last.pt"), "--data", str(tiny_data), "--split", "valid",
+            "--out", str(report), "--no-dominant", "--no-curve"]
+    assert main(args) == 0
+    assert main([*args, "--force"]) == 0
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY), encoding="utf-8")
+    run = tmp_path / "run"
+    train = ["train", "--data", str(tiny_data), "--out", str(run), "--config", str(tmp_path / "exp.yaml"),
+             "--no-progress", "--threads", "1"]
+    assert main(train) == 0
+    assert main([*train, "--force"]) == 0
+    capsys.readouterr()
+
+
+def test_average_never_replaces_the_last_checkpoint_of_a_run(run_dir, capsys):
+    before = snapshot(run_dir)
+    for out in (run_dir / "last.pt", run_dir / "checkpoints" / ".." / "last.pt"):
+        assert main(["average", "--run", str(run_dir), "--last", "1", "--out", str(out), "--force"]) == 2
+        err = one_error_line(capsys)
+        assert "last.pt" in err and "--resume" in err
+    assert snapshot(run_dir) == before
+
+
+def test_average_never_replaces_one_of_its_inputs(run_dir, capsys):
+    before = snapshot(run_dir)
+    step = sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1]
+    assert main(["average", "--run", str(run_dir), "--last", "1", "--out", str(step), "--force"]) == 2
+    assert "same file as input" in one_error_line(capsys)
+    assert snapshot(run_dir) == before
+
+
+# ---- translate -o / classify -o --------------------------------------------------------------------
+
+
+def test_translate_refuses_an_existing_output_without_force(run_dir, tmp_path, capsys):
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("a b c\n", encoding="utf-8")
+    out.write_bytes(b"yesterday's translations\n")
+    argv = ["translate", "--ckpt", str(run_dir / "last.pt"), "-i", str(src), "-o", str(out), "--device", "cpu",
+            "--beam", "1", "--max-len-b", "5"]
+    assert main(argv) == 2
+    err = one_error_line(capsys)
+    assert str(out) in err and "exists" in err and "--force" in err
+    assert out.read_bytes() == b"yesterday's translations\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+    assert main([*argv, "--force"]) == 0
+    assert out.read_bytes() != b"yesterday's translations\n" and out.read_text(encoding="utf-8").count("\n") == 1
+
+
+def test_translate_score_reference_refuses_an_existing_output_without_force(run_dir, tmp_path, capsys):
+    src, out = tmp_path / "in.txt", tmp_path / "scores.tsv"
+    src.write_text("a b c\n", encoding="utf-8")
+    out.write_bytes(b"old\n")
+    argv = ["translate", "--ckpt", str(run_dir / "last.pt"), "-i", str(src), "--score-reference", str(src),
+            "-o", str(out), "--device", "cpu"]
+    assert main(argv) == 2
+    assert "--force" in one_error_line(capsys)
+    assert out.read_bytes() == b"old\n"
+    assert main([*argv, "--force"]) == 0 and out.read_text(encoding="utf-8").count("\t") == 2
+
+
+def test_classify_refuses_an_existing_output_without_force(tmp_path, capsys):
+    """Refused before the checkpoint is read (here: not even a checkpoint)."""
+    ckpt, src, out = tmp_path / "model.pt", tmp_path / "in.txt", tmp_path / "labels.txt"
+    ckpt.write_bytes(b"not read: the output check comes first")
+    src.write_text("some text\n", encoding="utf-8")
+    out.write_bytes(b"earlier labels\n")
+    assert main(["classify", "--ckpt", str(ckpt), "-i", str(src), "-o", str(out), "--device", "cpu"]) == 2
+    err = one_error_line(capsys)
+    assert str(out) in err and "exists" in err and "--force" in err
+    assert out.read_bytes() == b"earlier labels\n"
+    # with --force the output check passes and the (unreadable) checkpoint is what fails
+    assert main(["classify", "--ckpt", str(ckpt), "-i", str(src), "-o", str(out), "--device", "cpu", "--force"]) == 2
+    assert "not a multibranch checkpoint" in one_error_line(capsys)
+    assert out.read_bytes() == b"earlier labels\n"
