@@ -93,25 +93,27 @@ def hand_layer(layer: MuteEncoderLayer, x: np.ndarray, pad: np.ndarray) -> dict[
         h = layer_norm(s, np64(ffn.norm_weight[f]), np64(ffn.norm_bias[f]), 1e-5)
         h = np.maximum(h @ np64(ffn.fc1_weight[f]).T + np64(ffn.fc1_bias[f]), 0.0)
         units.append(s + h @ np64(ffn.fc2_weight[f]).T + np64(ffn.fc2_bias[f]))
-    expand = (lambda seq: [seq[i if len(seq) > 1 else 0] for i in range(layer.units)])
-    return {"probs": expand(probs), "att": expand(outs), "units": units}
+    def per_unit(seq: list) -> list:  # a shared attention serves every unit
+        return [seq[i if len(seq) > 1 else 0] for i in range(layer.units)]
+
+    return {"probs": per_unit(probs), "att": per_unit(outs), "units": units}
 
 
 def eq21(vectors: list[np.ndarray], pad: np.ndarray) -> float:
     """exp(-mean over non-pad positions of the mean over all I^2 ordered pairs of cosine similarity);
     vectors: per unit [B, S, k]."""
-    I = len(vectors)
+    units = len(vectors)
     total, positions = 0.0, 0
     for b in range(pad.shape[0]):
         for s in range(pad.shape[1]):
             if pad[b, s]:
                 continue
             pair_sum = 0.0
-            for i in range(I):
-                for j in range(I):
+            for i in range(units):
+                for j in range(units):
                     oi, oj = vectors[i][b, s], vectors[j][b, s]
                     pair_sum += float(oi @ oj) / (np.linalg.norm(oi) * np.linalg.norm(oj))
-            total += pair_sum / (I * I)
+            total += pair_sum / (units * units)
             positions += 1
     return math.exp(-total / positions)
 
