@@ -339,9 +339,21 @@ def test_encoder_diversity_runs_in_eval_on_every_mute_layer():
     src = torch.randint(4, 40, (3, 9))
     with pytest.raises(RuntimeError, match="eval"):
         encoder_diversity(model.train(), src)
+    src[1, 6:] = model.config.pad_id
     scores = encoder_diversity(model.eval(), src)
     assert len(scores) == 2 and set(scores[0]) == {"att_pos", "att_sub", "ffn_sub"}
-    assert all(0.3 < v <= 1.0 for layer in scores for v in layer.values())
+    # each layer is scored on the input it gets in a normal forward (not the embeddings, not its output);
+    # the scores themselves are checked against a hand computation in tests/analysis/test_diversity_reference.py
+    inputs = []
+    hooks = [layer.register_forward_pre_hook(lambda mod, args: inputs.append(args[0].detach()))
+             for layer in model.encoder.layers]
+    with torch.no_grad():
+        model.encoder(src)
+    for hook in hooks:
+        hook.remove()
+    assert not torch.allclose(inputs[0], inputs[1])
+    for layer, x, got in zip(model.encoder.layers, inputs, scores, strict=True):
+        assert got == pytest.approx(layer.diversity(x, src.eq(model.config.pad_id)), rel=1e-6)
 
 
 # ---- the whole model ----------------------------------------------------------------------------------

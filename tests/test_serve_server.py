@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +172,7 @@ def _start_serve(ckpt: Path) -> tuple[Any, queue.Queue, int]:
                                 "--device", "cpu", "--threads", "1"], stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True).start()
+    threading.Thread(target=lambda: [*map(lines.put, process.stderr), lines.put(None)], daemon=True).start()
     seen = _until(lines, "Uvicorn running on")
     return process, lines, int(re.search(r"127\.0\.0\.1:(\d+)", seen[-1]).group(1))
 
@@ -182,16 +181,17 @@ def _until(lines: queue.Queue, text: str) -> list[str]:
     """stderr lines up to the first one containing `text` (60 s at most)."""
     seen: list[str] = []
     while not seen or text not in seen[-1]:
-        seen.append(lines.get(timeout=60))
+        line = lines.get(timeout=60)
+        assert line is not None, f"the server's stderr ended before {text!r}: {''.join(seen)}"
+        seen.append(line)
     return seen
 
 
 def _rest(process: Any, lines: queue.Queue) -> tuple[int, str]:
     code = process.wait(60)
-    time.sleep(0.1)  # the reader thread drains the closed pipe
     rest = []
-    while not lines.empty():
-        rest.append(lines.get())
+    while (line := lines.get(timeout=60)) is not None:  # up to the end of the pipe (the reader's None)
+        rest.append(line)
     return code, "".join(rest)
 
 
@@ -209,8 +209,14 @@ def test_ctrl_c_finishes_cleanly_and_a_second_one_stops_at_once_in_one_line(chec
     process, lines, port = _start_serve(checkpoint)
     with socket.create_connection(("127.0.0.1", port)) as half_sent:
         half_sent.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          b"Content-Length: 100\r\n\r\n{\"texts\": ")
-        time.sleep(0.2)  # the server has read the headers: the request is in progress
+                          b"Content-Length: 100\r\nExpect: 100-continue\r\n\r\n")
+        # the server answers "100 Continue" once the app asks for the body: the request is in progress
+        half_sent.settimeout(60)
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            interim += half_sent.recv(1024)
+        assert interim.startswith(b"HTTP/1.1 100 "), interim
+        half_sent.sendall(b"{\"texts\": ")
         process.send_signal(signal.SIGINT)
         _until(lines, "Waiting for connections to close")
         process.send_signal(signal.SIGINT)
