@@ -138,6 +138,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     train = splits[0]
     if not train.keep:
         raise DataError(f"{cfg.train}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty training pairs")
+    require_valid_pairs(cfg, splits[1])
 
     with atomic_directory(out) as tmp:
         meta = build_data_dir(cfg, splits, tmp)
@@ -158,6 +159,14 @@ def check_inputs(cfg: PrepareConfig) -> None:
             f"input file(s) not found: {', '.join(missing)} (files are named PREFIX.LANG, "
             f"e.g. {cfg.train}.{cfg.src_lang}; check the prefixes and --src/--tgt)"
         )
+
+
+def require_valid_pairs(cfg: PrepareConfig, valid: Split) -> None:
+    """Refuse a validation split without a non-empty pair (an empty --valid file): training would stop
+    at its first validation with nothing to average."""
+    if not valid.keep:
+        raise DataError(f"{cfg.valid}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty validation pairs; "
+                        "--valid needs at least one")
 
 
 def check_out_dir(cfg: PrepareConfig, out: Path) -> None:
