@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     d = ServeLimits()
     parser.add_argument("--ckpt", required=True, metavar="PATH",
-                        help="checkpoint file (--engine torch) or directory from `convert ct2` (--engine ct2)")
+                        help="checkpoint file or `convert export` directory (--engine torch), or directory from `convert ct2` (--engine ct2)")
     parser.add_argument("--engine", choices=["torch", "ct2"], default="torch", help="decoder to run")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it to the network)")
     parser.add_argument("--port", type=int, default=8080, help="TCP port (0: any free port)")
@@ -76,7 +76,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     path = Path(args.ckpt)
     if args.engine == "ct2" and not path.is_dir():
         raise UserError(f"--ckpt {args.ckpt}: --engine ct2 needs a directory written by `multibranch convert ct2`")
-    if args.engine == "torch" and not path.is_file():
+    if args.engine == "torch" and not path.exists():  # a directory: the loader says what it holds
         raise FileNotFoundError(f"--ckpt {args.ckpt}: no such checkpoint file")
     if args.engine == "ct2" and args.precision != "fp32":
         raise UserError("--precision is for --engine torch; a CT2 directory has the quantization it was "

@@ -6,6 +6,7 @@ Adding a task: a folder under tasks/ with its Task subclass, and one line in TAS
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from torch import nn
@@ -19,6 +20,8 @@ from multibranch.tasks.code.task import CodeTask
 from multibranch.tasks.translation.prepare import FORMAT
 from multibranch.tasks.translation.task import TranslationTask
 from multibranch.train.task import Task
+
+log = logging.getLogger(__name__)
 
 TASKS: dict[str, type[Task]] = {task.name: task for task in (TranslationTask, ClassificationTask, CodeTask)}
 
@@ -52,11 +55,18 @@ def task_for_data(cfg: ExperimentConfig, data_dir: str | Path) -> Task:
 
     The data decides the task; a config that names another one (a classification preset on translation
     data, say) is refused rather than silently trained as the data's task. "translation" is the default and
-    also fits code data (code generation is translation with code metrics)."""
+    also fits code data (code generation is translation with code metrics). On classification data it
+    trains a classifier from the config's model section (its encoder), with a warning: the default cannot
+    tell a translation preset from a config that names no task."""
     found = task_name_of(data_dir)
     if cfg.task not in ("translation", found):
         raise DataError(f"the config is for {cfg.task} but {data_dir} holds {found} data; "
                         f"prepare it with `multibranch prepare --task {TASK_FLAG[cfg.task]}` or pick a {found} preset")
+    if cfg.task == "translation" and found == "classification":
+        log.warning("%s holds classification data but the config is not a classification one (no `task: "
+                    "classification`, e.g. a translation preset): training a classifier from its model section's "
+                    "encoder (its decoder and decode settings are unused); pick a classification preset (`multibranch "
+                    "info --list`) or set task: classification", data_dir)
     cfg.task = found  # type: ignore[assignment]
     return task_class(cfg.task)(cfg, Path(data_dir))
 

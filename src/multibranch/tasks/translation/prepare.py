@@ -149,6 +149,11 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
 
 
 def check_inputs(cfg: PrepareConfig) -> None:
+    for name, prefix in cfg.splits():
+        if Path(prefix).is_dir() and not any(p.exists() for p in cfg.input_files(prefix)):
+            flag = "--test" if name.startswith("test") else f"--{name}"
+            raise DataError(f"{flag} {prefix}: is a directory; {flag} takes the files' PREFIX (PREFIX."
+                            f"{cfg.src_lang} and PREFIX.{cfg.tgt_lang}){_prefixes_in(Path(prefix), cfg)}")
     files = [p for _, prefix in cfg.splits() for p in cfg.input_files(prefix)]
     directories = [str(p) for p in files if p.is_dir()]
     if directories:
@@ -167,6 +172,13 @@ def require_valid_pairs(cfg: PrepareConfig, valid: Split) -> None:
     if not valid.keep:
         raise DataError(f"{cfg.valid}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty validation pairs; "
                         "--valid needs at least one")
+
+
+def _prefixes_in(directory: Path, cfg: PrepareConfig) -> str:
+    """", e.g. DIR/train or DIR/valid": the prefixes in `directory` that have both files, or ""."""
+    found = sorted(str(p.with_suffix("")) for p in directory.glob(f"*.{cfg.src_lang}")
+                   if p.with_suffix(f".{cfg.tgt_lang}").is_file())
+    return f", e.g. {' or '.join(found[:3])}" if found else ""
 
 
 def check_out_dir(cfg: PrepareConfig, out: Path) -> None:
