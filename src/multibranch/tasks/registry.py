@@ -11,7 +11,7 @@ from pathlib import Path
 
 from torch import nn
 
-from multibranch.errors import DataError
+from multibranch.errors import ConfigError, DataError
 from multibranch.experiment import ExperimentConfig
 from multibranch.tasks.classification.prepare import FORMAT as CLASSIFY_FORMAT
 from multibranch.tasks.classification.task import ClassificationTask
@@ -75,3 +75,19 @@ def build_task_model(cfg: ExperimentConfig) -> nn.Module:
     """A freshly initialised model for the experiment config (its `task` chooses the model)."""
     return task_class(cfg.task).build_model(cfg)
 
+
+
+def model_for_counting(cfg: ExperimentConfig, vocab_size: int, num_labels: int | None = None) -> tuple[nn.Module, str]:
+    """The model of a preset's config with the data facts it lacks filled in (`multibranch info`): the
+    vocabulary `vocab_size` unless the config sets one, and for a classifier `num_labels` (default: the
+    config's, else 2); with the words that say what was assumed."""
+    if not cfg.model.src_vocab_size:
+        cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = vocab_size
+    counting = f"vocabulary {cfg.model.src_vocab_size}/{cfg.model.tgt_vocab_size}"
+    if cfg.task == "classification":
+        labels = num_labels or cfg.classifier.num_labels or 2
+        if labels < 2:
+            raise ConfigError(f"--num-labels {labels}: a classifier needs at least 2 labels")
+        cfg.classifier.num_labels = labels
+        counting = f"classification, vocabulary {cfg.model.src_vocab_size}, {labels} labels"
+    return build_task_model(cfg), counting
