@@ -29,6 +29,7 @@ from multibranch.analysis.heads import attention_sites, total_heads
 from multibranch.analysis.importance import head_importance
 from multibranch.analysis.pruning import dominant_heads, planned_counts, pruning_steps
 from multibranch.analysis.scoring import make_scorer
+from multibranch.data.meta import require_examples
 from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
 from multibranch.tasks.loading import load_model
@@ -76,9 +77,10 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
     data = load_task_data(cfg.task, data_dir, str(ckpt))
     check_vocabulary(data, cfg.model, str(ckpt))
     split = data.split(options.split)
+    require_examples(data_dir, options.split, len(split))
     score_split = options.bleu_split or options.split
-    if options.curve or options.dominant:
-        data.split(score_split)  # DataError for a missing split before the long part
+    if options.curve or options.dominant:  # DataError for a missing or empty split before the long part
+        require_examples(data_dir, score_split, len(data.split(score_split)))
     sites = attention_sites(model)
 
     batches = teacher_forced_batches(split, cfg.model, options.max_tokens, options.max_examples, options.device)

@@ -52,6 +52,7 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
 # The first bytes of a torch.save file: a zip archive (the default since torch 1.6) or a legacy pickle.
 _TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
 RUN_DIR_MARKERS = ("last.pt", "best.pt", "checkpoints")
+CT2_SETTINGS_FILE = "multibranch_ct2.json"  # in every `convert ct2` directory (convert/ct2.py writes it)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -82,6 +83,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def _load_directory(path: Path) -> dict[str, Any]:
     """An export directory (`multibranch convert export`); a run directory gets a pointer to its best.pt."""
+    if (path / CT2_SETTINGS_FILE).is_file():
+        raise CheckpointError(f"{path} is a CTranslate2 model directory (`multibranch convert ct2`), not a multibranch "
+                              "checkpoint; the CTranslate2 engine runs it (`serve --engine ct2`)")
     if (path / CONFIG_FILE).is_file() or (path / WEIGHTS_FILE).is_file():
         return load_export(path)
     if any((path / name).exists() for name in RUN_DIR_MARKERS):

@@ -22,37 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-config", action="store_true", help="only the parameter table")
 
 
-def parameter_table(model) -> list[tuple[str, int]]:
-    """(component/part, count) rows: embeddings, then each encoder/decoder sublayer kind summed over layers,
-    then (a classifier) its head's dense and label layers."""
-    from multibranch.models.classifier import Classifier
-
-    head = ("dense", "out") if isinstance(model, Classifier) else ()
-    seen: set[int] = set()
-    rows: dict[str, int] = {}
-    for name, param in model.named_parameters():
-        if id(param) in seen:
-            continue
-        seen.add(id(param))
-        parts = name.split(".")
-        if ".embed." in name or parts[0].startswith("output_"):
-            key = "embeddings" + (" (positions)" if "positions" in name else "")
-        elif parts[0] in head:
-            key = f"head / {parts[0]}"
-        elif len(parts) > 3 and parts[1] == "layers":
-            key = f"{parts[0]} / {parts[3].removesuffix('_residual') + ' norm' if parts[3].endswith('_residual') else parts[3]}"
-        else:
-            key = f"{parts[0]} / {parts[1]}"
-        rows[key] = rows.get(key, 0) + param.numel()
-    return list(rows.items())
-
-
 def run(args: argparse.Namespace) -> int:
     import yaml
 
     from multibranch.errors import UserError
     from multibranch.experiment import list_presets, load_preset_dict, resolve_config
-    from multibranch.tasks import build_task_model
+    from multibranch.models.counting import parameter_table
+    from multibranch.tasks import model_for_counting
 
     if args.list:
         for name in list_presets():
@@ -68,18 +44,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"# checkpoint {args.ckpt}: step {meta.get('step')}, valid {meta.get('valid')}")
     else:
         cfg = resolve_config(args.preset, None, args.overrides)
-        if not cfg.model.src_vocab_size:
-            cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = args.vocab_size
-        counting = f"vocabulary {cfg.model.src_vocab_size}/{cfg.model.tgt_vocab_size}"
-        if cfg.task == "classification":
-            labels = args.num_labels or cfg.classifier.num_labels or 2
-            if labels < 2:
-                raise UserError(f"--num-labels {labels}: a classifier needs at least 2 labels")
-            cfg.classifier.num_labels = labels
-            counting = f"classification, vocabulary {cfg.model.src_vocab_size}, {labels} labels"
-        elif args.num_labels is not None:
+        if args.num_labels is not None and cfg.task != "classification":
             raise UserError(f"--num-labels applies to classification presets; {args.preset} is a {cfg.task} preset")
-        model = build_task_model(cfg)
+        model, counting = model_for_counting(cfg, args.vocab_size, args.num_labels)
         print(f"# preset {args.preset} ({counting} for counting)")
     if not args.no_config:
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())

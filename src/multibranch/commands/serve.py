@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
 
 HELP = ("serve a translation model or a classifier over HTTP (a web page at /; POST /translate, /classify, "
         "/attention; /health, /info, /metrics), micro-batching requests")
@@ -27,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     d = ServeLimits()
     parser.add_argument("--ckpt", required=True, metavar="PATH",
-                        help="checkpoint file (--engine torch) or directory from `convert ct2` (--engine ct2)")
+                        help="checkpoint file or `convert export` directory (--engine torch), or directory from `convert ct2` (--engine ct2)")
     parser.add_argument("--engine", choices=["torch", "ct2"], default="torch", help="decoder to run")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it to the network)")
     parser.add_argument("--port", type=int, default=8080, help="TCP port (0: any free port)")
@@ -76,7 +75,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     path = Path(args.ckpt)
     if args.engine == "ct2" and not path.is_dir():
         raise UserError(f"--ckpt {args.ckpt}: --engine ct2 needs a directory written by `multibranch convert ct2`")
-    if args.engine == "torch" and not path.is_file():
+    if args.engine == "torch" and not path.exists():  # a directory: the loader says what it holds
         raise FileNotFoundError(f"--ckpt {args.ckpt}: no such checkpoint file")
     if args.engine == "ct2" and args.precision != "fp32":
         raise UserError("--precision is for --engine torch; a CT2 directory has the quantization it was "
@@ -94,84 +93,21 @@ def _check_arguments(args: argparse.Namespace) -> None:
         import uvicorn  # noqa: F401
     except ImportError:
         raise UserError("serve needs FastAPI and uvicorn: pip install 'multibranch[serve]'") from None
-    _check_address(args.host, args.port)
+    from multibranch.serve.server import check_address
 
-
-def _check_address(host: str, port: int) -> None:
-    """One clear error, before the model is loaded, when HOST:PORT cannot be bound (in use, no such
-    address); the socket is closed again at once, so uvicorn binds it next."""
-    import socket
-
-    from multibranch.errors import UserError
-
-    if port == 0:
-        return
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as error:
-        raise UserError(f"--host {host}: {error.strerror}") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
-        try:
-            probe.bind(address)
-        except OSError as error:
-            raise UserError(f"--port {port} on {host}: cannot listen there ({error.strerror})") from None
-
-
-def load_engine(args: argparse.Namespace):  # noqa: ANN201
-    """The engine named by --engine, loaded once."""
-    if args.engine == "ct2":
-        from multibranch.serve.engine import Ct2Engine
-
-        return Ct2Engine(args.ckpt, device="cpu" if args.device == "auto" else args.device, threads=args.threads or 1)
-    from multibranch.serve.engine import load_torch_engine
-
-    overrides = {} if args.beam is None else {"beam": args.beam}
-    return load_torch_engine(args.ckpt, args.device, precision=args.precision, **overrides)
+    check_address(args.host, args.port)
 
 
 def build_server(args: argparse.Namespace):  # noqa: ANN201
     """The uvicorn server of `multibranch serve`: arguments checked, the engine loaded once, the API
-    and the web page (PAGE_DIR at /) mounted; `.run()` serves until SIGINT/SIGTERM or `should_exit`."""
-    import uvicorn
-
-    from multibranch.serve.app import PAGE_DIR, create_app
-
+    and the web page mounted; `.run()` serves until SIGINT/SIGTERM or `should_exit`."""
     _check_arguments(args)
     limits = limits_from_args(args)
-    if args.threads is not None:
-        import torch
+    from multibranch.serve.server import create_server, load_engine
 
-        torch.set_num_threads(args.threads)
-    engine = load_engine(args)
-    app = create_app(engine, limits, static_dir=PAGE_DIR)
-    return _server_class()(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                                          timeout_graceful_shutdown=None))
-
-
-def _server_class() -> type:
-    """uvicorn's Server, with one line instead of a traceback on a forced stop: a second Ctrl-C while
-    shutting down makes uvicorn skip the app's shutdown (requests still queued are dropped), and the
-    app's lifespan task is then cancelled as the loop closes, which uvicorn logs as a traceback."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        def run(self, sockets: Any = None) -> None:
-            error_log = logging.getLogger("uvicorn.error")
-            was_disabled = error_log.disabled
-            try:
-                super().run(sockets)
-            finally:
-                error_log.disabled = was_disabled
-
-        async def shutdown(self, sockets: Any = None) -> None:
-            await super().shutdown(sockets)
-            if self.force_exit:
-                logger.warning("forced stop: requests not answered yet were dropped")
-                logging.getLogger("uvicorn.error").disabled = True  # the cancelled lifespan's traceback
-
-    return Server
+    engine = load_engine(args.engine, args.ckpt, args.device, threads=args.threads, precision=args.precision,
+                         beam=args.beam)
+    return create_server(engine, limits, args.host, args.port)
 
 
 def run(args: argparse.Namespace) -> int:

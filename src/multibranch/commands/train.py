@@ -63,8 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.errors import UserError
-    from multibranch.experiment import resolve_config
+    from multibranch.experiment import train_config
     from multibranch.tasks import train
     from multibranch.train.trainer import RunOptions
 
@@ -75,19 +74,7 @@ def run(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={value}")
     if args.deterministic:
         overrides.append("train.deterministic=true")
-    config_file = args.config
-    base = None
-    if args.preset is None and config_file is None:
-        saved = args.out / "config.yaml"
-        if args.resume and saved.exists():
-            config_file = str(saved)
-        elif args.init_from is not None and not args.resume:
-            from multibranch.checkpoint.format import load_checkpoint
-
-            base = load_checkpoint(args.init_from)["config"]  # the model (and settings) the weights come with
-        else:
-            raise UserError("choose a model with --preset NAME or --config FILE (presets: `multibranch info --list`)")
-    cfg = resolve_config(args.preset, config_file, overrides, base=base)
+    cfg = train_config(args.preset, args.config, overrides, args.out, resume=args.resume, init_from=args.init_from)
     opts = RunOptions(
         data_dir=args.data, run_dir=args.out, resume=args.resume, force=args.force, init_from=args.init_from,
         reset_optimizer=args.reset_optimizer, reset_schedule=args.reset_schedule, reset_data=args.reset_data,

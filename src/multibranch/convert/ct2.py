@@ -48,7 +48,7 @@ from torch import Tensor
 
 from multibranch.atomic import atomic_directory
 from multibranch.checkpoint.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM
-from multibranch.checkpoint.format import CheckpointError
+from multibranch.checkpoint.format import CT2_SETTINGS_FILE, CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat, fold_output
 from multibranch.convert.payload import experiment_config
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
 NEVER_BIAS = -1.0e4  # output bias of pad and bos: exp() underflows to 0, and it fits float16
-SETTINGS_FILE = "multibranch_ct2.json"
+SETTINGS_FILE = CT2_SETTINGS_FILE
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which every multibranch LayerNorm uses
 REFUSED = {
     "muse": "MUSE layers have a dynamic convolution branch (and parallel attention/FFN branches summed into "
@@ -75,6 +75,16 @@ REFUSED = {
     "weighted": "Weighted Transformer layers apply a separate FFN to every attention branch and mix the branches "
                 "with learned kappa/alpha weights, which CTranslate2's one-attention-then-one-FFN layer cannot "
                 "express",
+}
+
+
+# why a model of another task is not exported: the real cause for each
+TASK_NAMES = {"classification": "classification", "code": "code-generation"}
+NOT_EXPORTED = {
+    "classification": "CTranslate2 runs encoder-decoders, not an encoder with a pooling head; use "
+                      "`multibranch convert export` for a safetensors release",
+    "code": "the CTranslate2 engine of `serve` has no code-generation mode: it would answer with the corpus's "
+            "escaped one-line functions; decode it with `multibranch translate` (--code-format source for Python)",
 }
 
 
@@ -97,9 +107,8 @@ def export_ct2(
         raise ConfigError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     cfg = experiment_config(payload)
     if cfg.task != "translation":
-        raise CheckpointError(f"{where} is a {cfg.task} model; CTranslate2 export is for translation models "
-                              "(CTranslate2 runs encoder-decoders, not an encoder with a pooling head); use "
-                              "`multibranch convert export` for a safetensors release")
+        raise CheckpointError(f"{where} is a {TASK_NAMES.get(cfg.task, cfg.task)} model; CTranslate2 export is for "
+                              f"translation models ({NOT_EXPORTED.get(cfg.task, 'CTranslate2 runs translation')})")
     ct2 = _import_ctranslate2()
     check_exportable(cfg.model, where)
     tokenizer = _tokenizer(payload, where)

@@ -32,3 +32,12 @@ def read_meta(directory: Path, fmt: str, version: int, required: Sequence[str], 
         if key not in meta:
             raise DataError(f"{meta_path}: corrupted (missing {key!r}); {AGAIN}")
     return meta
+
+
+def require_examples(directory: str | Path, split: str, examples: int) -> None:
+    """DataError (one line) when the prepared `split` of `directory` holds no example: training would
+    divide by zero at its first validation, an analysis would have nothing to score. Today's `prepare`
+    refuses an empty --valid; a directory prepared by an older version may still hold one."""
+    if examples == 0:
+        flag = "--test" if split.startswith("test") else f"--{split}"
+        raise DataError(f"{directory}: the {split} split is empty (0 examples); {AGAIN} with a non-empty {flag}")

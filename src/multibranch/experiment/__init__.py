@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from multibranch.checkpoint.format import load_checkpoint
 from multibranch.config import ConfigError, deep_merge, from_dict, load_yaml, parse_override, to_dict
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.experiment.training import TrainConfig
@@ -80,3 +81,20 @@ def resolve_config(
     for text in overrides or []:
         data = deep_merge(data, parse_override(text))
     return ExperimentConfig.from_dict(data)
+
+
+def train_config(preset: str | None, config_file: str | None, overrides: list[str], run_dir: str | Path,
+                 resume: bool = False, init_from: str | Path | None = None) -> ExperimentConfig:
+    """The config a `train` run starts from: the preset and/or config file, then the overrides. Without
+    either, a --resume continues with the run's config.yaml, and a fresh --init-from start with the
+    checkpoint's config (the model and settings its weights come with, e.g. an imported BERT)."""
+    base = None
+    if preset is None and config_file is None:
+        saved = Path(run_dir) / "config.yaml"
+        if resume and saved.exists():
+            config_file = str(saved)
+        elif init_from is not None and not resume:
+            base = load_checkpoint(init_from)["config"]
+        else:
+            raise ConfigError("choose a model with --preset NAME or --config FILE (presets: `multibranch info --list`)")
+    return resolve_config(preset, config_file, overrides, base=base)

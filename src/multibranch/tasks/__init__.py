@@ -9,11 +9,19 @@ each in its own folder (translation/, classification/, code/); registry.py lists
 from __future__ import annotations
 
 from multibranch.experiment import ExperimentConfig
-from multibranch.tasks.registry import TASKS, build_task_model, task_class, task_for_data, task_name_of
+from multibranch.tasks.registry import (
+    TASKS,
+    build_task_model,
+    model_for_counting,
+    task_class,
+    task_for_data,
+    task_name_of,
+)
 from multibranch.train.task import Task
 from multibranch.train.trainer import RunOptions, Trainer, TrainState
 
-__all__ = ["TASKS", "Task", "build_task_model", "task_class", "task_for_data", "task_name_of", "train"]
+__all__ = ["TASKS", "Task", "build_task_model", "model_for_counting", "task_class", "task_for_data",
+           "task_name_of", "train"]
 
 
 def train(cfg: ExperimentConfig, opts: RunOptions) -> TrainState:

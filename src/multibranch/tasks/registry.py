@@ -7,17 +7,20 @@ and its line in TASKS.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from multibranch.errors import DataError
+from multibranch.errors import ConfigError, DataError
 from multibranch.experiment import ExperimentConfig
 from multibranch.tasks.classification.task import ClassificationTask
 from multibranch.tasks.code.task import CodeTask
 from multibranch.tasks.translation.task import TranslationTask
 from multibranch.train.task import Task
+
+log = logging.getLogger(__name__)
 
 # the first task whose `owns_data` accepts a data.json names the data's task: code (a translation
 # directory marked "code") before translation
@@ -50,11 +53,18 @@ def task_for_data(cfg: ExperimentConfig, data_dir: str | Path) -> Task:
 
     The data decides the task; a config that names another one (a classification preset on translation
     data, say) is refused rather than silently trained as the data's task. The default task also fits
-    code data (code generation is translation with code metrics)."""
+    code data (code generation is translation with code metrics). On classification data it trains a
+    classifier from the config's model section (its encoder), with a warning: the default cannot tell a
+    translation preset from a config that names no task."""
     found = task_name_of(data_dir)
     if cfg.task not in (DEFAULT_TASK, found):
         raise DataError(f"the config is for {cfg.task} but {data_dir} holds {found} data; prepare it with "
                         f"`multibranch prepare --task {task_class(cfg.task).prepare_flag}` or pick a {found} preset")
+    if cfg.task == DEFAULT_TASK and found == "classification":
+        log.warning("%s holds classification data but the config is not a classification one (no `task: "
+                    "classification`, e.g. a translation preset): training a classifier from its model section's "
+                    "encoder (its decoder and decode settings are unused); pick a classification preset (`multibranch "
+                    "info --list`) or set task: classification", data_dir)
     cfg.task = found
     return task_class(found)(cfg, Path(data_dir))
 
@@ -62,3 +72,20 @@ def task_for_data(cfg: ExperimentConfig, data_dir: str | Path) -> Task:
 def build_task_model(cfg: ExperimentConfig) -> nn.Module:
     """A freshly initialised model for the experiment config (its `task` chooses the model)."""
     return task_class(cfg.task).build_model(cfg)
+
+
+
+def model_for_counting(cfg: ExperimentConfig, vocab_size: int, num_labels: int | None = None) -> tuple[nn.Module, str]:
+    """The model of a preset's config with the data facts it lacks filled in (`multibranch info`): the
+    vocabulary `vocab_size` unless the config sets one, and for a classifier `num_labels` (default: the
+    config's, else 2); with the words that say what was assumed."""
+    if not cfg.model.src_vocab_size:
+        cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = vocab_size
+    counting = f"vocabulary {cfg.model.src_vocab_size}/{cfg.model.tgt_vocab_size}"
+    if cfg.task == "classification":
+        labels = num_labels or cfg.classifier.num_labels or 2
+        if labels < 2:
+            raise ConfigError(f"--num-labels {labels}: a classifier needs at least 2 labels")
+        cfg.classifier.num_labels = labels
+        counting = f"classification, vocabulary {cfg.model.src_vocab_size}, {labels} labels"
+    return build_task_model(cfg), counting

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from multibranch.data.meta import require_examples
+
 if TYPE_CHECKING:
     from multibranch.data.tokenizer import AnyTokenizer
     from multibranch.experiment import ExperimentConfig
@@ -51,6 +53,9 @@ class Task(ABC):
         self._tokenizer = self.data.tokenizer()
         self.train_split = self.data.split("train")
         self.valid_split = self.data.split("valid") if "valid" in self.data.split_names else None
+        for name, split in (("train", self.train_split), ("valid", self.valid_split)):
+            if split is not None:
+                require_examples(data_dir, name, len(split))  # before the trainer creates the run directory
 
     # ---- data ------------------------------------------------------------------------------------
 

@@ -129,6 +129,14 @@ def _comparable_train(cfg: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k not in RESUMABLE_CHANGES}
 
 
+def _pruned_heads(model: Any) -> list[str]:
+    """"encoder.layer_heads [[3, ...]]" for each stack of a model config with per-layer head counts (pruned)."""
+    if not isinstance(model, dict):
+        return []
+    return [f"{side}.layer_heads {model[side]['layer_heads']}" for side in ("encoder", "decoder")
+            if isinstance(model.get(side), dict) and model[side].get("layer_heads") is not None]
+
+
 class Trainer:
     """Everything is validated before the run directory is created or changed: config, data, device,
     the --init-from checkpoint and the --resume compatibility. Only then `_prepare_run_dir` writes."""
@@ -231,6 +239,11 @@ class Trainer:
                                   "`multibranch prepare --task classify --hf-tokenizer DIR` (DIR: the imported model)")
         self.task.check_init_from(payload["config"], path)
         if state_mismatch(self.model.state_dict(), payload["model"]):
+            pruned = _pruned_heads(payload["config"].get("model"))
+            if pruned and pruned != _pruned_heads(self.cfg.to_dict()["model"]):
+                raise CheckpointError(f"--init-from {path}: a pruned checkpoint ({'; '.join(pruned)}) has other "
+                                      "head counts than this config's layers; without --preset and --config, train "
+                                      "uses the checkpoint's own config")
             differences = config_differences(payload["config"].get("model"), self.cfg.to_dict()["model"], "model",
                                              "checkpoint", "config")
             if differences:

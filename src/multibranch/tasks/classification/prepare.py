@@ -184,6 +184,11 @@ def prepare_classification(cfg: ClassifyPrepareConfig) -> dict[str, Any]:
 
 
 def _check_paths(cfg: ClassifyPrepareConfig, out: Path) -> None:
+    for name, path in cfg.input_files():
+        if path.is_dir():
+            flag = "--test" if name.startswith("test") else f"--{name}"
+            raise DataError(f"{flag} {path}: is a directory; {flag} takes a labelled text file (TSV, CSV, TREC, "
+                            "JSONL)")
     missing = [str(path) for _, path in cfg.input_files() if not path.is_file()]
     if missing:
         raise DataError(f"input file(s) not found: {', '.join(missing)}")

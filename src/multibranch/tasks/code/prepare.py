@@ -46,6 +46,7 @@ from multibranch.tasks.translation.prepare import (  # the translation `prepare`
     check_inputs,
     check_out_dir,
     check_spm_settings,
+    require_valid_pairs,
 )
 
 TASK = "code"  # data.json "task" of a code-generation directory
@@ -131,6 +132,7 @@ def prepare_code(cfg: CodePrepareConfig) -> dict[str, Any]:
     kept = [i for i in range(len(train.corpus.codes)) if i not in held_set]
     splits = [_split("train", f"{cfg.train} (without the {len(held)} held out)", train, kept)]
     splits.append(_split("valid", cfg.valid, read["valid"]))
+    require_valid_pairs(base, splits[-1])
     tests = [(f"{cfg.train} (held out: {len(held)}, seed {cfg.seed})", train, held)] if held else []
     tests += [(prefix, read[name], None) for name, prefix in base.splits()[2:]]
     for i, (prefix, reading, indices) in enumerate(tests):

@@ -139,6 +139,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     train = splits[0]
     if not train.keep:
         raise DataError(f"{cfg.train}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty training pairs")
+    require_valid_pairs(cfg, splits[1])
 
     with atomic_directory(out) as tmp:
         meta = build_data_dir(cfg, splits, tmp)
@@ -149,6 +150,11 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
 
 
 def check_inputs(cfg: PrepareConfig) -> None:
+    for name, prefix in cfg.splits():
+        if Path(prefix).is_dir() and not any(p.exists() for p in cfg.input_files(prefix)):
+            flag = "--test" if name.startswith("test") else f"--{name}"
+            raise DataError(f"{flag} {prefix}: is a directory; {flag} takes the files' PREFIX (PREFIX."
+                            f"{cfg.src_lang} and PREFIX.{cfg.tgt_lang}){_prefixes_in(Path(prefix), cfg)}")
     files = [p for _, prefix in cfg.splits() for p in cfg.input_files(prefix)]
     directories = [str(p) for p in files if p.is_dir()]
     if directories:
@@ -159,6 +165,21 @@ def check_inputs(cfg: PrepareConfig) -> None:
             f"input file(s) not found: {', '.join(missing)} (files are named PREFIX.LANG, "
             f"e.g. {cfg.train}.{cfg.src_lang}; check the prefixes and --src/--tgt)"
         )
+
+
+def require_valid_pairs(cfg: PrepareConfig, valid: Split) -> None:
+    """Refuse a validation split without a non-empty pair (an empty --valid file): training would stop
+    at its first validation with nothing to average."""
+    if not valid.keep:
+        raise DataError(f"{cfg.valid}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty validation pairs; "
+                        "--valid needs at least one")
+
+
+def _prefixes_in(directory: Path, cfg: PrepareConfig) -> str:
+    """", e.g. DIR/train or DIR/valid": the prefixes in `directory` that have both files, or ""."""
+    found = sorted(str(p.with_suffix("")) for p in directory.glob(f"*.{cfg.src_lang}")
+                   if p.with_suffix(f".{cfg.tgt_lang}").is_file())
+    return f", e.g. {' or '.join(found[:3])}" if found else ""
 
 
 def check_out_dir(cfg: PrepareConfig, out: Path) -> None:

@@ -1,0 +1,87 @@
+"""The HTTP server of `multibranch serve`: the engine loaded once, the app and web page mounted on
+uvicorn, and uvicorn's Server with one line instead of a traceback on a forced stop.
+
+    check_address(host, port)                     # before the model loads: can HOST:PORT be bound?
+    engine = load_engine("torch", ckpt, "auto")   # or "ct2" with a `convert ct2` directory
+    server = create_server(engine, limits, host, port)
+    server.run()                                  # until SIGINT/SIGTERM or server.should_exit
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import torch
+
+from multibranch.errors import UserError
+from multibranch.serve.app import PAGE_DIR, create_app
+from multibranch.serve.engine import Ct2Engine, load_torch_engine
+from multibranch.serve.limits import ServeLimits
+
+logger = logging.getLogger("multibranch.serve")
+
+
+def check_address(host: str, port: int) -> None:
+    """One clear error, before the model is loaded, when HOST:PORT cannot be bound (in use, no such
+    address); the socket is closed again at once, so uvicorn binds it next."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise UserError(f"--host {host}: {error.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise UserError(f"--port {port} on {host}: cannot listen there ({error.strerror})") from None
+
+
+def load_engine(engine: str, ckpt: str, device: str, threads: int | None = None, precision: str = "fp32",
+                beam: int | None = None) -> Any:
+    """The engine `engine` ("torch": a checkpoint; "ct2": a `convert ct2` directory), loaded once.
+    `threads` sets torch's CPU threads (and the CT2 engine's; default 1 there)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if engine == "ct2":
+        return Ct2Engine(ckpt, device="cpu" if device == "auto" else device, threads=threads or 1)
+    overrides = {} if beam is None else {"beam": beam}
+    return load_torch_engine(ckpt, device, precision=precision, **overrides)
+
+
+def create_server(engine: Any, limits: ServeLimits, host: str, port: int) -> Any:
+    """The uvicorn server over `engine` with the API and the web page (PAGE_DIR at /); `.run()` serves
+    until SIGINT/SIGTERM or `should_exit`."""
+    import uvicorn
+
+    app = create_app(engine, limits, static_dir=PAGE_DIR)
+    return server_class()(uvicorn.Config(app, host=host, port=port, log_level="info",
+                                         timeout_graceful_shutdown=None))
+
+
+def server_class() -> type:
+    """uvicorn's Server, with one line instead of a traceback on a forced stop: a second Ctrl-C while
+    shutting down makes uvicorn skip the app's shutdown (requests still queued are dropped), and the
+    app's lifespan task is then cancelled as the loop closes, which uvicorn logs as a traceback."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def run(self, sockets: Any = None) -> None:
+            error_log = logging.getLogger("uvicorn.error")
+            was_disabled = error_log.disabled
+            try:
+                super().run(sockets)
+            finally:
+                error_log.disabled = was_disabled
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets)
+            if self.force_exit:
+                logger.warning("forced stop: requests not answered yet were dropped")
+                logging.getLogger("uvicorn.error").disabled = True  # the cancelled lifespan's traceback
+
+    return Server

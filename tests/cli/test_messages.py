@@ -1,0 +1,122 @@
+"""Messages that name the real cause (issue 25, item 6): each wrong input ends in one line, exit 2, that
+says what is wrong rather than what it led to; a translation preset on classification data warns."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
+from multibranch.cli import main
+from multibranch.convert.prune import prune_heads
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY_MODEL = ["--set", "model.d_model=32", "--set", "model.ffn_dim=64", "--set", "model.heads=4",
+              "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1"]
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_data, tmp_path_factory) -> Path:
+    """best.pt of a one-update tiny translation run."""
+    run = tmp_path_factory.mktemp("run") / "run"
+    assert main(["train", "--data", str(tiny_data), "--out", str(run), "--preset", "transformer-tiny", *TINY_MODEL,
+                 "--max-steps", "1", "--valid-every", "1", "--no-progress", "--set", "train.valid_bleu=false"]) == 0
+    return run / "best.pt"
+
+
+def test_convert_ct2_names_code_generation_as_the_reason(checkpoint, tmp_path, capsys):
+    payload = load_checkpoint(checkpoint)
+    payload["config"]["task"] = "code"  # what `train` records on data from `prepare --task code`
+    code_ckpt = tmp_path / "code.pt"
+    save_checkpoint(code_ckpt, payload)
+    capsys.readouterr()
+    assert main(["convert", "ct2", "--ckpt", str(code_ckpt), "--out", str(tmp_path / "ct2")]) == 2
+    err = one_error_line(capsys)
+    assert "is a code-generation model" in err and "multibranch translate" in err
+    assert "pooling head" not in err and "classif" not in err  # the classifier's reason
+    assert not (tmp_path / "ct2").exists()
+
+
+def test_serve_torch_engine_on_a_ct2_directory_says_so(checkpoint, tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    ct2_dir = tmp_path / "ct2"
+    assert main(["convert", "ct2", "--ckpt", str(checkpoint), "--out", str(ct2_dir)]) == 0
+    capsys.readouterr()
+    assert main(["serve", "--ckpt", str(ct2_dir), "--port", "0", "--device", "cpu"]) == 2
+    err = one_error_line(capsys)
+    assert f"{ct2_dir} is a CTranslate2 model directory" in err and "--engine ct2" in err
+    assert "no such checkpoint file" not in err
+
+
+def test_prepare_names_a_directory_given_as_train(tmp_path, capsys):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("train.de", "train.en", "valid.de", "valid.en"):
+        (raw / name).write_text("a b\n", encoding="utf-8")
+    cases = [
+        (["--src", "de", "--tgt", "en", "--valid", str(raw / "valid")],
+         f"--train {raw}: is a directory; --train takes the files' PREFIX (PREFIX.de and PREFIX.en), e.g. "
+         f"{raw / 'train'} or {raw / 'valid'}"),
+        (["--task", "code", "--valid", str(raw / "valid")], f"--train {raw}: is a directory"),
+        (["--task", "classify", "--holdout", "0.1"], f"--train {raw}: is a directory; --train takes a labelled"),
+    ]
+    for extra, message in cases:
+        out = tmp_path / "data"
+        assert main(["prepare", "--train", str(raw), *extra, "--out", str(out)]) == 2
+        err = one_error_line(capsys)
+        assert message in err and "not found" not in err
+        assert not out.exists()
+
+
+def test_init_from_a_pruned_checkpoint_names_the_pruning(checkpoint, tiny_data, tmp_path, capsys):
+    pruned = tmp_path / "pruned.pt"
+    save_checkpoint(pruned, prune_heads(load_checkpoint(checkpoint), [("encoder.layers.0.self_attn", 1)]))
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", "--data", str(tiny_data), "--out", str(run), "--preset", "transformer-tiny", *TINY_MODEL,
+                 "--max-steps", "1", "--init-from", str(pruned), "--no-progress"]) == 2
+    err = one_error_line(capsys)
+    assert "a pruned checkpoint (encoder.layer_heads [[3]]; decoder.layer_heads [[4, 4]])" in err
+    assert "without --preset and --config" in err
+    assert "{" not in err and len(err) < 400  # no config dicts
+    assert not run.exists()
+
+
+@pytest.fixture(scope="module")
+def classify_data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("classify")
+    lines = [f"{'pos' if i % 2 else 'neg'}\t{'good nice' if i % 2 else 'bad awful'} thing {i}\n" for i in range(120)]
+    (root / "train.tsv").write_text("".join(lines), encoding="utf-8")
+    assert main(["prepare", "--task", "classify", "--train", str(root / "train.tsv"), "--holdout", "20",
+                 "--out", str(root / "data"), "--vocab-size", "60"]) == 0
+    return root / "data"
+
+
+def test_translation_preset_on_classification_data_warns(classify_data, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="multibranch")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(classify_data), "--out", str(run), "--preset", "transformer-tiny",
+                 *TINY_MODEL, "--max-steps", "1", "--no-progress"]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("holds classification data but the config is not a classification one" in w for w in warnings)
+    assert "task: classification" in (run / "config.yaml").read_text()
+
+
+def test_classification_preset_on_classification_data_does_not_warn(classify_data, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="multibranch")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(classify_data), "--out", str(run), "--preset", "trec6-tiny",
+                 "--set", "model.d_model=32", "--set", "model.ffn_dim=64", "--set", "model.encoder_layers=1",
+                 "--max-steps", "1", "--no-progress"]) == 0
+    assert not [r for r in caplog.records if "not a classification one" in r.getMessage()]
