@@ -1,0 +1,840 @@
+"""Issue 24: the five papers' effects on Multi30k En->De, converged, several seeds, one command.
+
+Trains the standard Transformer and every seed system at the papers' IWSLT shape (fairseq
+transformer_iwslt_de_en: 6+6 layers, d=512, FFN 1024, 4 heads, dropout 0.3; SEEDS-SPEC 1.7) until
+validation BLEU stops improving (`train --patience`, `best_metric: bleu`) or an update cap
+(`--max-updates`), averages the last checkpoints (`average --last`), translates test_2016_flickr and
+scores it with sacreBLEU (signatures kept), and compares every system to the standard model of the
+same seed with sacreBLEU's paired bootstrap (`evaluate --compare`). Every choice is made on `val`:
+MAT's drop-branch rate rho is the one of the best validation BLEU over --rho-grid at --grid-seed.
+
+Systems (--systems; each a model delta on the standard recipe, written to the run's config.json):
+  standard        the `transformer` preset (IWSLT recipe: lr 5e-4, inverse-sqrt warm-up 4000, 4096 tokens)
+  mat2, mat3      MAT with N_a = 2 / 3 attention branches by proximal initialisation (`convert proximal`)
+                  from the converged standard model of the same seed (its best.pt), rho from --rho-grid
+  standard-narrow the MAT paper's IWSLT width for MAT: half d, twice the FFN (1/256/2048), rho = 0
+  mat2-narrow, mat3-narrow   the MAT paper's IWSLT setting N_a/256/2048, proximal from standard-narrow
+                  (SEEDS-SPEC 1.5: the source has the MAT's width), compared with `standard` as the paper does
+  weighted        Weighted Transformer (M = 4 branches = heads, split FFNs: equal parameters), kappa/alpha
+                  frozen for the last sixth of --max-updates (the paper's 10k of 60k)
+  mute, mute-bias, mute-bias-seq   MUTE (4 encoder units), + bias modules, + AutoShuffle sequential fusion
+                  (pre-norm, relative positions 16: the model side of the `mute` presets)
+  muse, muse-simple   MUSE (parallel attention + gated {3,15} dynamic convolution + FFN), without the conv
+  drophead        Scheduled DropHead, V schedule, p = 0.2 on every attention, residual dropout 0.3 -> 0.2
+Training and decoding settings are the standard recipe's for every system.
+
+It drives the toolkit only through its command line (`python -m multibranch ...`, this checkout's
+src/ first on PYTHONPATH) and tolerates being run in parts: every run lives in its own stable folder
+WORK/runs/SYSTEM/seedK/ (train/ is `multibranch train --out`); a run with done.json is skipped, an
+unfinished one resumes from train/last.pt (`train --resume`: exactly the same updates as one long run).
+--budget MINUTES stops every training in time (`--max-minutes`, counted on across resumes) so that
+the call ends inside a time limit; --segment-updates N pauses each run after N more updates
+(`--stop-at-step`). The results JSON (--out/--name.json) is rewritten after every run, so a call
+killed from outside still leaves what it finished. --tiny is the same pipeline at a CPU size (a
+tiny model, a few hundred sentences, a few dozen updates): tests/bench/test_reproduce.py runs it.
+
+    python bench/reproduce.py --tiny --systems standard mat2 drophead --seeds 1 --out /tmp/r   # CPU, ~1 min
+    python bench/reproduce.py --device cuda --amp bf16 --jobs 3 --budget 8 --out $OUT            # a GPU call
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+SYSTEMS = ("standard", "mat2", "mat3", "standard-narrow", "mat2-narrow", "mat3-narrow", "weighted", "mute", "mute-bias",
+           "mute-bias-seq", "muse", "muse-simple", "drophead")
+# MAT system -> (the standard system it is initialised from, N_a)
+MAT_SYSTEMS = {"mat2": ("standard", 2), "mat3": ("standard", 3), "mat2-narrow": ("standard-narrow", 2),
+               "mat3-narrow": ("standard-narrow", 3)}
+SOURCES = ("standard", "standard-narrow")
+BASE_PRESET = "transformer"  # fairseq transformer_iwslt_de_en: 6+6, d=512, FFN 1024, 4 heads, dropout 0.3
+
+# The papers' own results (their data sets and shapes, not Multi30k; SEEDS-SPEC 1.8, 2.4, 3.6, 4.6, 5.4), for
+# the column beside ours: BLEU gained over their standard Transformer where they give one.
+PAPER_CLAIMS: dict[str, dict[str, Any]] = {
+    "mat2": {"delta_bleu": None, "claim": "none at this width: the paper's MAT results are at d=256 (see mat2-narrow)"},
+    "mat3": {"delta_bleu": None, "claim": "none at this width: the paper's +1.27 is 3/256/2048 (see mat3-narrow)"},
+    "standard-narrow": {"delta_bleu": None, "claim": "none: the source model of proximal initialisation (1/256/2048)"},
+    "mat2-narrow": {"delta_bleu": None, "claim": "MAT 2/256/2048, rho=0.2: +1.25 to +1.90 BLEU over the 1/512/1024 "
+                    "baseline on IWSLT Es<->En and Fr<->En (no proximal init; SEEDS-SPEC 1.8)"},
+    "mat3-narrow": {"delta_bleu": 1.27, "claim": "MAT 3/256/2048, rho=0.3, proximal init: 34.95 (1/512/1024) -> 36.22 "
+                    "BLEU, IWSLT14 De->En (SEEDS-SPEC 1.8)"},
+    "weighted": {"delta_bleu": 1.1, "claim": "Transformer small 27.3 -> Weighted 28.4 BLEU, WMT14 En-De "
+                 "newstest2014 (large 28.4 -> 28.9; SEEDS-SPEC 2.4)"},
+    "mute": {"delta_bleu": 1.12, "claim": "+1.12 BLEU over Transformer-Base, NIST Zh-En average (SEEDS-SPEC 3.6)"},
+    "mute-bias": {"delta_bleu": 1.44, "claim": "+1.44 BLEU over Transformer-Base, NIST Zh-En average (SEEDS-SPEC 3.6)"},
+    "mute-bias-seq": {"delta_bleu": 1.52, "claim": "+1.52 BLEU over Transformer-Base, NIST Zh-En average "
+                      "(SEEDS-SPEC 3.6)"},
+    "muse": {"delta_bleu": None, "claim": "MUSE 36.3 BLEU, IWSLT14 De->En, its own 12+12 d=384 shape "
+             "(SEEDS-SPEC 4.6)"},
+    "muse-simple": {"delta_bleu": None, "claim": "MUSE-simple 35.8 BLEU, IWSLT14 De->En (SEEDS-SPEC 4.6)"},
+    "drophead": {"delta_bleu": 0.7, "claim": "transformer-big 28.7 -> Scheduled DropHead 29.4 BLEU, WMT14 En-De, "
+                 "and a flatter pruning curve (SEEDS-SPEC 5.4)"},
+}
+
+# the papers' drop-branch grid for MAT (SEEDS-SPEC 1.7: rho in {0, .1, .2, .3}; recommended 0.2-0.3)
+DEFAULT_RHO_GRID = (0.1, 0.2, 0.3)
+
+# --tiny: the same pipeline at a size that trains in seconds on one CPU thread
+TINY = {"model": {"d_model": 32, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2},
+        "train": {"max_tokens": 512, "lr": {"lr": 0.005, "warmup": 10}}, "decode": {"beam": 2}}
+TINY_DEFAULTS = {"train_lines": 300, "valid_lines": 40, "test_lines": 40, "vocab_size": 300, "max_updates": 30,
+                 "valid_every": 10, "patience": 3, "average_last": 3, "log_every": 5}
+FULL_DEFAULTS = {"train_lines": None, "valid_lines": None, "test_lines": None, "vocab_size": 8000,
+                 "max_updates": 12000, "valid_every": 500, "patience": 5, "average_last": 5, "log_every": 100}
+
+FINISHED_REASONS = ("reached max_steps", "no improvement", "reached max_epochs")
+
+_print_lock = threading.Lock()
+
+
+def say(message: str) -> None:
+    with _print_lock:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# ---- the systems ---------------------------------------------------------------------------------------
+
+
+def system_delta(system: str, max_updates: int, rho: float | None = None, *, tiny: bool = False) -> dict[str, Any]:
+    """The config that `system` adds to the standard recipe (deep-merged by `train --config`)."""
+    d, ffn = (TINY["model"]["d_model"], TINY["model"]["ffn_dim"]) if tiny else (512, 1024)
+    narrow = {"d_model": d // 2, "ffn_dim": 2 * ffn} if system.endswith("-narrow") else {}
+    if system in SOURCES:
+        return {"model": narrow} if narrow else {}
+    if system in MAT_SYSTEMS:
+        layer = {"kind": "transformer", "attention_branches": MAT_SYSTEMS[system][1], "drop_branch": rho}
+        return {"model": {**narrow, "encoder": dict(layer), "decoder": dict(layer)}}
+    if system == "weighted":
+        freeze = max(1, max_updates // 6)  # the paper freezes kappa/alpha for its last 10k of 60k updates
+        return {"model": {"encoder": {"kind": "weighted", "freeze_last": freeze},
+                          "decoder": {"kind": "weighted", "decoder_branched": "cross", "freeze_last": freeze}}}
+    if system.startswith("mute"):
+        encoder: dict[str, Any] = {"kind": "mute", "units": 4}
+        if system in ("mute-bias", "mute-bias-seq"):
+            encoder.update({"bias_modules": ["identity", "swap", "mask", "disorder"], "bias_switch": 0.85})
+        if system == "mute-bias-seq":
+            encoder.update({"fusion": "sequential", "autoshuffle_penalty": 2.5e-4})
+        # the model side of the mute presets: pre-norm, Shaw relative positions, ReLU dropout = dropout
+        return {"model": {"norm": "pre", "relative_positions": 16, "activation_dropout": 0.3,
+                          "encoder": encoder, "decoder": {"kind": "transformer"}}}
+    if system in ("muse", "muse-simple"):
+        layer = {"kind": "muse", "conv": system == "muse", "kernel_sizes": [3, 15]}
+        return {"model": {"init": "torch", "encoder": dict(layer), "decoder": dict(layer)}}
+    if system == "drophead":
+        return {"model": {"dropout": 0.2, "drophead": {"rate": {"schedule": "v", "rate": 0.2}}}}
+    raise ValueError(f"unknown system {system!r}")
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@dataclass
+class Run:
+    system: str  # "standard", "mat2", ... (the row it belongs to)
+    seed: int
+    rho: float | None = None  # MAT only
+    grid: bool = False  # a MAT run of the rho grid (at --grid-seed)
+    needs: list[Run] = field(default_factory=list)  # runs that must have finished training first
+    status: str = "pending"
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.system}-rho{self.rho:g}" if self.rho is not None else self.system
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/seed{self.seed}"
+
+
+# ---- small helpers ---------------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Atomic: a temporary beside the target, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a kill
+                continue
+    return records
+
+
+def mean_sd(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0, "mean": None, "sd": None, "values": []}
+    return {"n": len(values), "mean": statistics.fmean(values),
+            "sd": statistics.stdev(values) if len(values) > 1 else None, "values": values}
+
+
+class Harness:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.work: Path = args.work
+        self.start = time.monotonic()
+        self.deadline = self.start + 60 * args.budget if args.budget else None
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)}
+        if args.threads:
+            self.env.update({"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)})
+        self.data: Path = args.data or self.work / "data"
+        self.actions: list[dict[str, Any]] = []  # what this call did, per run
+        self.lock = threading.Lock()
+
+    # ---- commands ----------------------------------------------------------------------------------
+
+    def cli(self, args: list[str], log: Path, *, check: bool = True) -> subprocess.CompletedProcess:
+        """`python -m multibranch ARGS`, its output appended to `log`."""
+        command = [sys.executable, "-m", "multibranch", *args]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a", encoding="utf-8") as handle:
+            handle.write(f"$ multibranch {' '.join(args)}\n")
+            handle.flush()
+            result = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
+        if check and result.returncode != 0:
+            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            raise RuntimeError(f"`multibranch {' '.join(args[:2])} ...` failed ({result.returncode}); "
+                               f"end of {log}:\n" + "\n".join(tail))
+        return result
+
+    # ---- data --------------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Prepare Multi30k once (joint SentencePiece BPE) into WORK/data; --data uses a prepared folder."""
+        a = self.args
+        settings = {"raw": str(a.multi30k), "vocab_size": a.vocab_size, "train_lines": a.train_lines,
+                    "valid_lines": a.valid_lines, "test_lines": a.test_lines}
+        if a.data is not None:
+            if not (a.data / "data.json").is_file():
+                sys.exit(f"--data {a.data}: no data.json (not a folder written by `multibranch prepare`)")
+            return
+        marker = self.work / "data.settings.json"
+        if (self.data / "data.json").is_file():
+            old = read_json(marker)
+            if old is not None and old != settings:
+                sys.exit(f"{self.data} was prepared with {old}, not {settings}: use another --work")
+            return
+        raw = a.multi30k
+        if not all((raw / f"{SPLITS[s]}.{lang}").is_file() for s in SPLITS for lang in ("en", "de")):
+            sys.exit(f"Multi30k not found at {raw} (train/val/test_2016_flickr .en/.de): set MULTIBRANCH_MULTI30K "
+                     "or MULTIBRANCH_SHARED_DATA, or give --multi30k / --data")
+        prefixes = {s: raw / SPLITS[s] for s in SPLITS}
+        limits = {"train": a.train_lines, "valid": a.valid_lines, "test": a.test_lines}
+        if any(limits.values()):  # the first N lines of each split (--tiny), in the work folder, never the repo
+            subset = self.work / "raw-subset"
+            subset.mkdir(parents=True, exist_ok=True)
+            for split, limit in limits.items():
+                for lang in ("en", "de"):
+                    lines = (raw / f"{SPLITS[split]}.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)
+                    (subset / f"{SPLITS[split]}.{lang}").write_text("".join(lines[:limit] if limit else lines),
+                                                                     encoding="utf-8")
+                prefixes[split] = subset / SPLITS[split]
+        say(f"prepare Multi30k en->de into {self.data}")
+        self.cli(["prepare", "--src", "en", "--tgt", "de", "--train", str(prefixes["train"]),
+                  "--valid", str(prefixes["valid"]), "--test", str(prefixes["test"]), "--out", str(self.data),
+                  "--vocab-size", str(a.vocab_size), "--force"], self.work / "prepare.log")
+        write_json(marker, settings)
+
+    # ---- the plan ----------------------------------------------------------------------------------
+
+    def run_dir(self, run: Run) -> Path:
+        return self.work / "runs" / run.name / f"seed{run.seed}"
+
+    def plan(self) -> list[Run]:
+        """Every run the selected systems and seeds need, dependencies first (standard models of the
+        seeds MAT needs, the rho grid at --grid-seed)."""
+        a = self.args
+        runs: dict[str, Run] = {}
+
+        def add(run: Run) -> Run:
+            return runs.setdefault(run.key, run)
+
+        for system in a.systems:
+            if system not in MAT_SYSTEMS:
+                for seed in a.seeds:
+                    add(Run(system, seed))
+                continue
+            source = MAT_SYSTEMS[system][0]  # its standard models are added even when not asked for
+            if a.rho is not None:  # a fixed rho: no grid
+                for seed in a.seeds:
+                    add(Run(system, seed, rho=a.rho, needs=[add(Run(source, seed))]))
+                continue
+            grid = [add(Run(system, a.grid_seed, rho=rho, grid=True, needs=[add(Run(source, a.grid_seed))]))
+                    for rho in a.rho_grid]
+            for seed in a.seeds:
+                if seed != a.grid_seed:  # rho is chosen once the grid has finished (resolve); None until then
+                    add(Run(system, seed, rho=None, needs=[add(Run(source, seed)), *grid]))
+        # standard models first (MAT starts from them), then the rho grid, then seed by seed
+        return sorted(runs.values(), key=lambda r: (r.system not in SOURCES, not r.grid, r.seed,
+                                                    SYSTEMS.index(r.system), r.rho or 0.0))
+
+    def chosen_rho(self, system: str) -> tuple[float | None, dict[str, Any]]:
+        """rho of the best validation BLEU among the finished grid runs of `system` (ties: the smaller);
+        None while a grid run has not finished training."""
+        if self.args.rho is not None:
+            return self.args.rho, {}
+        scores: dict[str, Any] = {}
+        for rho in self.args.rho_grid:
+            run = Run(system, self.args.grid_seed, rho=rho, grid=True)
+            if not self.trained(run):
+                return None, scores
+            valid = [r for r in self.metrics(run) if r.get("type") == "valid" and "bleu" in r]
+            scores[f"{rho:g}"] = max(r["bleu"] for r in valid) if valid else None
+        best = max(self.args.rho_grid, key=lambda rho: (-1.0 if scores[f"{rho:g}"] is None else scores[f"{rho:g}"], -rho))
+        return best, scores
+
+    # ---- one run -------------------------------------------------------------------------------------
+
+    def trained(self, run: Run) -> dict[str, Any] | None:
+        return read_json(self.run_dir(run) / "trained.json")
+
+    def metrics(self, run: Run) -> list[dict[str, Any]]:
+        return read_jsonl(self.run_dir(run) / "train" / "metrics.jsonl")
+
+    def run_config(self, run: Run) -> dict[str, Any]:
+        """Everything that decides the run's training (compared on every resume)."""
+        a = self.args
+        config = {"train": {"max_steps": a.max_updates, "patience": a.patience, "valid_every": a.valid_every,
+                            "keep_last": max(a.average_last, 1), "log_every": a.log_every, "amp": a.amp,
+                            "seed": run.seed, "best_metric": "bleu", "max_epochs": a.max_epochs}}
+        if a.valid_sentences:
+            config["train"]["valid_max_sentences"] = a.valid_sentences
+        if a.warmup is not None:
+            config["train"]["lr"] = {"warmup": a.warmup}
+        if a.lr is not None:
+            config["train"]["lr"] = {**config["train"].get("lr", {}), "lr": a.lr}
+        if a.tiny:
+            config = deep_merge(TINY, config)
+        config = deep_merge(config, system_delta(run.system, a.max_updates, run.rho, tiny=a.tiny))
+        sets = [s.split(":", 1)[1] if ":" in s.split("=", 1)[0] else s for s in a.overrides
+                if ":" not in s.split("=", 1)[0] or s.split(":", 1)[0] in (run.system, run.name)]
+        return {"preset": BASE_PRESET, "config": config, "sets": sets}
+
+    def execute(self, run: Run) -> str:
+        """Train (or resume) one run, then evaluate it once its training has finished; returns its status."""
+        folder = self.run_dir(run)
+        if (folder / "done.json").is_file():
+            return "skipped (done before)"
+        folder.mkdir(parents=True, exist_ok=True)
+        log = folder / "harness.log"
+        if self.trained(run) is None:
+            status = self.train(run, folder, log)
+            if status != "trained":
+                return status
+        self.evaluate(run, folder, log)
+        return "done"
+
+    def train(self, run: Run, folder: Path, log: Path) -> str:
+        a = self.args
+        spec = self.run_config(run)
+        saved = read_json(folder / "config.json")
+        if saved is not None and saved != spec:
+            raise RuntimeError(f"{folder}: the run was started with other settings ({saved}); now {spec}. "
+                               "Use another --work, or remove the run's folder to start it over")
+        write_json(folder / "config.json", spec)
+        config_file = folder / "config.yaml"  # JSON is YAML
+        config_file.write_text(json.dumps(spec["config"], indent=1) + "\n", encoding="utf-8")
+        train_dir = folder / "train"
+        args = ["train", "--preset", spec["preset"], "--config", str(config_file), "--data", str(self.data),
+                "--out", str(train_dir), "--device", a.device, "--no-progress"]
+        for text in spec["sets"]:
+            args += ["--set", text]
+        if a.threads:
+            args += ["--threads", str(a.threads)]
+        step = self.current_step(train_dir)
+        resume = (train_dir / "last.pt").is_file()
+        if resume:
+            args.append("--resume")
+        else:
+            if train_dir.exists() and any(train_dir.iterdir()):
+                args.append("--force")  # started, but killed before its first checkpoint
+            if run.system in MAT_SYSTEMS:
+                args += ["--init-from", str(self.proximal_init(run, folder, log))]
+        if a.segment_updates:
+            args += ["--stop-at-step", str(step + a.segment_updates)]
+        if self.deadline is not None:
+            left = (self.deadline - time.monotonic()) / 60 - a.reserve
+            if left < a.min_segment:
+                return "not started (budget)"
+            args += ["--max-minutes", f"{self.elapsed_minutes(train_dir) + left:.3f}"]
+        say(f"{run.key}: {'resume' if resume else 'train'} from update {step}")
+        began = time.time()
+        self.cli(args, log)
+        reason = self.stop_reason(train_dir)
+        segment = {"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(began)), "wall_s": time.time() - began,
+                   "from_step": step, "to_step": self.current_step(train_dir), "resume": resume, "stop": reason,
+                   "jobs": a.jobs, "device": a.device}
+        with (folder / "segments.jsonl").open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(segment) + "\n")
+        say(f"{run.key}: update {segment['to_step']}, {reason} ({segment['wall_s']:.0f} s)")
+        if reason is None or not reason.startswith(FINISHED_REASONS):
+            return "unfinished"
+        write_json(folder / "trained.json", {"stop": reason, "step": segment["to_step"]})
+        return "trained"
+
+    def proximal_init(self, run: Run, folder: Path, log: Path) -> Path:
+        """MAT from the converged standard model of the same seed (its best.pt, by validation BLEU)."""
+        system, branches = MAT_SYSTEMS[run.system]
+        source = self.run_dir(Run(system, run.seed)) / "train" / "best.pt"
+        out = folder / "init.pt"
+        self.cli(["convert", "proximal", "--ckpt", str(source), "--branches", str(branches),
+                  "--drop-branch", f"{run.rho:g}", "--out", str(out), "--force"], log)
+        return out
+
+    @staticmethod
+    def current_step(train_dir: Path) -> int:
+        steps = [int(p.stem.split("_")[1]) for p in (train_dir / "checkpoints").glob("step_*.pt")]
+        return max(steps, default=0)
+
+    @staticmethod
+    def elapsed_minutes(train_dir: Path) -> float:
+        """Training minutes so far (what `--max-minutes` counts on a resume), from metrics.jsonl."""
+        records = [r for r in read_jsonl(train_dir / "metrics.jsonl") if r.get("type") == "train"]
+        return records[-1]["elapsed_s"] / 60 if records else 0.0
+
+    @staticmethod
+    def stop_reason(train_dir: Path) -> str | None:
+        """The reason of the last `training stopped at update N: REASON` line of train.log."""
+        log = train_dir / "train.log"
+        found = re.findall(r"training stopped at update \d+: (.*)", log.read_text(encoding="utf-8")) if log.is_file() else []
+        return found[-1].strip() if found else None
+
+    def evaluate(self, run: Run, folder: Path, log: Path) -> None:
+        """Average the last checkpoints, translate test with it and with best.pt, score both; done.json."""
+        a = self.args
+        train_dir = folder / "train"
+        data = self.data
+        began = time.time()
+        kept = sorted((train_dir / "checkpoints").glob("step_*.pt"))[-a.average_last:]
+        avg = folder / f"avg_last{len(kept)}.pt"
+        self.cli(["average", "--ckpts", *map(str, kept), "--out", str(avg), "--force"], log)
+        scores = {}
+        for label, ckpt in (("avg", avg), ("best", train_dir / "best.pt")):
+            hyp = folder / f"test.{label}.hyp"
+            self.cli(["translate", "--ckpt", str(ckpt), "-i", str(data / "test.src.txt"), "-o", str(hyp),
+                      "--device", "cuda" if a.device.startswith("cuda") else a.device, "--no-progress", *(["--threads", str(a.threads)] if a.threads else [])],
+                     log)
+            out = folder / f"test.{label}.json"
+            self.cli(["evaluate", "--hyp", str(hyp), "--ref", str(data / "test.tgt.txt"), "--json", str(out),
+                      "--force"], log)
+            result = read_json(out)
+            scores[label] = {"bleu": result["bleu"]["score"], "chrf": result["chrf"]["score"],
+                             "bleu_signature": result["bleu"]["signature"],
+                             "chrf_signature": result["chrf"]["signature"], "bleu_text": result["bleu"]["text"]}
+        scores["avg"]["checkpoints"] = [p.name for p in kept]
+        record = {"test": scores, "eval_wall_s": time.time() - began, **(self.trained(run) or {})}
+        write_json(folder / "done.json", record)
+        if not a.keep_checkpoints:  # finished: best.pt and the average stay; resume state and step checkpoints go
+            for path in [train_dir / "last.pt", folder / "init.pt", *(train_dir / "checkpoints").glob("step_*.pt")]:
+                path.unlink(missing_ok=True)
+        say(f"{run.key}: test BLEU {scores['avg']['bleu']:.2f} (average of {len(kept)}), "
+            f"{scores['best']['bleu']:.2f} (best.pt)")
+
+    # ---- comparisons -------------------------------------------------------------------------------------
+
+    def compare(self, run: Run) -> dict[str, Any] | None:
+        """Paired bootstrap of `run` against the standard model of its seed (averaged checkpoints)."""
+        base = self.run_dir(Run("standard", run.seed))
+        mine = self.run_dir(run)
+        if not ((base / "done.json").is_file() and (mine / "done.json").is_file()):
+            return None
+        out = self.work / "compare" / f"{run.name}-seed{run.seed}.json"
+        if not out.is_file():
+            self.cli(["evaluate", "--hyp", str(base / "test.avg.hyp"), "--compare", str(mine / "test.avg.hyp"),
+                      "--ref", str(self.data / "test.tgt.txt"), "--bootstrap-samples", str(self.args.bootstrap),
+                      "--json", str(out), "--force"], out.with_suffix(".log"))
+        result = read_json(out)["compare"]
+        return {metric: {"baseline": result[metric]["baseline"]["score"], "system": result[metric]["system"]["score"],
+                         "delta": result[metric]["system"]["score"] - result[metric]["baseline"]["score"],
+                         "p_value": result[metric]["p_value"], "system_ci95": result[metric]["system"]["ci95"],
+                         "baseline_ci95": result[metric]["baseline"]["ci95"], "signature": result[metric]["signature"]}
+                for metric in ("bleu", "chrf")} | {"samples": result["samples"], "lines": result["lines"]}
+
+    # ---- the loop --------------------------------------------------------------------------------------
+
+    def resolve(self, run: Run) -> str | None:
+        """Whether `run` can start now: None = ready; else why not ('wait' while its inputs may still come)."""
+        if run.system in MAT_SYSTEMS and run.rho is None:
+            rho, _ = self.chosen_rho(run.system)
+            if rho is None:
+                return "wait"
+            run.rho = rho
+        for need in run.needs:
+            if self.trained(need) is None:
+                return "wait"
+        return None
+
+    def run_all(self, runs: list[Run]) -> None:
+        pending = list(runs)
+        running: dict[Future, Run] = {}
+        with ThreadPoolExecutor(max_workers=max(1, self.args.jobs)) as pool:
+            while pending or running:
+                for run in list(pending):
+                    if len(running) >= max(1, self.args.jobs):
+                        break
+                    blocked = [n for n in run.needs if n.status not in ("pending", "running", "done", "trained",
+                                                                        "skipped (done before)")]
+                    if blocked and self.resolve(run) is not None:
+                        pending.remove(run)
+                        run.status = "blocked"
+                        run.error = "needs " + ", ".join(f"{n.key} ({n.status})" for n in blocked)
+                        self.note(run, run.status, run.error)
+                        continue
+                    if self.resolve(run) is None:
+                        pending.remove(run)
+                        run.status = "running"
+                        running[pool.submit(self.execute, run)] = run
+                if not running:
+                    for run in pending:  # nothing runs and nothing can start: their inputs are not coming
+                        run.status, run.error = "blocked", "inputs not finished in this call"
+                        self.note(run, run.status, run.error)
+                    break
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    run = running.pop(future)
+                    try:
+                        run.status = future.result()
+                    except Exception as error:  # one failed run must not stop the others
+                        run.status, run.error = "failed", str(error)
+                        say(f"{run.key}: FAILED: {error}")
+                    self.note(run, run.status, run.error)
+                self.write_results(runs)
+
+    def note(self, run: Run, status: str, error: str | None) -> None:
+        with self.lock:
+            self.actions.append({"run": run.key, "status": status, **({"error": error} if error else {})})
+
+    # ---- results ---------------------------------------------------------------------------------------
+
+    def run_record(self, run: Run) -> dict[str, Any]:
+        folder = self.run_dir(run)
+        records = self.metrics(run)
+        valid = [r for r in records if r.get("type") == "valid"]
+        train = [r for r in records if r.get("type") == "train"]
+        done = read_json(folder / "done.json")
+        segments = read_jsonl(folder / "segments.jsonl")
+        bleus = [(r["bleu"], r["step"]) for r in valid if "bleu" in r]
+        best_bleu, best_step = max(bleus, key=lambda x: (x[0], -x[1])) if bleus else (None, None)
+        if done is not None:
+            status = "done"
+        elif segments:
+            status = "unfinished" if self.trained(run) is None else "trained (not evaluated)"
+        else:
+            status = "not started"
+        record = {
+            "system": run.system, "seed": run.seed, "rho": run.rho, "grid": run.grid, "dir": str(folder),
+            "status": status, "stop": (self.trained(run) or {}).get("stop") or (segments[-1]["stop"] if segments else None),
+            "updates": max((r["step"] for r in records), default=0), "best_valid_bleu": best_bleu,
+            "best_valid_step": best_step,
+            "train_minutes": train[-1]["elapsed_s"] / 60 if train else None,
+            "wall_minutes": sum(s["wall_s"] for s in segments) / 60 + ((done or {}).get("eval_wall_s", 0) / 60),
+            "segments": segments,
+            "curve": {"valid": [{k: r.get(k) for k in ("step", "epoch", "loss", "nll", "ppl", "bleu")} for r in valid],
+                      "train": [{k: r.get(k) for k in ("step", "loss", "nll", "lr", "tokens_per_s", "elapsed_s")}
+                                for r in train]},
+        }
+        if done is not None:
+            record["test"] = done["test"]
+        return record
+
+    def parameters(self, run: Run) -> int | None:
+        """Parameter count of the run's model (`multibranch info --ckpt best.pt`), once per system."""
+        cache = self.work / "parameters.json"
+        with self.lock:
+            known = read_json(cache) or {}
+        if run.name in known:
+            return known[run.name]
+        ckpt = self.run_dir(run) / "train" / "best.pt"
+        if not ckpt.is_file():
+            return None
+        result = subprocess.run([sys.executable, "-m", "multibranch", "info", "--ckpt", str(ckpt), "--no-config"],
+                                capture_output=True, text=True, env=self.env, cwd=ROOT)
+        found = re.search(r"^total\s+([\d,]+)", result.stdout, re.MULTILINE)
+        if not found:
+            return None
+        with self.lock:
+            known = read_json(cache) or {}
+            known[run.name] = int(found.group(1).replace(",", ""))
+            write_json(cache, known)
+        return known[run.name]
+
+    def write_results(self, runs: list[Run], comparisons: dict[str, Any] | None = None) -> Path:
+        a = self.args
+        records = {run.key: self.run_record(run) for run in runs}
+        for run in runs:
+            if run.key in (comparisons or {}):
+                records[run.key]["compare_to_standard"] = comparisons[run.key]
+        rows = []
+        standard = {r["seed"]: r for r in records.values() if r["system"] == "standard" and r["status"] == "done"}
+        for system in [s for s in SYSTEMS if s in a.systems]:
+            mine = [run for run in runs if run.system == system]
+            row: dict[str, Any] = {"system": system, "paper_claim": PAPER_CLAIMS.get(system)}
+            if system in MAT_SYSTEMS:
+                rho, scores = self.chosen_rho(system)
+                row.update({"rho": rho, "rho_grid_valid_bleu": scores,
+                            "init": f"proximal from {MAT_SYSTEMS[system][0]} best.pt (same seed)"})
+                mine = [run for run in mine if (not run.grid or run.rho == rho) and run.seed in a.seeds]
+            else:
+                mine = [run for run in mine if run.seed in a.seeds]
+            done = [records[run.key] for run in mine if records[run.key]["status"] == "done"]
+            finished = [run for run in mine if records[run.key]["status"] == "done"]
+            row["parameters"] = self.parameters(finished[0]) if finished else None
+            row["config"] = system_delta(system, a.max_updates, row.get("rho"), tiny=a.tiny)
+            row["runs"] = [run.key for run in mine]
+            row["seeds_done"] = [r["seed"] for r in done]
+            row["test_bleu"] = mean_sd([r["test"]["avg"]["bleu"] for r in done])
+            row["test_chrf"] = mean_sd([r["test"]["avg"]["chrf"] for r in done])
+            row["test_bleu_best_ckpt"] = mean_sd([r["test"]["best"]["bleu"] for r in done])
+            row["updates"] = mean_sd([r["updates"] for r in done])
+            row["updates_to_best_valid"] = mean_sd([r["best_valid_step"] for r in done if r["best_valid_step"]])
+            row["train_minutes"] = mean_sd([r["train_minutes"] for r in done if r["train_minutes"] is not None])
+            row["wall_minutes"] = mean_sd([r["wall_minutes"] for r in done])
+            if system != "standard":
+                paired = [r["test"]["avg"]["bleu"] - standard[r["seed"]]["test"]["avg"]["bleu"]
+                          for r in done if r["seed"] in standard]
+                row["delta_bleu_to_standard"] = mean_sd(paired)
+                row["bootstrap_p_values"] = {f"seed{run.seed}": (records[run.key].get("compare_to_standard") or {})
+                                             .get("bleu", {}).get("p_value") for run in finished}
+            rows.append(row)
+        signatures = sorted({r["test"]["avg"]["bleu_signature"] for r in records.values() if "test" in r})
+        payload = {
+            "issue": 24, "environment": self.environment(),
+            "settings": {"tiny": a.tiny, "base_preset": BASE_PRESET, "shape_override": TINY if a.tiny else None,
+                         "systems": a.systems, "seeds": a.seeds, "grid_seed": a.grid_seed, "rho_grid": None if a.rho is not None else a.rho_grid, "rho": a.rho,
+                         "max_updates": a.max_updates, "patience": a.patience, "valid_every": a.valid_every,
+                         "valid_sentences": a.valid_sentences, "average_last": a.average_last, "warmup": a.warmup,
+                         "lr": a.lr, "overrides": a.overrides, "budget_minutes": a.budget,
+                         "segment_updates": a.segment_updates, "jobs": a.jobs, "work": str(self.work),
+                         "data": self.data_summary(), "bootstrap_samples": a.bootstrap},
+            "bleu_signatures": signatures, "paper_claims_source": "../shared/design/SEEDS-SPEC.md", "rows": rows, "runs": list(records.values()),
+            "this_call": {"actions": list(self.actions), "wall_minutes": (time.monotonic() - self.start) / 60},
+        }
+        path = a.out / f"{a.name}.json"
+        write_json(path, payload)
+        if a.save_hyps:  # the test translations (system output only), for re-analysis after the GPU is gone
+            hyps = {}
+            for run in runs:
+                folder = self.run_dir(run)
+                if (folder / "done.json").is_file():
+                    hyps[run.key] = {label: (folder / f"test.{label}.hyp").read_text(encoding="utf-8").splitlines()
+                                     for label in ("avg", "best")}
+            write_json(a.out / f"{a.name}_hyps.json", hyps)
+        return path
+
+    def data_summary(self) -> dict[str, Any]:
+        meta = read_json(self.data / "data.json") or {}
+        splits = meta.get("splits", {})
+        return {"dir": str(self.data), "raw_train": splits.get("train", {}).get("prefix"), "vocab_size": meta.get("vocab_size"),
+                "joint": meta.get("joint"), "pairs": {s: splits.get(s, {}).get("pairs") for s in ("train", "valid", "test")},
+                "test": SPLITS["test"], "valid": SPLITS["valid"]}
+
+    _env_cache: dict[str, Any] | None = None
+
+    def environment(self) -> dict[str, Any]:
+        if self._env_cache is None:
+            probe = ("import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
+                     "'cuda': torch.version.cuda, 'gpu': torch.cuda.get_device_name(0) if c else None, "
+                     "'torch_threads': torch.get_num_threads()}))")
+            result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=self.env)
+            torch_info = json.loads(result.stdout) if result.returncode == 0 else {"torch": None, "error": result.stderr[-500:]}
+            commit = os.environ.get("MULTIBRANCH_COMMIT")
+            dirty = None
+            if not commit:
+                git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+                commit = git.stdout.strip() or None
+                if commit:
+                    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                            capture_output=True, text=True, cwd=ROOT)
+                    dirty = bool(status.stdout.strip())
+            self._env_cache = {"commit": commit, "commit_dirty": dirty, "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                               "python": platform.python_version(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+                               "threads": self.args.threads or os.environ.get("OMP_NUM_THREADS"),
+                               "device": self.args.device, "amp": self.args.amp, **torch_info}
+        return self._env_cache
+
+    # ---- the whole call -----------------------------------------------------------------------------------
+
+    def main(self) -> int:
+        a = self.args
+        self.work.mkdir(parents=True, exist_ok=True)
+        a.out.mkdir(parents=True, exist_ok=True)
+        runs = self.plan()
+        if a.dry_run:
+            for run in runs:
+                needs = ", ".join(n.key for n in run.needs)
+                print(f"{run.key:28s} {'grid ' if run.grid else ''}{'needs ' + needs if needs else ''}")
+            return 0
+        self.prepare()
+        if a.prepare_only:
+            say(f"prepared data in {self.data}")
+            return 0
+        self.environment()
+        self.run_all(runs)
+        comparisons: dict[str, Any] = {}
+        targets = [run for run in runs if run.system != "standard"]  # compare() skips runs not done
+        with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+            futures = {run.key: pool.submit(self.compare, run) for run in targets}
+            for key, future in futures.items():
+                try:
+                    result = future.result()
+                except Exception as error:
+                    say(f"{key}: comparison FAILED: {error}")
+                    continue
+                if result is not None:
+                    comparisons[key] = result
+        path = self.write_results(runs, comparisons)
+        self.print_table(read_json(path))
+        say(f"wrote {path}")
+        return 1 if any(run.status in ("failed",) for run in runs) else 0
+
+    @staticmethod
+    def print_table(result: dict[str, Any]) -> None:
+        def fmt(stat: dict[str, Any], digits: int = 2) -> str:
+            if not stat or stat["mean"] is None:
+                return "–"
+            return f"{stat['mean']:.{digits}f}" + (f" ± {stat['sd']:.{digits}f}" if stat["sd"] is not None else "")
+
+        print("\n| system | parameters | seeds done | updates | test BLEU (avg) | delta to standard | p (per seed) | "
+              "paper's delta |")
+        print("|---|---|---|---|---|---|---|---|")
+        for row in result["rows"]:
+            params = f"{row['parameters'] / 1e6:.2f}M" if row.get("parameters") else "–"
+            p_values = ", ".join(f"{p:.3f}" for p in (row.get("bootstrap_p_values") or {}).values() if p is not None)
+            paper = (row.get("paper_claim") or {}).get("delta_bleu")
+            rho = f" rho={row['rho']:g}" if row.get("rho") is not None else ""
+            print(f"| {row['system']}{rho} | {params} | {len(row['seeds_done'])} | {fmt(row['updates'], 0)} | "
+                  f"{fmt(row['test_bleu'])} | {fmt(row.get('delta_bleu_to_standard') or {})} | {p_values or '–'} | "
+                  f"{'–' if paper is None else f'+{paper:g}'} |")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def default_multi30k() -> Path:
+    if os.environ.get("MULTIBRANCH_MULTI30K"):
+        return Path(os.environ["MULTIBRANCH_MULTI30K"])
+    shared = Path(os.environ.get("MULTIBRANCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
+    return shared / "multi30k"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS, metavar="SYSTEM",
+                   help=f"systems to train (default: all: {' '.join(SYSTEMS)})")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds (default: 1 2 3)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder of the results JSON (default: bench/results; "
+                   "on the device: $OUT)")
+    p.add_argument("--name", default=None, help="results file OUT/NAME.json (default: reproduce, reproduce_tiny)")
+    p.add_argument("--work", type=Path, default=None,
+                   help="prepared data and runs, kept between calls (default: runs/reproduce[-tiny], git-ignored)")
+    p.add_argument("--data", type=Path, default=None, help="an already prepared data folder (default: WORK/data)")
+    p.add_argument("--multi30k", type=Path, default=default_multi30k(),
+                   help="raw Multi30k (default: $MULTIBRANCH_MULTI30K or $MULTIBRANCH_SHARED_DATA/multi30k)")
+    p.add_argument("--tiny", action="store_true", help="CPU size: tiny model, a few hundred sentences, a few dozen updates")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16", "auto"], help="training autocast (default: none)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of every command (default: unset; --tiny: 1)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
+    stop = p.add_argument_group("stopping and budget")
+    stop.add_argument("--max-updates", type=int, default=None, help="update cap of every run (full: 12000; tiny: 30); "
+                      "also the length DropHead's V schedule and Weighted's kappa/alpha freeze plan for")
+    stop.add_argument("--patience", type=int, default=None, help="stop after N validations without a better "
+                      "valid BLEU (full: 5; tiny: 3)")
+    stop.add_argument("--valid-every", type=int, default=None, help="validate and checkpoint every N updates (full: 500)")
+    stop.add_argument("--valid-sentences", type=int, default=None, help="validation BLEU on the first N of val (default: all)")
+    stop.add_argument("--max-epochs", type=int, default=200, help="epoch cap (default: the preset's 200)")
+    stop.add_argument("--budget", type=float, default=None, help="minutes this call may take: no run starts later, and "
+                      "every training stops in time (resumed by the next call)")
+    stop.add_argument("--reserve", type=float, default=None, help="minutes of --budget kept for evaluation (full: 1.5)")
+    stop.add_argument("--min-segment", type=float, default=0.5, help="no training starts with fewer --budget minutes left")
+    stop.add_argument("--segment-updates", type=int, default=None, help="pause each run after N more updates (resume later)")
+    recipe = p.add_argument_group("recipe")
+    recipe.add_argument("--average-last", type=int, default=None, help="checkpoints averaged (full: 5; tiny: 3)")
+    recipe.add_argument("--rho-grid", type=lambda s: [float(x) for x in s.split(",")], default=list(DEFAULT_RHO_GRID),
+                        help="MAT drop-branch rates tried at --grid-seed (default: 0.1,0.2,0.3)")
+    recipe.add_argument("--rho", type=float, default=None, help="fix MAT's rho (no grid)")
+    recipe.add_argument("--grid-seed", type=int, default=1, help="seed of the rho grid runs (default: 1)")
+    recipe.add_argument("--warmup", type=int, default=None, help="LR warm-up updates (default: the preset's 4000)")
+    recipe.add_argument("--lr", type=float, default=None, help="peak LR (default: the preset's 5e-4)")
+    recipe.add_argument("--set", dest="overrides", action="append", default=[], metavar="[SYSTEM:]KEY=VALUE",
+                        help="a config override for every run, or for one system's runs (repeatable)")
+    p.add_argument("--vocab-size", type=int, default=None, help="joint SentencePiece vocabulary (full: 8000; tiny: 300)")
+    p.add_argument("--train-lines", type=int, default=None, help="use the first N training pairs (tiny: 300)")
+    p.add_argument("--valid-lines", type=int, default=None, help="use the first N validation pairs (tiny: 40)")
+    p.add_argument("--test-lines", type=int, default=None, help="use the first N test pairs (tiny: 40)")
+    p.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples (default: 1000)")
+    p.add_argument("--save-hyps", action="store_true", help="also write OUT/NAME_hyps.json: every finished run's "
+                   "test translations (averaged and best checkpoint)")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep last.pt and the step checkpoints of "
+                   "finished runs (default: only best.pt and the average stay)")
+    p.add_argument("--prepare-only", action="store_true", help="prepare the data and stop (e.g. before carrying it)")
+    p.add_argument("--dry-run", action="store_true", help="print the runs and their dependencies and stop")
+    args = p.parse_args(argv)
+    defaults = TINY_DEFAULTS if args.tiny else FULL_DEFAULTS
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.reserve is None:
+        args.reserve = 0.0 if args.tiny else 1.5
+    if args.threads is None and args.tiny:
+        args.threads = 1
+    if args.name is None:
+        args.name = "reproduce_tiny" if args.tiny else "reproduce"
+    if args.work is None:
+        args.work = ROOT / "runs" / ("reproduce-tiny" if args.tiny else "reproduce")
+    args.work = args.work.resolve()
+    args.out = args.out.resolve()
+    args.data = args.data.resolve() if args.data else None
+    if args.grid_seed not in args.seeds and any(s in MAT_SYSTEMS for s in args.systems) and args.rho is None:
+        print(f"note: the rho grid runs at --grid-seed {args.grid_seed}, which is not among --seeds", file=sys.stderr)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Harness(parse_args(argv)).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
