@@ -376,6 +376,11 @@ class Harness:
             args += ["--set", text]
         if a.threads:
             args += ["--threads", str(a.threads)]
+        if self.deadline is not None:  # checked first: nothing is converted or started without time left
+            left = (self.deadline - time.monotonic()) / 60 - a.reserve
+            if left < a.min_segment:
+                return "not started (budget)"
+            args += ["--max-minutes", f"{self.elapsed_minutes(train_dir) + left:.3f}"]
         step = self.current_step(train_dir)
         resume = (train_dir / "last.pt").is_file()
         if resume:
@@ -387,11 +392,6 @@ class Harness:
                 args += ["--init-from", str(self.proximal_init(run, folder, log))]
         if a.segment_updates:
             args += ["--stop-at-step", str(step + a.segment_updates)]
-        if self.deadline is not None:
-            left = (self.deadline - time.monotonic()) / 60 - a.reserve
-            if left < a.min_segment:
-                return "not started (budget)"
-            args += ["--max-minutes", f"{self.elapsed_minutes(train_dir) + left:.3f}"]
         say(f"{run.key}: {'resume' if resume else 'train'} from update {step}")
         began = time.time()
         self.cli(args, log)
