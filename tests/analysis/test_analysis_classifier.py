@@ -15,13 +15,13 @@ from multibranch.analysis.heads import attention_sites, gates_installed, mask_ga
 from multibranch.analysis.importance import head_importance
 from multibranch.cli import main
 from multibranch.tasks.classification.dataset import ClassificationSplit
-from tests.test_classifier import _experiment, _synthetic_lines
+from tests.helpers.classification import classifier_experiment, synthetic_lines
 
 
 def _classifier() -> torch.nn.Module:
     from multibranch.tasks import build_task_model
 
-    cfg = _experiment()
+    cfg = classifier_experiment()
     cfg.task = "classification"
     cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 40
     cfg.model.decoder_layers = 0
@@ -66,10 +66,10 @@ def classifier_run(tmp_path_factory) -> Path:
     import yaml
 
     root = tmp_path_factory.mktemp("classifier_heads")
-    (root / "train.tsv").write_text("".join(_synthetic_lines(240, seed=3)), encoding="utf-8")
+    (root / "train.tsv").write_text("".join(synthetic_lines(240, seed=3)), encoding="utf-8")
     assert main(["prepare", "--task", "classify", "--train", str(root / "train.tsv"), "--holdout", "0.1",
                  "--out", str(root / "data"), "--vocab-size", "60", "--seed", "2"]) == 0
-    (root / "exp.yaml").write_text(yaml.safe_dump(_experiment(max_steps=40, valid_every=20).to_dict()))
+    (root / "exp.yaml").write_text(yaml.safe_dump(classifier_experiment(max_steps=40, valid_every=20).to_dict()))
     assert main(["train", "--data", str(root / "data"), "--out", str(root / "run"), "--config", str(root / "exp.yaml"),
                  "--no-progress", "--threads", "1"]) == 0
     return root

@@ -14,7 +14,7 @@ from multibranch.tasks import train
 from multibranch.tasks.translation.dataset import PreparedData
 from multibranch.tasks.translation.loading import load_translator
 from multibranch.train.trainer import RunOptions
-from tests.conftest import tiny_experiment
+from tests.helpers.configs import tiny_experiment
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

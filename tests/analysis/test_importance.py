@@ -14,7 +14,7 @@ from multibranch.analysis.importance import batch_nll, head_importance
 from multibranch.config import from_dict
 from multibranch.models import ModelConfig, build_model
 from multibranch.tasks.translation.dataset import ParallelSplit
-from tests.conftest import tiny_model_dict
+from tests.helpers.configs import tiny_model_dict
 
 KINDS = {
     "standard": {},

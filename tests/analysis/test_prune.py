@@ -16,7 +16,7 @@ from multibranch.experiment.decoding import DecodeConfig
 from multibranch.models import ModelConfig, build_model
 from multibranch.tasks.translation.dataset import PreparedData
 from multibranch.tasks.translation.translator import Translator
-from tests.conftest import tiny_model_dict
+from tests.helpers.configs import tiny_model_dict
 
 
 def _model(vocab: int = 40, **overrides) -> torch.nn.Module:

@@ -14,7 +14,7 @@ from multibranch.analysis.pruning import planned_counts, within_drop
 from multibranch.cli import main
 from multibranch.config import from_dict
 from multibranch.models import ModelConfig, build_model
-from tests.conftest import tiny_experiment, tiny_model_dict
+from tests.helpers.configs import tiny_model_dict
 
 
 def _sites():
@@ -72,16 +72,6 @@ def test_speed_rounds_alternate_the_order_and_keep_every_time():
     assert order == ["before", "after", "after", "before", "before", "after"]
     assert timed["before"]["score"] == 1.0 and timed["after"]["score"] == 2.0
     assert timed["before"]["seconds"] == [1.0, 1.0, 1.0] and len(timed["after"]["seconds"]) == 3
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
-    from multibranch.tasks import train
-    from multibranch.train.trainer import RunOptions
-
-    run = tmp_path_factory.mktemp("prune_threshold") / "run"
-    train(tiny_experiment(max_steps=12, deterministic=True), RunOptions(tiny_data, run, device="cpu", progress=False))
-    return run / "last.pt"
 
 
 def _parameters(path: Path) -> int:

@@ -9,7 +9,6 @@ import random
 import pytest
 import sentencepiece as spm
 import torch
-from conftest import tiny_model_dict
 from safetensors import safe_open
 
 from multibranch.checkpoint.export import export, load_export
@@ -18,6 +17,7 @@ from multibranch.cli import main
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
+from tests.helpers.configs import tiny_model_dict
 
 WORDS = "a man woman dog runs sits on the red blue house street ein Mann Hund läuft auf der Straße".split()
 

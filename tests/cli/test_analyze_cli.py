@@ -10,20 +10,10 @@ import pytest
 
 from multibranch.cli import main
 from multibranch.evaluate.metrics import score_corpus
-from multibranch.tasks import train
 from multibranch.tasks.translation.dataset import PreparedData
 from multibranch.tasks.translation.loading import load_translator
-from multibranch.train.trainer import RunOptions
-from tests.conftest import tiny_experiment
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("analyze") / "run"
-    train(tiny_experiment(max_steps=12, deterministic=True), RunOptions(tiny_data, run, device="cpu", progress=False))
-    return run / "last.pt"
 
 
 def _analyze(ckpt: Path, data: Path, out: Path, *extra: str) -> int:

@@ -10,16 +10,16 @@ import pytest
 import yaml
 
 from multibranch.cli import main
-from tests.test_classifier import _experiment, _synthetic_lines
+from tests.helpers.classification import classifier_experiment, synthetic_lines
 
 
 @pytest.fixture(scope="module")
 def classify_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("classify_cli")
-    (root / "train.tsv").write_text("".join(_synthetic_lines(240, seed=3)), encoding="utf-8")
+    (root / "train.tsv").write_text("".join(synthetic_lines(240, seed=3)), encoding="utf-8")
     assert main(["prepare", "--task", "classify", "--train", str(root / "train.tsv"), "--holdout", "0.1",
                  "--out", str(root / "data"), "--vocab-size", "60", "--seed", "2"]) == 0
-    cfg = _experiment(max_steps=60, valid_every=30).to_dict()
+    cfg = classifier_experiment(max_steps=60, valid_every=30).to_dict()
     (root / "exp.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
     assert main(["train", "--data", str(root / "data"), "--out", str(root / "run"), "--config", str(root / "exp.yaml"),
                  "--no-progress", "--threads", "1"]) == 0
@@ -67,7 +67,7 @@ def test_classify_refuses_bad_arguments(classify_run, tmp_path, capsys):
 def test_classify_refuses_a_translation_checkpoint(tiny_data, tmp_path, capsys):
     from multibranch.tasks import train
     from multibranch.train.trainer import RunOptions
-    from tests.conftest import tiny_experiment
+    from tests.helpers.configs import tiny_experiment
 
     train(tiny_experiment(max_steps=1, valid_every=1), RunOptions(tiny_data, tmp_path / "run"))
     (tmp_path / "in.txt").write_text("a b\n", encoding="utf-8")
@@ -85,7 +85,7 @@ def test_translate_refuses_a_classification_checkpoint(classify_run, tmp_path, c
 
 
 def test_prepare_classify_flag_errors(tmp_path, capsys):
-    (tmp_path / "t.tsv").write_text("".join(_synthetic_lines(30, seed=1)), encoding="utf-8")
+    (tmp_path / "t.tsv").write_text("".join(synthetic_lines(30, seed=1)), encoding="utf-8")
     base = ["prepare", "--train", str(tmp_path / "t.tsv"), "--out", str(tmp_path / "d")]
     assert main([*base, "--task", "classify"]) == 2  # neither --valid nor --holdout
     assert main([*base, "--task", "classify", "--holdout", "5", "--valid", str(tmp_path / "t.tsv")]) == 2

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import tiny_experiment
-
 from multibranch.tasks import train
 from multibranch.train.trainer import RunOptions
+from tests.helpers.configs import tiny_experiment
 
 
 def _validation_decoding_stderr(tiny_data, tmp_path, capsys, progress: bool) -> str:

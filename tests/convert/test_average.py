@@ -6,7 +6,6 @@ import logging
 
 import pytest
 import torch
-from conftest import tiny_experiment, tiny_model_dict
 
 from multibranch.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
 from multibranch.checkpoint.origin import weights_fingerprint
@@ -18,6 +17,7 @@ from multibranch.tasks import train
 from multibranch.tasks.loading import load_model
 from multibranch.train.rng import seed_everything
 from multibranch.train.trainer import RunOptions
+from tests.helpers.configs import tiny_experiment, tiny_model_dict
 
 
 def make_payload(seed: int, step: int, bleu: float | None = None, loss: float | None = None, **model) -> dict:

@@ -17,8 +17,6 @@ ctranslate2 = pytest.importorskip(
     "ctranslate2", reason="ctranslate2 is not installed (pip install 'multibranch[ct2]'; CI installs it via [test])"
 )
 
-from conftest import tiny_experiment, tiny_model_dict  # noqa: E402
-
 from multibranch.checkpoint.format import save_checkpoint  # noqa: E402
 from multibranch.cli import main  # noqa: E402
 from multibranch.convert.ct2 import export_ct2, max_decoding_length, translate_options  # noqa: E402
@@ -27,6 +25,7 @@ from multibranch.experiment import ExperimentConfig  # noqa: E402
 from multibranch.experiment.decoding import DecodeConfig  # noqa: E402
 from multibranch.inference.beam import search  # noqa: E402
 from multibranch.models import build_model  # noqa: E402
+from tests.helpers.configs import tiny_experiment, tiny_model_dict  # noqa: E402
 
 # min_len 0 on both sides: CT2 masks EOS *before* its log-softmax below min_length, ours after it, so
 # with min_len >= 1 the first step's log-probabilities differ by log(1 - p(EOS)) (tokens usually agree).

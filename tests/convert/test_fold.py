@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model_dict
 
 from multibranch.checkpoint.format import load_state_strict, save_checkpoint
 from multibranch.cli import main
@@ -14,6 +13,7 @@ from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
 from multibranch.modules.state import DecoderState
 from multibranch.tasks.loading import load_model
+from tests.helpers.configs import tiny_model_dict
 
 
 def mat_payload(n_a: int, n_f: int = 1, merge: str = "mean", dec_n_f: int | None = None, **model) -> dict:

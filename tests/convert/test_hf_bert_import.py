@@ -9,8 +9,6 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from hf_bert_helpers import bert_dir, padded_batches, roberta_dir, sentences  # noqa: E402
-
 from multibranch.checkpoint.format import CheckpointError, load_state_strict  # noqa: E402
 from multibranch.cli import main  # noqa: E402
 from multibranch.config import ConfigError  # noqa: E402
@@ -19,6 +17,7 @@ from multibranch.experiment import ExperimentConfig  # noqa: E402
 from multibranch.tasks import build_task_model  # noqa: E402
 from multibranch.tasks.classification.inference import classify_lines  # noqa: E402
 from multibranch.tasks.loading import load_model  # noqa: E402
+from tests.helpers.hf_bert import bert_dir, padded_batches, roberta_dir, sentences  # noqa: E402
 
 TEXTS = sentences(10, seed=3) + ["The CAT sat, far away!", "zebra quux"]  # upper case, punctuation, unknown words
 

@@ -16,7 +16,7 @@ from multibranch.models.classifier import Classifier, ClassifierConfig, pool
 from multibranch.modules.dropout import dropout
 from multibranch.tasks import train
 from multibranch.train.trainer import RunOptions
-from tests.conftest import tiny_experiment, tiny_model_dict
+from tests.helpers.configs import tiny_experiment, tiny_model_dict
 
 KINDS = {  # one encoder/decoder layer config per layer kind
     "transformer": {},

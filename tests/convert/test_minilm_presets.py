@@ -10,11 +10,10 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from hf_bert_helpers import bert_tokenizer, sentences  # noqa: E402
-
 from multibranch.checkpoint.format import load_checkpoint  # noqa: E402
 from multibranch.cli import main  # noqa: E402
 from multibranch.experiment import resolve_config  # noqa: E402
+from tests.helpers.hf_bert import bert_tokenizer, sentences  # noqa: E402
 
 DATA_FILLED = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"}  # `train` takes them from the data
 PRESETS = ["trec6-minilm", "trec6-minilm-drophead", "trec6-minilm-mat", "sst2-minilm", "sst2-minilm-drophead",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model_dict
 
 from multibranch.checkpoint.format import CheckpointError, load_checkpoint, load_state_strict, save_checkpoint
 from multibranch.cli import main
@@ -13,6 +12,7 @@ from multibranch.convert.proximal import proximal_init
 from multibranch.experiment import ExperimentConfig
 from multibranch.models import build_model
 from multibranch.tasks.loading import load_model
+from tests.helpers.configs import tiny_model_dict
 
 
 def make_payload(seed: int = 0, **model) -> dict:

@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.multi30k
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _head(source: Path, target: Path, lines: int) -> None:

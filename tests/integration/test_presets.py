@@ -67,7 +67,8 @@ def _train(name: str, data: Path, run: Path, steps: int, *extra: str) -> None:
     assert main(args + list(extra)) == 0
 
 
-# classification presets train on labelled data (tests/test_classifier.py); on this parallel data they are refused
+# classification presets train on labelled data (tests/tasks/classification/test_classifier.py); on this parallel
+# data they are refused
 @pytest.mark.parametrize("name", [p for p in PRESETS if p.endswith("-tiny") and resolve_config(p).task != "classification"])
 def test_tiny_preset_trains_resumes_exactly_and_translates(name, tiny_data, tmp_path, capsys):
     _train(name, tiny_data, tmp_path / "straight", 6)

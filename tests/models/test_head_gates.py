@@ -14,7 +14,7 @@ from multibranch.config import from_dict
 from multibranch.models import ModelConfig, build_model
 from multibranch.models.layers.mute import UnitSelfAttention
 from multibranch.modules.attention import ParallelAttention
-from tests.conftest import tiny_model_dict
+from tests.helpers.configs import tiny_model_dict
 
 VOCAB = 40
 PAD, BOS, EOS = 0, 2, 3

@@ -100,7 +100,7 @@ def _params() -> list:
 
 def _config(kind: str, name: str, r: float) -> ModelConfig:
     if kind not in CASES:
-        pytest.fail(f"layer kind {kind!r} is registered but has no case in tests/test_layer_contract.py CASES")
+        pytest.fail(f"layer kind {kind!r} is registered but has no case in tests/models/test_layer_contract.py CASES")
     values = {"d_model": 32, "heads": 4, "ffn_dim": 48, "encoder_layers": 2, "decoder_layers": 2,
               "max_positions": 64, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, **_rates(r)}
     values.update(CASES[kind][name](r))
@@ -270,7 +270,7 @@ ONE_BRANCH: dict[str, OneBranch | str] = {
 @pytest.mark.parametrize("kind", sorted(LayerConfig._variants))
 def test_one_branch_equals_the_standard_transformer(kind):
     if kind not in ONE_BRANCH:
-        pytest.fail(f"layer kind {kind!r} has no entry in tests/test_layer_contract.py ONE_BRANCH")
+        pytest.fail(f"layer kind {kind!r} has no entry in tests/models/test_layer_contract.py ONE_BRANCH")
     if isinstance(ONE_BRANCH[kind], str):
         return  # the kind has no branch count (the reason is in ONE_BRANCH)
     one_branch, standard_overrides, to_standard = ONE_BRANCH[kind]

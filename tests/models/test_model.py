@@ -8,7 +8,7 @@ from torch import nn
 
 from multibranch.config import from_dict
 from multibranch.models import ModelConfig, build_model
-from tests.conftest import tiny_model_dict
+from tests.helpers.configs import tiny_model_dict
 
 
 def _model(**overrides):

@@ -15,7 +15,7 @@ from multibranch.models import LayerConfig, ModelConfig, build_model
 from multibranch.models.layers.mute import MuteEncoderLayer, diversity_score, encoder_diversity
 from multibranch.modules.autoshuffle import normalise_shuffle, sequential_fusion
 from multibranch.train.optim import build_optimizer
-from tests.conftest import tiny_model_dict
+from tests.helpers.configs import tiny_model_dict
 
 BIASED = ["identity", "swap", "mask", "disorder"]
 

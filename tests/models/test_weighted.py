@@ -1,6 +1,6 @@
 """Weighted Transformer layer kind (SEEDS-SPEC §2, invariants §8): batched branches, MHA recovery,
 parameter counts, beam search, DropHead, kappa/alpha through the real trainer (incremental decoding,
-eval determinism and save/load: tests/test_layer_contract.py)."""
+eval determinism and save/load: tests/models/test_layer_contract.py)."""
 
 from __future__ import annotations
 

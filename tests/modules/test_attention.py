@@ -197,7 +197,7 @@ def test_head_drop_masks_single_heads_before_w_o_and_keeps_the_output_bias(per_s
 def test_head_drop_layer_config_draws_one_bit_per_head_of_every_branch():
     from multibranch.config import from_dict
     from multibranch.models import ModelConfig, build_model
-    from tests.conftest import tiny_model_dict
+    from tests.helpers.configs import tiny_model_dict
 
     layer = {"kind": "transformer", "attention_branches": 3, "drop_branch": 0.3, "head_drop": True}
     model = build_model(from_dict(ModelConfig, tiny_model_dict(encoder=layer, decoder=layer)))

@@ -8,7 +8,7 @@ from multibranch.config import from_dict
 from multibranch.models import ModelConfig, build_model
 from multibranch.modules.attention import ParallelAttention
 from multibranch.modules.structured_dropout import DropHead
-from tests.conftest import tiny_model_dict
+from tests.helpers.configs import tiny_model_dict
 
 
 def test_every_sample_keeps_a_head_and_kept_heads_scale_by_h_over_kept():

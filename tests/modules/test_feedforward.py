@@ -9,7 +9,7 @@ from multibranch.config import from_dict
 from multibranch.models import ModelConfig, build_model
 from multibranch.modules.feedforward import FeedForward
 from multibranch.modules.structured_dropout import PathDropout
-from tests.conftest import tiny_model_dict
+from tests.helpers.configs import tiny_model_dict
 
 RHO = 0.4
 

@@ -8,9 +8,6 @@ stops as under uvicorn); stub engines blocked on an Event make queueing determin
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -20,69 +17,24 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
-from test_translator import _corpus, experiment, tokenizer  # noqa: E402, F401  (shared tiny model + SentencePiece)
-
 from multibranch.config import from_dict  # noqa: E402
 from multibranch.models import ModelConfig, build_model  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import TorchEngine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
 from multibranch.tasks.translation.translator import Translator  # noqa: E402
+from tests.helpers.serve import BlockingEngine, run, serving, wait_until  # noqa: E402
+from tests.helpers.translation import corpus_lines  # noqa: E402
 
-LINES = _corpus(10, seed=11)
-
-
-@asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """The app with its lifespan running (worker started; on exit: accepted requests finished)."""
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
-            yield client
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 60))
+LINES = corpus_lines(10, seed=11)
 
 
 def sample(app: Any, name: str, **labels: str) -> float:
     return app.state.metrics.registry.get_sample_value(name, labels or None) or 0.0
 
 
-class BlockingEngine:
-    """Echoes upper-cased texts; every call waits for `release` and records its batch."""
-
-    default_beam = 4
-
-    def __init__(self, block: bool = True):
-        self.calls: list[list[str]] = []
-        self.started = threading.Event()
-        self.release = threading.Event()
-        if not block:
-            self.release.set()
-
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        return [len(t.split()) + 1 for t in texts]
-
-    def translate(self, texts: list[str], beam: int, nbest: int) -> list[list[tuple[str, float]]]:
-        self.calls.append(list(texts))
-        self.started.set()
-        assert self.release.wait(30)
-        return [[(f"{t.upper()}#{k}", -float(k)) for k in range(nbest)] for t in texts]
-
-    def info(self) -> dict[str, Any]:
-        return {"engine": "stub"}
-
-
-async def wait_until(predicate: Any) -> None:
-    for _ in range(2000):
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not reached")
-
-
 @pytest.fixture
-def engine(tokenizer, experiment) -> TorchEngine:  # noqa: F811
+def engine(tokenizer, experiment) -> TorchEngine:
     config, model = experiment
     return TorchEngine(model, tokenizer, config.decode, kind="transformer")
 
@@ -90,7 +42,7 @@ def engine(tokenizer, experiment) -> TorchEngine:  # noqa: F811
 # ---- translations through the API ----------------------------------------------------------------
 
 
-def test_concurrent_requests_get_their_own_translations_equal_to_translator(engine, tokenizer, experiment):  # noqa: F811
+def test_concurrent_requests_get_their_own_translations_equal_to_translator(engine, tokenizer, experiment):
     config, model = experiment
     reference = Translator(model, tokenizer, config.decode)
     requests = [LINES[i:i + 3] for i in range(0, len(LINES), 2)] + [["", LINES[0], " "]]
@@ -280,7 +232,7 @@ def test_empty_request_and_empty_strings(engine):
 # ---- /health, /info, /metrics ---------------------------------------------------------------------
 
 
-def test_health_info_and_metrics(engine, experiment):  # noqa: F811
+def test_health_info_and_metrics(engine, experiment):
     config, model = experiment
     app = create_app(engine, ServeLimits(max_items=7))
 
@@ -306,7 +258,7 @@ def test_health_info_and_metrics(engine, experiment):  # noqa: F811
 
 
 @pytest.mark.parametrize("kind", ["weighted", "mute"])
-def test_info_reports_learned_branch_weights(kind, tokenizer):  # noqa: F811
+def test_info_reports_learned_branch_weights(kind, tokenizer):
     torch.manual_seed(0)
     encoder = {"kind": kind, **({"units": 3} if kind == "mute" else {})}
     decoder = {"kind": "transformer"} if kind == "mute" else encoder

@@ -18,9 +18,6 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
-from test_serve import BlockingEngine, run, serving, wait_until  # noqa: E402
-from test_translator import _corpus, checkpoint, experiment, tokenizer  # noqa: E402, F401  (shared tiny model)
-
 from multibranch.analysis.attention_maps import capture_maps  # noqa: E402
 from multibranch.config import from_dict  # noqa: E402
 from multibranch.experiment.decoding import DecodeConfig  # noqa: E402
@@ -29,9 +26,11 @@ from multibranch.serve.app import PAGE_DIR, create_app  # noqa: E402
 from multibranch.serve.engine import TorchEngine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
 from multibranch.tasks.translation.translator import Translator  # noqa: E402
+from tests.helpers.serve import BlockingEngine, run, serving, wait_until  # noqa: E402
+from tests.helpers.translation import corpus_lines  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-TEXT = min(_corpus(20, seed=31), key=len)  # short: no truncation, small maps
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = min(corpus_lines(20, seed=31), key=len)  # short: no truncation, small maps
 
 
 def post_all(app: Any, path: str, bodies: list[dict[str, Any]]) -> list[Any]:
@@ -52,7 +51,7 @@ def get(app: Any, path: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def mat(tokenizer) -> tuple[torch.nn.Module, DecodeConfig]:  # noqa: F811
+def mat(tokenizer) -> tuple[torch.nn.Module, DecodeConfig]:
     """A random MAT model: 2 branches of 2 heads in every attention."""
     torch.manual_seed(3)
     vocab = tokenizer.src_vocab_size
@@ -67,7 +66,7 @@ def mat(tokenizer) -> tuple[torch.nn.Module, DecodeConfig]:  # noqa: F811
     return model, DecodeConfig(beam=2, max_len_a=1.0, max_len_b=3)
 
 
-def expected_maps(model: Any, tokenizer: Any, decode: DecodeConfig, text: str) -> tuple[str, dict[str, torch.Tensor]]:  # noqa: F811
+def expected_maps(model: Any, tokenizer: Any, decode: DecodeConfig, text: str) -> tuple[str, dict[str, torch.Tensor]]:
     """The 1-best translation and every site's probabilities [H, queries, keys], computed here."""
     translation = Translator(model, tokenizer, decode).translate([text])[0]
     [src] = tokenizer.encode_src([text])
@@ -75,7 +74,7 @@ def expected_maps(model: Any, tokenizer: Any, decode: DecodeConfig, text: str) -
     return translation, capture_maps(model, src, tgt)
 
 
-def test_info_lists_the_maps_the_model_offers(tokenizer, experiment, mat):  # noqa: F811
+def test_info_lists_the_maps_the_model_offers(tokenizer, experiment, mat):
     config, model = experiment
     info = get(create_app(TorchEngine(model, tokenizer, config.decode)), "/info").json()
     assert info["attention"] == {role: {"layers": 2, "heads": [4, 4], "branches": [1, 1]}
@@ -86,7 +85,7 @@ def test_info_lists_the_maps_the_model_offers(tokenizer, experiment, mat):  # no
     assert info["attention"]["cross"] == {"layers": 2, "heads": [4, 4], "branches": [2, 2]}
 
 
-def test_maps_equal_the_extractor_on_the_model_translation(tokenizer, experiment):  # noqa: F811
+def test_maps_equal_the_extractor_on_the_model_translation(tokenizer, experiment):
     config, model = experiment
     translation, maps = expected_maps(model, tokenizer, config.decode, TEXT)
     [src] = tokenizer.encode_src([TEXT])
@@ -120,7 +119,7 @@ def test_maps_equal_the_extractor_on_the_model_translation(tokenizer, experiment
     assert torch.tensor(mean.json()["weights"]) == pytest.approx(maps["decoder.layers.0.cross_attn"].mean(0), abs=1e-6)
 
 
-def test_mat_branch_is_the_mean_of_its_heads_and_a_given_target_is_used(tokenizer, mat):  # noqa: F811
+def test_mat_branch_is_the_mean_of_its_heads_and_a_given_target_is_used(tokenizer, mat):
     model, decode = mat
     target = "kalo mi"  # not the model's translation: the map is of this target
     [src] = tokenizer.encode_src([TEXT])
@@ -152,7 +151,7 @@ def test_mat_branch_is_the_mean_of_its_heads_and_a_given_target_is_used(tokenize
     ({"text": "ka", "kind": "self", "head": 0}, 422, "kind"),
     ({"text": "ka", "head": 0, "colour": "red"}, 422, "colour"),
 ])
-def test_bad_requests_are_clear_4xx(body, status, message, tokenizer, experiment):  # noqa: F811
+def test_bad_requests_are_clear_4xx(body, status, message, tokenizer, experiment):
     config, model = experiment
     app = create_app(TorchEngine(model, tokenizer, config.decode), ServeLimits(max_chars=40, max_beam=8))
     [reply] = post_all(app, "/attention", [body])
@@ -160,7 +159,7 @@ def test_bad_requests_are_clear_4xx(body, status, message, tokenizer, experiment
     assert message in str(reply.json()["detail"])
 
 
-def test_a_target_longer_than_the_learned_positions_is_refused(tokenizer, experiment):  # noqa: F811
+def test_a_target_longer_than_the_learned_positions_is_refused(tokenizer, experiment):
     config, model = experiment
     target = " ".join(["kalomi"] * 30)
     assert len(tokenizer.encode_tgt([target])[0]) >= model.config.max_positions
@@ -176,7 +175,7 @@ def test_an_engine_without_maps_answers_400_and_info_says_so():
     assert get(app, "/info").json()["attention"] is None
 
 
-def test_the_ct2_engine_answers_400_and_info_says_so(checkpoint, tmp_path):  # noqa: F811
+def test_the_ct2_engine_answers_400_and_info_says_so(checkpoint, tmp_path):
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install '.[ct2]')")
     from multibranch.checkpoint.format import load_checkpoint
     from multibranch.convert.ct2 import export_ct2
@@ -251,7 +250,7 @@ def test_a_map_not_drawn_in_time_answers_504_and_never_reaches_the_engine():
     assert stub.threads == ["multibranch-engine_0"]  # the translation only
 
 
-def test_the_page_is_served_at_the_root_and_packaged(tokenizer, experiment):  # noqa: F811
+def test_the_page_is_served_at_the_root_and_packaged(tokenizer, experiment):
     config, model = experiment
     app = create_app(TorchEngine(model, tokenizer, config.decode), static_dir=PAGE_DIR)
     page = get(app, "/")
@@ -269,7 +268,7 @@ def test_the_page_is_served_at_the_root_and_packaged(tokenizer, experiment):  # 
     assert {path for path in PAGE_DIR.iterdir()} <= packaged
 
 
-def test_without_a_target_the_map_is_of_the_1best_with_the_requested_beam(tokenizer, experiment):  # noqa: F811
+def test_without_a_target_the_map_is_of_the_1best_with_the_requested_beam(tokenizer, experiment):
     config, model = experiment
     greedy = dataclasses.replace(config.decode, beam=1)
     translation, maps = expected_maps(model, tokenizer, greedy, TEXT)

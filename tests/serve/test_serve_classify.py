@@ -10,12 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
-
-from test_serve import BlockingEngine, run, serving  # noqa: E402
 
 from multibranch.cli import main  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
@@ -23,26 +20,13 @@ from multibranch.serve.engine import ClassifierEngine, TorchEngine, load_torch_e
 from multibranch.serve.limits import ServeLimits  # noqa: E402
 from multibranch.tasks.classification.inference import classify_lines  # noqa: E402
 from multibranch.tasks.loading import load_model  # noqa: E402
-from tests.test_classifier import _experiment, _synthetic_lines  # noqa: E402
-
-TEXTS = ["the red of it", "seven and a on", "north the is", "red red seven", "a of north to"]
+from tests.helpers.classification import TEXTS, train_classifier  # noqa: E402
+from tests.helpers.serve import BlockingEngine, run, serving  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def classifier_ckpt(tmp_path_factory) -> Path:
     return train_classifier(tmp_path_factory.mktemp("serve_classify"))
-
-
-def train_classifier(root: Path) -> Path:
-    """best.pt of a short classifier run in `root` on keyword data (labels colour / number / place)."""
-    (root / "train.tsv").write_text("".join(_synthetic_lines(240, seed=3)), encoding="utf-8")
-    assert main(["prepare", "--task", "classify", "--train", str(root / "train.tsv"), "--holdout", "0.1",
-                 "--out", str(root / "data"), "--vocab-size", "60", "--seed", "2"]) == 0
-    (root / "exp.yaml").write_text(yaml.safe_dump(_experiment(max_steps=30, valid_every=30).to_dict()),
-                                   encoding="utf-8")
-    assert main(["train", "--data", str(root / "data"), "--out", str(root / "run"), "--config", str(root / "exp.yaml"),
-                 "--no-progress", "--threads", "1"]) == 0
-    return root / "run" / "best.pt"
 
 
 @pytest.fixture(scope="module")

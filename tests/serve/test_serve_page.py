@@ -24,12 +24,11 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from test_translator import _corpus, checkpoint, experiment, tokenizer  # noqa: E402, F401  (shared tiny model)
-
 from multibranch.tasks.translation.loading import load_translator
+from tests.helpers.translation import corpus_lines  # noqa: E402
 
 MAX_CHARS = 120
-LINES = [line for line in _corpus(40, seed=41) if len(line) < 40][:2]
+LINES = [line for line in corpus_lines(40, seed=41) if len(line) < 40][:2]
 
 
 def _need_browser() -> tuple[str, str]:
@@ -73,7 +72,7 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def server(checkpoint) -> Iterator[str]:  # noqa: F811
+def server(checkpoint) -> Iterator[str]:
     yield from _serve(checkpoint)
 
 
@@ -116,7 +115,7 @@ def _texts(elements: list[Any]) -> list[str]:
     return [element.get_attribute("textContent") for element in elements]
 
 
-def test_translate_see_nbest_and_attention_heat_map(browser, server, checkpoint, tokenizer):  # noqa: F811
+def test_translate_see_nbest_and_attention_heat_map(browser, server, checkpoint, tokenizer):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
@@ -173,10 +172,10 @@ def test_an_over_long_text_shows_the_server_message(browser, server):
 
 def test_classifier_page_shows_labels_with_probabilities(browser, tmp_path_factory):
     from selenium.webdriver.common.by import By
-    from test_serve_classify import TEXTS, train_classifier
 
     from multibranch.tasks.classification.inference import classify_lines
     from multibranch.tasks.loading import load_model
+    from tests.helpers.classification import TEXTS, train_classifier
 
     ckpt = train_classifier(tmp_path_factory.mktemp("page_classifier"))
     loaded = load_model(ckpt, "cpu", task="classification")

@@ -24,18 +24,17 @@ import pytest
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
-from test_translator import _corpus, checkpoint, experiment, tokenizer  # noqa: E402, F401  (shared tiny model)
-
 from multibranch.cli import main  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import TorchEngine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
 from multibranch.tasks.translation.loading import load_translator  # noqa: E402
+from tests.helpers.translation import corpus_lines  # noqa: E402
 
-LINES = _corpus(6, seed=21)
+LINES = corpus_lines(6, seed=21)
 
 
-def test_real_uvicorn_server_on_loopback(checkpoint):  # noqa: F811
+def test_real_uvicorn_server_on_loopback(checkpoint):
     engine = TorchEngine.from_checkpoint(str(checkpoint), "cpu")
     app = create_app(engine, ServeLimits(max_wait_ms=5))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
@@ -69,14 +68,14 @@ def test_real_uvicorn_server_on_loopback(checkpoint):  # noqa: F811
     (["--ckpt", "CKPT", "--max-queue", "0"], "max_queue=0"),
     (["--ckpt", "CKPT", "--timeout", "0"], "timeout_s=0"),
 ])
-def test_serve_argument_errors_are_one_line(argv, message, checkpoint, capsys):  # noqa: F811
+def test_serve_argument_errors_are_one_line(argv, message, checkpoint, capsys):
     argv = [str(checkpoint) if a == "CKPT" else a for a in argv]
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("multibranch serve: error:") and message in err and "\n" not in err
 
 
-def test_ct2_engine_through_the_api_equals_ctranslate2(checkpoint, tmp_path):  # noqa: F811
+def test_ct2_engine_through_the_api_equals_ctranslate2(checkpoint, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install '.[ct2]')")
     import sentencepiece as spm
 
@@ -90,7 +89,7 @@ def test_ct2_engine_through_the_api_equals_ctranslate2(checkpoint, tmp_path):  #
     decode = DecodeConfig(**settings["decode"])
     sp = spm.SentencePieceProcessor(model_file=str(Path(directory) / settings["tokenizer"]["src"]))
     direct = ctranslate2.Translator(str(directory), intra_threads=1)
-    lines = [line for line in _corpus(60, seed=22) if len(sp.encode(line)) <= 12][:6]  # within 24 positions
+    lines = [line for line in corpus_lines(60, seed=22) if len(sp.encode(line)) <= 12][:6]  # within 24 positions
     assert len(lines) >= 4
     expected = []
     for line in lines:  # one sentence at a time, each with its own length limit
@@ -114,7 +113,7 @@ def test_ct2_engine_through_the_api_equals_ctranslate2(checkpoint, tmp_path):  #
     assert info["engine"] == "ct2" and info["decode"]["beam"] == decode.beam
 
 
-def test_a_port_in_use_is_one_line_before_the_model_is_loaded(checkpoint, capsys, monkeypatch):  # noqa: F811
+def test_a_port_in_use_is_one_line_before_the_model_is_loaded(checkpoint, capsys, monkeypatch):
     import socket
 
     loaded = []
@@ -195,7 +194,7 @@ def _rest(process: Any, lines: queue.Queue) -> tuple[int, str]:
     return code, "".join(rest)
 
 
-def test_ctrl_c_finishes_cleanly_and_a_second_one_stops_at_once_in_one_line(checkpoint):  # noqa: F811
+def test_ctrl_c_finishes_cleanly_and_a_second_one_stops_at_once_in_one_line(checkpoint):
     # one Ctrl-C: graceful stop (the app's shutdown runs), then status 130 as for any interrupt
     process, lines, port = _start_serve(checkpoint)
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import tiny_experiment
+from tests.helpers.configs import tiny_experiment
 
 
 def _losses(run: Path) -> dict[int, float]:

@@ -16,7 +16,7 @@ import yaml
 from multibranch.checkpoint.format import CheckpointError, load_checkpoint
 from multibranch.tasks import train
 from multibranch.train.trainer import RunOptions
-from tests.conftest import tiny_experiment
+from tests.helpers.configs import tiny_experiment
 
 
 def _train_losses(run: Path) -> dict[int, float]:

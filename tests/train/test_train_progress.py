@@ -12,7 +12,7 @@ import yaml
 
 from multibranch.tasks import task_for_data, train
 from multibranch.train.trainer import RunOptions, Trainer
-from tests.conftest import tiny_experiment
+from tests.helpers.configs import tiny_experiment
 
 
 def test_with_the_bar_the_per_update_lines_still_go_to_train_log(tiny_data, tmp_path, caplog, capsys):

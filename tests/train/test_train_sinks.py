@@ -13,7 +13,7 @@ import yaml
 from multibranch.cli import main
 from multibranch.tasks import train
 from multibranch.train.trainer import RunOptions
-from tests.conftest import tiny_experiment
+from tests.helpers.configs import tiny_experiment
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

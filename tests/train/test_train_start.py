@@ -24,7 +24,7 @@ from multibranch.errors import DataError
 from multibranch.experiment import resolve_config
 from multibranch.tasks import train
 from multibranch.train.trainer import RunOptions
-from tests.conftest import tiny_experiment
+from tests.helpers.configs import tiny_experiment
 
 
 def snapshot(run: Path) -> dict[str, bytes | None]:

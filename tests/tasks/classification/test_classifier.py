@@ -4,7 +4,6 @@ training to high accuracy on a synthetic labelled set, exact resume, and `load_m
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -21,21 +20,7 @@ from multibranch.tasks.classification.metrics import classification_scores
 from multibranch.tasks.classification.task import encode_batch
 from multibranch.tasks.loading import load_model
 from multibranch.train.trainer import RunOptions
-
-KEYWORDS = {"north": "place", "seven": "number", "red": "colour"}
-FILLER = "the a of to is on in it and at by we you they this that what how where".split()
-
-
-def _synthetic_lines(n: int, seed: int) -> list[str]:
-    """'label<TAB>text' lines whose label is given by the one keyword among filler words."""
-    rng = random.Random(seed)
-    lines = []
-    for i in range(n):
-        keyword = list(KEYWORDS)[i % 3]
-        words = rng.choices(FILLER, k=rng.randint(2, 7))
-        words.insert(rng.randint(0, len(words)), keyword)
-        lines.append(f"{KEYWORDS[keyword]}\t{' '.join(words)}\n")
-    return lines
+from tests.helpers.classification import classifier_experiment, synthetic_lines
 
 
 @pytest.fixture(scope="module")
@@ -43,23 +28,10 @@ def labelled_data(tmp_path_factory) -> Path:
     from multibranch.tasks.classification.prepare import ClassifyPrepareConfig, prepare_classification
 
     root = tmp_path_factory.mktemp("labelled")
-    (root / "train.tsv").write_text("".join(_synthetic_lines(240, seed=1)), encoding="utf-8")
+    (root / "train.tsv").write_text("".join(synthetic_lines(240, seed=1)), encoding="utf-8")
     prepare_classification(ClassifyPrepareConfig(train=str(root / "train.tsv"), holdout=30, out=str(root / "data"),
                                                  vocab_size=60, seed=2))
     return root / "data"
-
-
-def _experiment(pooling: str = "first", token_dropout: float = 0.0, subword_sampling: float = 0.0,
-                **train_overrides) -> ExperimentConfig:
-    train_cfg = {"max_tokens": 400, "lr": {"schedule": "inverse_sqrt", "lr": 0.003, "warmup": 5},
-                 "valid_every": 10, "log_every": 1, "max_steps": 20, "seed": 7, "label_smoothing": 0.0,
-                 "best_metric": "accuracy", "deterministic": True}
-    train_cfg.update(train_overrides)
-    model = {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "dropout": 0.1,
-             "drophead": {"rate": {"schedule": "v", "rate": 0.1, "warmup_ratio": 0.1}}}
-    return from_dict(ExperimentConfig, {"model": model, "train": train_cfg,
-                                        "classifier": {"pooling": pooling, "token_dropout": token_dropout,
-                                                       "subword_sampling": subword_sampling}})
 
 
 def _records(run: Path, kind: str) -> list[dict]:
@@ -176,7 +148,7 @@ def test_every_layer_kind_builds_a_classifier_and_trains_a_step(kind):
 
 def test_tiny_classifier_learns_and_reloads(labelled_data, tmp_path):
     run = tmp_path / "run"
-    train(_experiment(pooling="first", max_steps=60, valid_every=20), RunOptions(labelled_data, run))
+    train(classifier_experiment(pooling="first", max_steps=60, valid_every=20), RunOptions(labelled_data, run))
     valid = _records(run, "valid")
     assert valid[-1]["accuracy"] >= 0.9 and {"loss", "macro_f1"} <= set(valid[-1])
 
@@ -190,8 +162,8 @@ def test_tiny_classifier_learns_and_reloads(labelled_data, tmp_path):
 @pytest.mark.parametrize(("token_dropout", "subword_sampling"), [(0.0, 0.0), (0.3, 0.0), (0.0, 0.3)])
 def test_classification_resume_is_exact(token_dropout, subword_sampling, labelled_data, tmp_path):
     def experiment() -> ExperimentConfig:
-        return _experiment(pooling="mean", token_dropout=token_dropout, subword_sampling=subword_sampling,
-                           max_steps=16, valid_every=4)
+        return classifier_experiment(pooling="mean", token_dropout=token_dropout,
+                                     subword_sampling=subword_sampling, max_steps=16, valid_every=4)
 
     train(experiment(), RunOptions(labelled_data, tmp_path / "straight"))
     # paused at 8 of 16 planned updates: the V schedule of DropHead (T_w = 0.1 * 16) plans for 16
@@ -208,7 +180,7 @@ def test_subword_sampling_resegments_training_texts_only(labelled_data):
     every draw, reproducible from torch's seed; validation batches and labels are the stored ones."""
     from multibranch.tasks import task_for_data
 
-    task = task_for_data(_experiment(subword_sampling=0.5), labelled_data)
+    task = task_for_data(classifier_experiment(subword_sampling=0.5), labelled_data)
     task.fill_config()
     split, tok = task.train_split, task.tokenizer
     lines = split.raw_lines()

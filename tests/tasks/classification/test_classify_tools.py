@@ -15,7 +15,7 @@ from multibranch.models.classifier import Classifier
 from multibranch.tasks import train
 from multibranch.tasks.loading import load_model
 from multibranch.train.trainer import RunOptions
-from tests.test_classifier import _experiment, _synthetic_lines
+from tests.helpers.classification import classifier_experiment, synthetic_lines
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +25,15 @@ def classifier_run(tmp_path_factory) -> Path:
     from multibranch.tasks.classification.prepare import ClassifyPrepareConfig, prepare_classification
 
     root = tmp_path_factory.mktemp("classify_tools")
-    (root / "train.tsv").write_text("".join(_synthetic_lines(240, seed=4)), encoding="utf-8")
+    (root / "train.tsv").write_text("".join(synthetic_lines(240, seed=4)), encoding="utf-8")
     prepare_classification(ClassifyPrepareConfig(train=str(root / "train.tsv"), holdout=30, out=str(root / "data"),
                                                  vocab_size=60, seed=2))
     logger = logging.getLogger("multibranch")
     level = logger.level
     logger.setLevel(logging.INFO)  # train.log gets the INFO lines (the CLI sets this level)
     try:
-        train(_experiment(max_steps=30, valid_every=10, log_every=1, keep_last=5), RunOptions(root / "data", root / "run"))
+        train(classifier_experiment(max_steps=30, valid_every=10, log_every=1, keep_last=5),
+              RunOptions(root / "data", root / "run"))
     finally:
         logger.setLevel(level)
     return root
@@ -65,7 +66,7 @@ def test_classifier_train_log_reports_accuracy_and_sentences(classifier_run):
 
 
 def test_translation_train_log_keeps_its_fields(tiny_data, tmp_path, caplog):
-    from tests.conftest import tiny_experiment
+    from tests.helpers.configs import tiny_experiment
 
     caplog.set_level(logging.INFO, logger="multibranch")
     train(tiny_experiment(max_steps=2, valid_every=2, log_every=1), RunOptions(tiny_data, tmp_path / "run"))

@@ -19,7 +19,7 @@ from multibranch.tasks.code.corpus import decode_code
 from multibranch.tasks.code.metrics import score_code
 from multibranch.tasks.loading import load_model
 from multibranch.train.trainer import RunOptions
-from tests.test_code_prepare import synthetic_pairs, write_corpus
+from tests.helpers.code import synthetic_pairs, write_corpus
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_translate_code_format_errors(code_run, tiny_data, tmp_path, capsys):
     assert "--code-format source" in capsys.readouterr().err
     # a translation checkpoint has no code form
     run = tmp_path / "mt"
-    from tests.conftest import tiny_experiment
+    from tests.helpers.configs import tiny_experiment
 
     train(tiny_experiment(max_steps=2, valid_every=2), RunOptions(tiny_data, run))
     assert main(["translate", "--ckpt", str(run / "last.pt"), "-i", str(src), "--code-format", "source"]) == 2

@@ -5,77 +5,24 @@ from __future__ import annotations
 
 import io
 import logging
-import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multibranch.checkpoint.format import save_checkpoint
 from multibranch.cli import main
-from multibranch.config import from_dict
-from multibranch.data.tokenizer import EOS_ID, Tokenizer
-from multibranch.experiment import ExperimentConfig
+from multibranch.data.tokenizer import EOS_ID
 from multibranch.experiment.decoding import DecodeConfig
-from multibranch.models import ModelConfig, build_model
 from multibranch.tasks.translation import translator as translator_module
 from multibranch.tasks.translation.loading import load_translator
 from multibranch.tasks.translation.translator import Translator, make_batches
+from tests.helpers.translation import MAX_POSITIONS, corpus_lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
-MAX_POSITIONS = 24
-
-
-
-def _corpus(n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    syllables = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "ve", "da"]
-    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(40)]
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 9))) for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    buffer = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_corpus(300, seed=0)), model_writer=buffer, vocab_size=48, model_type="unigram",
-        pad_id=0, unk_id=1, bos_id=2, eos_id=3, character_coverage=1.0, hard_vocab_limit=False,
-        minloglevel=2,
-    )
-    proto = buffer.getvalue()
-    return Tokenizer(proto, proto)
-
-
-@pytest.fixture(scope="module")
-def experiment(tokenizer) -> tuple[ExperimentConfig, torch.nn.Module]:
-    torch.manual_seed(7)
-    vocab = tokenizer.src_vocab_size
-    model_cfg = from_dict(ModelConfig, {
-        "d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2, "positions": "learned",
-        "max_positions": MAX_POSITIONS, "src_vocab_size": vocab, "tgt_vocab_size": vocab, "output_bias": True,
-    })
-    model = build_model(model_cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-        model.output_bias[EOS_ID] = 1.0
-    decode = DecodeConfig(beam=3, length_penalty=1.0, max_len_a=1.0, max_len_b=4, batch_tokens=64)
-    return ExperimentConfig(model=model_cfg, decode=decode), model
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, tokenizer, experiment) -> Path:
-    config, model = experiment
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.pt"
-    save_checkpoint(path, {"config": config.to_dict(), "model": model.state_dict(), "tokenizer": tokenizer.to_state(),
-                           "meta": {}})
-    return path
 
 
 @pytest.fixture
@@ -84,7 +31,7 @@ def translator(tokenizer, experiment) -> Translator:
     return Translator(model, tokenizer, config.decode)
 
 
-LINES = _corpus(12, seed=5)
+LINES = corpus_lines(12, seed=5)
 
 
 # ---- the library ---------------------------------------------------------------------------------
@@ -375,7 +322,7 @@ def test_cli_score_reference_of_the_greedy_output(checkpoint, tokenizer, transla
 
     cfg = DecodeConfig(**{**translator.cfg.__dict__, "beam": 1})
     greedy = Translator(translator.model, tokenizer, cfg)
-    lines = [line for line in _corpus(60, seed=11) if len(line.split()) <= 3][:6] + [""]  # outputs fit 24 positions
+    lines = [line for line in corpus_lines(60, seed=11) if len(line.split()) <= 3][:6] + [""]  # outputs fit 24 positions
     _, sources, _ = greedy.encode(lines[:-1])
     hyps = [search(greedy.model, torch.tensor([ids]), cfg)[0][0] for ids in sources]
     texts = tokenizer.decode_tgt([h.tokens for h in hyps])
