@@ -1,12 +1,23 @@
-"""Shared fixtures: tiny configs, deterministic torch, the Multi30k location."""
+"""Fixtures shared across test folders: deterministic torch, the real corpora's location, a tiny prepared data
+directory, a tiny trained checkpoint, and the tiny random translation model with its SentencePiece model.
+
+Plain helpers (builders also used outside fixtures) live in tests/helpers/; test modules never import this file."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+from tests.helpers.configs import tiny_experiment
+from tests.helpers.translation import MAX_POSITIONS, corpus_lines
+
+if TYPE_CHECKING:
+    from multibranch.data.tokenizer import Tokenizer
+    from multibranch.experiment import ExperimentConfig
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -76,16 +87,6 @@ def _seed_and_determinism():
     torch.use_deterministic_algorithms(False)
 
 
-def tiny_model_dict(**overrides) -> dict:
-    """A tiny model config as a plain dict (d=32, 4 heads, 2+2 layers, vocab 40)."""
-    cfg = {
-        "d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2,
-        "dropout": 0.1, "src_vocab_size": 40, "tgt_vocab_size": 40,
-    }
-    cfg.update(overrides)
-    return cfg
-
-
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A prepared data directory from the built-in synthetic task (400 pairs, joint vocabulary of 200)."""
@@ -100,18 +101,6 @@ def tiny_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
-def tiny_experiment(**train_overrides):
-    """A tiny transformer experiment config for trainer tests (no BLEU during validation)."""
-    from multibranch.config import from_dict
-    from multibranch.experiment import ExperimentConfig
-
-    train = {"max_tokens": 600, "lr": {"schedule": "inverse_sqrt", "lr": 0.002, "warmup": 5},
-             "valid_every": 4, "log_every": 1, "valid_bleu": False, "max_steps": 12, "seed": 7}
-    train.update(train_overrides)
-    model = {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.1}
-    return from_dict(ExperimentConfig, {"model": model, "train": train})
-
-
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): tiny models
@@ -120,3 +109,72 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
+    """last.pt of a 12-update deterministic run of `tiny_experiment` on `tiny_data`."""
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
+
+    run = tmp_path_factory.mktemp("tiny_checkpoint") / "run"
+    train(tiny_experiment(max_steps=12, deterministic=True), RunOptions(tiny_data, run, device="cpu", progress=False))
+    return run / "last.pt"
+
+
+# ---- the tiny random translation model (translator and serve tests) -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    """A SentencePiece model (48 pieces) trained on generated text (`corpus_lines`)."""
+    import io
+
+    import sentencepiece as spm
+
+    from multibranch.data.tokenizer import Tokenizer
+
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus_lines(300, seed=0)), model_writer=buffer, vocab_size=48, model_type="unigram",
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3, character_coverage=1.0, hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    proto = buffer.getvalue()
+    return Tokenizer(proto, proto)
+
+
+@pytest.fixture(scope="module")
+def experiment(tokenizer) -> tuple[ExperimentConfig, torch.nn.Module]:
+    """A random tiny transformer (learned positions, MAX_POSITIONS of them) and its config with beam 3."""
+    from multibranch.config import from_dict
+    from multibranch.data.tokenizer import EOS_ID
+    from multibranch.experiment import ExperimentConfig
+    from multibranch.experiment.decoding import DecodeConfig
+    from multibranch.models import ModelConfig, build_model
+
+    torch.manual_seed(7)
+    vocab = tokenizer.src_vocab_size
+    model_cfg = from_dict(ModelConfig, {
+        "d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2, "positions": "learned",
+        "max_positions": MAX_POSITIONS, "src_vocab_size": vocab, "tgt_vocab_size": vocab, "output_bias": True,
+    })
+    model = build_model(model_cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+        model.output_bias[EOS_ID] = 1.0
+    decode = DecodeConfig(beam=3, length_penalty=1.0, max_len_a=1.0, max_len_b=4, batch_tokens=64)
+    return ExperimentConfig(model=model_cfg, decode=decode), model
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tokenizer, experiment) -> Path:
+    """The `experiment` model saved as a checkpoint with its tokenizer."""
+    from multibranch.checkpoint.format import save_checkpoint
+
+    config, model = experiment
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.pt"
+    save_checkpoint(path, {"config": config.to_dict(), "model": model.state_dict(), "tokenizer": tokenizer.to_state(),
+                           "meta": {}})
+    return path

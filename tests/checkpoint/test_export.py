@@ -1,0 +1,148 @@
+"""Export to safetensors + config.json + SentencePiece, and the round trip back to a model."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import pytest
+import sentencepiece as spm
+import torch
+from safetensors import safe_open
+
+from multibranch.checkpoint.export import export, load_export
+from multibranch.checkpoint.format import CheckpointError, load_state_strict, save_checkpoint
+from multibranch.cli import main
+from multibranch.data.tokenizer import Tokenizer
+from multibranch.experiment import ExperimentConfig
+from multibranch.models import build_model
+from tests.helpers.configs import tiny_model_dict
+
+WORDS = "a man woman dog runs sits on the red blue house street ein Mann Hund läuft auf der Straße".split()
+
+
+def train_spm(seed: int) -> bytes:
+    """A tiny SentencePiece model (pad 0, unk 1, bos 2, eos 3, as `prepare` makes them)."""
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(300)]
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=buffer, vocab_size=60, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+        character_coverage=1.0, model_type="unigram", hard_vocab_limit=False, minloglevel=2,
+    )
+    return buffer.getvalue()
+
+
+def make_payload(joint: bool, share: str) -> dict:
+    src = train_spm(0)
+    tok = Tokenizer(src, src if joint else train_spm(1))
+    model = tiny_model_dict(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                            share_embeddings=share, output_bias=True)
+    cfg = ExperimentConfig.from_dict({"model": model})
+    torch.manual_seed(0)
+    net = build_model(cfg.model)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return {"config": cfg.to_dict(), "model": net.state_dict(), "tokenizer": tok.to_state(),
+            "meta": {"step": 7, "valid": {"loss": 1.5, "bleu": 12.5}, "tensor": torch.tensor([1, 2])},
+            "training": {"optimizer": {}}}
+
+
+def logits(payload: dict) -> torch.Tensor:
+    net = build_model(ExperimentConfig.from_dict(payload["config"]).model)
+    load_state_strict(net, payload["model"], "test")
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+    tgt = torch.tensor([[2, 11, 12, 13], [2, 14, 15, 16]])
+    with torch.no_grad():
+        return net.eval()(src, tgt)
+
+
+@pytest.mark.parametrize("joint,share", [(True, "all"), (False, "decoder"), (False, "none")])
+def test_round_trip_identical_logits_ties_kept(tmp_path, joint, share):
+    payload = make_payload(joint, share)
+    out = tmp_path / "export"
+    files = {p.name for p in export(payload, out)}
+    spm_files = {"sentencepiece.model"} if joint else {"source.model", "target.model"}
+    assert files == {"model.safetensors", "config.json"} | spm_files
+
+    document = json.loads((out / "config.json").read_text())
+    assert document["format"] == "multibranch-export" and document["format_version"] == 1
+    assert document["config"] == ExperimentConfig.from_dict(payload["config"]).to_dict()
+    assert document["meta"]["valid"]["bleu"] == 12.5
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        stored = set(f.keys())
+    tied = {"all": ["decoder.embed.tokens.weight"], "decoder": [], "none": []}[share]
+    assert stored == set(payload["model"]) - set(tied)  # a shared tensor is stored once
+
+    back = load_export(out)
+    assert list(back["model"]) == list(payload["model"]) and "training" not in back
+    if share == "all":
+        assert back["model"]["encoder.embed.tokens.weight"] is back["model"]["decoder.embed.tokens.weight"]
+    tok = Tokenizer.from_state(back["tokenizer"])
+    assert tok.joint == joint and tok.src_proto == Tokenizer.from_state(payload["tokenizer"]).src_proto
+    assert torch.equal(logits(back), logits(payload))
+
+
+def test_refuses_non_empty_dir_and_foreign_dirs(tmp_path):
+    payload = make_payload(True, "all")
+    out = tmp_path / "export"
+    export(payload, out)
+    with pytest.raises(FileExistsError, match="not empty"):
+        export(payload, out)
+    export(payload, out, force=True)
+    with pytest.raises(CheckpointError, match="not an exported model"):
+        load_export(tmp_path)
+    (out / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="missing model.safetensors"):
+        load_export(out)
+
+
+def test_cli_export_and_exported_dir_as_input(tmp_path, capsys):
+    ckpt, out = tmp_path / "x.pt", tmp_path / "release"
+    payload = make_payload(False, "decoder")
+    save_checkpoint(ckpt, payload)
+    assert main(["convert", "export", "--ckpt", str(ckpt), "--out", str(out)]) == 0
+    assert torch.equal(logits(load_export(out)), logits(payload))
+    assert main(["convert", "export", "--ckpt", str(ckpt), "--out", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    # an exported directory is accepted wherever a checkpoint is read by the conversion commands
+    avg = tmp_path / "avg.pt"
+    assert main(["average", "--ckpts", str(out), str(ckpt), "--out", str(avg)]) == 0
+    assert main(["convert", "fold", "--ckpt", str(out), "--out", str(tmp_path / "f.pt")]) == 0
+
+
+def test_exported_files_and_saved_checkpoints_get_ordinary_modes(tmp_path):
+    import os
+    import stat
+
+    payload = make_payload(False, "decoder")
+    old_mask = os.umask(0o027)
+    try:
+        written = export(payload, tmp_path / "release")
+        save_checkpoint(tmp_path / "x.pt", payload)
+    finally:
+        os.umask(old_mask)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in [*written, tmp_path / "x.pt"]}
+    assert modes == {name: "0o640" for name in ("model.safetensors", "source.model", "target.model", "config.json",
+                                                 "x.pt")}
+    assert sorted(p.name for p in (tmp_path / "release").iterdir()) == sorted(p.name for p in written)  # no temporaries
+
+
+def test_what_is_not_a_checkpoint_is_named(tmp_path):
+    from multibranch.checkpoint.format import load_checkpoint
+
+    text = tmp_path / "hyp.txt"
+    text.write_text("a translation\n")
+    with pytest.raises(CheckpointError, match=r"hyp\.txt is not a multibranch checkpoint$"):
+        load_checkpoint(text)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=rf"{run} is a run directory; did you mean {run / 'best.pt'}\?"):
+        load_checkpoint(run)
+    with pytest.raises(CheckpointError, match="is a directory, not a multibranch checkpoint"):
+        load_checkpoint(tmp_path / "run" / "checkpoints")
+    export(make_payload(True, "all"), tmp_path / "release")
+    assert load_checkpoint(tmp_path / "release")["meta"]["step"] == 7  # an export directory still loads

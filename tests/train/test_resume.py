@@ -1,0 +1,102 @@
+"""Exact resume: a run killed with SIGKILL and resumed logs the same losses as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from multibranch.checkpoint.format import CheckpointError, load_checkpoint
+from multibranch.tasks import train
+from multibranch.train.trainer import RunOptions
+from tests.helpers.configs import tiny_experiment
+
+
+def _train_losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["type"] == "train"}
+
+
+def _cli(config: Path, data: Path, run: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "multibranch", "train", "--data", str(data), "--out", str(run),
+           "--config", str(config), "--threads", "1", "--deterministic", "--no-progress", *extra]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path):
+    cfg = tiny_experiment(max_steps=30, valid_every=6)
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(cfg.to_dict()))
+
+    straight = _cli(config, tiny_data, tmp_path / "straight")
+    out, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err
+
+    victim = _cli(config, tiny_data, tmp_path / "killed")
+    first_save = tmp_path / "killed" / "last.pt"
+    deadline = time.time() + 240
+    while not first_save.exists() and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    assert victim.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    killed_at = load_checkpoint(tmp_path / "killed" / "last.pt")["meta"]["step"]
+    assert killed_at < 30
+
+    resumed = _cli(config, tiny_data, tmp_path / "killed", "--resume")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+
+    expected, got = _train_losses(tmp_path / "straight"), _train_losses(tmp_path / "killed")
+    assert sorted(got) == list(range(1, 31)), "every step logged exactly once after the resume"
+    assert got == expected  # bit-identical losses, step for step
+
+
+def test_in_process_resume_extends_a_finished_run_exactly(tiny_data, tmp_path):
+    train(tiny_experiment(max_steps=16, deterministic=True), RunOptions(tiny_data, tmp_path / "straight"))
+    train(tiny_experiment(max_steps=8, deterministic=True), RunOptions(tiny_data, tmp_path / "two_legs"))
+    train(tiny_experiment(max_steps=16, deterministic=True), RunOptions(tiny_data, tmp_path / "two_legs", resume=True))
+    assert _train_losses(tmp_path / "two_legs") == _train_losses(tmp_path / "straight")
+
+
+def test_mismatched_resume_is_refused_unless_reset_flags(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=4), RunOptions(tiny_data, run))
+    with pytest.raises(CheckpointError, match="--reset-schedule"):
+        train(tiny_experiment(max_steps=8, lr={"schedule": "inverse_sqrt", "lr": 0.001, "warmup": 5}),
+              RunOptions(tiny_data, run, resume=True))
+    with pytest.raises(CheckpointError, match="--reset-data"):
+        train(tiny_experiment(max_steps=8, max_tokens=500), RunOptions(tiny_data, run, resume=True))
+    with pytest.raises(CheckpointError, match="model config differs"):
+        bigger = tiny_experiment(max_steps=8)
+        bigger.model.ffn_dim = 128
+        train(bigger, RunOptions(tiny_data, run, resume=True))
+    state = train(tiny_experiment(max_steps=8, max_tokens=500), RunOptions(tiny_data, run, resume=True, reset_data=True))
+    assert state.step == 8
+
+
+def test_existing_run_dir_needs_resume_or_force(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=2), RunOptions(tiny_data, run))
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(tiny_experiment(max_steps=2), RunOptions(tiny_data, run))
+    train(tiny_experiment(max_steps=2), RunOptions(tiny_data, run, force=True))
+    with pytest.raises(CheckpointError, match="no .*last.pt"):
+        train(tiny_experiment(max_steps=2), RunOptions(tiny_data, tmp_path / "fresh", resume=True))
+
+
+def test_corrupted_last_checkpoint_gives_clear_error(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=2), RunOptions(tiny_data, run))
+    data = (run / "last.pt").read_bytes()
+    (run / "last.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="corrupted"):
+        train(tiny_experiment(max_steps=4), RunOptions(tiny_data, run, resume=True))

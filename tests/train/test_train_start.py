@@ -1,0 +1,172 @@
+"""A train start is validated completely before the run directory is created or changed.
+
+Every refused start (bad --init-from, a device this machine lacks, a bad data directory, a refused
+--resume) leaves the run directory absent, or byte for byte as it was; the corrected rerun then
+works without --force. Also: stale temporaries of a killed save are removed on the next start, and
+a resume refuses a changed SentencePiece model unless allowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from multibranch.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
+from multibranch.config import ConfigError
+from multibranch.errors import DataError
+from multibranch.experiment import resolve_config
+from multibranch.tasks import train
+from multibranch.train.trainer import RunOptions
+from tests.helpers.configs import tiny_experiment
+
+
+def snapshot(run: Path) -> dict[str, bytes | None]:
+    """Every file (bytes) and directory (None) under `run`, by relative path."""
+    return {str(p.relative_to(run)): (p.read_bytes() if p.is_file() else None) for p in sorted(run.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def wide_checkpoint(tiny_data, tmp_path_factory) -> Path:
+    """best.pt of a one-update run with d_model=48 (the tests' runs use 32)."""
+    cfg = tiny_experiment(max_steps=1, valid_every=1)
+    cfg.model.d_model, cfg.model.ffn_dim = 48, 96
+    run = tmp_path_factory.mktemp("wide") / "run"
+    train(cfg, RunOptions(tiny_data, run, progress=False))
+    return run / "best.pt"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_failed_starts_leave_no_run_directory_and_the_rerun_needs_no_force(tiny_data, wide_checkpoint, tmp_path):
+    run = tmp_path / "run"
+    text = tmp_path / "notes.txt"
+    text.write_text("not a checkpoint\n")
+    failures = [
+        (RunOptions(tiny_data, run, init_from=text), CheckpointError, "notes.txt is not a multibranch checkpoint$"),
+        (RunOptions(tiny_data, run, init_from=wide_checkpoint), CheckpointError,
+         r"model\.d_model: checkpoint 48, config 32; model\.ffn_dim: checkpoint 96, config 64\)$"),
+        (RunOptions(tiny_data, run, init_from=wide_checkpoint.parent), CheckpointError,
+         f"is a run directory; did you mean {wide_checkpoint}\\?"),
+        (RunOptions(tiny_data, run, device="cuda"), ConfigError, "no CUDA support"),
+        (RunOptions(tmp_path / "no-such-data", run), (DataError, FileNotFoundError), "no-such-data"),
+    ]
+    for opts, error, message in failures:
+        with pytest.raises(error, match=message) as info:
+            train(tiny_experiment(max_steps=2), opts)
+        assert "weights_only" not in str(info.value).lower().replace(" ", "_")
+        assert not run.exists(), f"{opts} left {run}"
+    state = train(tiny_experiment(max_steps=2), RunOptions(tiny_data, run, progress=False))  # no --force needed
+    assert state.step == 2
+
+
+def test_a_refused_start_in_an_existing_run_changes_nothing(tiny_data, wide_checkpoint, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=2), RunOptions(tiny_data, run, progress=False))
+    before = snapshot(run)
+    attempts = [
+        RunOptions(tiny_data, run, resume=True, device="cuda:7"),
+        RunOptions(tiny_data, run, force=True, init_from=wide_checkpoint),
+        RunOptions(tmp_path / "no-such-data", run, resume=True),
+    ]
+    for opts in attempts:
+        with pytest.raises((ConfigError, CheckpointError, DataError, FileNotFoundError)):
+            train(tiny_experiment(max_steps=4), opts)
+        assert snapshot(run) == before, opts
+
+
+def test_refused_resume_names_the_values_and_keeps_the_run_resumable(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=4), RunOptions(tiny_data, run, progress=False))
+    before = snapshot(run)
+    changed = tiny_experiment(max_steps=8, lr={"schedule": "inverse_sqrt", "lr": 0.001, "warmup": 5})
+    with pytest.raises(CheckpointError, match=r"train\.lr\.lr: run has 0\.002, now 0\.001\): --reset-schedule"):
+        train(changed, RunOptions(tiny_data, run, resume=True))
+    assert snapshot(run) == before  # config.yaml, train.log, metrics.jsonl untouched
+    # a plain `train --resume --out RUN` (no --preset/--config) reads RUN/config.yaml
+    plain = resolve_config(None, str(run / "config.yaml"), ["train.max_steps=6"])
+    assert train(plain, RunOptions(tiny_data, run, resume=True, progress=False)).step == 6
+
+
+def test_init_from_with_agreeing_configs_reports_the_tensors(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=1, valid_every=1), RunOptions(tiny_data, run, progress=False))
+    payload = load_checkpoint(run / "best.pt")
+    del payload["model"]["decoder.layers.1.ffn.fc2.weight"]
+    save_checkpoint(tmp_path / "pruned.pt", payload)
+    with pytest.raises(CheckpointError, match=r"missing keys \(1\): decoder\.layers\.1\.ffn\.fc2\.weight"):
+        train(tiny_experiment(), RunOptions(tiny_data, tmp_path / "new", init_from=tmp_path / "pruned.pt"))
+    assert not (tmp_path / "new").exists()
+
+
+def test_stale_temporaries_of_a_killed_save_are_removed_on_the_next_start(tiny_data, tmp_path, caplog):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=2), RunOptions(tiny_data, run, progress=False))
+    planted = [run / ".last.pt.k1ll3d.tmp", run / "checkpoints" / ".step_00000004.pt.x7yz.tmp",
+               run / ".best.pt.abc123.tmp"]
+    for path in planted:
+        path.write_bytes(b"PK\x03\x04 half a checkpoint")
+    keep = run / "notes.tmp"  # not a temporary of ours (no leading dot): left alone
+    keep.write_text("mine")
+    caplog.set_level(logging.INFO, logger="multibranch")
+    train(tiny_experiment(max_steps=4), RunOptions(tiny_data, run, resume=True, progress=False))
+    assert [p for p in planted if p.exists()] == []
+    assert keep.read_text() == "mine"
+    log_text = (run / "train.log").read_text()
+    assert "removed 3 temporary file(s) left by an interrupted write" in log_text
+    assert all(str(p) in log_text for p in planted)
+
+
+def test_checkpoints_get_ordinary_file_modes(tiny_data, tmp_path):
+    old_mask = os.umask(0o022)
+    try:
+        run = tmp_path / "run"
+        train(tiny_experiment(max_steps=2, valid_every=2), RunOptions(tiny_data, run, progress=False))
+    finally:
+        os.umask(old_mask)
+    files = [run / "best.pt", run / "last.pt", run / "config.yaml", *sorted((run / "checkpoints").glob("*.pt"))]
+    assert len(files) == 4
+    assert {str(p.name): oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {p.name: "0o644" for p in files}
+
+
+def test_resume_refuses_another_sentencepiece_model_unless_allowed(tiny_data, tmp_path, caplog):
+    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.synthetic import generate_synthetic_task
+
+    generate_synthetic_task(tmp_path / "raw", seed=11, n_train=400, n_valid=24, n_test=24)
+    other = tmp_path / "other"
+    prepare(PrepareConfig(src_lang="src", tgt_lang="tgt", train=str(tmp_path / "raw" / "train"),
+                          valid=str(tmp_path / "raw" / "valid"), out=str(other), vocab_size=200))
+    assert (other / "spm.model").read_bytes() != (tiny_data / "spm.model").read_bytes()
+
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=2), RunOptions(tiny_data, run, progress=False))
+    before = snapshot(run)
+    with pytest.raises(CheckpointError, match="another SentencePiece model .*--allow-new-tokenizer"):
+        train(tiny_experiment(max_steps=4), RunOptions(other, run, resume=True, reset_data=True))
+    assert snapshot(run) == before
+    caplog.set_level(logging.WARNING, logger="multibranch")
+    train(tiny_experiment(max_steps=4),
+          RunOptions(other, run, resume=True, reset_data=True, allow_new_tokenizer=True, progress=False))
+    assert "--allow-new-tokenizer" in caplog.text and "loss to jump" in caplog.text
+    assert (run / "tokenizer" / "src.model").read_bytes() == (other / "spm.model").read_bytes()
+    assert torch.equal(load_checkpoint(run / "last.pt")["tokenizer"]["src"],
+                       torch.frombuffer(bytearray((other / "spm.model").read_bytes()), dtype=torch.uint8))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cli_device_cuda_without_cuda_is_one_line(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "multibranch", "train", "--data", str(tiny_data), "--out", str(run),
+                           "--preset", "transformer-tiny", "--max-steps", "1", "--device", "cuda"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("multibranch train: error: --device cuda: this PyTorch build")
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not run.exists()
