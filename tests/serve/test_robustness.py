@@ -1,0 +1,280 @@
+"""The server against bad input and a stop under load (issue #25, item 1):
+
+- a text holding a lone surrogate (the JSON escape "\\ud800") is a 400 naming it on /translate,
+  /classify and /attention, with no traceback and the connection kept (real uvicorn);
+- request bodies are typed strictly (`beam: true`, `probs: "yes"` are 422), and GET on a POST route
+  is 405 also with the web page mounted at /.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+uvicorn = pytest.importorskip("uvicorn")
+
+from multibranch.serve.app import PAGE_DIR, create_app  # noqa: E402
+
+SURROGATE = "\ud800"
+
+
+class StubEngine:
+    """A translation engine that upper-cases; a text "boom" makes the engine call fail; with
+    `block`, every call waits for `release` (and sets `started`)."""
+
+    default_beam = 2
+
+    def __init__(self, block: bool = False):
+        self.calls: list[list[str]] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        if not block:
+            self.release.set()
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [len(t.split()) + 1 for t in texts]
+
+    def translate(self, texts: list[str], beam: int, nbest: int) -> list[list[tuple[str, float]]]:
+        self.calls.append(list(texts))
+        self.started.set()
+        assert self.release.wait(30)
+        if "boom" in texts:
+            raise RuntimeError("the engine failed")
+        return [[(t.upper(), 0.0)] for t in texts]
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": "stub"}
+
+
+class StubClassifier:
+    task = "classification"
+    labels = ["a", "b"]
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [len(t.split()) + 2 for t in texts]
+
+    def classify(self, texts: list[str]) -> list[list[float] | None]:
+        self.calls.append(list(texts))
+        return [[0.25, 0.75] for _ in texts]
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": "stub"}
+
+
+def raw_json(body: Any) -> bytes:
+    """`body` as JSON bytes the way a client writes a lone surrogate: as the escape \\ud800 (httpx's
+    `json=` cannot encode it)."""
+    return json.dumps(body).encode("ascii")
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any, raise_app_exceptions: bool = True) -> AsyncIterator[httpx.AsyncClient]:
+    """The app with its lifespan running, and a client talking to it in process."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def post_all(app: Any, requests: list[tuple[str, Any]], raise_app_exceptions: bool = True) -> list[httpx.Response]:
+    """POST each (path, body) in one server run; a bytes body is sent as is (application/json)."""
+    async def go() -> list[httpx.Response]:
+        async with serving(app, raise_app_exceptions) as client:
+            replies = []
+            for path, body in requests:
+                content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                replies.append(await client.post(path, content=content, headers={"content-type": "application/json"}))
+            return replies
+
+    return run(go())
+
+
+# ---- a real uvicorn server in a thread ------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def uvicorn_thread(app: Any, server_class: type | None = None) -> Iterator[Any]:
+    """uvicorn (or `server_class`, e.g. `multibranch serve`'s) serving `app` on a free loopback port,
+    in a thread; yields the server (its port: `port_of(server)`); stops it on exit."""
+    server = (server_class or uvicorn.Server)(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="info",
+                                                             log_config=None, timeout_graceful_shutdown=None))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(3000):
+            if server.started or not thread.is_alive():
+                break
+            thread.join(0.01)
+        assert server.started
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def port_of(server: Any) -> int:
+    return server.servers[0].sockets[0].getsockname()[1]
+
+
+class Connection:
+    """One HTTP/1.1 connection over a plain socket, so a test can tell whether the server kept it."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.reader = self.sock.makefile("rb")
+
+    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+        """(status, headers with lower-case names, body); ConnectionError when the server has closed it."""
+        head = f"{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        self.sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        status_line = self.reader.readline()
+        if not status_line:
+            raise ConnectionError("the server closed the connection without an answer")
+        headers = {}
+        while (line := self.reader.readline().decode("latin-1").strip()):
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return int(status_line.split()[1]), headers, self.reader.read(int(headers.get("content-length", 0)))
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+class Records(logging.Handler):
+    """Log records of some loggers, with an Event set by the first whose message starts with one of
+    `wanted`."""
+
+    def __init__(self, *wanted: str):
+        super().__init__(logging.DEBUG)
+        self.wanted, self.records, self.seen = wanted, [], threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if record.getMessage().startswith(self.wanted):
+            self.seen.set()
+
+
+@pytest.fixture
+def records(caplog) -> Iterator[Records]:
+    """Records of the server's logger and uvicorn's, at INFO."""
+    handler = Records("shutting down", "Shutting down")
+    names = ("multibranch.serve", "uvicorn.error")
+    for name in names:
+        caplog.set_level(logging.INFO, logger=name)
+        logging.getLogger(name).addHandler(handler)
+    yield handler
+    for name in names:
+        logging.getLogger(name).removeHandler(handler)
+
+
+def tracebacks(handler: Records) -> list[str]:
+    return [r.getMessage() for r in handler.records if r.exc_info]
+
+
+# ---- lone surrogates ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("path", "body", "message"), [
+    ("/translate", {"texts": ["ka lo", "mi " + SURROGATE + " ne"]}, "texts[1] is not valid Unicode"),
+    ("/translate", {"texts": [SURROGATE], "nbest": 2}, "texts[0] is not valid Unicode"),
+    ("/classify", {"texts": ["ka lo", "ne", "\udfff"]}, "texts[2] is not valid Unicode"),
+    ("/attention", {"text": "ka " + SURROGATE, "branch": 0}, "text is not valid Unicode"),
+    ("/attention", {"text": "ka lo", "target": SURROGATE, "head": 1}, "target is not valid Unicode"),
+])
+def test_a_lone_surrogate_is_a_400_naming_the_text(path, body, message, translation_engine, classifier_engine):
+    engine = classifier_engine if path == "/classify" else translation_engine
+    app = create_app(engine)
+    fine = {"text": "ka lo", "branch": 0} if path == "/attention" else {"texts": ["ka lo"]}
+    refused, after = post_all(app, [(path, raw_json(body)), (path, fine)])
+    assert refused.status_code == 400
+    detail = refused.json()["detail"]
+    assert detail.startswith(message) and "lone surrogate" in detail and "\\u" in detail
+    assert after.status_code == 200  # the server goes on
+
+
+def test_a_lone_surrogate_as_raw_utf8_bytes_is_the_same_400(translation_engine):
+    """JSON decoders take the UTF-8 bytes of a surrogate (ED A0 80) as the surrogate itself."""
+    app = create_app(translation_engine)
+    [reply] = post_all(app, [("/translate", b'{"texts": ["ka", "\xed\xa0\x80"]}')])
+    assert reply.status_code == 400 and reply.json()["detail"].startswith("texts[1] is not valid Unicode")
+
+
+@pytest.mark.parametrize("body", [{"texts": SURROGATE}, {"texts": ["a"], SURROGATE: 1}, {SURROGATE: ["a"]}])
+def test_a_422_echoing_a_lone_surrogate_is_still_a_422(body):
+    """FastAPI's 422 echoes the input; a surrogate in it must not turn the answer into a 500."""
+    app = create_app(StubEngine())
+    [reply] = post_all(app, [("/translate", raw_json(body))], raise_app_exceptions=False)
+    assert reply.status_code == 422
+    assert "\\ud800" in reply.text
+
+
+def test_over_uvicorn_a_lone_surrogate_leaves_no_traceback_and_the_connection_open(translation_engine, records):
+    app = create_app(translation_engine)
+    with uvicorn_thread(app) as server:
+        connection = Connection(port_of(server))
+        try:
+            status, _, body = connection.request("POST", "/translate", raw_json({"texts": ["ka", SURROGATE]}))
+            again, _, translated = connection.request("POST", "/translate", raw_json({"texts": ["ka lo"]}))
+        finally:
+            connection.close()
+    assert status == 400 and json.loads(body)["detail"].startswith("texts[1] is not valid Unicode")
+    assert again == 200 and len(json.loads(translated)["translations"]) == 1
+    assert tracebacks(records) == []
+
+
+# ---- strict types, methods ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/translate", {"texts": ["a"], "beam": True}, "beam"),
+    ("/translate", {"texts": ["a"], "beam": "2"}, "beam"),
+    ("/translate", {"texts": ["a"], "beam": 2.0}, "beam"),
+    ("/translate", {"texts": ["a"], "nbest": True}, "nbest"),
+    ("/classify", {"texts": ["a"], "probs": "yes"}, "probs"),
+    ("/classify", {"texts": ["a"], "probs": 1}, "probs"),
+    ("/attention", {"text": "ka lo", "layer": False, "branch": 0}, "layer"),
+    ("/attention", {"text": "ka lo", "head": "1"}, "head"),
+])
+def test_request_fields_are_strictly_typed(path, body, field, translation_engine):
+    engine = StubClassifier() if path == "/classify" else translation_engine if path == "/attention" else StubEngine()
+    app = create_app(engine)
+    [reply] = post_all(app, [(path, body)])
+    assert reply.status_code == 422
+    assert [error["loc"] for error in reply.json()["detail"]] == [["body", field]]
+    assert getattr(engine, "calls", []) == []
+
+
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("GET", "/translate", "POST"), ("GET", "/classify", "POST"), ("GET", "/attention", "POST"),
+    ("PUT", "/translate", "POST"), ("POST", "/health", "GET"), ("DELETE", "/info", "GET"),
+])
+def test_a_route_asked_with_another_method_is_405_with_the_page_mounted(method, path, allow):
+    app = create_app(StubEngine(), static_dir=PAGE_DIR)
+
+    async def go() -> tuple[httpx.Response, httpx.Response]:
+        async with serving(app) as client:
+            return await client.request(method, path), await client.get("/")
+
+    reply, page = run(go())
+    assert reply.status_code == 405 and reply.headers["allow"] == allow
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
