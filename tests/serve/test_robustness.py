@@ -2,6 +2,8 @@
 
 - a text holding a lone surrogate (the JSON escape "\\ud800") is a 400 naming it on /translate,
   /classify and /attention, with no traceback and the connection kept (real uvicorn);
+- every response, framework-level 400/404/405/422 and 500 included, is counted in
+  multibranch_request_latency_seconds{status}; an engine failure is a JSON 500, logged once;
 - request bodies are typed strictly (`beam: true`, `probs: "yes"` are 422), and GET on a POST route
   is 405 also with the web page mounted at /.
 """
@@ -14,6 +16,7 @@ import json
 import logging
 import socket
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -25,6 +28,7 @@ pytest.importorskip("prometheus_client")
 uvicorn = pytest.importorskip("uvicorn")
 
 from multibranch.serve.app import PAGE_DIR, create_app  # noqa: E402
+from multibranch.serve.limits import ServeLimits  # noqa: E402
 
 SURROGATE = "\ud800"
 
@@ -105,6 +109,16 @@ def post_all(app: Any, requests: list[tuple[str, Any]], raise_app_exceptions: bo
             return replies
 
     return run(go())
+
+
+def latency_counts(app: Any) -> dict[str, float]:
+    """multibranch_request_latency_seconds_count per status."""
+    out: dict[str, float] = {}
+    for family in app.state.metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "multibranch_request_latency_seconds_count":
+                out[sample.labels["status"]] = sample.value
+    return out
 
 
 # ---- a real uvicorn server in a thread ------------------------------------------------------------
@@ -240,6 +254,60 @@ def test_over_uvicorn_a_lone_surrogate_leaves_no_traceback_and_the_connection_op
     assert status == 400 and json.loads(body)["detail"].startswith("texts[1] is not valid Unicode")
     assert again == 200 and len(json.loads(translated)["translations"]) == 1
     assert tracebacks(records) == []
+
+
+def test_over_uvicorn_an_engine_failure_is_a_json_500_logged_once_and_the_connection_kept(records):
+    stub = StubEngine()
+    app = create_app(stub)
+    with uvicorn_thread(app) as server:
+        connection = Connection(port_of(server))
+        try:
+            status, _, body = connection.request("POST", "/translate", raw_json({"texts": ["boom"]}))
+            again, _, translated = connection.request("POST", "/translate", raw_json({"texts": ["ok"]}))
+        finally:
+            connection.close()
+    assert status == 500 and "log" in json.loads(body)["detail"]
+    assert again == 200 and json.loads(translated) == {"translations": ["OK"]}
+    assert [r.name for r in records.records if r.exc_info] == ["multibranch.serve"]
+    assert latency_counts(app) == {"500": 1.0, "200": 1.0}
+
+
+# ---- every response in the latency histogram ------------------------------------------------------
+
+
+def test_every_response_is_counted_in_the_latency_histogram_by_its_status():
+    stub = StubEngine()
+    app = create_app(stub, ServeLimits(max_items=2, max_beam=4), static_dir=PAGE_DIR)
+
+    async def go() -> list[httpx.Response]:
+        async with serving(app, raise_app_exceptions=False) as client:
+            def post(path: str, content: bytes) -> Any:
+                return client.post(path, content=content, headers={"content-type": "application/json"})
+
+            replies = [
+                await post("/translate", raw_json({"texts": ["a"]})),                   # 200
+                await post("/translate", b'{"texts": ["a"'),                            # 422: not JSON
+                await post("/translate", raw_json({"texts": "a"})),                     # 422: schema
+                await post("/translate", raw_json({"texts": ["a"], "beam": 9})),        # 422: ours
+                await post("/translate", raw_json({"texts": ["a", "b", "c"]})),         # 413
+                await post("/translate", b'{"texts": ["\xff"]}'),                       # 400: not UTF-8
+                await post("/translate", raw_json({"texts": [SURROGATE]})),             # 400: lone surrogate
+                await post("/classify", raw_json({"texts": ["a"]})),                    # 400: the other task
+                await post("/attention", raw_json({"text": "a", "head": 0})),           # 400: no maps
+                await post("/translate", raw_json({"texts": ["boom"]})),                # 500: engine failure
+                await client.get("/translate"),                                         # 405
+                await client.get("/no-such-page"),                                      # 404
+                await client.post("/health"),                                           # 405
+                await client.get("/"),                                                  # 200: the page
+            ]
+            for path in ("/health", "/info", "/metrics"):  # the monitoring's own requests are not counted
+                assert (await client.get(path)).status_code == 200
+            return replies
+
+    replies = run(go())
+    statuses = Counter(str(r.status_code) for r in replies)
+    assert latency_counts(app) == statuses
+    assert statuses == {"200": 2, "422": 3, "413": 1, "400": 4, "500": 1, "405": 2, "404": 1}
 
 
 # ---- strict types, methods ------------------------------------------------------------------------

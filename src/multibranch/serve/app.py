@@ -9,11 +9,15 @@ labels and probabilities for a classifier); an API path asked with another metho
 
 Request bodies are checked strictly (no `true` for a number, no `"yes"` for a flag: 422); a text
 that is not valid Unicode (a lone surrogate such as the JSON escape "\\ud800") gets 400 naming it.
+Every response (but those to the monitoring's GET /health, /info, /metrics) is timed in
+multibranch_request_latency_seconds{status}, 400s, 404s, 405s, 422s and 500s included; an exception
+no handler answered becomes a 500 with a JSON detail and one log record with its traceback.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -26,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from multibranch.analysis.attention_maps import SelectionError
 from multibranch.serve.attention import check_selection
@@ -36,6 +40,9 @@ from multibranch.serve.limits import ServeLimits
 from multibranch.serve.metrics import ServeMetrics
 
 PAGE_DIR = Path(__file__).with_name("static")
+UNTIMED = ("/health", "/info", "/metrics")  # GET / HEAD of these (monitoring): not in the latency histogram
+
+logger = logging.getLogger("multibranch.serve")
 
 
 class TranslateRequest(BaseModel):
@@ -168,6 +175,44 @@ def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> Non
         raise HTTPException(422, f"nbest={body.nbest} must be <= beam={beam}")
 
 
+class _Answered:
+    """Middleware around the whole app: times every response in the latency histogram by status (but
+    GET / HEAD of UNTIMED paths), answers an exception no handler answered with a 500 (JSON detail,
+    its traceback logged once, the connection kept)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServeMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status: int | None = None
+
+        async def answer(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answer)
+        except Exception:
+            logger.exception("%s %s: internal error", scope.get("method"), scope.get("path"))
+            if status is not None:  # the answer was begun: only the server can end the connection
+                self._observe(scope, status, start)
+                raise
+            await JSONResponse({"detail": "internal server error (the server's log has the traceback)"},
+                               500)(scope, receive, answer)
+        if status is not None:
+            self._observe(scope, status, start)
+
+    def _observe(self, scope: Scope, status: int, start: float) -> None:
+        if scope.get("path") not in UNTIMED or scope.get("method") not in ("GET", "HEAD"):
+            self.metrics.latency.labels(str(status)).observe(time.perf_counter() - start)
+
+
 class _PageFiles:
     """The static page mounted at /, except that a request for an API path with a method the API does
     not take gets 405 with Allow (the router would otherwise hand it to the page: 404)."""
@@ -203,29 +248,22 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
 
     app = FastAPI(title="multibranch", lifespan=lifespan)
     app.state.batcher, app.state.metrics, app.state.limits, app.state.engine = batcher, metrics, limits, engine
+    app.add_middleware(_Answered, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _printable(jsonable_encoder(err.errors()))}, 422)
 
     async def queued(handle: Callable[[], Awaitable[Any]]) -> Any:
-        """Answer a request that goes through the queue, counted in the in-flight gauge and the latency
-        histogram; 503 / 504 when the worker did not take it or did not finish it in time."""
-        start = time.perf_counter()
-        status = 200
+        """Answer a request that goes through the queue, counted in the in-flight gauge; 503 / 504 when
+        the worker did not take it or did not finish it in time."""
         metrics.in_flight.inc()
         try:
             return await handle()
-        except HTTPException as err:
-            status = err.status_code
-            raise
         except (QueueFull, ShuttingDown, TimeoutError) as err:
-            response = _unavailable(err, limits, metrics)
-            status = response.status_code
-            return response
+            return _unavailable(err, limits, metrics)
         finally:
             metrics.in_flight.dec()
-            metrics.latency.labels(str(status)).observe(time.perf_counter() - start)
 
     def require_task(wanted: str, other_route: str) -> None:
         if task != wanted:
