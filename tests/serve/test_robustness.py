@@ -5,7 +5,13 @@
 - every response, framework-level 400/404/405/422 and 500 included, is counted in
   multibranch_request_latency_seconds{status}; an engine failure is a JSON 500, logged once;
 - request bodies are typed strictly (`beam: true`, `probs: "yes"` are 422), and GET on a POST route
-  is 405 also with the web page mounted at /.
+  is 405 also with the web page mounted at /;
+- on Ctrl-C (uvicorn's SIGINT handler, called directly on a server in a thread) requests arriving
+  while the accepted ones finish get 503 with Retry-After, on new and on kept-alive connections,
+  and the accepted ones are answered; a second Ctrl-C still stops at once.
+
+Stub engines blocked on an Event make the queue deterministic; the shutdown is observed through the
+log record the server writes when it begins (no sleeps).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import socket
 import threading
 from collections import Counter
@@ -27,6 +34,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 uvicorn = pytest.importorskip("uvicorn")
 
+from multibranch.commands.serve import _server_class  # noqa: E402
 from multibranch.serve.app import PAGE_DIR, create_app  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
 
@@ -346,3 +354,90 @@ def test_a_route_asked_with_another_method_is_405_with_the_page_mounted(method, 
     reply, page = run(go())
     assert reply.status_code == 405 and reply.headers["allow"] == allow
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
+# ---- Ctrl-C under load ----------------------------------------------------------------------------
+
+
+def test_ctrl_c_under_load_answers_new_requests_503_with_retry_after_and_finishes_the_accepted(records):
+    """One request in the engine, one queued, one client on an idle kept-alive connection; Ctrl-C.
+    While the accepted two finish, requests on new connections and on the kept-alive one get 503 with
+    Retry-After (not a refused or reset connection), /health says so; then the server stops."""
+    stub = StubEngine()
+    app = create_app(stub, ServeLimits(max_wait_ms=0, retry_after_s=2))
+    results: dict[str, httpx.Response] = {}
+
+    def post(name: str, port: int, text: str) -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            results[name] = client.post("/translate", json={"texts": [text]})
+
+    with uvicorn_thread(app, _server_class()) as server:
+        try:
+            port = port_of(server)
+            kept = Connection(port)
+            assert kept.request("POST", "/translate", raw_json({"texts": ["warm"]}))[0] == 200  # now idle, kept alive
+            stub.release.clear()  # the engine blocks from now on
+            stub.started.clear()
+            running = threading.Thread(target=post, args=("running", port, "first"))
+            running.start()
+            assert stub.started.wait(30)  # "first" is in the engine
+            queued = threading.Thread(target=post, args=("queued", port, "second"))
+            queued.start()
+            for _ in range(3000):  # "second" is accepted: in the queue
+                if app.state.batcher.depth == 1:
+                    break
+                queued.join(0.01)
+            assert app.state.batcher.depth == 1
+
+            server.handle_exit(signal.SIGINT, None)  # what uvicorn's handler of Ctrl-C does
+            assert records.seen.wait(30)  # the shutdown has begun
+
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                fresh = client.post("/translate", json={"texts": ["late"]})
+                health = client.get("/health")
+            status, headers, body = kept.request("POST", "/translate", raw_json({"texts": ["late too"]}))
+            kept.close()
+            stub.release.set()
+            running.join(30)
+            queued.join(30)
+        finally:
+            stub.release.set()  # also when a check failed, so that the server can stop
+
+    assert fresh.status_code == 503 and fresh.headers["retry-after"] == "2"
+    assert "shutting down" in fresh.json()["detail"] and fresh.headers["connection"] == "close"
+    assert health.status_code == 503 and health.json()["status"] == "shutting down"
+    assert health.headers["retry-after"] == "2"
+    assert status == 503 and headers["retry-after"] == "2" and "shutting down" in json.loads(body)["detail"]
+    assert results["running"].json() == {"translations": ["FIRST"]}
+    assert results["queued"].json() == {"translations": ["SECOND"]}
+    assert stub.calls == [["warm"], ["first"], ["second"]]
+    assert not server.force_exit
+    assert app.state.metrics.registry.get_sample_value("multibranch_rejected_total", {"reason": "shutting_down"}) == 2
+    assert tracebacks(records) == []
+
+
+def test_a_second_ctrl_c_while_draining_stops_at_once(records):
+    stub = StubEngine(block=True)
+    app = create_app(stub, ServeLimits(max_wait_ms=0))
+    outcome: dict[str, Any] = {}
+
+    def post(port: int) -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            try:
+                outcome["reply"] = client.post("/translate", json={"texts": ["stuck"]})
+            except httpx.TransportError as err:
+                outcome["error"] = err
+
+    try:
+        with uvicorn_thread(app, _server_class()) as server:
+            waiting = threading.Thread(target=post, args=(port_of(server),))
+            waiting.start()
+            assert stub.started.wait(30)
+            server.handle_exit(signal.SIGINT, None)
+            assert records.seen.wait(30)
+            server.handle_exit(signal.SIGINT, None)  # the second Ctrl-C: stop without waiting for "stuck"
+    finally:
+        stub.release.set()
+    waiting.join(30)
+    assert server.force_exit
+    assert any(r.getMessage().startswith("forced stop") for r in records.records)

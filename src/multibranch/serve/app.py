@@ -11,7 +11,10 @@ Request bodies are checked strictly (no `true` for a number, no `"yes"` for a fl
 that is not valid Unicode (a lone surrogate such as the JSON escape "\\ud800") gets 400 naming it.
 Every response (but those to the monitoring's GET /health, /info, /metrics) is timed in
 multibranch_request_latency_seconds{status}, 400s, 404s, 405s, 422s and 500s included; an exception
-no handler answered becomes a 500 with a JSON detail and one log record with its traceback.
+no handler answered becomes a 500 with a JSON detail and one log record with its traceback. Once
+`app.state.batcher` stops accepting (`multibranch serve` drains it on Ctrl-C / SIGTERM before it
+closes its port), new requests get 503 with Retry-After, /health too, and every response closes its
+connection.
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ def _unavailable(err: Exception, limits: ServeLimits, metrics: ServeMetrics) -> 
                             headers={"Retry-After": str(limits.retry_after_s)})
     if isinstance(err, ShuttingDown):
         metrics.rejected.labels("shutting_down").inc()
-        return JSONResponse({"detail": "the server is shutting down"}, 503)
+        return JSONResponse({"detail": "the server is shutting down; retry later"}, 503,
+                            headers={"Retry-After": str(limits.retry_after_s)})
     metrics.rejected.labels("timeout").inc()
     return JSONResponse({"detail": f"not answered within {limits.timeout_s:g} s"}, 504)
 
@@ -178,10 +182,12 @@ def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> Non
 class _Answered:
     """Middleware around the whole app: times every response in the latency histogram by status (but
     GET / HEAD of UNTIMED paths), answers an exception no handler answered with a 500 (JSON detail,
-    its traceback logged once, the connection kept)."""
+    its traceback logged once, the connection kept), and closes each connection after its response
+    once the batcher is shutting down (so a keep-alive client reconnects rather than sends on a
+    connection the server is about to close)."""
 
-    def __init__(self, app: ASGIApp, metrics: ServeMetrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: ASGIApp, metrics: ServeMetrics, batcher: MicroBatcher):
+        self.app, self.metrics, self.batcher = app, metrics, batcher
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -194,6 +200,8 @@ class _Answered:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if self.batcher.closing:
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
 
         try:
@@ -248,7 +256,7 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
 
     app = FastAPI(title="multibranch", lifespan=lifespan)
     app.state.batcher, app.state.metrics, app.state.limits, app.state.engine = batcher, metrics, limits, engine
-    app.add_middleware(_Answered, metrics=metrics)
+    app.add_middleware(_Answered, metrics=metrics, batcher=batcher)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -313,7 +321,10 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
             raise HTTPException(422, str(err)) from None
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> Any:
+        if batcher.closing:
+            return JSONResponse({"status": "shutting down", "queue_depth": batcher.depth}, 503,
+                                headers={"Retry-After": str(limits.retry_after_s)})
         return {"status": "ok", "queue_depth": batcher.depth}
 
     @app.get("/info")
