@@ -5,8 +5,14 @@ Starts `multibranch serve` on 127.0.0.1 (a free port) in a subprocess, waits for
 2. lets `--clients` concurrent clients send `--requests` requests in all (each one sentence from
    `--src`, or generated text), stopping early after `--duration` seconds;
 and reports sentences/s of each phase, p50/p99 latency, the status counts, 5xx other than the
-deliberate 503 (queue full), and whether every accepted request got one translation per text.
-The server is stopped with SIGINT (it finishes accepted requests first). Bounded in requests and time.
+deliberate 503 (queue full), and whether every accepted request got one translation per text;
+3. (unless `--shutdown-warmup 0`) stops the server with SIGINT under load: `--clients` clients send
+   without pause, SIGINT goes out once `--shutdown-warmup` of their requests are answered, and each
+   client goes on until the server answers it 503 (shutting down), refuses its connection (the port
+   is closed) or drops it; reported: the outcomes of the requests sent before and after the signal
+   (status, refused: nothing was sent, reset: sent and never answered) and the server's exit code.
+Otherwise the server is stopped with SIGINT after phase 2 (it finishes accepted requests first).
+Bounded in requests and time.
 
     python bench/serve_load.py --ckpt runs/bench/quality/transformer-tiny/best.pt --src test.src
     python bench/serve_load.py --ckpt CKPT --duration 10 --name serve_load_smoke   # smoke run
@@ -101,7 +107,62 @@ async def phase(client: Any, texts: list[str], clients: int, total: int, deadlin
     }
 
 
-async def load(args: argparse.Namespace, port: int) -> dict[str, Any]:
+async def shutdown_phase(client: Any, texts: list[str], clients: int, warmup: int, server: Any,
+                         deadline: float) -> dict[str, Any]:
+    """SIGINT to `server` under load from `clients` clients (see the module's docstring): the outcome
+    of every request, split by whether it was sent before or after the signal."""
+    import httpx
+
+    outcomes: dict[str, Counter[str]] = {"before": Counter(), "after": Counter()}
+    answered = 0
+    signalled = asyncio.Event()
+    signal_time = 0.0
+    index = 0
+
+    async def worker() -> None:
+        nonlocal answered, index, signal_time
+        while time.monotonic() < deadline:
+            text = texts[index % len(texts)]
+            index += 1
+            when = "after" if signalled.is_set() else "before"
+            try:
+                reply = await client.post("/translate", json={"texts": [text]})
+            except httpx.ConnectError:  # refused: the port is closed, nothing was sent
+                outcomes[when]["refused"] += 1
+                return
+            except httpx.TransportError as err:  # sent, then the connection was dropped: never answered
+                outcomes[when][f"reset ({type(err).__name__})"] += 1
+                return
+            ok = reply.status_code == 200 and len(reply.json().get("translations", [])) == 1
+            retry = " with Retry-After" if reply.status_code == 503 and "retry-after" in reply.headers else ""
+            outcomes[when][f"{reply.status_code}{retry}" if reply.status_code != 200 or ok else "200 unanswered"] += 1
+            answered += 1
+            if answered >= warmup and not signalled.is_set():
+                signal_time = time.perf_counter()
+                server.send_signal(signal.SIGINT)
+                signalled.set()
+            if signalled.is_set() and reply.status_code == 503 and "shutting down" in reply.text:
+                return  # told the server is going: a client retries elsewhere
+
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    try:
+        code = await asyncio.to_thread(server.wait, 60)
+    except subprocess.TimeoutExpired:
+        code = None
+    after = outcomes["after"]
+    return {
+        "clients": clients, "warmup_answered": warmup,
+        "sent_before_signal": dict(sorted(outcomes["before"].items())),
+        "sent_after_signal": dict(sorted(after.items())),
+        "after_signal_reset": sum(v for k, v in after.items() if k.startswith("reset")),
+        "after_signal_refused": after.get("refused", 0),
+        "after_signal_503_retry_after": after.get("503 with Retry-After", 0),
+        "exit_seconds_after_signal": round(time.perf_counter() - signal_time, 3) if signal_time else None,
+        "server_exit_code": code,
+    }
+
+
+async def load(args: argparse.Namespace, port: int, server: Any) -> dict[str, Any]:
     import httpx
 
     texts = sentences(args.src, 2000)
@@ -120,10 +181,16 @@ async def load(args: argparse.Namespace, port: int) -> dict[str, Any]:
         sequential = await phase(client, texts, 1, args.sequential, seq_end)
         concurrent = await phase(client, texts, args.clients, args.requests, end)
         metrics = (await client.get("/metrics")).text
+        shutdown = None
+        if args.shutdown_warmup:
+            shutdown = await shutdown_phase(client, texts, args.clients, args.shutdown_warmup, server,
+                                            time.monotonic() + 120)
     batches = [line for line in metrics.splitlines() if line.startswith("multibranch_batch_requests_")]
-    return {"sequential": sequential, "concurrent": concurrent, "batch_metrics": batches,
+    latency = [line for line in metrics.splitlines() if line.startswith("multibranch_request_latency_seconds_count")]
+    return {"sequential": sequential, "concurrent": concurrent, "batch_metrics": batches, "latency_counts": latency,
             "speedup": (round(concurrent["sentences_per_s"] / sequential["sentences_per_s"], 2)
-                        if sequential["sentences_per_s"] else None)}
+                        if sequential["sentences_per_s"] else None),
+            "shutdown_under_load": shutdown}
 
 
 def main() -> None:
@@ -137,6 +204,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=300, help="stop both phases after this many seconds")
     parser.add_argument("--threads", type=int, default=1, help="engine threads")
     parser.add_argument("--serve-args", default="", help="extra `multibranch serve` flags, e.g. '--max-wait-ms 10'")
+    parser.add_argument("--shutdown-warmup", type=int, default=200, metavar="N",
+                        help="phase 3: SIGINT once N requests of --clients clients are answered (0: no phase 3)")
     parser.add_argument("--name", default="serve_load", help="bench/results/NAME.json")
     args = parser.parse_args()
 
@@ -144,11 +213,12 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     command = [sys.executable, "-m", "multibranch", "serve", "--ckpt", args.ckpt, "--engine", args.engine,
                "--port", str(port), "--threads", str(args.threads), *args.serve_args.split()]
-    server = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # its log
     try:
-        result = asyncio.run(load(args, port))
+        result = asyncio.run(load(args, port, server))
     finally:
-        server.send_signal(signal.SIGINT)  # clean shutdown: finish accepted requests, then exit
+        if server.poll() is None:
+            server.send_signal(signal.SIGINT)  # clean shutdown: finish accepted requests, then exit
         try:
             result_code = server.wait(60)
         except subprocess.TimeoutExpired:

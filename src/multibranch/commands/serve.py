@@ -5,9 +5,10 @@ models); POST /classify {"texts": [...], "probs": bool?} -> {"labels": [...], "p
 (classifiers); POST /attention (one attention map of one sentence, torch engine, translation models);
 GET /health, /info, /metrics (Prometheus); a web page at / (translation, n-best, attention heat map;
 labels and probabilities). Concurrent requests are micro-batched by one worker.
-Binds 127.0.0.1 unless --host says otherwise. Ctrl-C / SIGTERM: stop accepting, finish the
-accepted requests, exit as interrupted (status 130 after Ctrl-C); a second Ctrl-C while shutting down
-stops at once, dropping what is not answered yet (one warning line, status 130).
+Binds 127.0.0.1 unless --host says otherwise. Ctrl-C / SIGTERM: stop accepting (requests arriving
+meanwhile get 503 with Retry-After; the port stays open until the accepted requests are answered),
+finish the accepted requests, exit as interrupted (status 130 after Ctrl-C); a second Ctrl-C while
+shutting down stops at once, dropping what is not answered yet (one warning line, status 130).
 """
 
 from __future__ import annotations

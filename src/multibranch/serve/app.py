@@ -5,12 +5,22 @@ GET /health, /info, /metrics.
 batcher's worker starts with the app and, on shutdown, finishes every accepted request before it
 stops. `static_dir` mounts a directory of static files at / after the API routes: `multibranch
 serve` mounts PAGE_DIR, the packaged web page (static/: translation, n-best, attention heat map;
-labels and probabilities for a classifier).
+labels and probabilities for a classifier); an API path asked with another method still gets 405.
+
+Request bodies are checked strictly (no `true` for a number, no `"yes"` for a flag: 422); a text
+that is not valid Unicode (a lone surrogate such as the JSON escape "\\ud800") gets 400 naming it.
+Every response (but those to the monitoring's GET /health, /info, /metrics) is timed in
+multibranch_request_latency_seconds{status}, 400s, 404s, 405s, 422s and 500s included; an exception
+no handler answered becomes a 500 with a JSON detail and one log record with its traceback. Once
+`app.state.batcher` stops accepting (`multibranch serve` drains it on Ctrl-C / SIGTERM before it
+closes its port), new requests get 503 with Retry-After, /health too, and every response closes its
+connection.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -18,8 +28,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from multibranch.analysis.attention_maps import SelectionError
 from multibranch.serve.attention import check_selection
@@ -29,13 +43,16 @@ from multibranch.serve.limits import ServeLimits
 from multibranch.serve.metrics import ServeMetrics
 
 PAGE_DIR = Path(__file__).with_name("static")
+UNTIMED = ("/health", "/info", "/metrics")  # GET / HEAD of these (monitoring): not in the latency histogram
+
+logger = logging.getLogger("multibranch.serve")
 
 
 class TranslateRequest(BaseModel):
     """texts: the sentences; beam: beam size (unset: the model's); nbest: hypotheses per text (unset:
     plain strings; set: a list of {text, score} per text, best first, nbest <= beam)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     texts: list[str]
     beam: int | None = Field(default=None, ge=1)
     nbest: int | None = Field(default=None, ge=1)
@@ -53,7 +70,7 @@ class TranslateResponse(BaseModel):
 class ClassifyRequest(BaseModel):
     """texts: the texts to label; probs: also return every label's probability."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     texts: list[str]
     probs: bool = False
 
@@ -71,7 +88,7 @@ class AttentionRequest(BaseModel):
     `branch` (a MAT branch: the mean of its heads; branch 0 of a one-branch module: all its heads).
     The translation is `target` when given, else the model's 1-best with `beam` (unset: the model's)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     text: str
     kind: Literal["cross", "encoder_self", "decoder_self"] = "cross"
     layer: int = 0
@@ -89,19 +106,45 @@ def _unavailable(err: Exception, limits: ServeLimits, metrics: ServeMetrics) -> 
                             headers={"Retry-After": str(limits.retry_after_s)})
     if isinstance(err, ShuttingDown):
         metrics.rejected.labels("shutting_down").inc()
-        return JSONResponse({"detail": "the server is shutting down"}, 503)
+        return JSONResponse({"detail": "the server is shutting down; retry later"}, 503,
+                            headers={"Retry-After": str(limits.retry_after_s)})
     metrics.rejected.labels("timeout").inc()
     return JSONResponse({"detail": f"not answered within {limits.timeout_s:g} s"}, 504)
 
 
+def _check_unicode(name: str, text: str) -> None:
+    """400 when `text` is not valid Unicode: a lone surrogate (JSON lets a string hold the escape
+    "\\ud800"; no tokenizer, and no UTF-8 answer, can take it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise HTTPException(400, f"{name} is not valid Unicode: a lone surrogate (\\u{ord(text[err.start]):04x}) at "
+                                 f"character {err.start}") from None
+
+
+def _printable(value: Any) -> Any:
+    """`value` (JSON-like) with each lone surrogate in its strings written as its escape, so that the
+    answer can be encoded in UTF-8 (a 422 echoes the request's input)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_printable(v) for v in value]
+    return value
+
+
 def _check_attention(body: AttentionRequest, limits: ServeLimits, choices: dict[str, Any] | None, task: str) -> None:
-    """400 when the engine draws no maps, 413 for too much text, 422 for choices out of range."""
+    """400 when the engine draws no maps or for a text that is not valid Unicode, 413 for too much
+    text, 422 for choices out of range."""
     if task != "translation":
         raise HTTPException(400, f"attention maps are drawn for translation models; this server holds a {task} model")
     if choices is None:
         raise HTTPException(400, "attention maps need the PyTorch engine (multibranch serve --engine torch)")
     for name in ("text", "target"):
         value = getattr(body, name)
+        if value is not None:
+            _check_unicode(name, value)
         if value is not None and len(value) > limits.max_chars:
             raise HTTPException(413, f"{name} has {len(value)} characters: at most {limits.max_chars}")
     if not body.text.strip():
@@ -115,10 +158,11 @@ def _check_attention(body: AttentionRequest, limits: ServeLimits, choices: dict[
 
 
 def _check_texts(texts: list[str], limits: ServeLimits) -> None:
-    """413 for too many texts or characters."""
+    """413 for too many texts or characters, 400 for a text that is not valid Unicode."""
     if len(texts) > limits.max_items:
         raise HTTPException(413, f"{len(texts)} texts: at most {limits.max_items} per request")
     for i, text in enumerate(texts):
+        _check_unicode(f"texts[{i}]", text)
         if len(text) > limits.max_chars:
             raise HTTPException(413, f"texts[{i}] has {len(text)} characters: at most {limits.max_chars} per text")
     total = sum(len(text) for text in texts)
@@ -133,6 +177,64 @@ def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> Non
         raise HTTPException(422, f"beam={beam}: at most {limits.max_beam}")
     if body.nbest is not None and body.nbest > beam:
         raise HTTPException(422, f"nbest={body.nbest} must be <= beam={beam}")
+
+
+class _Answered:
+    """Middleware around the whole app: times every response in the latency histogram by status (but
+    GET / HEAD of UNTIMED paths), answers an exception no handler answered with a 500 (JSON detail,
+    its traceback logged once, the connection kept), and closes each connection after its response
+    once the batcher is shutting down (so a keep-alive client reconnects rather than sends on a
+    connection the server is about to close)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServeMetrics, batcher: MicroBatcher):
+        self.app, self.metrics, self.batcher = app, metrics, batcher
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status: int | None = None
+
+        async def answer(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if self.batcher.closing:
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answer)
+        except Exception:
+            logger.exception("%s %s: internal error", scope.get("method"), scope.get("path"))
+            if status is not None:  # the answer was begun: only the server can end the connection
+                self._observe(scope, status, start)
+                raise
+            await JSONResponse({"detail": "internal server error (the server's log has the traceback)"},
+                               500)(scope, receive, answer)
+        if status is not None:
+            self._observe(scope, status, start)
+
+    def _observe(self, scope: Scope, status: int, start: float) -> None:
+        if scope.get("path") not in UNTIMED or scope.get("method") not in ("GET", "HEAD"):
+            self.metrics.latency.labels(str(status)).observe(time.perf_counter() - start)
+
+
+class _PageFiles:
+    """The static page mounted at /, except that a request for an API path with a method the API does
+    not take gets 405 with Allow (the router would otherwise hand it to the page: 404)."""
+
+    def __init__(self, files: ASGIApp, api_methods: dict[str, set[str]]):
+        self.files, self.api_methods = files, api_methods
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        methods = self.api_methods.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if methods is not None:
+            await JSONResponse({"detail": "Method Not Allowed"}, 405,
+                               headers={"Allow": ", ".join(sorted(methods))})(scope, receive, send)
+            return
+        await self.files(scope, receive, send)
 
 
 def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: str | Path | None = None) -> FastAPI:
@@ -154,25 +256,22 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
 
     app = FastAPI(title="multibranch", lifespan=lifespan)
     app.state.batcher, app.state.metrics, app.state.limits, app.state.engine = batcher, metrics, limits, engine
+    app.add_middleware(_Answered, metrics=metrics, batcher=batcher)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _printable(jsonable_encoder(err.errors()))}, 422)
 
     async def queued(handle: Callable[[], Awaitable[Any]]) -> Any:
-        """Answer a request that goes through the queue, counted in the in-flight gauge and the latency
-        histogram; 503 / 504 when the worker did not take it or did not finish it in time."""
-        start = time.perf_counter()
-        status = 200
+        """Answer a request that goes through the queue, counted in the in-flight gauge; 503 / 504 when
+        the worker did not take it or did not finish it in time."""
         metrics.in_flight.inc()
         try:
             return await handle()
-        except HTTPException as err:
-            status = err.status_code
-            raise
         except (QueueFull, ShuttingDown, TimeoutError) as err:
-            response = _unavailable(err, limits, metrics)
-            status = response.status_code
-            return response
+            return _unavailable(err, limits, metrics)
         finally:
             metrics.in_flight.dec()
-            metrics.latency.labels(str(status)).observe(time.perf_counter() - start)
 
     def require_task(wanted: str, other_route: str) -> None:
         if task != wanted:
@@ -222,7 +321,10 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
             raise HTTPException(422, str(err)) from None
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> Any:
+        if batcher.closing:
+            return JSONResponse({"status": "shutting down", "queue_depth": batcher.depth}, 503,
+                                headers={"Retry-After": str(limits.retry_after_s)})
         return {"status": "ok", "queue_depth": batcher.depth}
 
     @app.get("/info")
@@ -236,5 +338,9 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
     if static_dir is not None:
         from fastapi.staticfiles import StaticFiles
 
-        app.mount("/", StaticFiles(directory=str(static_dir), html=True), name="static")
+        api_methods: dict[str, set[str]] = {}
+        for route in app.routes:
+            if isinstance(route, Route) and route.methods:
+                api_methods.setdefault(route.path, set()).update(route.methods)
+        app.mount("/", _PageFiles(StaticFiles(directory=str(static_dir), html=True), api_methods), name="static")
     return app

@@ -9,7 +9,9 @@ never used concurrently), and resolves each request's future with its own slice 
 Requests with another call wait for the next round, at the head of the queue.
 A request whose caller has gone (timeout, disconnect) is dropped before the engine call.
 `run_exclusive` runs another engine call (an attention map) on the same worker thread, between
-batches, counted against the same queue bound.
+batches, counted against the same queue bound. `drain` stops accepting (ShuttingDown) and waits for
+every accepted request without blocking the event loop, so a server can keep refusing new requests
+with 503 while it finishes the accepted ones.
 """
 
 from __future__ import annotations
@@ -60,11 +62,11 @@ class MicroBatcher:
         self._worker: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="multibranch-engine")
         self._closing = False
-        self._exclusive = 0  # run_exclusive calls accepted and not finished
+        self._exclusive: set[asyncio.Future[Any]] = set()  # run_exclusive calls accepted and not finished
 
     @property
     def depth(self) -> int:
-        return len(self._pending) + self._exclusive
+        return len(self._pending) + len(self._exclusive)
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()
@@ -102,14 +104,14 @@ class MicroBatcher:
             raise ShuttingDown
         if self.depth >= self.limits.max_queue:
             raise QueueFull
-        self._exclusive += 1
         future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-        future.add_done_callback(lambda _: self._finish_exclusive())
+        self._exclusive.add(future)
+        future.add_done_callback(self._finish_exclusive)
         self.metrics.queue_depth.set(self.depth)
         return await asyncio.wait_for(future, self.limits.timeout_s)  # timeout: future.cancel()
 
-    def _finish_exclusive(self) -> None:
-        self._exclusive -= 1
+    def _finish_exclusive(self, future: asyncio.Future[Any]) -> None:
+        self._exclusive.discard(future)
         self.metrics.queue_depth.set(self.depth)
 
     def _discard(self, job: Job) -> None:
@@ -119,12 +121,31 @@ class MicroBatcher:
             pass  # already taken by the worker, which skips cancelled jobs
         self.metrics.queue_depth.set(self.depth)
 
-    async def close(self) -> None:
-        """Stop accepting, let the worker finish every queued request, then stop it."""
+    @property
+    def closing(self) -> bool:
+        """True once a shutdown has begun (`drain` or `close`): new requests raise ShuttingDown."""
+        return self._closing
+
+    def stop_accepting(self) -> None:
+        """From now on `submit` and `run_exclusive` raise ShuttingDown; the worker stops once the queue
+        is empty."""
         self._closing = True
-        if self._worker is not None and self._wakeup is not None:
+        if self._wakeup is not None:
             self._wakeup.set()
-            await self._worker
+
+    async def drain(self) -> None:
+        """Stop accepting and wait until every accepted request is answered: the queued ones and the
+        batch in progress (the worker then stops) and the `run_exclusive` calls still waited for.
+        Never blocks the event loop, so requests arriving meanwhile are refused at once."""
+        self.stop_accepting()
+        if self._worker is not None:
+            await asyncio.shield(self._worker)
+        while self._exclusive:
+            await asyncio.wait(list(self._exclusive))
+
+    async def close(self) -> None:
+        """`drain`, then stop the engine thread (waiting for a call whose caller has timed out)."""
+        await self.drain()
         self._executor.shutdown(wait=True)
 
     # ---- the worker ---------------------------------------------------------------------------

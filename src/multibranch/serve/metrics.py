@@ -10,10 +10,11 @@ class ServeMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.latency = Histogram("multibranch_request_latency_seconds", "POST /translate latency",
+        self.latency = Histogram("multibranch_request_latency_seconds",
+                                 "latency of every response but to GET /health, /info, /metrics, by status",
                                  ["status"], registry=self.registry,
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-        self.in_flight = Gauge("multibranch_requests_in_flight", "translate requests being handled",
+        self.in_flight = Gauge("multibranch_requests_in_flight", "/translate and /classify requests being handled",
                                registry=self.registry)
         self.queue_depth = Gauge("multibranch_queue_depth", "requests waiting for the worker", registry=self.registry)
         self.batch_sentences = Histogram("multibranch_batch_sentences", "sentences per engine call",

@@ -9,6 +9,7 @@ uvicorn, and uvicorn's Server with one line instead of a traceback on a forced s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from typing import Any
@@ -64,12 +65,32 @@ def create_server(engine: Any, limits: ServeLimits, host: str, port: int) -> Any
 
 
 def server_class() -> type:
-    """uvicorn's Server, with one line instead of a traceback on a forced stop: a second Ctrl-C while
-    shutting down makes uvicorn skip the app's shutdown (requests still queued are dropped), and the
-    app's lifespan task is then cancelled as the loop closes, which uvicorn logs as a traceback."""
+    """uvicorn's Server, which on Ctrl-C / SIGTERM first drains the app (`app.state.batcher.drain()`:
+    requests arriving get 503 with Retry-After while the accepted ones are answered, the port still
+    open) and only then does uvicorn's shutdown (close the port, wait for open connections, the app's
+    shutdown); uvicorn alone closes the port at once, so a client under load gets its connection
+    refused or reset instead of a 503. One line instead of a traceback on a forced stop: a second
+    Ctrl-C while shutting down makes uvicorn skip the app's shutdown (requests still queued are
+    dropped), and the app's lifespan task is then cancelled as the loop closes, which uvicorn logs as
+    a traceback."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        async def drain(self) -> None:
+            """Until the accepted requests are answered or a second Ctrl-C (`force_exit`), whichever
+            comes first (uvicorn sets the flag from its signal handler: checked every 0.1 s, as
+            uvicorn's own shutdown does)."""
+            batcher = getattr(getattr(self.config.app, "state", None), "batcher", None)
+            if batcher is None or self.force_exit:
+                return
+            batcher.stop_accepting()
+            logger.info("shutting down: new requests get 503 until the accepted ones are answered "
+                        "(Ctrl-C again to stop at once)")
+            drained = asyncio.ensure_future(batcher.drain())
+            while not drained.done() and not self.force_exit:
+                await asyncio.wait({drained}, timeout=0.1)
+            drained.cancel()  # a forced stop: not waited for any more (the worker itself is shielded)
+
         def run(self, sockets: Any = None) -> None:
             error_log = logging.getLogger("uvicorn.error")
             was_disabled = error_log.disabled
@@ -79,6 +100,7 @@ def server_class() -> type:
                 error_log.disabled = was_disabled
 
         async def shutdown(self, sockets: Any = None) -> None:
+            await self.drain()
             await super().shutdown(sockets)
             if self.force_exit:
                 logger.warning("forced stop: requests not answered yet were dropped")
