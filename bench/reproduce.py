@@ -633,7 +633,7 @@ class Harness:
             rows.append(row)
         signatures = sorted({r["test"]["avg"]["bleu_signature"] for r in records.values() if "test" in r})
         payload = {
-            "issue": 24, "environment": self.environment(),
+            "issue": 24, "environment": self.run_environment(),
             "settings": {"tiny": a.tiny, "base_preset": BASE_PRESET, "shape_override": TINY if a.tiny else None,
                          "systems": a.systems, "seeds": a.seeds, "grid_seed": a.grid_seed, "rho_grid": None if a.rho is not None else a.rho_grid, "rho": a.rho,
                          "max_updates": a.max_updates, "patience": a.patience, "valid_every": a.valid_every,
@@ -665,7 +665,7 @@ class Harness:
 
     _env_cache: dict[str, Any] | None = None
 
-    def environment(self) -> dict[str, Any]:
+    def run_environment(self) -> dict[str, Any]:
         if self._env_cache is None:
             probe = ("import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
                      "'cuda': torch.version.cuda, 'gpu': torch.cuda.get_device_name(0) if c else None, "
@@ -703,7 +703,7 @@ class Harness:
         if a.prepare_only:
             say(f"prepared data in {self.data}")
             return 0
-        self.environment()
+        self.run_environment()
         self.run_all(runs)
         comparisons: dict[str, Any] = {}
         targets = [run for run in runs if run.system != "standard"]  # compare() skips runs not done
