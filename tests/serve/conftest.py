@@ -34,9 +34,8 @@ def serve_tokenizer():  # noqa: ANN201
 @pytest.fixture(scope="session")
 def translation_engine(serve_tokenizer):  # noqa: ANN001, ANN201
     """TorchEngine over a random 1+1-layer model (learned positions, beam 2)."""
-    from multibranch.experiment.decoding import DecodeConfig
-
     from multibranch.config import from_dict
+    from multibranch.experiment.decoding import DecodeConfig
     from multibranch.models import ModelConfig, build_model
     from multibranch.serve.engine import TorchEngine
 
