@@ -11,18 +11,9 @@ import pytest
 from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
 from multibranch.cli import main
 from multibranch.convert.prune import prune_heads
+from tests.helpers.cli import TINY_MODEL, one_error_line
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-TINY_MODEL = ["--set", "model.d_model=32", "--set", "model.ffn_dim=64", "--set", "model.heads=4",
-              "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1"]
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
-
 
 @pytest.fixture(scope="module")
 def checkpoint(tiny_data, tmp_path_factory) -> Path:
