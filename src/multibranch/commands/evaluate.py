@@ -3,7 +3,9 @@
 Prints one line per metric, the score followed by its sacreBLEU signature, e.g.
     BLEU = 38.50 83.3/60.0/50.0/33.3 (BP = ...) (nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0)
 Optionally: per-line scores (--sentence-level), a paired bootstrap test against a second system
-(--compare), and everything as JSON (--json FILE, or --json - for stdout).
+(--compare), BLEU on the given tokens as the WMT14 En-De papers report it (--tokenized-bleu, optionally
+--compound-split; printed after sacreBLEU, labelled as not comparable across tokenisations), and
+everything as JSON (--json FILE, or --json - for stdout).
 
 With `--task classify`, --hyp holds one predicted label per line (the output of `multibranch classify`;
 anything after a TAB, such as --probs, is ignored) and the one --ref one gold label per line: accuracy,
@@ -62,6 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "references and report both scores with mean +- 95%% CI and the p-value of the difference")
     parser.add_argument("--bootstrap-samples", type=int, default=1000, metavar="N",
                         help="bootstrap resamples for --compare (seeded by $SACREBLEU_SEED, 12345 if unset)")
+    parser.add_argument("--tokenized-bleu", action="store_true",
+                        help="also report BLEU on the given whitespace tokens, as multi-bleu.perl (no smoothing), the "
+                             "way the WMT14 En-De papers did; --hyp and --ref must be tokenised the same way (e.g. "
+                             "fairseq's Moses-tokenised references and translate output on --pretokenized data). "
+                             "Printed after sacreBLEU and marked as not comparable across tokenisations")
+    parser.add_argument("--compound-split", action="store_true",
+                        help="with --tokenized-bleu: split hyphenated compounds first, a-b -> a ##AT##-##AT## b "
+                             "(get_ende_bleu.sh / fairseq's compound_split_bleu.sh)")
     parser.add_argument("--json", metavar="OUT",
                         help="also write scores, signatures and line counts as JSON to OUT ('-' = stdout: the "
                              "score lines then go to stderr)")
@@ -98,6 +108,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise UserError(f"--bootstrap-samples {args.bootstrap_samples}: must be >= 1")
     if args.code_format is not None and args.task != "code":
         raise UserError("--code-format: only for --task code")
+    if args.compound_split and not args.tokenized_bleu:
+        raise UserError("--compound-split: only with --tokenized-bleu")
     if args.allow_unseen_labels and args.task != "classify":
         raise UserError("--allow-unseen-labels: only for --task classify")
     for path in [args.hyp, *args.ref, *([args.compare] if args.compare else [])]:
@@ -124,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         hyp_name=hyp_name, metrics=args.metrics, tokenize=args.tokenize, lowercase=args.lowercase,
         allow_download=args.allow_download, sentence_level=args.sentence_level,
         compare=(args.compare, _read(args.compare, args.encoding_errors)) if args.compare else None,
-        bootstrap_samples=args.bootstrap_samples)
+        bootstrap_samples=args.bootstrap_samples, tokenized=args.tokenized_bleu, split_compounds=args.compound_split)
     report["hyp"] = args.hyp
     sentences, bootstrap = report.get("sentences"), report.get("compare")
 
@@ -154,7 +166,7 @@ def _check_single_reference(args: argparse.Namespace, what: str) -> None:
     translation_only = [flag for flag, given in (
         ("--sentence-level", args.sentence_level), ("--compare", args.compare), ("--lowercase", args.lowercase),
         ("--metrics", args.metrics != ["bleu", "chrf"]), ("--tokenize", args.tokenize != "13a"),
-        ("--allow-download", args.allow_download)) if given]
+        ("--allow-download", args.allow_download), ("--tokenized-bleu", args.tokenized_bleu)) if given]
     if translation_only:
         raise UserError(f"{', '.join(translation_only)}: only for --task translate")
     if len(args.ref) != 1:

@@ -17,6 +17,7 @@ from sacrebleu.metrics.bleu import _TOKENIZERS
 from sacrebleu.significance import PairedTest
 
 from multibranch.errors import DataError
+from multibranch.evaluate.tokenized import tokenized_bleu
 
 METRICS = ("bleu", "chrf", "chrf++", "ter")
 DOWNLOADING_TOKENIZERS = ("spm", "flores101", "flores200", "spBLEU-1K")
@@ -112,8 +113,13 @@ def score_corpus(
 
 
 def format_scores(result: dict[str, Any]) -> list[str]:
-    """One line per metric: sacreBLEU's score text followed by the signature in parentheses."""
-    return [f"{result[name]['text']} ({result[name]['signature']})" for name in METRICS if name in result]
+    """One line per metric: sacreBLEU's score text followed by the signature in parentheses; then, if the
+    report has it, the tokenised BLEU with its warning."""
+    lines = [f"{result[name]['text']} ({result[name]['signature']})" for name in METRICS if name in result]
+    if "tokenized_bleu" in result:
+        entry = result["tokenized_bleu"]
+        lines.append(f"{entry['text']} ({entry['signature']}) [{entry['note']}]")
+    return lines
 
 
 def score_sentences(
@@ -210,11 +216,14 @@ def evaluate_translation(hypotheses: Sequence[str], references: dict[str, Sequen
                          metrics: Sequence[str] = ("bleu", "chrf"), tokenize: str = "13a", lowercase: bool = False,
                          allow_download: bool = False, sentence_level: bool = False,
                          compare: tuple[str, Sequence[str]] | None = None,
-                         bootstrap_samples: int = 1000) -> dict[str, Any]:
+                         bootstrap_samples: int = 1000, tokenized: bool = False,
+                         split_compounds: bool = False) -> dict[str, Any]:
     """`evaluate --task translate` as one report: {"hyp", "refs", "tokenize", "lowercase", corpus scores
     by metric, and "sentences" (per-line BLEU and chrF) if `sentence_level`, "compare" (paired bootstrap
-    of system `compare` = (name, lines) against the baseline `hypotheses`) if given}. `references` maps
-    each reference file's name to its lines; DataError when a line count differs."""
+    of system `compare` = (name, lines) against the baseline `hypotheses`) if given, "tokenized_bleu"
+    (multi-bleu style on the given tokens, optionally compound-split; `evaluate.tokenized`) if
+    `tokenized`}. `references` maps each reference file's name to its lines; DataError when a line count
+    differs."""
     for name, lines in [*references.items(), *([compare] if compare is not None else [])]:
         if len(lines) != len(hypotheses):
             raise DataError(f"line counts differ: {hyp_name} has {len(hypotheses)} lines, {name} has {len(lines)}")
@@ -223,6 +232,8 @@ def evaluate_translation(hypotheses: Sequence[str], references: dict[str, Sequen
     result = score_corpus(hypotheses, refs, metrics=metrics, **options)
     report: dict[str, Any] = {"hyp": hyp_name, "refs": list(references), "tokenize": tokenize, "lowercase": lowercase,
                               **result}
+    if tokenized:
+        report["tokenized_bleu"] = tokenized_bleu(hypotheses, refs, split_compounds=split_compounds, lowercase=lowercase)
     if sentence_level:
         report["sentences"] = score_sentences(hypotheses, refs, **options)
     if compare is not None:
