@@ -170,3 +170,21 @@ def test_cli_device_cuda_without_cuda_is_one_line(tiny_data, tmp_path):
     assert done.stderr.startswith("multibranch train: error: --device cuda: this PyTorch build")
     assert len(done.stderr.strip().splitlines()) == 1
     assert not run.exists()
+
+
+def test_auto_resume_starts_fresh_then_continues_and_refuses_resume_or_force(tiny_data, tmp_path, capsys):
+    from multibranch.cli import main
+    from tests.helpers.cli import TINY_MODEL, one_error_line
+
+    run = tmp_path / "run"
+    base = ["train", "--data", str(tiny_data), "--out", str(run), "--preset", "transformer-tiny", *TINY_MODEL,
+            "--threads", "1", "--no-progress", "--valid-every", "2", "--auto-resume"]
+    assert main([*base, "--max-steps", "2"]) == 0  # no run yet: a fresh start
+    assert load_checkpoint(run / "last.pt")["meta"]["step"] == 2
+    assert main([*base, "--max-steps", "4"]) == 0  # the same command with a run there: a resume, not a refusal
+    assert load_checkpoint(run / "last.pt")["meta"]["step"] == 4
+    capsys.readouterr()
+    for extra in ("--resume", "--force"):
+        assert main([*base, "--max-steps", "6", extra]) == 2
+        assert "--auto-resume decides by itself" in one_error_line(capsys)
+    assert load_checkpoint(run / "last.pt")["meta"]["step"] == 4

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run control")
     run.add_argument("--resume", action="store_true",
                      help="continue the run in --out from last.pt (without --preset/--config: the run's config.yaml)")
+    run.add_argument("--auto-resume", action="store_true",
+                     help="--resume when OUT/last.pt exists, else start a new run: for launchers that rerun the same "
+                          "command after a failure (torchrun --max-restarts, SLURM --requeue; docs/scale.md)")
     run.add_argument("--force", action="store_true", help="start over in an existing run directory")
     run.add_argument("--init-from", type=Path, metavar="CKPT", help="initialise weights from a checkpoint (e.g. proximal init)")
     run.add_argument("--reset-optimizer", action="store_true", help="resume with a fresh optimizer state")
@@ -63,9 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from multibranch.errors import UserError
     from multibranch.experiment import train_config
     from multibranch.tasks import train
     from multibranch.train.trainer import RunOptions
+
+    if args.auto_resume and (args.resume or args.force):
+        raise UserError("--auto-resume decides by itself whether to resume; leave out --resume and --force")
+    if args.auto_resume:
+        args.resume = (args.out / "last.pt").exists()
 
     overrides = list(args.overrides)
     for flag, key in SHORTCUTS.items():
