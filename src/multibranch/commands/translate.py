@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.device import resolve_device
     from multibranch.inference.precision import for_decoding
     from multibranch.tasks.loading import load_model
-    from multibranch.tasks.translation.ct2 import is_ct2_directory
+    from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
     from multibranch.tasks.translation.files import code_source, one_line
     from multibranch.tasks.translation.translator import Translator
 
@@ -184,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if is_ct2_directory(args.ckpt):
-        return _translate(args, _ct2_translator(args, device), one_line, interactive, pairs)
+        translator = Ct2Translator(args.ckpt, device, threads=args.threads or 0, **_decode_overrides(args))
+        return _translate(args, translator, one_line, interactive, pairs)
     loaded = load_model(args.ckpt, device, task=("translation", "code"))
     if loaded.tokenizer is None:
         raise CheckpointError(f"{args.ckpt} has no tokenizer, so it cannot translate raw text")
@@ -196,16 +197,6 @@ def run(args: argparse.Namespace) -> int:
     cfg.validate()
     translator = Translator(for_decoding(loaded.model, args.precision), loaded.tokenizer, cfg, device)
     return _translate(args, translator, render, interactive, pairs)
-
-
-def _ct2_translator(args: argparse.Namespace, device: object):  # noqa: ANN202
-    """A Ct2Translator over the `convert ct2` directory --ckpt, with the decode options given."""
-    from multibranch.tasks.translation.ct2 import Ct2Translator
-
-    kind = getattr(device, "type", str(device))
-    index = getattr(device, "index", None)
-    return Ct2Translator(args.ckpt, device=kind if index is None else f"{kind}:{index}", threads=args.threads or 0,
-                         **_decode_overrides(args))
 
 
 def _translate(args: argparse.Namespace, translator, render, interactive: bool,  # noqa: ANN001

@@ -141,6 +141,14 @@ def test_ct2_directory_equals_ctranslate2_and_our_beam_search(ending, lines, tmp
         assert [text for text, _ in got[index]] == texts, index
         assert all(math.isclose(a, b, abs_tol=1e-5) for (_, a), b in zip(got[index], result.scores)), index
 
+    # the library's loader gives the same translator
+    from multibranch.tasks.translation.loading import load_translator
+
+    loaded = load_translator(ct2_dir, "cpu", beam=3, min_len=0, max_len_a=1, max_len_b=6)
+    direct_rows = {i: [(text, round(score, 6)) for text, score in entries]
+                   for i, entries in enumerate(loaded.translate_nbest(lines, 3))}
+    assert direct_rows == got  # the CLI prints scores with 6 decimals
+
     # our beam search on the original checkpoint: same n-best, token for token, same scores
     for index, expected in ours.items():
         assert [text for text, _ in got[index]] == [text for text, _ in expected], index

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
+import torch
 
 from multibranch.checkpoint.format import CT2_SETTINGS_FILE
 from multibranch.config import ConfigError
@@ -108,12 +109,12 @@ class Ct2Translator:
 
     Args:
         directory: the directory (its settings file gives the decode config and tokenizer files).
-        device: "cpu" or "cuda" / "cuda:N".
+        device: "cpu", "cuda", "cuda:N" (or that torch.device).
         threads: CPU threads of CTranslate2's translator.
         overrides: fields of the stored DecodeConfig to replace (e.g. beam=4).
     """
 
-    def __init__(self, directory: str | Path, device: str = "cpu", threads: int = 1, **overrides: Any):
+    def __init__(self, directory: str | Path, device: str | torch.device = "cpu", threads: int = 1, **overrides: Any):
         ct2 = _import_ctranslate2()
         self.root = Path(directory)
         settings_path = self.root / CT2_SETTINGS_FILE
@@ -136,8 +137,8 @@ class Ct2Translator:
         self.tgt = spm.SentencePieceProcessor(model_file=str(tgt_file))
         limits = [n for n in (self.settings.get("max_positions"), self.cfg.max_input_tokens) if n is not None]
         self.max_input_tokens: int | None = min(limits) if limits else None
-        self.device = device
-        kind, _, index = device.partition(":")
+        self.device = str(device)  # a torch.device reads "cpu" / "cuda:0", as CTranslate2 names them
+        kind, _, index = self.device.partition(":")
         try:
             self.translator = ct2.Translator(str(self.root), device=kind, device_index=int(index or 0),
                                              inter_threads=1, intra_threads=threads)
