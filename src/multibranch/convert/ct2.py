@@ -51,7 +51,7 @@ from multibranch.checkpoint.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM
 from multibranch.checkpoint.format import CT2_SETTINGS_FILE, CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat, fold_output
-from multibranch.convert.payload import experiment_config
+from multibranch.convert.payload import check_out_dir, experiment_config
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.modules.merge import merge_constant
 from multibranch.modules.positions import sinusoidal_table
@@ -104,7 +104,7 @@ def export_ct2(
     swapped in whole, so a failure leaves any previous `out_dir` as it was."""
     where = source or "checkpoint"
     out = Path(out_dir)
-    _check_out_dir(out, force, source)
+    check_out_dir(out, force, source)
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     cfg = experiment_config(payload)
@@ -170,15 +170,6 @@ def check_exportable(model: ModelConfig, where: str) -> None:
 
 def _needs_fold(model: ModelConfig) -> bool:
     return any(getattr(model, side).attention_branches > 1 for side in ("encoder", "decoder"))
-
-
-def _check_out_dir(out: Path, force: bool, source: str | None) -> None:
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a directory")
-    if source is not None and Path(source).resolve().is_relative_to(out.resolve()):
-        raise FileExistsError(f"{out} holds the input {source}; choose another --out")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out} is not empty; pass --force to replace it")
 
 
 def _import_ctranslate2() -> Any:
