@@ -167,3 +167,32 @@ def test_cli_refuses_what_marian_cannot_represent(name, tokenizer, tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and reason in err and "Hugging Face Marian" in err, err
     assert not out.exists()
+
+
+def test_hf_greedy_generate_equals_our_greedy_search(tokenizer, tmp_path):
+    """`generate` with the written generation config (greedy, forced EOS at the last step) gives our
+    beam-1 translations token for token: our search stops at floor(a * (n + 1) + b) tokens and forces
+    EOS, HF's forced_eos_token_id does the same with max_new_tokens = that limit + 1. Two EOS biases:
+    one where every line runs to the limit, one where some end on their own."""
+    from multibranch.experiment.decoding import DecodeConfig
+    from multibranch.inference.beam import search
+
+    lines = corpus_lines(20, seed=13)
+    decode = DecodeConfig(beam=1, max_len_a=1.0, max_len_b=5, min_len=0)
+    natural = 0
+    for eos_bias in (0.0, 4.5):
+        payload = random_payload(tokenizer)
+        payload["model"]["output_bias"][3] += eos_bias
+        net = ours(payload)
+        directory = export_marian(payload, tmp_path / f"hf{eos_bias}")
+        hf = MarianMTModel.from_pretrained(str(directory)).eval()
+        hf_tok = MarianTokenizer.from_pretrained(str(directory))
+        for line, ids in zip(lines, tokenizer.encode_src(lines), strict=True):
+            limit = len(ids) + 1 + 5
+            with torch.no_grad():
+                tokens = search(net, torch.tensor([[*ids, 3]]), decode)[0][0].tokens
+                generated = hf.generate(**hf_tok([line], return_tensors="pt"), num_beams=1, do_sample=False,
+                                        max_new_tokens=limit + 1)[0].tolist()
+            assert generated == [2, *tokens, 3], line  # decoder start <s>, our tokens, EOS
+            natural += len(tokens) < limit
+    assert natural >= 1, "no line ended before the limit: the natural end was not compared"
