@@ -16,7 +16,7 @@ import torch
 from multibranch.cli import main
 from tests.helpers.translation import corpus_lines
 
-DECODE_ARGS = ["--min-len", "0", "--max-len-a", "1", "--max-len-b", "6", "--nbest", "3", "--beam", "3"]
+DECODE_ARGS = ("--min-len", "0", "--max-len-a", "1", "--max-len-b", "6", "--nbest", "3", "--beam", "3")
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +48,14 @@ def ending(checkpoint, lines, tmp_path_factory) -> tuple[Path, dict[int, list[tu
     raise AssertionError("no EOS bias gives natural ends; the test needs other inputs")
 
 
-def _translate(ckpt: Path, lines: list[str], tmp_path: Path, name: str, *extra: str) -> list[str]:
+def _translate(ckpt: Path, lines: list[str], tmp_path: Path, name: str, *extra: str,
+               decode: tuple[str, ...] = DECODE_ARGS) -> list[str]:
+    """`translate` of `lines` with `decode` and `extra` options; the output lines."""
     source = tmp_path / "in.txt"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / name
     assert main(["translate", "--ckpt", str(ckpt), "-i", str(source), "-o", str(out), "--device", "cpu",
-                 "--no-progress", *DECODE_ARGS, *extra]) == 0
+                 "--no-progress", *decode, *extra]) == 0
     return out.read_text(encoding="utf-8").splitlines()
 
 
@@ -211,3 +213,33 @@ def test_export_directory_missing_a_file_is_one_line(missing, checkpoint, tmp_pa
     err = _error(capsys)
     assert missing in err, err
     assert not (tmp_path / "out.txt").exists()
+
+
+@pytest.mark.slow
+def test_trained_model_through_ct2_serve_engine_and_checkpoint(tiny_data, tmp_path):
+    """A tiny transformer trained 100 updates: `translate` on its `convert ct2` directory equals serve's ct2
+    engine on every line, and `translate` on the checkpoint on every line whose output ends before the limit."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'multibranch[ct2]')")
+    from multibranch.serve.engine import Ct2Engine
+    from multibranch.tasks import train
+    from multibranch.tasks.translation.loading import load_translator
+    from multibranch.train.trainer import RunOptions
+    from tests.helpers.configs import tiny_experiment
+
+    train(tiny_experiment(max_steps=100, valid_every=100), RunOptions(tiny_data, tmp_path / "run", device="cpu",
+                                                                       progress=False))
+    checkpoint = tmp_path / "run" / "last.pt"
+    lines = (tiny_data.parent / "raw" / "test.src").read_text(encoding="utf-8").splitlines()[:16]
+    decode = ("--beam", "4", "--min-len", "0", "--max-len-a", "1.2", "--max-len-b", "10", "--nbest", "1")
+    directory = _ct2_dir(checkpoint, tmp_path)
+    got = _translate(directory, lines, tmp_path, "ct2.txt", decode=decode)
+    stored = _translate(directory, lines, tmp_path, "stored.txt", decode=())
+    engine = Ct2Engine(str(directory))  # serve's engine: the directory's stored decode settings, as plain translate
+    assert stored == [hyps[0][0] for hyps in engine.translate(lines, engine.default_beam, 1)]
+    expected = _translate(checkpoint, lines, tmp_path, "ours.txt", decode=decode)
+    ours = load_translator(checkpoint, "cpu", beam=4, min_len=0, max_len_a=1.2, max_len_b=10)
+    limits = [int(1.2 * (len(ids) + 1) + 10) for ids in ours.tokenizer.encode_src(lines)]
+    lengths = [len(ids) for ids in ours.tokenizer.encode_tgt(expected)]
+    natural = [i for i, (n, limit) in enumerate(zip(lengths, limits, strict=True)) if n < limit - 2]
+    assert len(natural) >= len(lines) // 2, "too few natural ends to compare"
+    assert [got[i] for i in natural] == [expected[i] for i in natural]
