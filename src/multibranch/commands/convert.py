@@ -7,6 +7,7 @@
     multibranch convert from-hf-bert --model-dir DIR --out OUT.pt [--labels A,B,... | --num-labels N]
     multibranch convert export   --ckpt X.pt --out DIR
     multibranch convert ct2      --ckpt X.pt --out DIR [--quantization float32|int8|...]
+    multibranch convert to-hf    --ckpt X.pt --out DIR
 
 Every output is weights-only (no optimizer/schedule/RNG state); existing outputs are kept unless
 --force is given.
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "checkpoint surgery: proximal init (standard -> MAT), MAT folding, HF Marian / BERT / RoBERTa import, export"
+HELP = ("checkpoint surgery: proximal init (standard -> MAT), MAT folding, HF Marian / BERT / RoBERTa import, export "
+        "(release, CTranslate2, HF Marian)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +82,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(checked against the list in multibranch.convert.ct2)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.set_defaults(convert_run=_ct2)
+
+    p = sub.add_parser("to-hf", help="write a Hugging Face MarianMTModel folder with its MarianTokenizer files "
+                                     "(standard models; needs transformers)")
+    p.add_argument("--ckpt", required=True, help="standard checkpoint, or a MAT with FFN branches only "
+                                                 "(or exported directory)")
+    p.add_argument("--out", required=True, help="output folder (written beside it, then swapped in)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.set_defaults(convert_run=_to_hf)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,4 +185,13 @@ def _ct2(args: argparse.Namespace) -> int:
     out = export_ct2(load_checkpoint(args.ckpt), args.out, quantization=args.quantization, force=args.force,
                      source=str(args.ckpt))
     print(f"wrote {out}: CTranslate2 model ({args.quantization}) with its SentencePiece model(s)")
+    return 0
+
+
+def _to_hf(args: argparse.Namespace) -> int:
+    from multibranch.checkpoint.format import load_checkpoint
+    from multibranch.convert.hf_marian_export import export_marian
+
+    out = export_marian(load_checkpoint(args.ckpt), args.out, force=args.force, source=str(args.ckpt))
+    print(f"wrote {out}: Hugging Face MarianMTModel + MarianTokenizer files (load with from_pretrained)")
     return 0

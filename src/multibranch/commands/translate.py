@@ -33,7 +33,9 @@ logger = logging.getLogger("multibranch.translate")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint file")
+    parser.add_argument("--ckpt", required=True, metavar="PATH",
+                        help="checkpoint file, `convert export` directory, or `convert ct2` directory (decoded by "
+                             "CTranslate2 with the options equal to our beam search)")
     parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text ('-' = stdin)")
     parser.add_argument("-o", "--output", default="-", metavar="FILE",
                         help="output text ('-' = stdout); a file is replaced only when translation succeeds")
@@ -86,6 +88,27 @@ def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
     return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
 
 
+# What a `convert ct2` directory cannot honour: argument -> (the values it can, why not the others).
+CT2_REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
+    "precision": (("fp32",), "a CTranslate2 directory decodes with the quantization it was converted with "
+                             "(`multibranch convert ct2 --quantization int8`)"),
+    "lenpen_kind": ((None, "fairseq"), "CTranslate2 only has the score / len^alpha (fairseq) length penalty"),
+    "code_format": (("escaped",), "a CTranslate2 directory holds a translation model (`convert ct2` refuses "
+                                  "code-generation models)"),
+}
+
+
+def _check_ct2_arguments(args: argparse.Namespace) -> None:
+    """One line for the first option set that a `convert ct2` directory cannot honour."""
+    from multibranch.errors import UserError
+
+    for name, (allowed, why) in CT2_REFUSED.items():
+        value = getattr(args, name, None)
+        if value not in allowed:
+            raise UserError(f"--{name.replace('_', '-')} {value}: not with a CTranslate2 directory ({args.ckpt}): "
+                            f"{why}")
+
+
 def _is_interactive(args: argparse.Namespace) -> bool:
     if args.interactive:
         return True
@@ -99,7 +122,10 @@ def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
     from multibranch.device import resolve_device
     from multibranch.errors import UserError
     from multibranch.inference.precision import check_precision
+    from multibranch.tasks.translation.ct2 import is_ct2_directory
 
+    if is_ct2_directory(args.ckpt):
+        _check_ct2_arguments(args)
     check_precision(args.precision, resolve_device(args.device))  # ConfigError: unusable device/precision
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: must be >= 1")
@@ -144,18 +170,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from multibranch.checkpoint.format import CheckpointError
-    from multibranch.data.text import count_lines, open_input, open_output
     from multibranch.device import resolve_device
     from multibranch.inference.precision import for_decoding
     from multibranch.tasks.loading import load_model
-    from multibranch.tasks.translation.files import (
-        code_source,
-        one_line,
-        score_text,
-        translate_interactive,
-        translate_stream,
-    )
-    from multibranch.tasks.translation.translator import Translator, progress_bar, show_progress
+    from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
+    from multibranch.tasks.translation.files import code_source, one_line
+    from multibranch.tasks.translation.translator import Translator
 
     interactive = _is_interactive(args)
     _check_arguments(args, interactive)
@@ -163,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if is_ct2_directory(args.ckpt):
+        translator = Ct2Translator(args.ckpt, device, threads=args.threads or 0, **_decode_overrides(args))
+        return _translate(args, translator, one_line, interactive, pairs)
     loaded = load_model(args.ckpt, device, task=("translation", "code"))
     if loaded.tokenizer is None:
         raise CheckpointError(f"{args.ckpt} has no tokenizer, so it cannot translate raw text")
@@ -173,11 +196,22 @@ def run(args: argparse.Namespace) -> int:
     cfg = dataclasses.replace(loaded.config.decode, **_decode_overrides(args))
     cfg.validate()
     translator = Translator(for_decoding(loaded.model, args.precision), loaded.tokenizer, cfg, device)
+    return _translate(args, translator, render, interactive, pairs)
+
+
+def _translate(args: argparse.Namespace, translator, render, interactive: bool,  # noqa: ANN001
+               pairs: tuple[list[str], list[str]] | None) -> int:
+    """Translate (or score) with `translator` as the arguments ask; its `cfg` is the decode config."""
+    from multibranch.data.text import count_lines, open_input, open_output
+    from multibranch.tasks.translation.files import score_text, translate_interactive, translate_stream
+    from multibranch.tasks.translation.translator import progress_bar, show_progress
+
+    cfg = translator.cfg
     logger.info(
         "beam=%d lenpen=%g (%s) max_len=%g*src+%d min_len=%d no_repeat_ngram=%d nbest=%d batch_tokens=%d device=%s "
         "precision=%s",
         cfg.beam, cfg.length_penalty, cfg.length_penalty_kind, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
-        cfg.no_repeat_ngram_size, cfg.nbest, cfg.batch_tokens, device, args.precision,
+        cfg.no_repeat_ngram_size, cfg.nbest, cfg.batch_tokens, translator.device, args.precision,
     )
     name = "<stdin>" if args.input == "-" else args.input
     show = not args.no_progress and show_progress()

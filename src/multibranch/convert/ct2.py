@@ -1,9 +1,10 @@
 """Export a standard or MAT checkpoint as a CTranslate2 model directory (`multibranch convert ct2`).
 
-Needs the optional extra `multibranch[ct2]` (ctranslate2, imported here only). The directory is
+Needs the optional extra `multibranch[ct2]` (ctranslate2, imported only when used). The directory is
 usable on its own: CTranslate2's model.bin + config.json + vocabulary file(s), our SentencePiece
 model(s) (same names as `convert export`) and `multibranch_ct2.json` (the checkpoint's decode settings
-and the `translate_batch` options that reproduce our beam search).
+and the rows of its position table). `multibranch translate --ckpt DIR` and `serve --engine ct2` decode
+it with `tasks/translation/ct2.py`, whose `translate_options` reproduce our beam search.
 
 Architecture mapping (ctranslate2.specs.TransformerSpec, revision 7):
     layer kind "transformer", N_a = 1        -> TransformerEncoderSpec / TransformerDecoderSpec
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,17 +51,19 @@ from multibranch.checkpoint.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM
 from multibranch.checkpoint.format import CT2_SETTINGS_FILE, CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat, fold_output
-from multibranch.convert.payload import experiment_config
+from multibranch.convert.payload import check_out_dir, experiment_config
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.modules.merge import merge_constant
 from multibranch.modules.positions import sinusoidal_table
+from multibranch.tasks.translation.ct2 import max_decoding_length, translate_options
 
 if TYPE_CHECKING:
     from multibranch.data.tokenizer import Tokenizer
-    from multibranch.experiment.decoding import DecodeConfig
     from multibranch.models import ModelConfig
 
 log = logging.getLogger(__name__)
+__all__ = ["export_ct2", "check_exportable", "build_spec", "vocabularies", "translate_options", "max_decoding_length",
+           "QUANTIZATIONS", "SETTINGS_FILE"]  # the decoding options live in tasks/translation/ct2.py
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")
 NEVER_BIAS = -1.0e4  # output bias of pad and bos: exp() underflows to 0, and it fits float16
@@ -102,7 +104,7 @@ def export_ct2(
     swapped in whole, so a failure leaves any previous `out_dir` as it was."""
     where = source or "checkpoint"
     out = Path(out_dir)
-    _check_out_dir(out, force, source)
+    check_out_dir(out, force, source)
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     cfg = experiment_config(payload)
@@ -134,8 +136,10 @@ def export_ct2(
             "model_kind": "MAT, folded into N_a*M heads" if folded else "standard transformer",
             "decode": asdict(cfg.decode),
             "tokenizer": _tokenizer_files(tokenizer),
-            "note": "pass translate_options(decode) from multibranch.convert.ct2 to translate_batch to reproduce "
-                    "multibranch's beam search (return_end_token=True: the length penalty counts EOS, as ours)",
+            "max_positions": None if cfg.model.relative_positions > 0 else cfg.model.max_positions,
+            "note": "pass translate_options(decode) from multibranch.tasks.translation.ct2 to translate_batch to "
+                    "reproduce multibranch's beam search (return_end_token=True: the length penalty counts EOS, as "
+                    "ours); `multibranch translate --ckpt` and `serve --engine ct2` read this directory",
         }
         (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     return out
@@ -166,15 +170,6 @@ def check_exportable(model: ModelConfig, where: str) -> None:
 
 def _needs_fold(model: ModelConfig) -> bool:
     return any(getattr(model, side).attention_branches > 1 for side in ("encoder", "decoder"))
-
-
-def _check_out_dir(out: Path, force: bool, source: str | None) -> None:
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a directory")
-    if source is not None and Path(source).resolve().is_relative_to(out.resolve()):
-        raise FileExistsError(f"{out} holds the input {source}; choose another --out")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out} is not empty; pass --force to replace it")
 
 
 def _import_ctranslate2() -> Any:
@@ -349,41 +344,3 @@ def _write_tokenizer(directory: Path, tok: Tokenizer) -> None:
     (directory / files["src"]).write_bytes(tok.src_proto)
     if not tok.joint:
         (directory / files["tgt"]).write_bytes(tok.tgt_proto)
-
-
-# ---- decoding with the exported model -----------------------------------------------------------
-
-
-def translate_options(decode: DecodeConfig) -> dict[str, Any]:
-    """`Translator.translate_batch` keyword arguments equal to our beam search with `decode`, except
-    `max_decoding_length`, which depends on the source length (see `max_decoding_length`).
-
-    CT2's beam search is fairseq's, as ours (2K candidates, EOS among the top K finishes a hypothesis,
-    stop at K finished); with return_end_token=True its length penalty counts EOS, as ours does
-    (strip the final "</s>" from the tokens). Known differences: at the length limit ours forces
-    EOS while CT2 ends on its best tokens; before min_len CT2 removes EOS before the log-softmax
-    (renormalising), ours after it, so with min_len >= 1 scores differ by log(1 - p(EOS)) of the
-    first step; when the step that completes K hypotheses finishes several at once, CT2 ranks all
-    of them, ours the first K by raw score; with length_penalty 0 CT2 stops as soon as the best
-    beam ends; and no_repeat_ngram_size removes the blocked tokens before CT2's log-softmax (after
-    ours), so with it scores, and then sometimes the chosen beams, differ."""
-    if decode.length_penalty_kind != "fairseq":
-        raise ConfigError(f"length_penalty_kind={decode.length_penalty_kind!r}: CTranslate2 only has the "
-                          "score / len^alpha (fairseq) penalty")
-    return {
-        "beam_size": decode.beam,
-        "length_penalty": decode.length_penalty,
-        "num_hypotheses": decode.nbest,
-        "min_decoding_length": decode.min_len,
-        "no_repeat_ngram_size": decode.no_repeat_ngram_size,
-        "return_end_token": True,
-        "return_scores": True,
-        "max_input_length": 0,
-    }
-
-
-def max_decoding_length(decode: DecodeConfig, source_tokens: int) -> int:
-    """CT2's max_decoding_length (tokens including EOS) for a source of `source_tokens` pieces
-    (without EOS): our limit floor(a * (n + 1) + b) output tokens before EOS, plus the EOS."""
-
-    return int(math.floor(decode.max_len_a * (source_tokens + 1) + decode.max_len_b)) + 1

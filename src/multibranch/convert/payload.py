@@ -80,3 +80,14 @@ def refuse_overwrite(path: str | Path, force: bool) -> None:
     """FileExistsError (a one-line user error in the CLI) unless `force`."""
     if Path(path).exists() and not force:
         raise FileExistsError(f"{path} exists; pass --force to overwrite it")
+
+
+def check_out_dir(out: Path, force: bool, source: str | None) -> None:
+    """FileExistsError (one CLI line) for an output directory that is a file, holds the input `source`,
+    or is not empty without `force` (for conversions that write a whole directory)."""
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory")
+    if source is not None and Path(source).resolve().is_relative_to(out.resolve()):
+        raise FileExistsError(f"{out} holds the input {source}; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"{out} is not empty; pass --force to replace it")

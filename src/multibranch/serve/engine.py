@@ -12,24 +12,20 @@ classify`'s model). `load_torch_engine` picks the engine from the checkpoint's t
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any, Protocol
 
-import sentencepiece as spm
 import torch
 
 from multibranch.analysis.attention_maps import SelectionError
 from multibranch.checkpoint.format import CheckpointError
-from multibranch.convert.ct2 import SETTINGS_FILE, max_decoding_length, translate_options
 from multibranch.device import resolve_device
 from multibranch.errors import UserError
-from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.precision import check_precision, for_decoding
-from multibranch.json_file import read_json_object
 from multibranch.modules.simplex import BranchWeights
 from multibranch.serve.attention import attention_choices, sentence_map
 from multibranch.tasks.classification.inference import classify_lines, label_names
 from multibranch.tasks.loading import load_model
+from multibranch.tasks.translation.ct2 import Ct2Translator
 from multibranch.tasks.translation.translator import Translator
 
 Hypotheses = list[tuple[str, float]]  # (text, normalised score), best first
@@ -212,52 +208,21 @@ class ClassifierEngine:
 
 class Ct2Engine:
     """A CTranslate2 directory written by `multibranch convert ct2` (standard and folded MAT models),
-    decoded with the options equal to our beam search (`translate_options`)."""
+    decoded as `multibranch translate --ckpt DIR` decodes it (`Ct2Translator`, whose options equal our
+    beam search)."""
 
     task = "translation"
 
     def __init__(self, directory: str, device: str = "cpu", threads: int = 1):
-        try:
-            import ctranslate2
-        except ImportError:
-            raise UserError("--engine ct2 needs the ctranslate2 package (pip install 'multibranch[ct2]')") from None
-        root = Path(directory)
-        settings_path = root / SETTINGS_FILE
-        if not settings_path.is_file():
-            raise UserError(f"{directory}: not a directory written by `multibranch convert ct2` "
-                            f"(no {SETTINGS_FILE})")
-        self.settings = read_json_object(settings_path, UserError, "convert the checkpoint again")
-        try:
-            self.decode = DecodeConfig(**self.settings["decode"])
-            src_model, tgt_model = self.settings["tokenizer"]["src"], self.settings["tokenizer"]["tgt"]
-        except (KeyError, TypeError) as err:
-            raise UserError(f"{settings_path}: incomplete or foreign settings ({type(err).__name__}: {err}); "
-                            "convert the checkpoint again") from None
+        self.translator = Ct2Translator(directory, device=device, threads=threads)
+        self.decode, self.settings = self.translator.cfg, self.translator.settings
         self.default_beam = self.decode.beam
-        self.src = spm.SentencePieceProcessor(model_file=str(root / src_model))
-        self.tgt = spm.SentencePieceProcessor(model_file=str(root / tgt_model))
-        self.translator = ctranslate2.Translator(str(root), device=device, inter_threads=1, intra_threads=threads)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
-        return [len(ids) + 1 for ids in self.src.encode(texts)]
+        return self.translator.count_tokens(texts)
 
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
-        out: list[Hypotheses] = [[("", 0.0)] for _ in texts]
-        kept = [i for i, text in enumerate(texts) if text.strip()]
-        if not kept:
-            return out
-        pieces = dict(zip(kept, self.src.encode([texts[i] for i in kept], out_type=str)))
-        options = translate_options(dataclasses.replace(self.decode, beam=beam, nbest=nbest))
-        by_limit: dict[int, list[int]] = {}  # CT2 takes one length limit per call; ours depends on the source
-        for i in kept:
-            by_limit.setdefault(max_decoding_length(self.decode, len(pieces[i])), []).append(i)
-        for limit, group in by_limit.items():
-            results = self.translator.translate_batch([pieces[i] for i in group], max_decoding_length=limit,
-                                                      **options)
-            for i, result in zip(group, results):
-                hyps = [h[:-1] if h and h[-1] == "</s>" else h for h in result.hypotheses]
-                out[i] = [(self.tgt.decode_pieces(h), float(score)) for h, score in zip(hyps, result.scores)]
-        return out
+        return self.translator.translate_nbest(texts, nbest, beam=beam)
 
     def attention_choices(self) -> None:
         return None

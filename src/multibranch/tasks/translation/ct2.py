@@ -1,0 +1,243 @@
+"""Decoding a CTranslate2 directory (`multibranch convert ct2`) the way our Translator decodes a checkpoint.
+
+`Ct2Translator` has the Translator's interface (`translate`, `translate_nbest`, `score`, `stats`,
+`cfg`), so `multibranch translate` and `serve --engine ct2` read the same directory the same way:
+- empty / whitespace-only lines give "" without running the model;
+- every other line becomes its source SentencePiece pieces; CTranslate2 appends EOS
+  (`add_source_eos`); a line longer than the directory's position table (`max_positions` in its
+  settings; learned positions truncate there in ours too) or `max_input_tokens` is truncated, never
+  dropped, with one warning per call;
+- the decode settings are the checkpoint's, stored in the settings file at conversion, with the
+  overrides given; `translate_options` maps them to `translate_batch` keyword arguments that
+  reproduce our beam search, `max_decoding_length` our output length limit.
+
+ctranslate2 is an optional extra, imported only when a directory is opened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+import torch
+
+from multibranch.checkpoint.format import CT2_SETTINGS_FILE
+from multibranch.config import ConfigError
+from multibranch.errors import CheckpointError, DataError, UserError
+from multibranch.experiment.decoding import DecodeConfig
+from multibranch.inference.beam import length_penalty
+from multibranch.json_file import read_json_object
+from multibranch.tasks.translation.translator import ForcedScore, Progress, TranslationStats, progress_bar
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILES = ("model.bin", "config.json")
+# CTranslate2 stores one shared vocabulary or one per side (.json since 3.x, .txt before)
+VOCABULARY_FILES = (("shared_vocabulary",), ("source_vocabulary", "target_vocabulary"))
+END = "</s>"
+
+
+def is_ct2_directory(path: str | Path) -> bool:
+    """Whether `path` is a directory written by `multibranch convert ct2` (it holds the settings file)."""
+    return (Path(path) / CT2_SETTINGS_FILE).is_file()
+
+
+def translate_options(decode: DecodeConfig) -> dict[str, Any]:
+    """`Translator.translate_batch` keyword arguments equal to our beam search with `decode`, except
+    `max_decoding_length`, which depends on the source length (see `max_decoding_length`).
+
+    CT2's beam search is fairseq's, as ours (2K candidates, EOS among the top K finishes a hypothesis,
+    stop at K finished); with return_end_token=True its length penalty counts EOS, as ours does
+    (strip the final "</s>" from the tokens). Known differences: at the length limit ours forces
+    EOS while CT2 ends on its best tokens; before min_len CT2 removes EOS before the log-softmax
+    (renormalising), ours after it, so with min_len >= 1 scores differ by log(1 - p(EOS)) of the
+    first step; when the step that completes K hypotheses finishes several at once, CT2 ranks all
+    of them, ours the first K by raw score; with length_penalty 0 CT2 stops as soon as the best
+    beam ends; and no_repeat_ngram_size removes the blocked tokens before CT2's log-softmax (after
+    ours), so with it scores, and then sometimes the chosen beams, differ."""
+    if decode.length_penalty_kind != "fairseq":
+        raise ConfigError(f"length_penalty_kind={decode.length_penalty_kind!r}: CTranslate2 only has the "
+                          "score / len^alpha (fairseq) penalty")
+    return {
+        "beam_size": decode.beam,
+        "length_penalty": decode.length_penalty,
+        "num_hypotheses": decode.nbest,
+        "min_decoding_length": decode.min_len,
+        "no_repeat_ngram_size": decode.no_repeat_ngram_size,
+        "return_end_token": True,
+        "return_scores": True,
+        "max_input_length": 0,
+    }
+
+
+def max_decoding_length(decode: DecodeConfig, source_tokens: int) -> int:
+    """CT2's max_decoding_length (tokens including EOS) for a source of `source_tokens` pieces
+    (without EOS): our limit floor(a * (n + 1) + b) output tokens before EOS, plus the EOS."""
+
+    return int(math.floor(decode.max_len_a * (source_tokens + 1) + decode.max_len_b)) + 1
+
+
+def check_ct2_directory(root: Path, tokenizer_files: Sequence[str]) -> None:
+    """CheckpointError naming the missing files of a `convert ct2` directory (its settings file aside)."""
+    present = {p.name for p in root.iterdir()}
+    missing = [name for name in dict.fromkeys([*MODEL_FILES, *tokenizer_files]) if name not in present]
+    stems = {name.rsplit(".", 1)[0] for name in present if name.endswith((".json", ".txt"))}
+    if not any(all(stem in stems for stem in option) for option in VOCABULARY_FILES):
+        missing.append("shared_vocabulary.json (or source_vocabulary.json + target_vocabulary.json)")
+    if missing:
+        raise CheckpointError(f"{root} is an incomplete CTranslate2 directory: missing {', '.join(missing)}; "
+                              "convert the checkpoint again (`multibranch convert ct2`)")
+
+
+def _import_ctranslate2() -> Any:
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError("decoding a CTranslate2 directory needs the ctranslate2 package "
+                        "(pip install 'multibranch[ct2]')") from None
+    return ctranslate2
+
+
+class Ct2Translator:
+    """Translate raw text lines with a `convert ct2` directory.
+
+    Args:
+        directory: the directory (its settings file gives the decode config and tokenizer files).
+        device: "cpu", "cuda", "cuda:N" (or that torch.device).
+        threads: CPU threads of CTranslate2's translator.
+        overrides: fields of the stored DecodeConfig to replace (e.g. beam=4).
+    """
+
+    def __init__(self, directory: str | Path, device: str | torch.device = "cpu", threads: int = 1, **overrides: Any):
+        ct2 = _import_ctranslate2()
+        self.root = Path(directory)
+        settings_path = self.root / CT2_SETTINGS_FILE
+        if not settings_path.is_file():
+            raise CheckpointError(f"{directory}: not a directory written by `multibranch convert ct2` "
+                                  f"(no {CT2_SETTINGS_FILE})")
+        self.settings = read_json_object(settings_path, CheckpointError, "convert the checkpoint again")
+        try:
+            stored = DecodeConfig(**self.settings["decode"])
+            files = self.settings["tokenizer"]
+            src_file, tgt_file = self.root / str(files["src"]), self.root / str(files["tgt"])
+        except (KeyError, TypeError) as err:
+            raise CheckpointError(f"{settings_path}: incomplete or foreign settings ({type(err).__name__}: {err}); "
+                                  "convert the checkpoint again") from None
+        check_ct2_directory(self.root, [src_file.name, tgt_file.name])
+        self.cfg = dataclasses.replace(stored, **overrides)
+        self.cfg.validate()
+        self.options = translate_options(self.cfg)  # ConfigError now for what CT2 cannot do
+        self.src = spm.SentencePieceProcessor(model_file=str(src_file))
+        self.tgt = spm.SentencePieceProcessor(model_file=str(tgt_file))
+        limits = [n for n in (self.settings.get("max_positions"), self.cfg.max_input_tokens) if n is not None]
+        self.max_input_tokens: int | None = min(limits) if limits else None
+        self.device = str(device)  # a torch.device reads "cpu" / "cuda:0", as CTranslate2 names them
+        kind, _, index = self.device.partition(":")
+        try:
+            self.translator = ct2.Translator(str(self.root), device=kind, device_index=int(index or 0),
+                                             inter_threads=1, intra_threads=threads)
+        except (RuntimeError, ValueError) as err:
+            reason = (str(err).strip().splitlines() or [""])[0]
+            raise CheckpointError(f"{self.root}: CTranslate2 cannot load it ({reason})") from None
+        self.stats = TranslationStats()
+
+    def translate(self, lines: list[str], progress: Progress = False) -> list[str]:
+        """One translation (the best hypothesis) per input line, in input order."""
+        return [entries[0][0] for entries in self._run(lines, 1, progress)]
+
+    def translate_nbest(self, lines: list[str], n: int, progress: Progress = False,
+                        beam: int | None = None) -> list[list[tuple[str, float]]]:
+        """Up to `n` (<= beam) (text, normalised score) pairs per line, best first; `beam` replaces
+        the configured beam for this call. An empty line gives [("", 0.0)]."""
+        beam = beam or self.cfg.beam
+        if not 1 <= n <= beam:
+            raise ValueError(f"n={n} must be between 1 and beam={beam}")
+        return self._run(lines, n, progress, beam)
+
+    def count_tokens(self, lines: list[str]) -> list[int]:
+        """Source tokens of each line, EOS included (before truncation)."""
+        return [len(ids) + 1 for ids in self.src.encode(lines)]
+
+    def score(self, lines: Sequence[str], references: Sequence[str], progress: Progress = False
+              ) -> list[ForcedScore | None]:
+        """Forced decoding (`score_batch`): `references[i]` scored as the translation of `lines[i]`,
+        EOS included, normalised with our length penalty; an empty source line gives None."""
+        if len(lines) != len(references):
+            raise DataError(f"line counts differ: {len(lines)} input lines but {len(references)} references")
+        start = time.perf_counter()
+        keep, sources = self._encode(list(lines))
+        targets = [self.tgt.encode(references[i], out_type=str) for i in keep]
+        results: list[ForcedScore | None] = [None] * len(lines)
+        scored = self.translator.score_batch(sources, targets, max_batch_size=self.cfg.batch_size,
+                                             max_input_length=0) if keep else []
+        for i, result in zip(keep, scored, strict=True):
+            total = float(sum(result.log_probs))  # target tokens + EOS
+            count = len(result.log_probs)
+            divisor = length_penalty(count, self.cfg.length_penalty, self.cfg.length_penalty_kind)
+            results[i] = ForcedScore(total / divisor, total, count)
+        self._advance(progress, len(lines))
+        self.stats.sentences += len(lines)
+        self.stats.src_tokens += sum(len(s) + 1 for s in sources)
+        self.stats.tgt_tokens += sum(len(t) + 1 for t in targets)
+        self.stats.seconds += time.perf_counter() - start
+        return results
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _encode(self, lines: list[str]) -> tuple[list[int], list[list[str]]]:
+        """(indices of non-empty lines, their source pieces without EOS, truncated to the input limit)."""
+        keep = [i for i, line in enumerate(lines) if line.strip()]
+        pieces = self.src.encode([lines[i] for i in keep], out_type=str) if keep else []
+        limit = self.max_input_tokens
+        truncated = sum(1 for p in pieces if limit is not None and len(p) + 1 > limit)
+        if truncated:
+            self.stats.truncated += truncated
+            logger.warning("truncated %d of %d input line(s) to %d tokens (position table / max_input_tokens); their "
+                           "translations cover only the beginning of the line", truncated, len(keep), limit)
+            pieces = [p[: limit - 1] for p in pieces]
+        return keep, pieces
+
+    def _decoding_limit(self, source_pieces: int) -> int:
+        limit = max_decoding_length(self.cfg, source_pieces)
+        rows = self.settings.get("max_positions")  # the decoder's position table ends there too
+        return limit if rows is None else min(limit, rows)
+
+    @staticmethod
+    def _advance(progress: Progress, n: int) -> None:
+        if progress is not False and progress is not True and n:
+            progress.update(n)
+
+    def _run(self, lines: list[str], nbest: int, progress: Progress = False, beam: int | None = None
+             ) -> list[list[tuple[str, float]]]:
+        start = time.perf_counter()
+        owned = progress_bar(len(lines), True) if progress is True else None
+        bar = owned if owned is not None else progress
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+        keep, sources = self._encode(list(lines))
+        self._advance(bar, len(lines) - len(keep))
+        options = {**self.options, "num_hypotheses": nbest, "beam_size": beam or self.cfg.beam}
+        by_limit: dict[int, list[int]] = {}  # CT2 takes one length limit per call; ours depends on the source
+        for position, pieces in enumerate(sources):
+            by_limit.setdefault(self._decoding_limit(len(pieces)), []).append(position)
+        tgt_tokens = 0
+        for limit, group in by_limit.items():
+            batch = self.translator.translate_batch([sources[p] for p in group], max_decoding_length=limit,
+                                                    max_batch_size=self.cfg.batch_size, **options)
+            for position, result in zip(group, batch, strict=True):
+                hyps = [h[:-1] if h and h[-1] == END else h for h in result.hypotheses]
+                results[keep[position]] = [(self.tgt.decode_pieces(h), float(s)) for h, s in zip(hyps, result.scores)]
+                tgt_tokens += len(result.hypotheses[0]) if result.hypotheses else 0
+            self._advance(bar, len(group))
+        if owned is not None:
+            owned.close()
+        self.stats.sentences += len(lines)
+        self.stats.src_tokens += sum(len(s) + 1 for s in sources)
+        self.stats.tgt_tokens += tgt_tokens
+        self.stats.seconds += time.perf_counter() - start
+        return results
