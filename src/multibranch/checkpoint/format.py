@@ -85,7 +85,7 @@ def _load_directory(path: Path) -> dict[str, Any]:
     """An export directory (`multibranch convert export`); a run directory gets a pointer to its best.pt."""
     if (path / CT2_SETTINGS_FILE).is_file():
         raise CheckpointError(f"{path} is a CTranslate2 model directory (`multibranch convert ct2`), not a multibranch "
-                              "checkpoint; the CTranslate2 engine runs it (`serve --engine ct2`)")
+                              "checkpoint; `translate --ckpt` and `serve --engine ct2` run it")
     if (path / CONFIG_FILE).is_file() or (path / WEIGHTS_FILE).is_file():
         return load_export(path)
     if any((path / name).exists() for name in RUN_DIR_MARKERS):
