@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from multibranch.arguments import positive_int
+
 HELP = "list presets, or print the resolved config and parameter counts of a preset or checkpoint"
 
 
@@ -14,8 +16,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--ckpt", help="a checkpoint file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override of the --preset, e.g. model.heads=4 (repeatable)")
-    parser.add_argument("--vocab-size", type=int, default=8000,
-                        help="vocabulary size used to count a preset's parameters")
+    parser.add_argument("--vocab-size", type=positive_int, metavar="N",
+                        help="vocabulary size used to count a preset's parameters (default: the vocabulary the paper "
+                             "counted with, for a preset that records its paper's size; else 8000)")
+    parser.add_argument("--tgt-vocab-size", type=positive_int, metavar="N",
+                        help="target vocabulary size, when it differs from --vocab-size (unshared vocabularies)")
     parser.add_argument("--num-labels", type=int, default=None, metavar="N",
                         help="number of labels used to count a classification preset's parameters "
                              "(default: the preset's classifier.num_labels, else 2)")
@@ -27,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     from multibranch.errors import UserError
     from multibranch.experiment import list_presets, load_preset_dict, resolve_config
+    from multibranch.experiment.paper_sizes import paper_size
     from multibranch.models.counting import parameter_table
     from multibranch.tasks import model_for_counting
 
@@ -35,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
             description = load_preset_dict(name).get("description", "")
             print(f"{name:24s} {' '.join(description.split())}")
         return 0
+    published = None
     if args.ckpt:
         from multibranch.tasks.loading import load_model
 
@@ -46,7 +53,16 @@ def run(args: argparse.Namespace) -> int:
         cfg = resolve_config(args.preset, None, args.overrides)
         if args.num_labels is not None and cfg.task != "classification":
             raise UserError(f"--num-labels applies to classification presets; {args.preset} is a {cfg.task} preset")
-        model, counting = model_for_counting(cfg, args.vocab_size, args.num_labels)
+        published = paper_size(args.preset)
+        if args.tgt_vocab_size and not args.vocab_size:
+            raise UserError("--tgt-vocab-size needs --vocab-size (the source vocabulary)")
+        if args.vocab_size:
+            vocab, tgt_vocab = args.vocab_size, args.tgt_vocab_size
+        elif published:
+            vocab, tgt_vocab = published.src_vocab, published.tgt_vocab
+        else:
+            vocab, tgt_vocab = 8000, None
+        model, counting = model_for_counting(cfg, vocab, args.num_labels, tgt_vocab)
         print(f"# preset {args.preset} ({counting} for counting)")
     if not args.no_config:
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
@@ -57,4 +73,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{key:{width}s} {count:>12,d}")
     total = sum(c for _, c in rows)
     print(f"{'total':{width}s} {total:>12,d}  ({total / 1e6:.2f}M)")
+    if published and not args.vocab_size and not args.overrides:
+        print(f"# {published.describe(total)}")
     return 0

@@ -59,6 +59,7 @@ def load_preset_dict(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     if name in _seen:
         raise ConfigError(f"preset {name!r} has a circular base chain: {' -> '.join(_seen + (name,))}")
     data = load_yaml(path)
+    data.pop("paper_size", None)  # the published size of this file's configuration (paper_sizes.py); not inherited
     base = data.pop("base", None)
     if base:
         data = deep_merge(load_preset_dict(base, _seen + (name,)), data)

@@ -75,12 +75,14 @@ def build_task_model(cfg: ExperimentConfig) -> nn.Module:
 
 
 
-def model_for_counting(cfg: ExperimentConfig, vocab_size: int, num_labels: int | None = None) -> tuple[nn.Module, str]:
+def model_for_counting(cfg: ExperimentConfig, vocab_size: int, num_labels: int | None = None,
+                       tgt_vocab_size: int | None = None) -> tuple[nn.Module, str]:
     """The model of a preset's config with the data facts it lacks filled in (`multibranch info`): the
-    vocabulary `vocab_size` unless the config sets one, and for a classifier `num_labels` (default: the
-    config's, else 2); with the words that say what was assumed."""
+    vocabulary `vocab_size` (target: `tgt_vocab_size`, default the same) unless the config sets one, and for
+    a classifier `num_labels` (default: the config's, else 2); with the words that say what was assumed."""
     if not cfg.model.src_vocab_size:
-        cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = vocab_size
+        cfg.model.src_vocab_size = vocab_size
+        cfg.model.tgt_vocab_size = tgt_vocab_size or vocab_size
     counting = f"vocabulary {cfg.model.src_vocab_size}/{cfg.model.tgt_vocab_size}"
     if cfg.task == "classification":
         labels = num_labels or cfg.classifier.num_labels or 2
