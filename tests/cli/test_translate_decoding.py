@@ -180,6 +180,9 @@ def test_print_alignment_writes_the_pairs_of_the_chosen_layer(checkpoint, source
         assert pairs.split() == expected
 
 
-def test_alignment_layer_out_of_range_is_one_line(checkpoint, source, capsys):
+def test_alignment_layer_out_of_range_or_alone_is_one_line(checkpoint, source, capsys):
     assert translate("--ckpt", str(checkpoint), "-i", str(source), "--print-alignment", "--alignment-layer", "5") == 2
-    assert "--alignment-layer" in one_error_line(capsys)
+    assert "--alignment-layer: alignment layer 5: the decoder has layers 0..1" in one_error_line(capsys)
+    assert translate("--ckpt", str(checkpoint), "-i", str(source), "--alignment-layer", "0") == 2
+    assert "add --print-alignment" in one_error_line(capsys)
+    assert capsys.readouterr().out == ""

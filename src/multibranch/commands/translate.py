@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     alignment.add_argument("--print-alignment", action="store_true",
                            help="append ' ||| i-j ...' to every translation: for output piece j the source piece i "
                                 "the cross-attention weighs most (attention-based, not a trained aligner)")
-    alignment.add_argument("--alignment-layer", type=int, default=-1, metavar="N",
+    alignment.add_argument("--alignment-layer", type=int, metavar="N",
                            help="decoder layer whose cross-attention (mean over heads) aligns (-1: the last, as "
                                 "fairseq)")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
@@ -117,6 +117,13 @@ def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
     if args.sampling:
         overrides["sampling"] = True
     return overrides
+
+
+def _alignment_layer(args: argparse.Namespace) -> int | None:
+    """The decoder layer that aligns (-1, the last, unless chosen); None without --print-alignment."""
+    if not args.print_alignment:
+        return None
+    return -1 if args.alignment_layer is None else args.alignment_layer
 
 
 def _is_interactive(args: argparse.Namespace) -> bool:
@@ -178,6 +185,8 @@ def _check_decoding(args: argparse.Namespace, interactive: bool) -> None:
             raise UserError("--prefix needs a batch translation: drop --interactive / --score-reference")
         if args.prefix == "-":
             raise UserError("--prefix needs a file (only -i may be stdin)")
+    if args.alignment_layer is not None and not args.print_alignment:
+        raise UserError("--alignment-layer chooses the layer of --print-alignment; add --print-alignment")
     if args.print_alignment and (args.score_reference is not None or args.code_format == "source"):
         raise UserError("--print-alignment goes with translations: drop --score-reference / --code-format source")
 
@@ -241,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     cfg.validate()
     try:
         translator = Translator(for_decoding(loaded.model, args.precision), loaded.tokenizer, cfg, device,
-                                alignment_layer=args.alignment_layer if args.print_alignment else None)
+                                alignment_layer=_alignment_layer(args))
     except ValueError as err:  # an alignment layer the decoder lacks
         raise UserError(f"--alignment-layer: {err}") from None
     logger.info(

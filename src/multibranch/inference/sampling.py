@@ -37,7 +37,7 @@ from multibranch.inference.beam import (
 
 def restrict(lprobs: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """log-probabilities [N, V] -> the sampling distribution's log-probabilities [N, V] (-inf outside
-    the top-k / top-p sets), renormalised. Ties at the top-k boundary keep the lower token ids."""
+    the top-k / top-p sets), renormalised (ties at the top-k boundary: whichever torch.topk returns)."""
     scaled = torch.log_softmax(lprobs / temperature, dim=-1)  # [N, V]
     if 0 < top_k < scaled.shape[-1]:
         kth = scaled.topk(top_k, dim=-1).indices  # [N, k]
