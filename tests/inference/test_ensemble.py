@@ -75,9 +75,14 @@ def reference_greedy(models, src_row: list[int], steps: int, mean: str) -> list[
     return out
 
 
+MAT = {"decoder": {"kind": "transformer", "attention_branches": 2}, "encoder": {"kind": "transformer",
+                                                                             "attention_branches": 2}}
+
+
 @pytest.mark.parametrize("mean", ["prob", "log-prob"])
-def test_two_models_decode_as_the_reference_over_their_mean(mean):
-    models = [random_model(1), random_model(2)]
+@pytest.mark.parametrize("second", [{}, MAT])
+def test_two_models_decode_as_the_reference_over_their_mean(mean, second):
+    models = [random_model(1), random_model(2, **second)]
     ensemble = Ensemble(models, mean=mean)
     result = greedy_search(ensemble, SRC, max_len_a=0, max_len_b=8, min_len=0)
     for row, hyps in zip(SRC.tolist(), result, strict=True):
