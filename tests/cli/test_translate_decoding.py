@@ -186,3 +186,25 @@ def test_alignment_layer_out_of_range_or_alone_is_one_line(checkpoint, source, c
     assert translate("--ckpt", str(checkpoint), "-i", str(source), "--alignment-layer", "0") == 2
     assert "add --print-alignment" in one_error_line(capsys)
     assert capsys.readouterr().out == ""
+
+
+def test_ensemble_members_with_another_tokenizer_are_refused(checkpoint, source, tmp_path, capsys):
+    import io
+
+    import sentencepiece as spm
+
+    from multibranch.data.tokenizer import Tokenizer
+
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus_lines(300, seed=99)), model_writer=buffer, vocab_size=48, model_type="bpe",
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3, character_coverage=1.0, hard_vocab_limit=False, minloglevel=2)
+    payload = load_checkpoint(checkpoint)
+    payload["tokenizer"] = Tokenizer(buffer.getvalue(), buffer.getvalue()).to_state()
+    retokenized = tmp_path / "retokenized.pt"
+    save_checkpoint(retokenized, payload)
+    out = tmp_path / "out.txt"
+    assert translate("--ckpt", str(checkpoint), str(retokenized), "-i", str(source), "-o", str(out)) == 2
+    err = one_error_line(capsys)
+    assert "retokenized.pt has a different tokenizer" in err
+    assert not out.exists()
