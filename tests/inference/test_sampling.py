@@ -141,6 +141,32 @@ def test_real_model_same_seed_same_samples_other_seed_other_samples(tiny_samplin
     assert draw(3) != draw(4)
 
 
+def test_real_model_top_k_1_sampling_is_greedy_search(tiny_sampling_model):
+    from multibranch.inference.beam import greedy_search
+
+    src = torch.tensor([[5, 9, 11, 3], [7, 3, 0, 0], [4, 4, 4, 3]])
+    greedy = greedy_search(tiny_sampling_model, src, max_len_b=6)
+    drawn = sample(tiny_sampling_model, src, 3, generator=torch.Generator().manual_seed(0), top_k=1, max_len_b=6)
+    for g, hyps in zip(greedy, drawn, strict=True):
+        assert [h.tokens for h in hyps] == [g[0].tokens] * 3
+        assert [h.score for h in hyps] == pytest.approx([g[0].score] * 3, abs=1e-5)
+
+
+def test_a_sample_with_every_token_blocked_ends_with_score_minus_infinity():
+    class Looping(FirstStepModel):
+        def decode_step(self, tokens, enc, state):  # always A (only A and EOS exist; EOS masked by min_len)
+            logits = torch.full((tokens.shape[0], V), float("-inf"))
+            logits[:, A] = 0.0
+            logits[:, EOS] = -1.0
+            state.step += 1
+            return logits
+
+    [hyps] = sample(Looping(), torch.tensor([[A, EOS]]), 2, generator=torch.Generator().manual_seed(0), min_len=5,
+                    no_repeat_ngram_size=2)
+    assert [h.tokens for h in hyps] == [[A, A], [A, A]]  # A A, then A is blocked and EOS is masked
+    assert all(h.score == float("-inf") for h in hyps)
+
+
 @pytest.fixture(scope="module")
 def tiny_sampling_model():
     from multibranch.config import from_dict

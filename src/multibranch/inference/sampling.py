@@ -92,6 +92,10 @@ def sample(
         lprobs = _step_log_probs(model, tokens, enc, state, step, min_len, step >= max_lens, no_repeat_ngram_size,
                                  None if prefix is None else prefix[alive])  # [b, V]
         probs = restrict(lprobs, temperature, top_k, top_p).exp()  # [b, V]
+        dead = lprobs.isinf().all(dim=1)  # [b] every token blocked (n-gram blocking): ends here, score -inf
+        if dead.any():
+            probs[dead] = 0.0
+            probs[dead, cfg.eos_id] = 1.0
         drawn = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [b]
         positional[:, step] = lprobs.gather(1, drawn[:, None]).squeeze(1)
         tokens[:, step + 1] = drawn
