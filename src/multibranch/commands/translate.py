@@ -12,6 +12,11 @@ bar (terminal only) and the speed summary go to stderr.
 Modes: batch translation (default), --interactive (one line at a time, flushed as typed; the
 default when stdin is a terminal and no -i is given), and --score-reference REF (forced decoding).
 
+Decoding as researchers use it (docs/decoding.md): several --ckpt form an ensemble (the mean of the
+members' per-step distributions); --sampling draws outputs (--temperature, --top-k, --top-p, --seed,
+--nbest N samples); --prefix FILE forces each translation's start; --print-alignment appends
+attention-based `i-j` pairs.
+
 A code-generation checkpoint (`prepare --task code`) takes one docstring a line and writes one
 function a line in the corpus's escaped form (`DCNL`/`DCSP`, what `evaluate --task code` reads);
 `--code-format source` writes the decoded Python source instead, each function followed by one
@@ -33,9 +38,14 @@ logger = logging.getLogger("multibranch.translate")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ckpt", required=True, metavar="PATH",
-                        help="checkpoint file, `convert export` directory, or `convert ct2` directory (decoded by "
-                             "CTranslate2 with the options equal to our beam search)")
+    parser.add_argument("--ckpt", required=True, nargs="+", metavar="PATH",
+                        help="checkpoint file or `convert export` directory; several: an ensemble that decodes with "
+                             "the mean of the members' per-step distributions (one vocabulary required); or one "
+                             "`convert ct2` directory (decoded by CTranslate2 with the options equal to our beam "
+                             "search)")
+    parser.add_argument("--ensemble-mean", choices=["prob", "log-prob"], default="prob",
+                        help="how an ensemble combines its members: log of the mean probability (prob, fairseq's "
+                             "EnsembleModel) or mean of the log-probabilities (log-prob)")
     parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text ('-' = stdin)")
     parser.add_argument("-o", "--output", default="-", metavar="FILE",
                         help="output text ('-' = stdout); a file is replaced only when translation succeeds")
@@ -62,6 +72,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-tokens", type=int, metavar="N", help="padded source tokens x beam per batch")
     group.add_argument("--batch-size", type=int, metavar="N", help="sentences per batch")
     group.add_argument("--max-input-tokens", type=int, metavar="N", help="truncate longer inputs (tokens incl. EOS)")
+    group.add_argument("--prefix", metavar="FILE",
+                       help="line i is the start every translation of input line i must have (target text; an "
+                            "empty line: no prefix); the search goes on after it")
+    sampling = parser.add_argument_group("sampling (instead of beam search; docs/decoding.md)")
+    sampling.add_argument("--sampling", action="store_true",
+                          help="draw --nbest outputs per line at random (back-translation) instead of beam search")
+    sampling.add_argument("--temperature", type=float, metavar="T", help="sample from softmax(logits / T) (default 1)")
+    sampling.add_argument("--top-k", type=int, metavar="K", help="sample among the K most probable tokens (0: all)")
+    sampling.add_argument("--top-p", type=float, metavar="P",
+                          help="sample among the most probable tokens that together reach probability P (1: all)")
+    sampling.add_argument("--seed", type=int, metavar="N",
+                          help="random seed: the same seed, input and batch settings give the same samples")
+    alignment = parser.add_argument_group("alignment")
+    alignment.add_argument("--print-alignment", action="store_true",
+                           help="append ' ||| i-j ...' to every translation: for output piece j the source piece i "
+                                "the cross-attention weighs most (attention-based, not a trained aligner)")
+    alignment.add_argument("--alignment-layer", type=int, metavar="N",
+                           help="decoder layer whose cross-attention (mean over heads) aligns (-1: the last, as "
+                                "fairseq)")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
                         help="where to run the model (auto: cuda when available)")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (unset: torch's choice)")
@@ -84,8 +113,19 @@ def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
     names = {"beam": "beam", "lenpen": "length_penalty", "lenpen_kind": "length_penalty_kind",
              "max_len_a": "max_len_a", "max_len_b": "max_len_b", "min_len": "min_len", "nbest": "nbest",
              "batch_tokens": "batch_tokens", "batch_size": "batch_size", "max_input_tokens": "max_input_tokens",
-             "no_repeat_ngram_size": "no_repeat_ngram_size"}
-    return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
+             "no_repeat_ngram_size": "no_repeat_ngram_size", "temperature": "temperature", "top_k": "top_k",
+             "top_p": "top_p", "seed": "seed"}
+    overrides = {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
+    if args.sampling:
+        overrides["sampling"] = True
+    return overrides
+
+
+def _alignment_layer(args: argparse.Namespace) -> int | None:
+    """The decoder layer that aligns (-1, the last, unless chosen); None without --print-alignment."""
+    if not args.print_alignment:
+        return None
+    return -1 if args.alignment_layer is None else args.alignment_layer
 
 
 # What a `convert ct2` directory cannot honour: argument -> (the values it can, why not the others).
@@ -95,6 +135,9 @@ CT2_REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
     "lenpen_kind": ((None, "fairseq"), "CTranslate2 only has the score / len^alpha (fairseq) length penalty"),
     "code_format": (("escaped",), "a CTranslate2 directory holds a translation model (`convert ct2` refuses "
                                   "code-generation models)"),
+    "sampling": ((False,), "sampling is not mapped onto CTranslate2's options yet; decode the checkpoint instead"),
+    "prefix": ((None,), "target prefixes are not mapped onto CTranslate2's options yet; decode the checkpoint instead"),
+    "print_alignment": ((False,), "a CTranslate2 directory gives no attention weights to align with"),
 }
 
 
@@ -105,7 +148,7 @@ def _check_ct2_arguments(args: argparse.Namespace) -> None:
     for name, (allowed, why) in CT2_REFUSED.items():
         value = getattr(args, name, None)
         if value not in allowed:
-            raise UserError(f"--{name.replace('_', '-')} {value}: not with a CTranslate2 directory ({args.ckpt}): "
+            raise UserError(f"--{name.replace('_', '-')} {value}: not with a CTranslate2 directory ({args.ckpt[0]}): "
                             f"{why}")
 
 
@@ -124,9 +167,14 @@ def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
     from multibranch.inference.precision import check_precision
     from multibranch.tasks.translation.ct2 import is_ct2_directory
 
-    if is_ct2_directory(args.ckpt):
+    ct2 = [path for path in args.ckpt if is_ct2_directory(path)]
+    if ct2 and len(args.ckpt) > 1:
+        raise UserError(f"--ckpt: {ct2[0]} is a CTranslate2 directory, which cannot be an ensemble member; an "
+                        "ensemble takes checkpoints or `convert export` directories")
+    if ct2:
         _check_ct2_arguments(args)
     check_precision(args.precision, resolve_device(args.device))  # ConfigError: unusable device/precision
+    _check_decoding(args, interactive)
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: must be >= 1")
     if interactive and (args.input != "-" or args.output != "-"):
@@ -144,18 +192,50 @@ def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
                         "--score-reference")
     if args.input != "-":
         check_input_file(args.input)
-    check_output_file(args.output, [args.input, *([args.score_reference] if args.score_reference else [])])
+    if args.prefix is not None:
+        check_input_file(args.prefix)
+    check_output_file(args.output, [args.input, *(p for p in (args.score_reference, args.prefix) if p), *args.ckpt])
+
+
+def _check_decoding(args: argparse.Namespace, interactive: bool) -> None:
+    """Sampling, prefix and alignment options that cannot work (before anything is loaded)."""
+    from multibranch.errors import UserError
+    from multibranch.experiment.decoding import check_sampling
+
+    given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p", "seed")
+             if getattr(args, name) is not None]
+    if given and not args.sampling:
+        raise UserError(f"{', '.join(given)} only apply to --sampling")
+    if args.sampling:
+        check_sampling(1.0 if args.temperature is None else args.temperature, args.top_k or 0,
+                       1.0 if args.top_p is None else args.top_p)
+        if args.beam is not None:
+            raise UserError("--sampling draws --nbest samples per line instead of a beam search; drop --beam")
+        if args.score_reference is not None:
+            raise UserError("--sampling cannot be combined with --score-reference (which decodes nothing)")
+    if args.prefix is not None:
+        if interactive or args.score_reference is not None:
+            raise UserError("--prefix needs a batch translation: drop --interactive / --score-reference")
+        if args.prefix == "-":
+            raise UserError("--prefix needs a file (only -i may be stdin)")
+    if args.alignment_layer is not None and not args.print_alignment:
+        raise UserError("--alignment-layer chooses the layer of --print-alignment; add --print-alignment")
+    if args.print_alignment and (args.score_reference is not None or args.code_format == "source"):
+        raise UserError("--print-alignment goes with translations: drop --score-reference / --code-format source")
 
 
 def _check_output(args: argparse.Namespace, interactive: bool) -> tuple[list[str], list[str]] | None:
     """Input errors, then the output: refuse an existing -o without --force and a directory that cannot
-    take the output, before the model is loaded. Returns the --score-reference pairs (read whole)."""
+    take the output, before the model is loaded. Returns the --score-reference or --prefix pairs (read whole)."""
     from multibranch.data.text import check_can_write, refuse_existing_output, scan_lines
     from multibranch.tasks.translation.files import read_scored_pairs
 
     pairs = None
     if args.score_reference is not None:
         pairs = read_scored_pairs(args.input, args.score_reference, args.encoding_errors)
+    elif args.prefix is not None:
+        pairs = read_scored_pairs(args.input, args.prefix, args.encoding_errors,
+                                  what="the prefix file starts the translation of")
     elif not interactive and args.input != "-":
         scan_lines(args.input, args.encoding_errors)  # invalid UTF-8: an error now, not after hours of decoding
     refuse_existing_output(args.output, args.force)
@@ -171,10 +251,11 @@ def run(args: argparse.Namespace) -> int:
 
     from multibranch.checkpoint.format import CheckpointError
     from multibranch.device import resolve_device
+    from multibranch.errors import UserError
     from multibranch.inference.precision import for_decoding
-    from multibranch.tasks.loading import load_model
     from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
     from multibranch.tasks.translation.files import code_source, one_line
+    from multibranch.tasks.translation.loading import load_ensemble
     from multibranch.tasks.translation.translator import Translator
 
     interactive = _is_interactive(args)
@@ -183,19 +264,24 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if is_ct2_directory(args.ckpt):
-        translator = Ct2Translator(args.ckpt, device, threads=args.threads or 0, **_decode_overrides(args))
+    if is_ct2_directory(args.ckpt[0]):  # the only --ckpt: checked above
+        translator = Ct2Translator(args.ckpt[0], device, threads=args.threads or 0, **_decode_overrides(args))
         return _translate(args, translator, one_line, interactive, pairs)
-    loaded = load_model(args.ckpt, device, task=("translation", "code"))
+    loaded = load_ensemble(args.ckpt, device, task=("translation", "code"), mean=args.ensemble_mean)
+    ckpt = " ".join(args.ckpt)
     if loaded.tokenizer is None:
-        raise CheckpointError(f"{args.ckpt} has no tokenizer, so it cannot translate raw text")
+        raise CheckpointError(f"{ckpt} has no tokenizer, so it cannot translate raw text")
     if args.code_format != "escaped" and loaded.config.task != "code":
-        raise CheckpointError(f"--code-format: {args.ckpt} is a {loaded.config.task} model, not a code-generation "
+        raise CheckpointError(f"--code-format: {ckpt} is a {loaded.config.task} model, not a code-generation "
                               "model")
     render = code_source if args.code_format == "source" else one_line
     cfg = dataclasses.replace(loaded.config.decode, **_decode_overrides(args))
     cfg.validate()
-    translator = Translator(for_decoding(loaded.model, args.precision), loaded.tokenizer, cfg, device)
+    try:
+        translator = Translator(for_decoding(loaded.model, args.precision), loaded.tokenizer, cfg, device,
+                                alignment_layer=_alignment_layer(args))
+    except ValueError as err:  # an alignment layer the decoder lacks
+        raise UserError(f"--alignment-layer: {err}") from None
     return _translate(args, translator, render, interactive, pairs)
 
 
@@ -203,20 +289,36 @@ def _translate(args: argparse.Namespace, translator, render, interactive: bool, 
                pairs: tuple[list[str], list[str]] | None) -> int:
     """Translate (or score) with `translator` as the arguments ask; its `cfg` is the decode config."""
     from multibranch.data.text import count_lines, open_input, open_output
-    from multibranch.tasks.translation.files import score_text, translate_interactive, translate_stream
+    from multibranch.tasks.translation.files import (
+        format_translations,
+        score_text,
+        translate_interactive,
+        translate_stream,
+    )
     from multibranch.tasks.translation.translator import progress_bar, show_progress
 
     cfg = translator.cfg
     logger.info(
         "beam=%d lenpen=%g (%s) max_len=%g*src+%d min_len=%d no_repeat_ngram=%d nbest=%d batch_tokens=%d device=%s "
-        "precision=%s",
+        "precision=%s models=%d%s",
         cfg.beam, cfg.length_penalty, cfg.length_penalty_kind, cfg.max_len_a, cfg.max_len_b, cfg.min_len,
-        cfg.no_repeat_ngram_size, cfg.nbest, cfg.batch_tokens, translator.device, args.precision,
+        cfg.no_repeat_ngram_size, cfg.nbest, cfg.batch_tokens, translator.device, args.precision, len(args.ckpt),
+        f" sampling (temperature={cfg.temperature:g} top_k={cfg.top_k} top_p={cfg.top_p:g} seed={cfg.seed})"
+        if cfg.sampling else "",
     )
     name = "<stdin>" if args.input == "-" else args.input
     show = not args.no_progress and show_progress()
     if interactive:
-        translate_interactive(translator, cfg.nbest, args.encoding_errors, render=render)
+        translate_interactive(translator, cfg.nbest, args.encoding_errors, render=render,
+                              alignment=args.print_alignment)
+    elif args.prefix is not None and pairs is not None:  # read whole: every prefix is checked before any output
+        lines, prefixes = pairs
+        bar = progress_bar(len(lines), show, desc="translate")
+        text = format_translations(translator, lines, cfg.nbest, 0, progress=bar, render=render, prefixes=prefixes,
+                                   alignment=args.print_alignment)
+        bar.close()
+        with open_output(args.output) as sink:
+            sink.write(text.encode("utf-8"))
     elif pairs is not None:
         lines, references = pairs
         bar = progress_bar(len(lines), show, desc="score")
@@ -228,7 +330,7 @@ def _translate(args: argparse.Namespace, translator, render, interactive: bool, 
         bar = progress_bar(count_lines(args.input), show, desc="translate")
         with open_input(args.input) as source, open_output(args.output) as sink:
             translate_stream(translator, source, sink, name, args.encoding_errors, cfg.nbest, progress=bar,
-                             render=render)
+                             render=render, alignment=args.print_alignment)
         bar.close()
     logger.info("translated %s", translator.stats.summary())
     return 0

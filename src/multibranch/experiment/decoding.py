@@ -24,6 +24,10 @@ class DecodeConfig:
       batch_size: sentences per batch.
     max_input_tokens: source tokens (including EOS) kept per line, longer lines are truncated
       (None: only the model's positional limit applies).
+    sampling: draw `nbest` outputs per sentence at random instead of searching (beam is then unused
+      and nbest is not bounded by it): each step samples from softmax(logits / temperature) restricted
+      to the top_k most probable tokens (0: all) and then to the smallest set whose probability
+      reaches top_p (1.0: all), renormalised. seed: the generator's seed (None: a random one).
     """
 
     beam: int = 5
@@ -37,12 +41,21 @@ class DecodeConfig:
     batch_size: int = 128
     max_input_tokens: int | None = None
     no_repeat_ngram_size: int = 0
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
 
     def validate(self) -> None:
         if self.beam < 1:
             raise ConfigError(f"beam={self.beam} must be >= 1")
-        if not 1 <= self.nbest <= self.beam:
+        if self.sampling:
+            if self.nbest < 1:
+                raise ConfigError(f"nbest={self.nbest} must be >= 1 (samples per sentence)")
+        elif not 1 <= self.nbest <= self.beam:
             raise ConfigError(f"nbest={self.nbest} must be between 1 and beam={self.beam}")
+        check_sampling(self.temperature, self.top_k, self.top_p)
         if self.max_len_a < 0:
             raise ConfigError(f"max_len_a={self.max_len_a} must be >= 0")
         if self.no_repeat_ngram_size < 0:
@@ -53,3 +66,13 @@ class DecodeConfig:
             raise ConfigError(f"batch_tokens={self.batch_tokens} and batch_size={self.batch_size} must be >= 1")
         if self.max_input_tokens is not None and self.max_input_tokens < 2:
             raise ConfigError(f"max_input_tokens={self.max_input_tokens} must be >= 2 (one token plus EOS)")
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """ConfigError unless temperature > 0, top_k >= 0 and 0 < top_p <= 1."""
+    if not temperature > 0:
+        raise ConfigError(f"temperature={temperature} must be > 0 (1: the model's distribution)")
+    if top_k < 0:
+        raise ConfigError(f"top_k={top_k} must be >= 0 (0: no top-k restriction)")
+    if not 0 < top_p <= 1:
+        raise ConfigError(f"top_p={top_p} must be in (0, 1] (1: no nucleus restriction)")

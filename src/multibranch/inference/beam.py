@@ -22,6 +22,12 @@ The encoder output keeps one row per sentence: the decoder's cross-attention sha
 cached keys/values) between the sentence's hypotheses rather than copying it K times, and step 0
 decodes one row per sentence (the K hypotheses are all `<s>` then) and fans out to K afterwards.
 
+A target prefix (`prefix` [B, P], right-padded with pad_id) forces sentence b's first output tokens:
+while step < its prefix length, every token but prefix[b, step] is masked, and that token keeps the
+log-probability the model gives it (fairseq's --prefix-size semantics, also over EOS masking and
+n-gram blocking); the search goes on from there. A prefix longer than the sentence's maximum output
+length is a ValueError.
+
 Finished scores are normalised by a length penalty (`length_penalty`); raw cumulative
 log-probabilities rank candidates during the search. `beam == 1` runs `greedy_search`, which takes
 the argmax without candidate bookkeeping and returns exactly what the beam search would.
@@ -58,6 +64,25 @@ class Decodable(Protocol):
         ...
 
 
+def new_state(model: Decodable) -> DecoderState:
+    """The empty decoder state of a model: its own kind when it makes one (an ensemble keeps one state
+    per member), else a plain DecoderState."""
+    make = getattr(model, "new_state", None)
+    return make() if make is not None else DecoderState()
+
+
+def check_prefix(prefix: Tensor | None, max_lens: Tensor, pad_id: int) -> None:
+    """ValueError when a prefix [B, P] (pad_id-padded) is longer than its sentence's max_lens [B]."""
+    if prefix is None:
+        return
+    lengths = prefix.ne(pad_id).sum(dim=1)  # [B]
+    over = lengths.gt(max_lens).nonzero().squeeze(1).tolist()
+    if over:
+        b = over[0]
+        raise ValueError(f"sentence {b}: its prefix has {int(lengths[b])} tokens but at most "
+                         f"{int(max_lens[b])} output tokens are allowed")
+
+
 @dataclass
 class Hypothesis:
     """One finished translation: tokens without EOS, length-normalised score, and the
@@ -86,11 +111,14 @@ def max_output_lengths(model: Decodable, src: Tensor, max_len_a: float, max_len_
     src_len counts non-pad source tokens (EOS included). Learned positions cap the output at
     max_positions - 1 tokens (the EOS needs the last position).
     """
-    cfg = model.config
-    src_len = src.ne(cfg.pad_id).sum(dim=1).double()  # [B]
-    limit = torch.floor(max_len_a * src_len + max_len_b).clamp(min=0).long()
+    return length_limits(model.config, src.ne(model.config.pad_id).sum(dim=1), max_len_a, max_len_b)
+
+
+def length_limits(cfg: object, src_lens: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
+    """`max_output_lengths` from the source lengths src_lens [B] (EOS included) and a model config."""
+    limit = torch.floor(max_len_a * src_lens.double() + max_len_b).clamp(min=0).long()
     if getattr(cfg, "positions", None) == "learned":
-        limit = limit.clamp(max=cfg.max_positions - 1)
+        limit = limit.clamp(max=cfg.max_positions - 1)  # type: ignore[attr-defined]
     return limit
 
 
@@ -150,12 +178,19 @@ def _step_log_probs(
     min_len: int,
     forced: Tensor,
     no_repeat_ngram_size: int = 0,
+    prefix: Tensor | None = None,
 ) -> Tensor:
     """tokens [N, 1 + T] (BOS + output so far; column `step` is the last one) -> masked fp32
     log-probabilities [N, V]; rows where `forced` [N] is True may only produce EOS (with its own
-    log-probability)."""
+    log-probability); rows whose `prefix` [N, P] has a token at `step` may only produce that one."""
     cfg = model.config
     lprobs = normalized_log_probs(model.decode_step(tokens[:, step : step + 1], enc, state), cfg)  # [N, V]
+    prefixed = None
+    if prefix is not None and step < prefix.shape[1]:
+        wanted = prefix[:, step]  # [N]
+        prefixed = wanted.ne(cfg.pad_id).nonzero().squeeze(1)  # rows still inside their prefix
+        wanted = wanted[prefixed]
+        wanted_lprob = lprobs[prefixed, wanted]  # [n] before any masking
     if no_repeat_ngram_size:
         block_repeated_ngrams(lprobs, tokens[:, 1 : step + 1], no_repeat_ngram_size)
     if forced.any():  # the maximum length wins over min_len (as in fairseq)
@@ -166,6 +201,9 @@ def _step_log_probs(
             lprobs[~forced, cfg.eos_id] = NEG_INF
     elif step < min_len:
         lprobs[:, cfg.eos_id] = NEG_INF
+    if prefixed is not None and prefixed.numel():
+        lprobs[prefixed] = NEG_INF
+        lprobs[prefixed, wanted] = wanted_lprob
     return lprobs
 
 
@@ -203,15 +241,17 @@ def greedy_search(
     max_len_b: int = 10,
     min_len: int = 1,
     no_repeat_ngram_size: int = 0,
+    prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Argmax decoding of src [B, S]; returns one hypothesis per sentence (== beam search, beam 1)."""
     cfg = model.config
     B = src.shape[0]
     device = src.device
     max_lens = max_output_lengths(model, src, max_len_a, max_len_b)  # [B]
+    check_prefix(prefix, max_lens, cfg.pad_id)
     steps = int(max_lens.max()) + 1 if B else 0
     enc = model.encode(src)
-    state = DecoderState()
+    state = new_state(model)
     tokens = torch.full((B, steps + 1), cfg.pad_id, dtype=torch.long, device=device)  # [b, 1 + T]
     tokens[:, 0] = cfg.bos_id
     positional = torch.zeros(B, steps, device=device)  # [b, T] log-probs of the chosen tokens
@@ -219,7 +259,8 @@ def greedy_search(
     alive = torch.arange(B, device=device)  # original index of each live sentence
     hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
     for step in range(steps):
-        lprobs = _step_log_probs(model, tokens, enc, state, step, min_len, step >= max_lens, no_repeat_ngram_size)
+        lprobs = _step_log_probs(model, tokens, enc, state, step, min_len, step >= max_lens, no_repeat_ngram_size,
+                                 None if prefix is None else prefix[alive])
         best_lprob, best = lprobs.max(dim=-1)  # [b]
         scores = scores + best_lprob
         ended = best.eq(cfg.eos_id) & best_lprob.gt(NEG_INF)  # [b]
@@ -252,8 +293,9 @@ def beam_search(
     min_len: int = 1,
     nbest: int | None = None,
     no_repeat_ngram_size: int = 0,
+    prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
-    """Beam search over src [B, S] (right-padded with pad_id).
+    """Beam search over src [B, S] (right-padded with pad_id); `prefix` [B, P] forces output prefixes.
 
     Returns per sentence its finished hypotheses (up to `nbest`, default `beam`), best first.
     `beam == 1` is delegated to `greedy_search` (same result, less bookkeeping).
@@ -261,7 +303,7 @@ def beam_search(
     if beam < 1:
         raise ValueError(f"beam={beam} must be >= 1")
     options = dict(length_penalty=length_penalty, length_penalty_kind=length_penalty_kind, max_len_a=max_len_a,
-                   max_len_b=max_len_b, min_len=min_len, no_repeat_ngram_size=no_repeat_ngram_size)
+                   max_len_b=max_len_b, min_len=min_len, no_repeat_ngram_size=no_repeat_ngram_size, prefix=prefix)
     if beam == 1:
         return greedy_search(model, src, **options)
     return _sorted(_beam_search(model, src, beam, **options), nbest)
@@ -279,6 +321,7 @@ def _beam_search(
     max_len_b: int = 10,
     min_len: int = 1,
     no_repeat_ngram_size: int = 0,
+    prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """The general search for any beam >= 1 (tests compare its beam-1 result with greedy_search);
     finished hypotheses per sentence in the order they were found."""
@@ -288,9 +331,10 @@ def _beam_search(
     B = src.shape[0]
     device = src.device
     max_lens = max_output_lengths(model, src, max_len_a, max_len_b)  # [B]
+    check_prefix(prefix, max_lens, cfg.pad_id)
     steps = int(max_lens.max()) + 1 if B else 0
     enc = model.encode(src)  # [b, S, d]: one row per sentence, shared by its hypotheses
-    state = DecoderState()
+    state = new_state(model)
     # `width` hypotheses per live sentence: 1 at step 0 (all K would be the same <s>), then K
     tokens = torch.full((B, steps + 1), cfg.pad_id, dtype=torch.long, device=device)  # [b*width, 1 + T]
     tokens[:, 0] = cfg.bos_id
@@ -304,8 +348,10 @@ def _beam_search(
         b = alive.numel()
         width = scores.shape[1]
         forced = step >= max_lens  # [b]
+        rows_prefix = None if prefix is None else prefix[alive].repeat_interleave(width, dim=0)  # [b*width, P]
         lprobs = _step_log_probs(
-            model, tokens, enc, state, step, min_len, forced.repeat_interleave(width), no_repeat_ngram_size
+            model, tokens, enc, state, step, min_len, forced.repeat_interleave(width), no_repeat_ngram_size,
+            rows_prefix,
         )  # [b*width, V]
         V = lprobs.shape[1]
         expanded = lprobs.view(b, width, V) + scores[:, :, None]  # [b, width, V]
@@ -358,8 +404,10 @@ def _beam_search(
     return hyps
 
 
-def search(model: Decodable, src: Tensor, cfg: DecodeConfig, nbest: int | None = None) -> list[list[Hypothesis]]:
-    """Decode src [B, S] with a DecodeConfig (greedy when beam == 1); `nbest` overrides cfg.nbest."""
+def search(model: Decodable, src: Tensor, cfg: DecodeConfig, nbest: int | None = None,
+           prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+    """Decode src [B, S] with a DecodeConfig (greedy when beam == 1); `nbest` overrides cfg.nbest;
+    `prefix` [B, P] (pad_id-padded) forces each sentence's first output tokens."""
     return beam_search(
         model,
         src,
@@ -371,4 +419,5 @@ def search(model: Decodable, src: Tensor, cfg: DecodeConfig, nbest: int | None =
         min_len=cfg.min_len,
         nbest=cfg.nbest if nbest is None else nbest,
         no_repeat_ngram_size=cfg.no_repeat_ngram_size,
+        prefix=prefix,
     )

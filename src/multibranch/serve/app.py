@@ -50,12 +50,15 @@ logger = logging.getLogger("multibranch.serve")
 
 class TranslateRequest(BaseModel):
     """texts: the sentences; beam: beam size (unset: the model's); nbest: hypotheses per text (unset:
-    plain strings; set: a list of {text, score} per text, best first, nbest <= beam)."""
+    plain strings; set: a list of {text, score} per text, best first, nbest <= beam); alignment: also
+    return `alignments`, per translation its attention-based 'i-j ...' pairs between source and
+    output SentencePiece pieces (last decoder layer, docs/decoding.md)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     texts: list[str]
     beam: int | None = Field(default=None, ge=1)
     nbest: int | None = Field(default=None, ge=1)
+    alignment: bool = False
 
 
 class Hypothesis(BaseModel):
@@ -65,6 +68,7 @@ class Hypothesis(BaseModel):
 
 class TranslateResponse(BaseModel):
     translations: list[str] | list[list[Hypothesis]]
+    alignments: list[str] | list[list[str]] | None = None  # only when the request asked for them
 
 
 class ClassifyRequest(BaseModel):
@@ -277,7 +281,7 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
         if task != wanted:
             raise HTTPException(400, f"this server holds a {task} model: POST {other_route}")
 
-    @app.post("/translate", response_model=TranslateResponse)
+    @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)
     async def translate(body: TranslateRequest) -> Any:
         async def handle() -> Any:
             require_task("translation", "/classify")
@@ -286,6 +290,17 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
             if not body.texts:
                 return {"translations": []}
             tokens = sum(engine.count_tokens(body.texts))
+            if body.alignment:
+                if not hasattr(engine, "translate_aligned"):
+                    raise HTTPException(422, "alignment: this engine has no attention to align with (use the "
+                                             "torch engine)")
+                results = await batcher.submit_call(body.texts, tokens, ("translate_aligned", beam, body.nbest or 1),
+                                                    weight=beam)
+                if body.nbest is None:
+                    return {"translations": [entries[0][0] for entries in results],
+                            "alignments": [entries[0][2] for entries in results]}
+                return {"translations": [[{"text": t, "score": s} for t, s, _ in entries] for entries in results],
+                        "alignments": [[a for _, _, a in entries] for entries in results]}
             results = await batcher.submit(body.texts, tokens, beam, body.nbest or 1)
             if body.nbest is None:
                 return {"translations": [entries[0][0] for entries in results]}

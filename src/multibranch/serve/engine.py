@@ -114,18 +114,26 @@ class TorchEngine:
             raise CheckpointError(f"{path} is a {engine.task} model, not a translation model")
         return engine
 
-    def _translator(self, beam: int) -> Any:
-        if beam not in self._translators:
-
+    def _translator(self, beam: int, aligned: bool = False) -> Any:
+        """The Translator of a beam size (with attention-based alignments of the last decoder layer when
+        `aligned`), made once and kept."""
+        key = (beam, aligned) if aligned else beam
+        if key not in self._translators:
             cfg = dataclasses.replace(self.decode, beam=beam, nbest=1)
-            self._translators[beam] = Translator(self.model, self.tokenizer, cfg, self._base.device)
-        return self._translators[beam]
+            self._translators[key] = Translator(self.model, self.tokenizer, cfg, self._base.device,
+                                                alignment_layer=-1 if aligned else None)
+        return self._translators[key]
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         return [len(ids) + 1 for ids in self.tokenizer.encode_src(texts)]  # + EOS
 
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
         return self._translator(beam).translate_nbest(texts, nbest)
+
+    def translate_aligned(self, texts: list[str], beam: int, nbest: int) -> list[list[tuple[str, float, str]]]:
+        """`translate` with each hypothesis' Pharaoh alignment (inference/alignment.py: attention-based)."""
+        return [[(t.text, t.score, t.alignment or "") for t in entries]
+                for entries in self._translator(beam, aligned=True).translate_full(texts, nbest)]
 
     def attention_choices(self) -> dict[str, dict[str, Any]]:
         return attention_choices(self.model)

@@ -3,7 +3,8 @@
 Streams are read in chunks (sorted and batched inside a chunk) and each chunk's output is written and
 flushed before the next is read, so a pipe sees translations as they are done. Output lines are the
 translations with line breaks turned into spaces (`one_line`), or n-best rows `index ||| text ||| score`,
-or for `--score-reference` `SCORE<TAB>LOGPROB<TAB>TOKENS`.
+or for `--score-reference` `SCORE<TAB>LOGPROB<TAB>TOKENS`. With alignments (--print-alignment) every
+translation is followed by ` ||| ` and its Pharaoh pairs `i-j ...` (OpenNMT's -report_align layout).
 """
 
 from __future__ import annotations
@@ -41,16 +42,25 @@ def chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
 
 
 def format_translations(translator: Any, chunk: list[str], nbest: int, first_index: int, progress: Any = False,
-                        render: Callable[[str], str] = one_line) -> str:
+                        render: Callable[[str], str] = one_line, prefixes: list[str] | None = None,
+                        alignment: bool = False) -> str:
     """The output text of one chunk: `render(text)` and a newline per input line, or nbest rows
-    'index ||| text ||| score'."""
+    'index ||| text ||| score'; `alignment`: ' ||| i-j ...' after each translation. `prefixes`: one
+    target prefix per line of the chunk."""
+    options: dict[str, Any] = {"progress": progress} if prefixes is None else {"progress": progress, "prefixes": prefixes}
+    if nbest == 1 and not alignment:
+        return "".join(render(text) + "\n" for text in translator.translate(chunk, **options))
+    if not alignment:
+        return "".join(
+            f"{first_index + i} ||| {one_line(text)} ||| {score:.6f}\n"
+            for i, entries in enumerate(translator.translate_nbest(chunk, nbest, **options))
+            for text, score in entries
+        )
+    results = translator.translate_full(chunk, nbest, **options)
     if nbest == 1:
-        return "".join(render(text) + "\n" for text in translator.translate(chunk, progress=progress))
-    return "".join(
-        f"{first_index + i} ||| {one_line(text)} ||| {score:.6f}\n"
-        for i, entries in enumerate(translator.translate_nbest(chunk, nbest, progress=progress))
-        for text, score in entries
-    )
+        return "".join(f"{render(entries[0].text)} ||| {entries[0].alignment}\n" for entries in results)
+    return "".join(f"{first_index + i} ||| {one_line(t.text)} ||| {t.score:.6f} ||| {t.alignment}\n"
+                   for i, entries in enumerate(results) for t in entries)
 
 
 def format_score(score: Any) -> str:
@@ -60,13 +70,13 @@ def format_score(score: Any) -> str:
 
 def translate_stream(translator: Any, source: BinaryIO, sink: BinaryIO, name: str, encoding_errors: str,
                      nbest: int, progress: Any = False, render: Callable[[str], str] = one_line,
-                     chunk_lines: int = CHUNK_LINES) -> int:
+                     chunk_lines: int = CHUNK_LINES, alignment: bool = False) -> int:
     """Translate `source` chunk by chunk into `sink` (UTF-8, flushed after every chunk); returns the
     number of input lines."""
     index = 0
     for chunk in chunks(iter_lines(source, name, encoding_errors), chunk_lines):
         sink.write(format_translations(translator, chunk, nbest, index, progress=progress,
-                                       render=render).encode("utf-8"))
+                                       render=render, alignment=alignment).encode("utf-8"))
         sink.flush()
         index += len(chunk)
     return index
@@ -74,7 +84,7 @@ def translate_stream(translator: Any, source: BinaryIO, sink: BinaryIO, name: st
 
 def translate_interactive(translator: Any, nbest: int, encoding_errors: str, source: IO[bytes] | None = None,
                           sink: IO[str] | None = None, prompts: IO[str] | None = None,
-                          render: Callable[[str], str] = one_line) -> None:
+                          render: Callable[[str], str] = one_line, alignment: bool = False) -> None:
     """Translate `source` (stdin) line by line as it arrives, flushing every answer to `sink` (stdout);
     prompts go to `prompts` (stderr)."""
     source = source if source is not None else sys.stdin.buffer
@@ -83,14 +93,16 @@ def translate_interactive(translator: Any, nbest: int, encoding_errors: str, sou
     print("multibranch translate: type a sentence and press Enter (Ctrl-D to quit)", file=prompts, flush=True)
     print("> ", end="", file=prompts, flush=True)
     for index, line in enumerate(iter_lines(source, "<stdin>", encoding_errors)):
-        sink.write(format_translations(translator, [line], nbest, index, render=render))
+        sink.write(format_translations(translator, [line], nbest, index, render=render, alignment=alignment))
         sink.flush()
         print("> ", end="", file=prompts, flush=True)
     print(file=prompts, flush=True)
 
 
-def read_scored_pairs(input_path: str, reference_path: str, encoding_errors: str) -> tuple[list[str], list[str]]:
-    """Input lines and the reference lines that score them (--score-reference), of equal count."""
+def read_scored_pairs(input_path: str, reference_path: str, encoding_errors: str,
+                      what: str = "the reference must translate") -> tuple[list[str], list[str]]:
+    """Input lines and the reference lines that score them (--score-reference), or the prefixes that
+    start their translations (--prefix, `what` = "the prefix file starts"), of equal count."""
     name = "<stdin>" if input_path == "-" else input_path
     with open_input(input_path) as source:
         lines = list(iter_lines(source, name, encoding_errors))
@@ -98,7 +110,7 @@ def read_scored_pairs(input_path: str, reference_path: str, encoding_errors: str
         references = list(iter_lines(stream, reference_path, encoding_errors))
     if len(lines) != len(references):
         raise DataError(f"line counts differ: {name} has {len(lines)} lines, {reference_path} has "
-                        f"{len(references)}; line i of the reference must translate input line i")
+                        f"{len(references)}; line i of {what} input line i")
     return lines, references
 
 

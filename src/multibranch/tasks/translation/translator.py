@@ -1,4 +1,4 @@
-"""Text in, text out: SentencePiece encoding, longest-first token-budget batches, beam search.
+"""Text in, text out: SentencePiece encoding, longest-first token-budget batches, beam search or sampling.
 
 `Translator.translate(lines)` returns exactly one string per input line, in input order:
 - empty / whitespace-only lines give "" without running the model;
@@ -6,7 +6,12 @@
   model's positional limit for learned positions, and `DecodeConfig.max_input_tokens`) are
   truncated, never dropped, with one warning per call giving the count;
 - lines are sorted longest-first (an out-of-memory error shows up in the first batch) and batched
-  so that padded source tokens x beam <= batch_tokens and sentences <= batch_size.
+  so that padded source tokens x beam (x samples when sampling) <= batch_tokens and sentences <= batch_size.
+
+Options (docs/decoding.md): `DecodeConfig.sampling` draws samples instead of searching (one seeded
+generator per Translator); `prefixes` (one target-side line per input line) force the start of each
+output; `alignment_layer` adds attention-based alignments (`Translation.alignment`, Pharaoh pairs).
+The model may be an `inference.ensemble.Ensemble`.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from tqdm import tqdm
 from multibranch.device import resolve_device
 from multibranch.errors import DataError
 from multibranch.experiment.decoding import DecodeConfig
-from multibranch.inference.beam import Hypothesis, forced_scores, length_penalty, search
+from multibranch.inference.alignment import check_alignment_layer, cross_attention, hard_alignment, pharaoh
+from multibranch.inference.beam import Hypothesis, forced_scores, length_limits, length_penalty, search
+from multibranch.inference.sampling import sample
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +85,16 @@ class ForcedScore:
     tokens: int
 
 
+@dataclass
+class Translation:
+    """One output of a line: detokenised text, normalised score and (when asked) its alignment
+    'i-j ...' between source and output SentencePiece pieces."""
+
+    text: str
+    score: float
+    alignment: str | None = None
+
+
 def input_limit(model_config: Any, decode: DecodeConfig) -> int | None:
     """Most source tokens (EOS included) a line may keep; None = unlimited."""
     limits = []
@@ -113,10 +130,12 @@ class Translator:
         tokenizer: `multibranch.data.tokenizer.Tokenizer` (encode_src, decode_tgt).
         decode_cfg: beam size, length penalty, limits and batching (default DecodeConfig()).
         device: "cpu", "cuda", "cuda:1", or "auto".
+        alignment_layer: decoder layer whose cross-attention gives `Translation.alignment`
+          (-1: the last, fairseq's default); None: no alignments.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, decode_cfg: DecodeConfig | None = None,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", alignment_layer: int | None = None):
         self.device = resolve_device(device) if isinstance(device, str) else device
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -124,20 +143,55 @@ class Translator:
         self.cfg.validate()
         self.max_input_tokens = input_limit(model.config, self.cfg)
         self.stats = TranslationStats()
+        if alignment_layer is not None:
+            check_alignment_layer(self.model, alignment_layer)
+        self.alignment_layer = alignment_layer
+        self.generator = torch.Generator(device=self.device)
+        if self.cfg.seed is not None:
+            self.generator.manual_seed(self.cfg.seed)
+        else:
+            self.generator.seed()
 
-    def translate(self, lines: list[str], progress: Progress = False) -> list[str]:
+    def translate(self, lines: list[str], progress: Progress = False, prefixes: Sequence[str] | None = None
+                  ) -> list[str]:
         """One translation (the best hypothesis) per input line, in input order.
 
         `progress`: True shows a bar (lines done / total, ETA) on stderr; a bar object is advanced instead.
+        `prefixes`: per line a target-side text its translation must start with ("" = none).
         """
-        return [entries[0][0] for entries in self._run(lines, 1, progress)]
+        return [entries[0].text for entries in self.translate_full(lines, 1, progress, prefixes)]
 
-    def translate_nbest(self, lines: list[str], n: int, progress: Progress = False) -> list[list[tuple[str, float]]]:
-        """Up to `n` (<= beam) (text, normalised score) pairs per line, best first. An empty line
-        gives [("", 0.0)]."""
-        if not 1 <= n <= self.cfg.beam:
+    def translate_nbest(self, lines: list[str], n: int, progress: Progress = False,
+                        prefixes: Sequence[str] | None = None) -> list[list[tuple[str, float]]]:
+        """Up to `n` (<= beam; any n when sampling) (text, normalised score) pairs per line, best first.
+        An empty line gives [("", 0.0)]."""
+        return [[(t.text, t.score) for t in entries] for entries in self.translate_full(lines, n, progress, prefixes)]
+
+    def translate_full(self, lines: list[str], n: int, progress: Progress = False,
+                       prefixes: Sequence[str] | None = None) -> list[list[Translation]]:
+        """`translate_nbest` as `Translation`s (with alignments when the translator makes them)."""
+        if n < 1 or (not self.cfg.sampling and n > self.cfg.beam):
             raise ValueError(f"n={n} must be between 1 and beam={self.cfg.beam}")
-        return self._run(lines, n, progress)
+        return self._run(lines, n, progress, self.encode_prefixes(lines, prefixes))
+
+    def encode_prefixes(self, lines: Sequence[str], prefixes: Sequence[str] | None) -> list[list[int]] | None:
+        """Target ids of each line's prefix (None: no prefixes). DataError when the counts differ or a
+        prefix is longer than its line's maximum output length (before anything is decoded)."""
+        if prefixes is None:
+            return None
+        if len(prefixes) != len(lines):
+            raise DataError(f"line counts differ: {len(lines)} input lines but {len(prefixes)} prefixes")
+        ids = [list(p) for p in self.tokenizer.encode_tgt(list(prefixes))]
+        keep, sources, _ = self.encode(list(lines))
+        if keep:
+            src_lens = torch.tensor([len(s) for s in sources])
+            limits = length_limits(self.model.config, src_lens, self.cfg.max_len_a, self.cfg.max_len_b).tolist()
+            for i, limit in zip(keep, limits, strict=True):
+                if len(ids[i]) > limit:
+                    raise DataError(f"prefix line {i + 1} has {len(ids[i])} tokens but its translation may have at "
+                                    f"most {limit} (--max-len-a/--max-len-b, the model's positions); shorten the "
+                                    "prefix or raise the limit")
+        return ids
 
     def score(self, lines: Sequence[str], references: Sequence[str], progress: Progress = False
               ) -> list[ForcedScore | None]:
@@ -224,9 +278,42 @@ class Translator:
             src[row, : len(ids)] = torch.tensor(ids)
         return src.to(self.device)
 
-    def _run(self, lines: list[str], nbest: int, progress: Progress = False) -> list[list[tuple[str, float]]]:
+    def _prefix_batch(self, prefixes: list[list[int]]) -> torch.Tensor | None:
+        """Prefix ids of a batch -> [b, P] right-padded with pad_id (None when all are empty)."""
+        width = max((len(p) for p in prefixes), default=0)
+        if width == 0:
+            return None
+        out = torch.full((len(prefixes), width), self.model.config.pad_id, dtype=torch.long)
+        for row, ids in enumerate(prefixes):
+            out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        return out.to(self.device)
+
+    def _decode(self, src: torch.Tensor, n: int, prefix: torch.Tensor | None) -> list[list[Hypothesis]]:
+        cfg = self.cfg
+        if not cfg.sampling:
+            return search(self.model, src, cfg, nbest=n, prefix=prefix)
+        return sample(self.model, src, n, generator=self.generator, temperature=cfg.temperature, top_k=cfg.top_k,
+                      top_p=cfg.top_p, length_penalty=cfg.length_penalty, length_penalty_kind=cfg.length_penalty_kind,
+                      max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, min_len=cfg.min_len,
+                      no_repeat_ngram_size=cfg.no_repeat_ngram_size, prefix=prefix)
+
+    def _alignments(self, src: torch.Tensor, hyps: list[list[Hypothesis]]) -> list[list[str]]:
+        """Per sentence of src [b, S] and hypothesis, its Pharaoh alignment."""
+        rows = [b for b, sentence in enumerate(hyps) for _ in sentence]
+        flat = [h.tokens for sentence in hyps for h in sentence]
+        if not flat:
+            return [[] for _ in hyps]
+        attention = cross_attention(self.model, src[rows], flat, self.alignment_layer)  # per hyp [T, S]
+        src_lens = src.ne(self.model.config.pad_id).sum(dim=1).tolist()
+        texts = iter(pharaoh(hard_alignment(a, src_lens[b] - 1, len(t)))
+                     for a, b, t in zip(attention, rows, flat, strict=True))
+        return [[next(texts) for _ in sentence] for sentence in hyps]
+
+    def _run(self, lines: list[str], nbest: int, progress: Progress = False,
+             prefixes: list[list[int]] | None = None) -> list[list[Translation]]:
         start = time.perf_counter()
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+        empty = "" if self.alignment_layer is not None else None
+        results: list[list[Translation]] = [[Translation("", 0.0, empty)] for _ in lines]
         keep, sources, truncated = self.encode(list(lines))
         bar, owned = self._bar(progress, len(lines))
         self._advance(bar, len(lines) - len(keep))
@@ -234,12 +321,16 @@ class Translator:
         order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first, stable
         lengths = [len(sources[i]) for i in order]
         tgt_tokens = 0
+        width = nbest if self.cfg.sampling else self.cfg.beam  # rows per sentence in the decoder
         with torch.inference_mode():
-            for positions in make_batches(lengths, self.cfg.beam, self.cfg.batch_tokens, self.cfg.batch_size):
+            for positions in make_batches(lengths, width, self.cfg.batch_tokens, self.cfg.batch_size):
                 members = [order[p] for p in positions]
-                hyps = search(self.model, self._source_batch([sources[i] for i in members]), self.cfg, nbest=nbest)
-                for i, nbest_hyps in zip(members, hyps, strict=True):
-                    results[keep[i]] = self._detokenize(nbest_hyps)
+                src = self._source_batch([sources[i] for i in members])
+                prefix = None if prefixes is None else self._prefix_batch([prefixes[keep[i]] for i in members])
+                hyps = self._decode(src, nbest, prefix)
+                aligned = self._alignments(src, hyps) if self.alignment_layer is not None else [None] * len(hyps)
+                for i, nbest_hyps, alignments in zip(members, hyps, aligned, strict=True):
+                    results[keep[i]] = self._detokenize(nbest_hyps, alignments)
                     tgt_tokens += len(nbest_hyps[0].tokens) + 1 if nbest_hyps else 0
                 self._advance(bar, len(members))
         if owned:
@@ -251,8 +342,9 @@ class Translator:
         self.stats.seconds += time.perf_counter() - start
         return results
 
-    def _detokenize(self, hyps: list[Hypothesis]) -> list[tuple[str, float]]:
+    def _detokenize(self, hyps: list[Hypothesis], alignments: list[str] | None) -> list[Translation]:
         if not hyps:  # no finished hypothesis (only possible with a degenerate model)
-            return [("", float("-inf"))]
+            return [Translation("", float("-inf"), None if alignments is None else "")]
         texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])
-        return [(text, h.score) for text, h in zip(texts, hyps, strict=True)]
+        aligned = alignments if alignments is not None else [None] * len(hyps)
+        return [Translation(text, h.score, a) for text, h, a in zip(texts, hyps, aligned, strict=True)]
