@@ -10,9 +10,9 @@ Architecture mapping (a post-norm encoder with learned positions and an embeddin
     embeddings.word_embeddings                 -> encoder.embed.tokens
     embeddings.position_embeddings             -> encoder.embed.positions   (RoBERTa: rows from pad+1 on,
                                                   because its position ids start at padding_idx + 1)
-    embeddings.token_type_embeddings           -> encoder.embed.segments    (model.segments = type_vocab_size;
-                                                  with one type, as RoBERTa, it is folded into every
-                                                  position row instead)
+    embeddings.token_type_embeddings           -> encoder.embed.segments    (BERT: model.segments = type_vocab_size;
+                                                  RoBERTa, whose pairs are all type 0: row 0 folded into
+                                                  every position row instead)
     embeddings.LayerNorm                       -> encoder.embed.norm        (model.embedding_norm=True)
     attention.self.query | key | value         -> self_attn.in_proj         (rows Q | K | V)
     attention.output.dense / .LayerNorm        -> self_attn.out_proj + out_bias / self_attn_residual.norm
@@ -96,10 +96,10 @@ def import_bert(directory: str | Path, labels: list[str] | None = None, num_labe
     }
     positions = take("embeddings.position_embeddings.weight", (c.max_position_embeddings, d))[offset:]
     token_type = take("embeddings.token_type_embeddings.weight", (c.type_vocab_size, d))  # [T, d]
-    if c.type_vocab_size >= 2:  # BERT: segment embeddings, for sentence pairs
+    if _segments(c):  # BERT: segment embeddings, for sentence pairs
         state["encoder.embed.positions.weight"] = positions
         state["encoder.embed.segments.weight"] = token_type
-    else:  # RoBERTa: one type, folded into every position row
+    else:  # RoBERTa (its tokenizer gives type 0 to both texts of a pair): type 0 folded into every position row
         state["encoder.embed.positions.weight"] = positions + token_type[0]  # [P, d]
     state.update(_norm("encoder.embed.norm.", take, "embeddings.LayerNorm", d))
     for i in range(c.num_hidden_layers):
@@ -201,7 +201,7 @@ def _model_config(c: Any, max_positions: int, tokenizer: Any) -> Any:
         max_positions=max_positions,
         scale_embedding=False,
         embedding_norm=True,
-        segments=c.type_vocab_size if c.type_vocab_size >= 2 else 0,
+        segments=c.type_vocab_size if _segments(c) else 0,
         norm_eps=float(c.layer_norm_eps),
         encoder=LayerConfig.variant("transformer")(),
         src_vocab_size=c.vocab_size,
@@ -210,6 +210,12 @@ def _model_config(c: Any, max_positions: int, tokenizer: Any) -> Any:
         bos_id=tokenizer.bos_id,
         eos_id=tokenizer.eos_id,
     )
+
+
+def _segments(c: Any) -> bool:
+    """Whether the model gets segment embeddings: BERT with two or more token types (RoBERTa reads pairs with
+    type 0 throughout, whatever its type_vocab_size)."""
+    return c.model_type == "bert" and c.type_vocab_size >= 2
 
 
 def _classifier_dropout(c: Any) -> float | None:
