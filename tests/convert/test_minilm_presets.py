@@ -17,7 +17,8 @@ from tests.helpers.hf_bert import bert_tokenizer, sentences  # noqa: E402
 
 DATA_FILLED = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"}  # `train` takes them from the data
 PRESETS = ["trec6-minilm", "trec6-minilm-drophead", "trec6-minilm-mat", "sst2-minilm", "sst2-minilm-drophead",
-           "sst2-minilm-mat"]
+           "sst2-minilm-mat", "rte-minilm", "rte-minilm-drophead", "rte-minilm-mat", "mrpc-minilm",
+           "mrpc-minilm-drophead", "mrpc-minilm-mat"]
 
 
 @pytest.fixture(scope="module")

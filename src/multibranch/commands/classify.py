@@ -6,6 +6,9 @@ no text to classify and gives an empty output line. -o is written atomically, ne
 a checkpoint, and over an existing file only with --force. Several --ckpt make an ensemble: the label is the argmax of the members' mean
 probabilities (each member reads the text with its own tokenizer; all must have the same labels in
 the same order). Members are loaded one at a time, so an ensemble needs the memory of one model.
+A sentence-pair classifier (trained on data prepared with two --text-column) reads two tab-separated
+texts per line (`a<TAB>b`, as GLUE's TSV files hold them); a line with another number of columns or an
+empty text is an error, and pairs given to a single-text classifier too.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ HELP = "label lines of text (one label per line) with a classifier checkpoint"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", required=True, nargs="+", metavar="PATH",
                         help="classifier checkpoint file; several: an ensemble (their mean probabilities)")
-    parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text, one example per line ('-' = stdin)")
+    parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text, one example per line ('-' = stdin); for a sentence-pair classifier "
+                             "two tab-separated texts per line")
     parser.add_argument("-o", "--output", default="-", metavar="FILE",
                         help="output labels ('-' = stdout); a file is replaced only when labelling succeeds")
     parser.add_argument("--force", action="store_true", help="overwrite an existing -o file")
@@ -74,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     with open_input(args.input) as source:
         lines = list(iter_lines(source, name, args.encoding_errors))
     check_can_write(args.output, 16 * len(lines) * (4 if args.probs else 1))
-    labels, per_line = classify_text_lines(args.ckpt, lines, device, args.batch_size)
+    labels, per_line = classify_text_lines(args.ckpt, lines, device, args.batch_size, name)
     with open_output(args.output) as sink:
         sink.write("".join(format_line(labels, p, args.probs) + "\n" for p in per_line).encode("utf-8"))
     return 0

@@ -9,7 +9,9 @@ everything as JSON (--json FILE, or --json - for stdout).
 
 With `--task classify`, --hyp holds one predicted label per line (the output of `multibranch classify`;
 anything after a TAB, such as --probs, is ignored) and the one --ref one gold label per line: accuracy,
-macro-F1 (percent) and the confusion matrix (rows: reference, columns: prediction). Predicted labels that
+macro-F1 (percent), Matthews correlation (CoLA's metric), the F1 of the positive class (MRPC's metric:
+--positive-label, by default `1` when the labels are 0 and 1) and the confusion matrix (rows: reference,
+columns: prediction). Predicted labels that
 the reference never uses are refused, named (they would enter macro-F1 with F1 0; usually the two files
 spell labels differently, e.g. `positive` vs `Positive`), unless --allow-unseen-labels, which scores them
 as wrong predictions (a class missing from a reference subset) and still names them on stderr.
@@ -43,7 +45,7 @@ HELP = "score translations with sacreBLEU (BLEU, chrF), per line or with paired 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=["translate", "classify", "code"], default="translate",
-                        help="translate: sacreBLEU scores; classify: accuracy, macro-F1 and confusion matrix of "
+                        help="translate: sacreBLEU scores; classify: accuracy, macro-F1, MCC, positive-class F1 and confusion matrix of "
                              "one label per line; code: PoV, mean sentence BLEU and corpus BLEU of one escaped "
                              "Python function per line")
     parser.add_argument("--hyp", required=True, metavar="FILE", help="detokenised system output ('-' = stdin)")
@@ -82,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--task code: the form of --hyp, as `translate --code-format` wrote it: escaped (when "
                              "unset: one function per line, DCNL/DCSP) or source (each function's Python source "
                              "followed by an empty line); --ref is always escaped")
+    parser.add_argument("--positive-label", metavar="LABEL",
+                        help="--task classify: also report this label's F1 (default: 1 when the labels are 0 and 1)")
     parser.add_argument("--allow-unseen-labels", action="store_true",
                         help="--task classify: score predicted labels that the reference never uses (e.g. a class "
                              "missing from a reference subset) as wrong predictions; without it they are refused, "
@@ -112,6 +116,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise UserError("--compound-split: only with --tokenized-bleu")
     if args.allow_unseen_labels and args.task != "classify":
         raise UserError("--allow-unseen-labels: only for --task classify")
+    if args.positive_label is not None and args.task != "classify":
+        raise UserError("--positive-label: only for --task classify")
     for path in [args.hyp, *args.ref, *([args.compare] if args.compare else [])]:
         if path != "-":
             check_input_file(path)
@@ -200,7 +206,8 @@ def _run_classify(args: argparse.Namespace) -> int:
     _check_single_reference(args, "one gold label per line")
     hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
     result = score_label_lines(_read(args.hyp, args.encoding_errors), _read(args.ref[0], args.encoding_errors),
-                               hyp_name, args.ref[0], allow_unseen=args.allow_unseen_labels)
+                               hyp_name, args.ref[0], allow_unseen=args.allow_unseen_labels,
+                               positive=args.positive_label)
     return _report(args, format_classification(result), result)
 
 

@@ -41,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="whether TSV/CSV files start with a header row")
     classify.add_argument("--label-column", default="0", metavar="COL",
                           help="TSV/CSV label column: 0-based index or header name")
-    classify.add_argument("--text-column", default="1", metavar="COL",
-                          help="TSV/CSV text column: 0-based index or header name")
+    classify.add_argument("--text-column", action="append", metavar="COL",
+                          help="TSV/CSV text column: 0-based index or header name (default 1); give it twice for "
+                               "sentence pairs (--text-column A --text-column B)")
     classify.add_argument("--label-key", default="label", metavar="KEY", help="JSONL label key")
     classify.add_argument("--text-key", default="text", metavar="KEY", help="JSONL text key")
     classify.add_argument("--fine-labels", action="store_true", help="TREC: use the fine labels (COARSE:fine)")
@@ -87,7 +88,7 @@ def _given(args: argparse.Namespace, names: tuple[str, ...], parser_defaults: di
     return ["--" + n.replace("_", "-") for n in names if getattr(args, n) != parser_defaults.get(n)]
 
 
-DEFAULTS = {"holdout": None, "format": "auto", "header": "auto", "label_column": "0", "text_column": "1",
+DEFAULTS = {"holdout": None, "format": "auto", "header": "auto", "label_column": "0", "text_column": None,
             "label_key": "label", "text_key": "text", "fine_labels": False, "empty_text": "error",
             "too_long": "truncate", "src": None, "tgt": None, "hf_tokenizer": None, "vocab_size": 8000,
             "model_type": "bpe", "character_coverage": 1.0, "docstring_errors": "strict", "max_len_ratio": 3.0,
@@ -150,7 +151,7 @@ def run_classify(args: argparse.Namespace) -> int:
         if wrong:
             raise UserError(f"{', '.join(wrong)}: SentencePiece settings, not used with --hf-tokenizer")
     read = ReadOptions(format=args.format, header=args.header, label_column=args.label_column,
-                       text_column=args.text_column, label_key=args.label_key, text_key=args.text_key,
+                       text_column=args.text_column or ["1"], label_key=args.label_key, text_key=args.text_key,
                        fine_labels=args.fine_labels, empty_text=args.empty_text,
                        encoding_errors=args.encoding_errors)
     cfg = ClassifyPrepareConfig(train=args.train, out=args.out, valid=args.valid, holdout=args.holdout,

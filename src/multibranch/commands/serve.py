@@ -2,7 +2,7 @@
 
 API: POST /translate {"texts": [...], "beam": N?, "nbest": N?} -> {"translations": [...]} (translation
 models); POST /classify {"texts": [...], "probs": bool?} -> {"labels": [...], "probabilities": ...}
-(classifiers); POST /attention (one attention map of one sentence, torch engine, translation models);
+(classifiers; a sentence-pair classifier takes {"pairs": [[a, b], ...]} instead of "texts"); POST /attention (one attention map of one sentence, torch engine, translation models);
 GET /health, /info, /metrics (Prometheus); a web page at / (translation, n-best, attention heat map;
 labels and probabilities). Concurrent requests are micro-batched by one worker.
 Binds 127.0.0.1 unless --host says otherwise. Ctrl-C / SIGTERM: stop accepting (requests arriving

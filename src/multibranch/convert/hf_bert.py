@@ -8,9 +8,11 @@ BertForSequenceClassification etc.); MLM / pre-training heads are ignored.
 
 Architecture mapping (a post-norm encoder with learned positions and an embedding LayerNorm):
     embeddings.word_embeddings                 -> encoder.embed.tokens
-    embeddings.position_embeddings             -> encoder.embed.positions   (+ token_type_embeddings[0]
-                                                  folded into every row; RoBERTa: rows from pad+1 on,
+    embeddings.position_embeddings             -> encoder.embed.positions   (RoBERTa: rows from pad+1 on,
                                                   because its position ids start at padding_idx + 1)
+    embeddings.token_type_embeddings           -> encoder.embed.segments    (BERT: model.segments = type_vocab_size;
+                                                  RoBERTa, whose pairs are all type 0: row 0 folded into
+                                                  every position row instead)
     embeddings.LayerNorm                       -> encoder.embed.norm        (model.embedding_norm=True)
     attention.self.query | key | value         -> self_attn.in_proj         (rows Q | K | V)
     attention.output.dense / .LayerNorm        -> self_attn.out_proj + out_bias / self_attn_residual.norm
@@ -19,7 +21,8 @@ Architecture mapping (a post-norm encoder with learned positions and an embeddin
     BERT classifier   | RoBERTa classifier.out_proj -> out
     layer_norm_eps -> model.norm_eps; hidden_act -> activation; scale_embedding=False
 
-In eval mode the logits equal HF's `...ForSequenceClassification` logits. The head's dropouts follow HF
+In eval mode the logits equal HF's `...ForSequenceClassification` logits, on single texts and on sentence
+pairs (`[CLS] a [SEP] b [SEP]`: the segment ids follow the first SEP, see `models.encoder.segment_ids`). The head's dropouts follow HF
 too: classifier_dropout (else hidden_dropout_prob) before the output layer, and for RoBERTa also before
 the dense layer (classifier.input_dropout).
 Ids are the HF model's: the tokenizer of the directory is stored in the checkpoint
@@ -92,8 +95,12 @@ def import_bert(directory: str | Path, labels: list[str] | None = None, num_labe
         "encoder.embed.tokens.weight": take("embeddings.word_embeddings.weight", (c.vocab_size, d)),
     }
     positions = take("embeddings.position_embeddings.weight", (c.max_position_embeddings, d))[offset:]
-    token_type = take("embeddings.token_type_embeddings.weight", (c.type_vocab_size, d))[0]
-    state["encoder.embed.positions.weight"] = positions + token_type  # [P, d]: type 0 folded in
+    token_type = take("embeddings.token_type_embeddings.weight", (c.type_vocab_size, d))  # [T, d]
+    if _segments(c):  # BERT: segment embeddings, for sentence pairs
+        state["encoder.embed.positions.weight"] = positions
+        state["encoder.embed.segments.weight"] = token_type
+    else:  # RoBERTa (its tokenizer gives type 0 to both texts of a pair): type 0 folded into every position row
+        state["encoder.embed.positions.weight"] = positions + token_type[0]  # [P, d]
     state.update(_norm("encoder.embed.norm.", take, "embeddings.LayerNorm", d))
     for i in range(c.num_hidden_layers):
         p, h = f"encoder.layers.{i}.", f"encoder.layer.{i}."
@@ -194,6 +201,7 @@ def _model_config(c: Any, max_positions: int, tokenizer: Any) -> Any:
         max_positions=max_positions,
         scale_embedding=False,
         embedding_norm=True,
+        segments=c.type_vocab_size if _segments(c) else 0,
         norm_eps=float(c.layer_norm_eps),
         encoder=LayerConfig.variant("transformer")(),
         src_vocab_size=c.vocab_size,
@@ -202,6 +210,12 @@ def _model_config(c: Any, max_positions: int, tokenizer: Any) -> Any:
         bos_id=tokenizer.bos_id,
         eos_id=tokenizer.eos_id,
     )
+
+
+def _segments(c: Any) -> bool:
+    """Whether the model gets segment embeddings: BERT with two or more token types (RoBERTa reads pairs with
+    type 0 throughout, whatever its type_vocab_size)."""
+    return c.model_type == "bert" and c.type_vocab_size >= 2
 
 
 def _classifier_dropout(c: Any) -> float | None:

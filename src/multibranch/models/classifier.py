@@ -34,7 +34,8 @@ class ClassifierConfig:
     probability that a text token (not BOS/EOS) is dropped from a training example (`drop_tokens`).
     `subword_sampling`: SentencePiece's sampling alpha for training texts (subword regularisation; BPE-
     dropout for a BPE model): each training batch re-segments its raw texts (the task's collate); 0 keeps
-    the segmentation `prepare` stored.
+    the segmentation `prepare` stored. `pairs`: the model reads sentence pairs (`BOS a SEP b EOS`, filled in
+    from the data by `train`); a pair model is refused single texts and the reverse.
     """
 
     pooling: Literal["first", "mean", "max"] = "first"
@@ -44,6 +45,7 @@ class ClassifierConfig:
     input_dropout: bool = False
     token_dropout: float = 0.0
     subword_sampling: float = 0.0
+    pairs: bool = False
 
     def validate(self) -> None:
         if self.pooling not in ("first", "mean", "max"):

@@ -51,7 +51,9 @@ class ModelConfig:
     `share_embeddings`: "none" (three tables), "decoder" (decoder input = output projection),
     "all" (joint vocabulary: encoder, decoder and output share one table).
     `embedding_norm` adds a LayerNorm on the summed token + position embeddings (before dropout; BERT,
-    RoBERTa); `norm_eps` is the epsilon of every LayerNorm.
+    RoBERTa); `norm_eps` is the epsilon of every LayerNorm. `segments` > 0 adds a table of that many
+    segment (BERT token-type) embeddings to the encoder's input: segment 1 from the first position after
+    the first EOS (SEP) on, so `[CLS] a [SEP] b [SEP]` gives BERT's token-type ids (encoder only).
     """
 
     d_model: int = 512
@@ -71,6 +73,7 @@ class ModelConfig:
     share_embeddings: Literal["none", "decoder", "all"] = "all"
     scale_embedding: bool = True
     embedding_norm: bool = False
+    segments: int = 0
     norm_eps: float = 1e-5
     output_bias: bool = False
     init: Literal["xavier", "torch"] = "xavier"
@@ -87,6 +90,8 @@ class ModelConfig:
     def validate(self) -> None:
         if self.d_model % self.heads:
             raise ConfigError(f"d_model={self.d_model} must be divisible by heads={self.heads}")
+        if self.segments < 0 or self.segments == 1:
+            raise ConfigError(f"segments={self.segments} must be 0 (none) or >= 2")
         if not self.norm_eps > 0:
             raise ConfigError(f"norm_eps={self.norm_eps} must be > 0")
         for name in ("dropout", "attention_dropout", "activation_dropout"):

@@ -30,10 +30,18 @@ class EncoderOut:
         return EncoderOut(self.out.index_select(0, index), self.padding_mask.index_select(0, index))
 
 
-class Embedder(nn.Module):
-    """Token embedding * sqrt(d) (optional) + absolute positions, LayerNorm (optional), then dropout."""
+def segment_ids(src: Tensor, eos_id: int) -> Tensor:
+    """src [B, S] -> [B, S] long: 0 up to and including the first EOS (SEP), 1 after it (BERT's token-type
+    ids of `[CLS] a [SEP] b [SEP]`; all 0 for `[CLS] a [SEP]`). Padding after b gets 1: it is masked."""
+    eos = src.eq(eos_id).long()  # [B, S]
+    return (eos.cumsum(1) - eos).gt(0).long()  # EOS tokens strictly before each position > 0
 
-    def __init__(self, cfg: ModelConfig, tokens: nn.Embedding):
+
+class Embedder(nn.Module):
+    """Token embedding * sqrt(d) (optional) + absolute positions + segments (optional), LayerNorm
+    (optional), then dropout."""
+
+    def __init__(self, cfg: ModelConfig, tokens: nn.Embedding, segments: int = 0):
         super().__init__()
         self.tokens = tokens
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
@@ -43,6 +51,8 @@ class Embedder(nn.Module):
             self.positions = LearnedPositions(cfg.d_model, cfg.max_positions)
         else:
             self.positions = None
+        self.segments = nn.Embedding(segments, cfg.d_model) if segments else None
+        self.eos_id = cfg.eos_id
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embedding_norm else None
         self.dropout = cfg.dropout
 
@@ -53,6 +63,8 @@ class Embedder(nn.Module):
             x = x * self.scale
         if self.positions is not None:
             x = x + self.positions(ids.shape[1], offset)
+        if self.segments is not None:
+            x = x + self.segments(segment_ids(ids, self.eos_id))  # [B, L, d]
         if self.norm is not None:
             x = self.norm(x)
         return dropout(x, self.dropout, self.training)
@@ -61,7 +73,7 @@ class Embedder(nn.Module):
 class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig, tokens: nn.Embedding):
         super().__init__()
-        self.embed = Embedder(cfg, tokens)
+        self.embed = Embedder(cfg, tokens, cfg.segments)
         self.layers = nn.ModuleList(cfg.encoder.build_encoder_layer(cfg, i) for i in range(cfg.encoder_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm == "pre" else None
         self.pad_id = cfg.pad_id

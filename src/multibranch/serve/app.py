@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
@@ -72,10 +72,12 @@ class TranslateResponse(BaseModel):
 
 
 class ClassifyRequest(BaseModel):
-    """texts: the texts to label; probs: also return every label's probability."""
+    """texts: the texts to label, or (a sentence-pair classifier) pairs: [a, b] per example; exactly one of
+    them; probs: also return every label's probability."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    texts: list[str]
+    texts: list[str] | None = None
+    pairs: list[Annotated[list[str], Field(min_length=2, max_length=2)]] | None = None
     probs: bool = False
 
 
@@ -172,6 +174,29 @@ def _check_texts(texts: list[str], limits: ServeLimits) -> None:
     total = sum(len(text) for text in texts)
     if total > limits.max_total_chars:
         raise HTTPException(413, f"{total} characters in all: at most {limits.max_total_chars} per request")
+
+
+def _classify_examples(body: ClassifyRequest, pairs: bool, limits: ServeLimits) -> list[Any]:
+    """The texts or (a, b) pairs of a /classify request; 422 for the wrong kind for the model (texts to a
+    pair classifier, pairs to a single-text one), for neither or both given, and for a pair with one blank
+    text; the limits of `_check_texts` count every text of the pairs."""
+    if (body.texts is None) == (body.pairs is None):
+        raise HTTPException(422, 'give exactly one of "texts" and "pairs"')
+    if pairs and body.pairs is None:
+        raise HTTPException(422, 'this classifier reads sentence pairs: send {"pairs": [[a, b], ...]}')
+    if not pairs and body.pairs is not None:
+        raise HTTPException(422, 'this classifier reads single texts: send {"texts": [...]}, not "pairs"')
+    if body.texts is not None:
+        _check_texts(body.texts, limits)
+        return body.texts
+    assert body.pairs is not None
+    if len(body.pairs) > limits.max_items:
+        raise HTTPException(413, f"{len(body.pairs)} pairs: at most {limits.max_items} per request")
+    _check_texts([text for pair in body.pairs for text in pair], limits)
+    for i, (a, b) in enumerate(body.pairs):
+        if bool(a.strip()) != bool(b.strip()):
+            raise HTTPException(422, f"pairs[{i}]: empty {'first' if not a.strip() else 'second'} text")
+    return [(a, b) for a, b in body.pairs]
 
 
 def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> None:
@@ -312,11 +337,11 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
     async def classify(body: ClassifyRequest) -> Any:
         async def handle() -> Any:
             require_task("classification", "/translate")
-            _check_texts(body.texts, limits)
-            if not body.texts:
+            examples = _classify_examples(body, getattr(engine, "pairs", False), limits)
+            if not examples:
                 return {"labels": [], "probabilities": [] if body.probs else None}
-            tokens = sum(engine.count_tokens(body.texts))
-            results = await batcher.submit_call(body.texts, tokens, ("classify",))
+            tokens = sum(engine.count_tokens(examples))  # type: ignore[attr-defined]
+            results = await batcher.submit_call(examples, tokens, ("classify",))
             names = engine.labels  # type: ignore[attr-defined]
             best = [None if p is None else names[max(range(len(p)), key=p.__getitem__)] for p in results]
             probs = [None if p is None else dict(zip(names, p)) for p in results] if body.probs else None

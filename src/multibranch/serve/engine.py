@@ -23,7 +23,7 @@ from multibranch.errors import UserError
 from multibranch.inference.precision import check_precision, for_decoding
 from multibranch.modules.simplex import BranchWeights
 from multibranch.serve.attention import attention_choices, sentence_map
-from multibranch.tasks.classification.inference import classify_lines, label_names
+from multibranch.tasks.classification.inference import Example, classify_lines, encode_examples, label_names
 from multibranch.tasks.loading import load_model
 from multibranch.tasks.translation.ct2 import Ct2Translator
 from multibranch.tasks.translation.translator import Translator
@@ -173,6 +173,11 @@ class TorchEngine:
         }
 
 
+def _blank(example: Example) -> bool:
+    """A blank text, or a pair of blank texts: nothing to classify."""
+    return not any(text.strip() for text in (example if isinstance(example, tuple) else (example,)))
+
+
 class ClassifierEngine:
     """A classifier over a loaded model: label probabilities of texts as `multibranch classify` gives
     them (same tokenizer, truncation and softmax); an empty or blank text has no label (None)."""
@@ -184,15 +189,19 @@ class ClassifierEngine:
         self.labels = label_names(config)
         self.pooling = config.classifier.pooling
         self.summary = model_summary(config.model)
-        self.max_tokens = config.model.max_positions  # BOS + text + EOS, as classify_lines truncates
+        self.pairs = bool(config.classifier.pairs)  # reads sentence pairs (a, b)
 
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        return [min(len(ids) + 2, self.max_tokens) for ids in self.tokenizer.encode_src(texts)]  # + BOS, EOS
+    def count_tokens(self, texts: list[Example]) -> list[int]:
+        """Tokens per text or pair as the model reads it (BOS + ids + EOS, cut to its positions)."""
+        kept = [text for text in texts if not _blank(text)]
+        lengths = iter(encode_examples(self.model, self.tokenizer, kept))
+        return [2 if _blank(text) else len(next(lengths)) + 2 for text in texts]  # + BOS, EOS
 
-    def classify(self, texts: list[str]) -> list[list[float] | None]:
-        """Per text: the label probabilities in `labels` order, or None for a blank text."""
+    def classify(self, texts: list[Example]) -> list[list[float] | None]:
+        """Per text (or pair, for a pair classifier): the label probabilities in `labels` order, or None for a
+        blank text."""
 
-        kept = [i for i, text in enumerate(texts) if text.strip()]
+        kept = [i for i, text in enumerate(texts) if not _blank(text)]
         out: list[list[float] | None] = [None] * len(texts)
         if kept:
             probs = classify_lines(self.model, self.tokenizer, [texts[i] for i in kept], self.device)  # [n, C]
@@ -210,6 +219,7 @@ class ClassifierEngine:
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "labels": self.labels,
             "pooling": self.pooling,
+            "pairs": self.pairs,
             "branch_weights": branch_weights(self.model),
         }
 

@@ -109,6 +109,11 @@ class ClassificationData:
         return list(self.meta["labels"])
 
     @property
+    def pairs(self) -> bool:
+        """Whether the examples are sentence pairs (stored as `a + separator + b`)."""
+        return bool(self.meta.get("pairs", False))
+
+    @property
     def num_labels(self) -> int:
         return len(self.meta["labels"])
 

@@ -1,5 +1,10 @@
 """Labelling raw text with a trained classifier: its tokenizer (SentencePiece or HF), batches, softmax;
-an ensemble of classifiers averages their probabilities."""
+an ensemble of classifiers averages their probabilities.
+
+An example is a text, or for a sentence-pair classifier (`classifier.pairs`) a pair of texts (a, b),
+encoded as `prepare` encodes pairs (`pairs.join_pair`: the tokenizer's separator, longest_first cut to
+the model's positions). Text lines give pairs as `a<TAB>b` (`parse_examples`).
+"""
 
 from __future__ import annotations
 
@@ -7,19 +12,74 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.data.tokenizer import AnyTokenizer
-from multibranch.errors import CheckpointError
+from multibranch.errors import CheckpointError, DataError
+from multibranch.tasks.classification.pairs import join_pair, pair_separator
 from multibranch.tasks.classification.task import encode_batch
 from multibranch.tasks.loading import load_model
 
+Example = str | tuple[str, str]
+
+
+def is_pair_model(model: nn.Module) -> bool:
+    """Whether a classifier reads sentence pairs."""
+    return bool(getattr(model.head, "pairs", False))
+
+
+def check_examples(model: nn.Module, examples: list[Example], name: str) -> None:
+    """DataError when single texts go to a pair classifier `name` or pairs to a single-text one."""
+    pairs = [isinstance(x, tuple) for x in examples]
+    if is_pair_model(model) and not all(pairs):
+        raise DataError(f"{name} classifies sentence pairs: give two texts per example (a<TAB>b lines; "
+                        '{"pairs": [[a, b], ...]} in a request)')
+    if not is_pair_model(model) and any(pairs):
+        raise DataError(f"{name} classifies single texts, not sentence pairs: give one text per example")
+
+
+def encode_examples(model: nn.Module, tokenizer: AnyTokenizer, examples: list[Example]) -> list[list[int]]:
+    """Token ids (no BOS/EOS) of texts or pairs, cut to the model's positions (pairs: longest_first)."""
+    limit = model.config.max_positions - 2  # BOS + EOS
+    if not examples or not isinstance(examples[0], tuple):
+        return [seq[:limit] for seq in tokenizer.encode_src(list(examples))]  # type: ignore[arg-type]
+    separator = pair_separator(tokenizer)
+    firsts = tokenizer.encode_src([a for a, _ in examples])  # type: ignore[misc]
+    seconds = tokenizer.encode_src([b for _, b in examples])  # type: ignore[misc]
+    return [join_pair(a, b, separator, limit)[0] for a, b in zip(firsts, seconds, strict=True)]
+
+
+def parse_examples(lines: list[str], pairs: bool, name: str) -> list[Example | None]:
+    """Examples of input lines: a blank line -> None; with `pairs` each other line is `a<TAB>b` (DataError
+    naming `name:line` for another number of columns or an empty text); without, the line itself, but
+    input whose every line has one TAB (pairs) is refused."""
+    if not pairs:
+        texts = [line for line in lines if line.strip()]
+        if texts and all(line.count("\t") == 1 for line in texts):
+            raise DataError(f"{name}: every line holds two tab-separated texts (sentence pairs), but the classifier "
+                            "classifies single texts")
+        return [line if line.strip() else None for line in lines]
+    out: list[Example | None] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            out.append(None)
+            continue
+        cells = line.split("\t")
+        if len(cells) != 2:
+            raise DataError(f"{name}:{number}: {len(cells)} tab-separated column(s); the classifier reads sentence "
+                            "pairs: two texts a<TAB>b per line")
+        for which, cell in zip(("first", "second"), cells):
+            if not cell.strip():
+                raise DataError(f"{name}:{number}: empty {which} text of the pair")
+        out.append((cells[0], cells[1]))
+    return out
+
 
 @torch.no_grad()
-def classify_lines(model: nn.Module, tokenizer: AnyTokenizer, lines: list[str], device: torch.device | str = "cpu",
-                   batch_size: int = 64) -> Tensor:
-    """Class probabilities [n, C] (fp32) of `lines` (non-empty texts); inputs longer than the model's
-    positions are truncated."""
+def classify_lines(model: nn.Module, tokenizer: AnyTokenizer, lines: list[Example],
+                   device: torch.device | str = "cpu", batch_size: int = 64) -> Tensor:
+    """Class probabilities [n, C] (fp32) of `lines` (non-empty texts, or pairs for a pair classifier);
+    inputs longer than the model's positions are truncated."""
     cfg = model.config
-    limit = cfg.max_positions - 2  # BOS + EOS
-    ids = [seq[:limit] for seq in tokenizer.encode_src(lines)]
+    check_examples(model, lines, "the classifier")
+    ids = encode_examples(model, tokenizer, lines)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
     probs = torch.zeros(len(ids), model.head.num_labels)
     for start in range(0, len(order), batch_size):
@@ -36,12 +96,13 @@ def label_names(config: object) -> list[str]:
 
 
 def classify_text_lines(ckpts: list[str], lines: list[str], device: torch.device | str = "cpu",
-                        batch_size: int = 64) -> tuple[list[str], list[list[float] | None]]:
-    """(label names, per line its probabilities or None for an empty line) of `lines` under the mean
-    of the classifiers `ckpts` (one: itself). Members are loaded one at a time (the memory of one model);
-    each reads the text with its own tokenizer; all must have the same labels in the same order."""
-    texts = [i for i, line in enumerate(lines) if line.strip()]
+                        batch_size: int = 64, name: str = "<input>") -> tuple[list[str], list[list[float] | None]]:
+    """(label names, per line its probabilities or None for an empty line) of `lines` (`name`, for
+    errors) under the mean of the classifiers `ckpts` (one: itself). Members are loaded one at a time
+    (the memory of one model); each reads the text with its own tokenizer; all must have the same labels
+    in the same order, and all read single texts or all read pairs (`a<TAB>b` lines)."""
     labels: list[str] = []
+    pairs: bool | None = None
     total = None  # [n, C] sum of the members' probabilities
     for ckpt in ckpts:
         loaded = load_model(ckpt, device, task="classification")
@@ -51,8 +112,15 @@ def classify_text_lines(ckpts: list[str], lines: list[str], device: torch.device
         if labels and names != labels:
             raise CheckpointError(f"{ckpt} has the labels {names}, {ckpts[0]} has {labels}: "
                                   "an ensemble needs the same labels in the same order")
+        if pairs is None:
+            pairs = is_pair_model(loaded.model)
+            examples = parse_examples(lines, pairs, name)
+            texts = [i for i, example in enumerate(examples) if example is not None]
+        elif is_pair_model(loaded.model) != pairs:
+            raise CheckpointError(f"{ckpt} and {ckpts[0]}: one classifies sentence pairs, the other single texts")
         labels = names
-        probs = classify_lines(loaded.model, loaded.tokenizer, [lines[i] for i in texts], device, batch_size)
+        probs = classify_lines(loaded.model, loaded.tokenizer, [examples[i] for i in texts], device,  # type: ignore[misc]
+                               batch_size)
         total = probs if total is None else total + probs
         del loaded
     assert total is not None, "no checkpoint given"

@@ -1,8 +1,10 @@
-"""Classification scores: accuracy, per-label precision/recall/F1, macro-F1 and the confusion matrix."""
+"""Classification scores: accuracy, per-label precision/recall/F1, macro-F1, Matthews correlation (CoLA's
+metric), the F1 of a positive class (MRPC's) and the confusion matrix."""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -11,14 +13,27 @@ from multibranch.errors import DataError
 logger = logging.getLogger("multibranch.evaluate")
 
 
+def matthews_corrcoef(confusion: Sequence[Sequence[int]]) -> float:
+    """Matthews correlation of a K x K confusion matrix (rows: reference, columns: prediction), Gorodkin's
+    multi-class form (the binary MCC for K = 2, as scikit-learn computes it); 0 when a side has one class."""
+    total = sum(map(sum, confusion))
+    correct = sum(confusion[i][i] for i in range(len(confusion)))
+    gold = [sum(row) for row in confusion]  # t_k
+    predicted = [sum(column) for column in zip(*confusion)]  # p_k
+    covariance = correct * total - sum(t * p for t, p in zip(gold, predicted))
+    denominator = math.sqrt((total**2 - sum(p * p for p in predicted)) * (total**2 - sum(t * t for t in gold)))
+    return covariance / denominator if denominator else 0.0
+
+
 def classification_scores(predictions: Sequence[Hashable], references: Sequence[Hashable],
-                          labels: Sequence[Hashable] | None = None) -> dict[str, Any]:
+                          labels: Sequence[Hashable] | None = None, positive: Hashable | None = None) -> dict[str, Any]:
     """Scores of `predictions` against `references` (same length, > 0).
 
     `labels` orders the confusion matrix (rows: reference, columns: prediction) and the per-label
     scores; by default the sorted union of both sides. Macro-F1 averages F1 over the labels that occur
     in the references or the predictions (a label with no true positive scores 0), as scikit-learn does.
-    Accuracy and macro-F1 are fractions in [0, 1].
+    Accuracy and macro-F1 are fractions in [0, 1]; `mcc` is in [-1, 1]; with `positive` (a label),
+    `positive_f1` is that label's F1 (one against the rest).
     """
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions vs {len(references)} references")
@@ -46,8 +61,20 @@ def classification_scores(predictions: Sequence[Hashable], references: Sequence[
         if label in seen:
             f1s.append(f1)
     correct = sum(matrix[i][i] for i in range(len(order)))
-    return {"accuracy": correct / len(references), "macro_f1": sum(f1s) / len(f1s), "examples": len(references),
-            "labels": [str(x) for x in order], "per_label": per_label, "confusion": matrix}
+    result = {"accuracy": correct / len(references), "macro_f1": sum(f1s) / len(f1s), "mcc": matthews_corrcoef(matrix),
+              "examples": len(references), "labels": [str(x) for x in order], "per_label": per_label,
+              "confusion": matrix}
+    if positive is not None:
+        if positive not in index:
+            raise ValueError(f"positive label {positive!r} is not in the label list")
+        result["positive"], result["positive_f1"] = str(positive), per_label[str(positive)]["f1"]
+    return result
+
+
+def default_positive(references: Sequence[str]) -> str | None:
+    """The positive class when none is named: "1" of two labels "0" and "1" (MRPC, and GLUE's binary tasks
+    in their numeric form), else None."""
+    return "1" if set(references) == {"0", "1"} else None
 
 
 def labels_not_in_reference(predictions: Sequence[Hashable], references: Sequence[Hashable]) -> dict[Hashable, list[int]]:
@@ -64,11 +91,12 @@ def labels_not_in_reference(predictions: Sequence[Hashable], references: Sequenc
 
 
 def score_label_lines(hyp_lines: Sequence[str], ref_lines: Sequence[str], hyp_name: str, ref_name: str,
-                      allow_unseen: bool = False) -> dict[str, Any]:
+                      allow_unseen: bool = False, positive: str | None = None) -> dict[str, Any]:
     """`evaluate --task classify`: the scores of one predicted label per line (anything after a TAB, as
     `classify --probs` writes, is ignored) against one gold label per line. DataError for different or
     zero line counts, an empty label, and (unless `allow_unseen`, which scores them as wrong and warns)
-    predicted labels that the reference never uses."""
+    predicted labels that the reference never uses. `positive` names the class whose F1 is reported (default:
+    `default_positive`); a label that the reference never uses is a DataError."""
     predictions = [line.split("\t", 1)[0].strip() for line in hyp_lines]
     references = [line.strip() for line in ref_lines]
     if len(predictions) != len(references):
@@ -86,7 +114,9 @@ def score_label_lines(hyp_lines: Sequence[str], ref_lines: Sequence[str], hyp_na
         raise DataError(f"{hyp_name} predicts labels that {ref_name} never uses: "
                         f"{_name_labels(unseen, hyp_name)}; {_reference_hint(unseen, references, ref_name)}; "
                         "pass --allow-unseen-labels to score them as wrong predictions")
-    result = classification_scores(predictions, references)
+    if positive is not None and positive not in set(references):
+        raise DataError(f"--positive-label {positive!r}: {ref_name} never uses it; {_reference_hint({}, references, ref_name)}")
+    result = classification_scores(predictions, references, positive=positive or default_positive(references))
     if unseen:
         logger.warning("%s predicts labels that %s never uses, scored as wrong predictions: %s", hyp_name,
                        ref_name, _name_labels(unseen, hyp_name))
@@ -117,8 +147,9 @@ def format_classification(result: dict[str, Any]) -> list[str]:
     """Accuracy / macro-F1 line, then the confusion matrix (rows: reference, columns: prediction)."""
     labels = result["labels"]
     width = max(8, *(len(x) for x in labels)) + 1
+    positive = f" | F1({result['positive']}) = {100 * result['positive_f1']:.2f}" if "positive" in result else ""
     lines = [f"accuracy = {100 * result['accuracy']:.2f} | macro-F1 = {100 * result['macro_f1']:.2f} | "
-             f"{result['examples']} examples",
+             f"MCC = {result['mcc']:.4f}{positive} | {result['examples']} examples",
              "confusion matrix (rows: reference, columns: prediction):",
              " " * width + "".join(f"{x:>{width}}" for x in labels)]
     for label, row in zip(labels, result["confusion"]):

@@ -23,12 +23,17 @@ Output directory (splits: `train`, `valid`, `test`, `test1`, ...):
     {split}.tokens.npy     int32, the ids of all kept texts concatenated (no BOS/EOS)
     {split}.offsets.npy    int64 [n+1]; text i is tokens[offsets[i]:offsets[i+1]]
     {split}.labels.npy     int64 [n], label ids (positions in data.json's `labels`)
-    {split}.txt            the kept raw texts, UTF-8, one per line
+    {split}.txt            the kept raw texts, UTF-8, one per line (pairs: `a<TAB>b`)
     data.json              format, version, labels, counts per split and label, drops by reason,
                            fingerprint, config
     report.md              the same for humans, plus lengths and unknown-token rates
 
 It is built in a temporary sibling directory and swapped in at the end (as `prepare` does).
+
+Sentence pairs (two text columns, `ReadOptions.text_column`): each example is stored as the one sequence
+`a + separator + b` (`pairs.pair_separator`: [SEP] for BERT, </s></s> for RoBERTa, EOS for SentencePiece,
+which is trained on both texts); `max_len` bounds that whole sequence, and a longer pair is cut by
+Hugging Face's `longest_first` rule (counted as truncated). data.json records `pairs` and the separator.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from multibranch.data.directories import DATA, refuse_other_kind
 from multibranch.data.text import write_lines
 from multibranch.data.tokenizer import HFTokenizer, Tokenizer
 from multibranch.errors import DataError
+from multibranch.tasks.classification.pairs import join_pair, pair_separator
 from multibranch.tasks.classification.readers import LabeledText, ReadOptions, read_labeled
 from multibranch.tasks.translation.prepare import (  # the translation `prepare`'s pieces, shared rather than copied
     binarise,
@@ -127,8 +133,22 @@ class _Split:
     texts: list[str]
     line_numbers: list[int]
     read: LabeledText | None  # None for a split carved from another file
+    seconds: list[str] | None = None  # sentence pairs: the second texts
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     truncated: int = 0
+
+    def subset(self, indices: list[int]) -> _Split:
+        """A split of the examples `indices` (same name, source and file)."""
+        return _Split(self.name, self.source, [self.labels[i] for i in indices], [self.texts[i] for i in indices],
+                      [self.line_numbers[i] for i in indices], self.read,
+                      None if self.seconds is None else [self.seconds[i] for i in indices],
+                      dict(self.dropped), self.truncated)
+
+    def raw(self) -> list[str]:
+        """The raw text of each example, one line each (a pair as `a<TAB>b`)."""
+        if self.seconds is None:
+            return self.texts
+        return [f"{a}\t{b}" for a, b in zip(self.texts, self.seconds, strict=True)]
 
 
 def stratified_holdout(labels: list[str], size: float, seed: int) -> tuple[list[int], list[int]]:
@@ -204,7 +224,7 @@ def _check_paths(cfg: ClassifyPrepareConfig, out: Path) -> None:
 
 
 def _from_file(name: str, read: LabeledText) -> _Split:
-    split = _Split(name, str(read.path), read.labels, read.texts, read.line_numbers, read)
+    split = _Split(name, str(read.path), read.labels, read.texts, read.line_numbers, read, read.second_texts)
     split.dropped.update(read.dropped)
     return split
 
@@ -217,12 +237,11 @@ def _read_splits(cfg: ClassifyPrepareConfig) -> list[_Split]:
     splits = [train]
     if cfg.holdout is not None:
         kept, held = stratified_holdout(train.labels, cfg.holdout, cfg.seed)
-        splits.append(_Split(
-            "valid", f"{cfg.train} (holdout)", [train.labels[i] for i in held], [train.texts[i] for i in held],
-            [train.line_numbers[i] for i in held], None,
-        ))
-        train.labels, train.texts = [train.labels[i] for i in kept], [train.texts[i] for i in kept]
-        train.line_numbers = [train.line_numbers[i] for i in kept]
+        valid = train.subset(held)
+        valid.name, valid.source, valid.read, valid.dropped = "valid", f"{cfg.train} (holdout)", None, \
+            dict.fromkeys(DROP_REASONS, 0)
+        train = train.subset(kept)
+        splits = [train, valid]
     for name, path in files[1:]:
         splits.append(_from_file(name, read_labeled(path, cfg.read)))
         if not splits[-1].texts:
@@ -244,21 +263,41 @@ def _check_labels(split: _Split, labels: list[str]) -> None:
 # ---------------------------------------------------------------------------------- building
 
 
-def _fit_lengths(cfg: ClassifyPrepareConfig, split: _Split, ids: list[list[int]]) -> list[list[int]]:
-    """Truncate (or, in train with too_long='drop', drop) texts longer than max_len tokens."""
-    if cfg.max_len is None:
-        return ids
-    drop = split.name == "train" and cfg.too_long == "drop"
-    keep = [i for i, x in enumerate(ids) if not (drop and len(x) > cfg.max_len)]
-    split.dropped["too_long"] = len(ids) - len(keep)
+def _encode(tokenizer: Tokenizer | HFTokenizer, split: _Split, separator: list[int]) -> list[tuple[list[int], ...]]:
+    """Each example's token ids: (text,) or, for pairs, (a, b), without BOS/EOS or separator."""
+    firsts = tokenizer.encode_src(split.texts)
+    if split.seconds is None:
+        return [(ids,) for ids in firsts]
+    return list(zip(firsts, tokenizer.encode_src(split.seconds), strict=True))
+
+
+def _fit_lengths(cfg: ClassifyPrepareConfig, split: _Split, encoded: list[tuple[list[int], ...]],
+                 separator: list[int]) -> tuple[_Split, list[list[int]]]:
+    """Truncate (or, in train with too_long='drop', drop) examples longer than max_len tokens (a pair: its
+    texts and separator together, cut by `longest_first`); returns the kept split and its id sequences."""
+    def full_length(parts: tuple[list[int], ...]) -> int:
+        return sum(map(len, parts)) + (len(separator) if len(parts) == 2 else 0)
+
+    limit = cfg.max_len
+    drop = limit is not None and split.name == "train" and cfg.too_long == "drop"
+    keep = [i for i, parts in enumerate(encoded) if not (drop and full_length(parts) > limit)]  # type: ignore[operator]
+    split.dropped["too_long"] = len(encoded) - len(keep)
     if drop and not keep:
         raise DataError(f"{cfg.train}: every training text is longer than max_len={cfg.max_len}; raise it")
-    split.truncated = sum(len(ids[i]) > cfg.max_len for i in keep)
-    if len(keep) < len(ids):
-        split.labels = [split.labels[i] for i in keep]
-        split.texts = [split.texts[i] for i in keep]
-        split.line_numbers = [split.line_numbers[i] for i in keep]
-    return [ids[i][: cfg.max_len] for i in keep]
+    if len(keep) < len(encoded):
+        split = split.subset(keep)
+    ids, truncated = [], 0
+    for i in keep:
+        parts = encoded[i]
+        if len(parts) == 2:
+            joined, cut = join_pair(parts[0], parts[1], separator, limit)
+        else:
+            joined = parts[0] if limit is None else parts[0][:limit]
+            cut = len(joined) < len(parts[0])
+        ids.append(joined)
+        truncated += cut
+    split.truncated = truncated
+    return split, ids
 
 
 def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], out: Path,
@@ -268,24 +307,28 @@ def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], 
 
 
     tokenizer: Tokenizer | HFTokenizer
+    pairs = splits[0].seconds is not None
     if hf is None:
-        proto = train_spm(cfg, splits[0].texts)
+        proto = train_spm(cfg, splits[0].texts + (splits[0].seconds or []))
         tokenizer, tokenizer_file = Tokenizer(proto, proto), SPM_FILE
         (out / SPM_FILE).write_bytes(proto)
     else:
         tokenizer, tokenizer_file = hf, HF_TOKENIZER_FILE
         (out / HF_TOKENIZER_FILE).write_bytes(hf.tokenizer_json)
+    separator = pair_separator(tokenizer) if pairs else []
+    if pairs and cfg.max_len is not None and cfg.max_len < len(separator) + 2:
+        raise ConfigError(f"max_len={cfg.max_len} leaves no room for a pair (two texts and the separator {separator})")
     label_ids = {label: i for i, label in enumerate(labels)}
     split_meta: dict[str, Any] = {}
-    train_texts = set(splits[0].texts)
+    train_texts = set(splits[0].raw())
     for split in splits:
-        ids = _fit_lengths(cfg, split, tokenizer.encode_src(split.texts))
+        split, ids = _fit_lengths(cfg, split, _encode(tokenizer, split, separator), separator)
         tokens, offsets = binarise(ids)
         label_array = np.array([label_ids[label] for label in split.labels], dtype=np.int64)
         np.save(out / f"{split.name}.tokens.npy", tokens)
         np.save(out / f"{split.name}.offsets.npy", offsets)
         np.save(out / f"{split.name}.labels.npy", label_array)
-        write_lines(out / f"{split.name}.txt", split.texts)
+        write_lines(out / f"{split.name}.txt", split.raw())
         counts = Counter(split.labels)
         split_meta[split.name] = {
             "source": split.source,
@@ -301,7 +344,7 @@ def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], 
             "length": length_stats(np.diff(offsets)),
             "unk_rate": float((tokens == tokenizer.unk_id).sum() / max(len(tokens), 1)),
             "types": int(len(np.unique(tokens))),
-            "in_train": None if split.name == "train" else sum(text in train_texts for text in split.texts),
+            "in_train": None if split.name == "train" else sum(text in train_texts for text in split.raw()),
         }
     meta: dict[str, Any] = {
         "format": FORMAT,
@@ -313,6 +356,8 @@ def _build(cfg: ClassifyPrepareConfig, splits: list[_Split], labels: list[str], 
         "special_ids": {"pad": tokenizer.pad_id, "unk": tokenizer.unk_id, "bos": tokenizer.bos_id,
                         "eos": tokenizer.eos_id},
         "labels": labels,
+        "pairs": pairs,
+        "pair_separator": separator if pairs else None,
         "holdout": None if cfg.holdout is None else {"size": cfg.holdout, "seed": cfg.seed,
                                                       "examples": split_meta["valid"]["examples"]},
         "splits": split_meta,
@@ -364,6 +409,10 @@ def _report(meta: dict[str, Any]) -> str:
         f"- Lengths: max_len={cfg['max_len']} tokens, over-long training texts are "
         f"{'dropped' if cfg['too_long'] == 'drop' else 'truncated'}; valid/test are only truncated",
         f"- Validation: {valid}",
+        *([f"- Sentence pairs: text columns {', '.join(map(str, cfg['read']['text_column']))}, stored as "
+           f"`a {' '.join(map(str, meta['pair_separator']))} b` (separator ids), BOS/EOS around; max_len counts the "
+           "whole pair, over-long pairs cut longest text first (Hugging Face's longest_first), counted as truncated"]
+          if meta.get("pairs") else []),
         f"- Fingerprint: `{meta['fingerprint']}`",
         "",
         "## Examples",

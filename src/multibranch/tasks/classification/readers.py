@@ -18,6 +18,11 @@ header's (or the first row's) number of columns. Empty lines are skipped and cou
 Labels are stripped of surrounding whitespace and must be non-empty. A whitespace-only text is an
 error, or with `empty_text="drop"` the example is dropped and counted (`empty`). Errors are
 `DataError`s naming `file:line`.
+
+Sentence pairs (entailment, paraphrase: GLUE RTE, MRPC): two text columns (`text_column` a list of two
+indices or names, TSV/CSV only); `texts` holds the first texts and `second_texts` the second ones. An
+empty second text is an `empty` text like an empty first one. TSV never treats `"` as a quote, as
+GLUE's files need.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from multibranch.errors import DataError
 
 Format = Literal["auto", "tsv", "csv", "trec", "jsonl"]
 EXTENSIONS = {".tsv": "tsv", ".csv": "csv", ".label": "trec", ".jsonl": "jsonl"}
-LABEL_HEADERS = frozenset({"label", "labels", "class", "category", "target", "sentiment", "intent", "y"})
-TEXT_HEADERS = frozenset({"text", "sentence", "sentence1", "question", "review", "document", "content", "body"})
+LABEL_HEADERS = frozenset({"label", "labels", "class", "category", "target", "sentiment", "intent", "quality", "y"})
+TEXT_HEADERS = frozenset({"text", "sentence", "sentence1", "sentence2", "question", "review", "document", "content",
+                          "body"})
 
 
 @dataclass
@@ -43,13 +49,14 @@ class ReadOptions:
     """How to read a labelled file (see the module docstring).
 
     `label_column` / `text_column` are 0-based indices or header names (names need a header); a string
-    of digits, as a command line gives it, is an index.
+    of digits, as a command line gives it, is an index. `text_column` may be a list of one or two
+    columns: two read sentence pairs.
     """
 
     format: Format = "auto"
     header: Literal["auto", "yes", "no"] = "auto"
     label_column: int | str = 0
-    text_column: int | str = 1
+    text_column: int | str | list[int | str] = 1
     label_key: str = "label"
     text_key: str = "text"
     fine_labels: bool = False
@@ -57,10 +64,19 @@ class ReadOptions:
     encoding_errors: Literal["strict", "replace"] = "strict"
 
     def __post_init__(self) -> None:
-        for name in ("label_column", "text_column"):
-            value = getattr(self, name)
-            if isinstance(value, str) and value.isdigit():
-                setattr(self, name, int(value))
+        if isinstance(self.label_column, str) and self.label_column.isdigit():
+            self.label_column = int(self.label_column)
+        columns = [int(c) if isinstance(c, str) and c.isdigit() else c for c in self.text_columns]
+        self.text_column = columns[0] if len(columns) == 1 else columns
+
+    @property
+    def text_columns(self) -> list[int | str]:
+        """The text column(s) as a list: one, or two for sentence pairs."""
+        return list(self.text_column) if isinstance(self.text_column, (list, tuple)) else [self.text_column]
+
+    @property
+    def pairs(self) -> bool:
+        return len(self.text_columns) == 2
 
     def validate(self) -> None:
         if self.format not in ("auto", *EXTENSIONS.values()):
@@ -71,15 +87,20 @@ class ReadOptions:
             raise ConfigError(f"empty_text={self.empty_text!r} must be 'error' or 'drop'")
         if self.encoding_errors not in ("strict", "replace"):
             raise ConfigError(f"encoding_errors={self.encoding_errors!r} must be 'strict' or 'replace'")
-        for name in ("label_column", "text_column"):
-            value = getattr(self, name)
+        texts = self.text_columns
+        if not 1 <= len(texts) <= 2:
+            raise ConfigError(f"{len(texts)} text columns ({', '.join(map(str, texts))}): give one text column, or two "
+                              "for sentence pairs")
+        for name, value in [("label_column", self.label_column)] + [("text_column", c) for c in texts]:
             if isinstance(value, int) and value < 0:
                 raise ConfigError(f"{name}={value} must be >= 0 (or a header name)")
             if isinstance(value, str) and not value:
                 raise ConfigError(f"{name} must not be empty")
-        if self.label_column == self.text_column:
+        if self.label_column in texts:
             raise ConfigError(f"label_column and text_column are both {self.label_column!r}")
-        if self.header == "no" and any(isinstance(c, str) for c in (self.label_column, self.text_column)):
+        if len(set(texts)) != len(texts):
+            raise ConfigError(f"the two text columns are both {texts[0]!r}")
+        if self.header == "no" and any(isinstance(c, str) for c in (self.label_column, *texts)):
             raise ConfigError("columns given by name need a header row (header 'yes' or 'auto')")
         if not self.label_key or not self.text_key or self.label_key == self.text_key:
             raise ConfigError("label_key and text_key must be different non-empty keys")
@@ -93,6 +114,7 @@ class LabeledText:
     format: str
     labels: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    second_texts: list[str] | None = None  # sentence pairs: the second text of each example
     line_numbers: list[int] = field(default_factory=list)
     lines: int = 0
     header: bool = False
@@ -123,7 +145,10 @@ def read_labeled(path: str | Path, options: ReadOptions | None = None) -> Labele
     path = Path(path)
     fmt = detect_format(path, options.format)
     text = read_lines(path, encoding_errors=options.encoding_errors)
-    out = LabeledText(path, fmt, lines=len(text), replaced_lines=text.replaced)
+    out = LabeledText(path, fmt, lines=len(text), replaced_lines=text.replaced,
+                      second_texts=[] if options.pairs else None)
+    if options.pairs and fmt not in ("tsv", "csv"):
+        raise DataError(f"{path}: sentence pairs (two text columns) are read from TSV or CSV files, not {fmt}")
     rows = [(number, line) for number, line in enumerate(text.lines, start=1) if line.strip()]
     out.dropped["blank"] = len(text) - len(rows)
     if fmt in ("tsv", "csv"):
@@ -132,22 +157,27 @@ def read_labeled(path: str | Path, options: ReadOptions | None = None) -> Labele
         examples = (_trec_row(path, number, line, options.fine_labels) for number, line in rows)
     else:
         examples = (_jsonl_row(path, number, line, options, out) for number, line in rows)
-    for number, label, body in examples:
-        _add(out, path, number, label, body, options.empty_text)
+    for number, label, *bodies in examples:
+        _add(out, path, number, label, bodies, options.empty_text)
     return out
 
 
-def _add(out: LabeledText, path: Path, number: int, label: str, body: str, empty_text: str) -> None:
+def _add(out: LabeledText, path: Path, number: int, label: str, bodies: list[str], empty_text: str) -> None:
+    """Keep one example: its label and its text (or pair of texts)."""
     label = label.strip()
     if not label:
         raise DataError(f"{path}:{number}: empty label")
-    if not body.strip():
-        if empty_text == "error":
-            raise DataError(f"{path}:{number}: empty text (pass --empty-text drop to drop such examples)")
-        out.dropped["empty"] += 1
-        return
+    for which, body in enumerate(bodies):
+        if not body.strip():
+            if empty_text == "error":
+                what = ("first", "second")[which] + " text of the pair" if len(bodies) == 2 else "text"
+                raise DataError(f"{path}:{number}: empty {what} (pass --empty-text drop to drop such examples)")
+            out.dropped["empty"] += 1
+            return
     out.labels.append(label)
-    out.texts.append(body)
+    out.texts.append(bodies[0])
+    if out.second_texts is not None:
+        out.second_texts.append(bodies[1])
     out.line_numbers.append(number)
 
 
@@ -166,12 +196,13 @@ def _split_row(path: Path, fmt: str, number: int, line: str) -> list[str]:
 def _is_header(cells: list[str], options: ReadOptions) -> bool:
     if options.header != "auto":
         return options.header == "yes"
-    if isinstance(options.label_column, str) or isinstance(options.text_column, str):
+    if any(isinstance(c, str) for c in (options.label_column, *options.text_columns)):
         return True
     def cell(index: int) -> str:
         return cells[index].strip().lower() if index < len(cells) else ""
 
-    return cell(options.label_column) in LABEL_HEADERS or cell(options.text_column) in TEXT_HEADERS
+    return cell(options.label_column) in LABEL_HEADERS or \
+        any(cell(c) in TEXT_HEADERS for c in options.text_columns)  # type: ignore[arg-type]
 
 
 def _column(path: Path, header: list[str] | None, column: int | str, width: int, what: str) -> int:
@@ -194,7 +225,7 @@ def _read_table(path: Path, fmt: str, rows: list[tuple[int, str]], options: Read
     out.header = _is_header(first, options)
     width = len(first)
     label_at = _column(path, first if out.header else None, options.label_column, width, "label")
-    text_at = _column(path, first if out.header else None, options.text_column, width, "text")
+    text_at = [_column(path, first if out.header else None, c, width, "text") for c in options.text_columns]
     for number, line in rows[1:] if out.header else rows:
         cells = first if number == first_number else _split_row(path, fmt, number, line)
         if len(cells) != width:
@@ -202,7 +233,7 @@ def _read_table(path: Path, fmt: str, rows: list[tuple[int, str]], options: Read
             raise DataError(
                 f"{path}:{number}: {len(cells)} column(s) but line {first_number} has {width}{hint}"
             )
-        yield number, cells[label_at], cells[text_at]
+        yield number, cells[label_at], *(cells[i] for i in text_at)
 
 
 def _trec_row(path: Path, number: int, line: str, fine_labels: bool) -> tuple[int, str, str]:

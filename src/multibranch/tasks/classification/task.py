@@ -92,11 +92,15 @@ class ClassificationTask(Task):
         m.decoder_layers = 0  # no decoder: keeps the parameter count and the config honest
         self.cfg.classifier.num_labels = self.data.num_labels
         self.cfg.classifier.labels = self.data.labels
+        self.cfg.classifier.pairs = self.data.pairs
         m.validate()
         self.cfg.classifier.validate()
         if self.cfg.classifier.subword_sampling > 0 and not hasattr(tok, "sample_src"):
             raise ConfigError(f"classifier.subword_sampling samples SentencePiece segmentations, but {self.data_dir} "
                               "was prepared with a Hugging Face tokenizer; set it to 0")
+        if self.data.pairs and self.cfg.classifier.subword_sampling > 0:
+            raise ConfigError(f"classifier.subword_sampling re-segments single texts; {self.data_dir} holds sentence "
+                              "pairs: set it to 0")
         if m.positions == "learned":  # a learned table has no row beyond max_positions
             splits = [s for s in (self.train_split, self.valid_split) if s is not None and len(s)]
             longest = max(int(s.lengths.max()) for s in splits) + 2  # + BOS + EOS
