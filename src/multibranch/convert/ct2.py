@@ -51,7 +51,7 @@ from multibranch.checkpoint.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM
 from multibranch.checkpoint.format import CT2_SETTINGS_FILE, CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat, fold_output
-from multibranch.convert.payload import check_out_dir, experiment_config
+from multibranch.convert.payload import check_out_dir, experiment_config, token_strings
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.modules.merge import merge_constant
 from multibranch.modules.positions import sinusoidal_table
@@ -189,18 +189,8 @@ def _tokenizer(payload: dict[str, Any], where: str) -> Tokenizer:
 
 
 def vocabularies(model: ModelConfig, tok: Tokenizer, where: str) -> tuple[list[str], list[str]]:
-    """Token strings of our source and target ids (SentencePiece pieces; ids beyond SentencePiece,
-    e.g. of imported models, get unique placeholder names that no tokenizer produces)."""
-
-    def side(processor: Any, size: int, name: str) -> list[str]:
-        pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-        if size < len(pieces):
-            raise CheckpointError(f"{where}: the {name} embedding has {size} rows but its SentencePiece model "
-                                  f"{len(pieces)} pieces")
-        return pieces + [f"<multibranch_extra_{i}>" for i in range(len(pieces), size)]
-
-    src = side(tok.src, model.src_vocab_size, "source")
-    tgt = side(tok.tgt, model.tgt_vocab_size, "target")
+    """Token strings of our source and target ids (`payload.token_strings`), checked for CTranslate2."""
+    src, tgt = token_strings(model, tok, where)
     for what, i in (("pad", model.pad_id), ("bos", model.bos_id), ("eos", model.eos_id)):
         if not 0 <= i < len(tgt):
             raise CheckpointError(f"{where}: {what} id {i} is outside the target vocabulary")

@@ -36,7 +36,7 @@ from multibranch.atomic import atomic_directory
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_output
-from multibranch.convert.payload import check_out_dir, experiment_config
+from multibranch.convert.payload import check_out_dir, experiment_config, token_strings
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.models import ModelConfig
 from multibranch.modules.merge import merge_constant
@@ -198,15 +198,8 @@ def _norm(norm: Any, state: dict[str, Tensor], p: str) -> None:
 
 
 def _vocabularies(model: ModelConfig, tok: Tokenizer, where: str) -> tuple[list[str], list[str]]:
-    """Token strings of our source and target ids: SentencePiece pieces, then unique placeholders."""
-    def side(processor: Any, size: int, name: str) -> list[str]:
-        pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-        if size < len(pieces):
-            raise CheckpointError(f"{where}: the {name} embedding has {size} rows but its SentencePiece model "
-                                  f"{len(pieces)} pieces")
-        return pieces + [f"<multibranch_extra_{i}>" for i in range(len(pieces), size)]
-
-    src, tgt = side(tok.src, model.src_vocab_size, "source"), side(tok.tgt, model.tgt_vocab_size, "target")
+    """Token strings of our source and target ids (`payload.token_strings`), checked for MarianTokenizer."""
+    src, tgt = token_strings(model, tok, where)
     for what, i in (("pad", model.pad_id), ("eos", model.eos_id)):
         if src[i] != tgt[i]:
             raise CheckpointError(f"{where}: the source and target pieces of {what} id {i} differ "

@@ -91,3 +91,18 @@ def check_out_dir(out: Path, force: bool, source: str | None) -> None:
         raise FileExistsError(f"{out} holds the input {source}; choose another --out")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise FileExistsError(f"{out} is not empty; pass --force to replace it")
+
+
+def token_strings(model: Any, tok: Any, where: str) -> tuple[list[str], list[str]]:
+    """The token strings of our source and target ids for an exported vocabulary: SentencePiece pieces, then
+    (ids beyond SentencePiece, e.g. of imported models) unique placeholder names that no tokenizer produces.
+    `model` is a ModelConfig, `tok` a Tokenizer; CheckpointError when an embedding is smaller than its model."""
+
+    def side(processor: Any, size: int, name: str) -> list[str]:
+        pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+        if size < len(pieces):
+            raise CheckpointError(f"{where}: the {name} embedding has {size} rows but its SentencePiece model "
+                                  f"{len(pieces)} pieces")
+        return pieces + [f"<multibranch_extra_{i}>" for i in range(len(pieces), size)]
+
+    return side(tok.src, model.src_vocab_size, "source"), side(tok.tgt, model.tgt_vocab_size, "target")
