@@ -34,6 +34,19 @@ from multibranch.checkpoint.tokenizer_state import (
 from multibranch.errors import DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# The model_prefix of a vocabulary over pre-tokenised BPE text (data/vocabulary.py): decoding joins `@@ `.
+PRETOKENIZED_MARK = "multibranch:pretokenized-bpe"
+BPE_CONTINUATION = "@@ "
+
+
+def is_pretokenized(proto: bytes) -> bool:
+    """Whether a serialized SentencePiece model is a vocabulary over pre-tokenised BPE text."""
+    return PRETOKENIZED_MARK.encode() in proto
+
+
+def undo_bpe(text: str) -> str:
+    """Join BPE continuations ("new@@ s" -> "news"), as fairseq's `--post-process subword_nmt` does."""
+    return (text + " ").replace(BPE_CONTINUATION, "").strip()
 
 
 def load_processor(proto: bytes) -> spm.SentencePieceProcessor:
@@ -101,9 +114,16 @@ class Tokenizer:
     def unk_id(self) -> int:
         return self.src.unk_id()
 
+    @property
+    def pretokenized(self) -> bool:
+        """Target ids are words of pre-tokenised BPE text: decoding undoes `@@ ` and does no detokenisation."""
+        return is_pretokenized(self.tgt_proto)
+
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        """Detokenise target ids (special ids are dropped by SentencePiece)."""
-        return self.tgt.decode(ids)
+        """Detokenise target ids (special ids are dropped by SentencePiece); for pre-tokenised BPE text,
+        join the `@@ ` continuations and leave the tokens as they are (the user's pipeline detokenises)."""
+        texts = self.tgt.decode(ids)
+        return [undo_bpe(text) for text in texts] if self.pretokenized else texts
 
     def files(self) -> dict[str, bytes]:
         """The files a run directory's tokenizer/ folder holds."""
