@@ -138,3 +138,15 @@ def test_progress_bar_when_asked(raw, tmp_path, capsys):
     prepare(_cfg(raw, tmp_path / "data", progress=True))
     err = capsys.readouterr().err
     assert "prepare: reading" in err and "prepare: encoding" in err and "lines" in err
+
+
+def test_a_version_1_directory_still_loads(raw, tmp_path):
+    out = tmp_path / "data"
+    prepare(_cfg(raw, out))
+    meta = json.loads((out / "data.json").read_text())
+    for entry in meta["splits"].values():
+        del entry["shards"]  # version 1: one unnamed shard per split, files named like the split
+    (out / "data.json").write_text(json.dumps({**meta, "format_version": 1}))
+    data = PreparedData.load(out)
+    data.verify()
+    assert len(data.split("train")) == meta["splits"]["train"]["pairs"]

@@ -57,7 +57,7 @@ from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
 from multibranch.data.directories import DATA, refuse_other_kind
 from multibranch.data.text import ParallelChunk, ParallelText, count_lines, iter_parallel
-from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_processor
+from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from multibranch.data.vocabulary import adapt_spm_model, count_words, ranked_words, read_dict, word_model
 from multibranch.errors import DataError
 from multibranch.tasks.translation.shards import SIDES, SplitWriter, shard_files
@@ -431,9 +431,16 @@ def train_spm(cfg: Any, sentences: list[str]) -> bytes:
 # ------------------------------------------------------------------------------------- writing
 
 
-def encode_flat(processor: spm.SentencePieceProcessor, lines: list[str], threads: int) -> tuple[np.ndarray, np.ndarray]:
-    """Batched SentencePiece encoding in `threads` threads -> (tokens [N] int32, lengths [n] int64)."""
-    ids = processor.encode(lines, num_threads=threads) if lines else []
+def encode_flat(tokenizer: Tokenizer, side: str, lines: list[str], threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Batched encoding of one side (SentencePiece's encoder in `threads` threads; a word vocabulary by
+    lookup) -> (tokens [N] int32, lengths [n] int64)."""
+    processor = tokenizer.src if side == "src" else tokenizer.tgt
+    if not lines:
+        ids = []
+    elif tokenizer.words[side] is not None:
+        ids = tokenizer.encode_src(lines) if side == "src" else tokenizer.encode_tgt(lines)
+    else:
+        ids = processor.encode(lines, num_threads=threads)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
     return tokens, lengths
@@ -468,14 +475,14 @@ def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[S
         {"src": "spm.src.model", "tgt": "spm.tgt.model"}
     for side in SIDES:
         (out / spm_files[side]).write_bytes(protos[side])
-    processors = {side: load_processor(protos[side]) for side in SIDES}
+    tokenizer = Tokenizer(protos["src"], protos["tgt"])
+    processors = {"src": tokenizer.src, "tgt": tokenizer.tgt}
     vocab_size = {side: processors[side].get_piece_size() for side in SIDES}
     split_meta: dict[str, Any] = {}
     stats: dict[str, Any] = {}
     with _progress(cfg, total_lines, "prepare: encoding") as bar:
         for name, prefix, chunks, lines in streams:
-            entry, stats[name] = _write_split(cfg, name, chunks, processors, out, vocab_size, bar,
-                                              (dropped_before or {}).get(name))
+            entry, stats[name] = _write_split(cfg, name, chunks, tokenizer, out, bar, (dropped_before or {}).get(name))
             split_meta[name] = {"prefix": prefix, "lines": lines, **entry}
     if split_meta["train"]["pairs"] == 0:
         raise DataError(
@@ -503,15 +510,15 @@ def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[S
     return meta
 
 
-def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk],
-                 processors: dict[str, spm.SentencePieceProcessor], out: Path, vocab_size: dict[str, int],
+def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk], tokenizer: Tokenizer, out: Path,
                  bar: tqdm, dropped_before: dict[str, int] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Encode one split chunk by chunk into its text files and shards; (data.json entry, statistics)."""
     dropped = dict.fromkeys(DROP_REASONS if name == "train" else ("empty",), 0)
     for reason, n in (dropped_before or {}).items():
         dropped[reason] = dropped.get(reason, 0) + n
     replaced = {side: 0 for side in SIDES}
-    writer = SplitWriter(out, name, cfg.shard_pairs, vocab_size)
+    processors = {"src": tokenizer.src, "tgt": tokenizer.tgt}
+    writer = SplitWriter(out, name, cfg.shard_pairs, {side: processors[side].get_piece_size() for side in SIDES})
     threads = cfg.encoding_threads()
     try:
         for chunk in chunks:
@@ -520,7 +527,7 @@ def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk],
             for side, n in zip(SIDES, chunk.replaced, strict=True):
                 replaced[side] += n
             lines = {"src": src, "tgt": tgt}
-            encoded = {side: encode_flat(processors[side], lines[side], threads) for side in SIDES}
+            encoded = {side: encode_flat(tokenizer, side, lines[side], threads) for side in SIDES}
             if name == "train":
                 keep, drops = length_drops(cfg, encoded["src"][1], encoded["tgt"][1])
                 for reason, n in drops.items():
