@@ -75,3 +75,10 @@ def test_counted_words_rank_by_count_then_alphabet():
 def test_undo_bpe_as_fairseq():
     assert undo_bpe("the ne@@ ws ti@@ me@@") == "the news time"
     assert undo_bpe("plain text") == "plain text"
+
+
+def test_a_word_vocabulary_survives_the_checkpoint_form():
+    proto = word_model(["a", "ne@@", "w"])
+    restored = Tokenizer.from_state(Tokenizer(proto, proto).to_state())
+    assert restored.pretokenized and restored.encode_src(["a ne@@ w x y"]) == [[4, 5, 6, 1, 1]]
+    assert restored.decode_tgt([[4, 5, 6]]) == ["a new"]

@@ -91,8 +91,7 @@ class PrepareConfig:
     those filters. SentencePiece is trained with `threads` threads on at most `spm_max_sentences`
     sentences (a seeded sample when the corpus is larger); the model depends on both, so keep them
     fixed to reproduce a data directory. `workers` threads encode (0: all cores); the result does not
-    depend on them. Shards hold `shard_pairs` pairs (the last one of a split fewer, any one at most
-    one chunk more).
+    depend on them. Shards hold `shard_pairs` pairs (the last one of a split fewer).
 
     Reuse instead of training: `spm_model` (+ `spm_model_tgt` for separate vocabularies) applies
     existing SentencePiece models; `pretokenized` takes tokenised, BPE-split text with a vocabulary

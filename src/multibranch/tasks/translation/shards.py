@@ -3,7 +3,7 @@
 A split is one raw text file per side (`{split}.{side}.txt`, the kept lines) and one or more shards
 (`{stem}.{side}.tokens.npy` int32 + `{stem}.{side}.offsets.npy` int64 [n+1]); shard k of split S has
 the stem `S` (k = 0) or `S.k`. A shard is written once `shard_pairs` pairs are buffered, so memory holds
-at most one shard's tokens; lengths and id counts are kept as histograms, whose size does not grow with
+at most one shard's tokens (plus one chunk); lengths and id counts are kept as histograms, whose size does not grow with
 the corpus.
 """
 
@@ -82,15 +82,24 @@ class SplitWriter:
         self.stats = {side: SideStats(vocab_sizes[side]) for side in SIDES}
 
     def add(self, lines: dict[str, list[str]], encoded: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Kept pairs: raw lines and (tokens [N] int32, lengths [n] int64) per side."""
+        """Kept pairs: raw lines and (tokens [N] int32, lengths [n] int64) per side; a shard is written
+        each time `shard_pairs` pairs are buffered (so every shard but a split's last holds exactly that)."""
         for side in SIDES:
             if lines[side]:
                 self.text[side].write(("\n".join(lines[side]) + "\n").encode("utf-8"))
-            self.buffers[side].append(encoded[side])
             self.stats[side].add(*encoded[side])
-        self.buffered += len(lines["src"])
-        if self.buffered >= self.shard_pairs:
-            self._flush()
+        start, n = 0, len(lines["src"])
+        while start < n:
+            take = min(self.shard_pairs - self.buffered, n - start)
+            for side in SIDES:
+                tokens, lengths = encoded[side]
+                first = int(lengths[:start].sum())
+                part = lengths[start : start + take]
+                self.buffers[side].append((tokens[first : first + int(part.sum())], part))
+            self.buffered += take
+            start += take
+            if self.buffered == self.shard_pairs:
+                self._flush()
 
     def _flush(self) -> None:
         stem = shard_stem(self.split, len(self.shards))
