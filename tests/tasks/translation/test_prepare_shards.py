@@ -99,21 +99,22 @@ def _write(prefix: Path, src: list[bytes], tgt: list[bytes]) -> str:
     return str(prefix)
 
 
-@pytest.mark.parametrize("problem", ["utf8", "count"])
-def test_bad_input_deep_in_a_file_names_file_and_line(raw, tmp_path, capsys, problem):
+@pytest.mark.parametrize("problem", ["utf8", "count", "utf8-one-pass"])
+def test_bad_input_deep_in_a_file_names_file_and_line(raw, sharded, tmp_path, capsys, problem):
     src = [f"w{i} x y".encode() for i in range(3000)]
     tgt = [f"v{i} z".encode() for i in range(3000)]
-    if problem == "utf8":
+    if problem.startswith("utf8"):
         tgt[2345] = b"bad \xff byte"
     else:
         tgt = tgt[:-1]
     train_prefix = _write(tmp_path / "big", src, tgt)
     out = tmp_path / "data"
     code = cli.main(["prepare", "--src", "src", "--tgt", "tgt", "--train", train_prefix, "--valid",
-                     str(raw / "valid"), "--out", str(out), "--vocab-size", "60"])
+                     str(raw / "valid"), "--out", str(out),
+                     *(["--spm-model", str(sharded / "spm.model")] if problem == "utf8-one-pass" else [])])
     assert code == 2
     err = one_error_line(capsys)
-    expected = "big.tgt:2346: invalid UTF-8" if problem == "utf8" else "line 3000 exists only in"
+    expected = "big.tgt:2346: invalid UTF-8" if problem.startswith("utf8") else "line 3000 exists only in"
     assert expected in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.src", "big.tgt"]  # nothing written
 

@@ -231,15 +231,36 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     out = Path(cfg.out).resolve()
     check_inputs(cfg)
     check_out_dir(cfg, out)
-    scan = scan_inputs(cfg)
-    if scan.pairs["train"] == 0:
-        raise DataError(f"{cfg.train}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty training pairs")
-    require_valid_pairs(cfg, scan.pairs["valid"])
+    scan = scan_inputs(cfg) if needs_scan(cfg) else Scan()
+    if scan.pairs:  # else the same checks run once the splits are written
+        _require_pairs(cfg, scan.pairs["train"], scan.pairs["valid"])
     protos = vocabulary_protos(cfg, scan)
-    streams = [(name, prefix, _file_chunks(cfg, prefix), scan.lines[name]) for name, prefix in cfg.splits()]
+    total = sum(scan.lines.values()) if scan.lines else _total_lines(cfg)
+    streams = [(name, prefix, _file_chunks(cfg, prefix), None) for name, prefix in cfg.splits()]
     with atomic_directory(out) as tmp:
-        meta = write_data_dir(cfg, protos, streams, tmp, total_lines=sum(scan.lines.values()))
+        meta = write_data_dir(cfg, protos, streams, tmp, total_lines=total)
     return {**meta, "out": cfg.out}
+
+
+def needs_scan(cfg: PrepareConfig) -> bool:
+    """Whether the vocabulary is built from the training text (a first pass over the files): a trained
+    SentencePiece model, or words counted from pre-tokenised text. A reused model or dict.txt is applied
+    in one pass; bad input is then found while writing, which leaves nothing behind either."""
+    return cfg.vocabulary_kind == "trained" or (cfg.pretokenized and cfg.dict is None)
+
+
+def _require_pairs(cfg: PrepareConfig, train: int, valid: int) -> None:
+    """DataError when the training or validation split has no non-empty pair."""
+    if train == 0:
+        raise DataError(f"{cfg.train}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty training pairs")
+    require_valid_pairs(cfg, valid)
+
+
+def _total_lines(cfg: PrepareConfig) -> int:
+    """Lines of every split, counted only for a progress bar that will be shown."""
+    if not (sys.stderr.isatty() if cfg.progress is None else cfg.progress):
+        return 0
+    return sum(count_lines(str(cfg.input_files(prefix)[0])) or 0 for _, prefix in cfg.splits())
 
 
 def build_data_dir(cfg: PrepareConfig, splits: list[Split], out: Path) -> dict[str, Any]:
@@ -337,9 +358,7 @@ def scan_inputs(cfg: PrepareConfig) -> Scan:
     """Pass 1: read every split (so bad input stops `prepare` before it writes), count lines and
     non-empty pairs, and gather the vocabulary's material from the training pairs."""
     scan = Scan()
-    enabled = sys.stderr.isatty() if cfg.progress is None else cfg.progress
-    total = sum(count_lines(str(cfg.input_files(prefix)[0])) or 0 for _, prefix in cfg.splits()) if enabled else 0
-    with _progress(cfg, total, "prepare: reading") as bar:
+    with _progress(cfg, _total_lines(cfg), "prepare: reading") as bar:
         for name, prefix in cfg.splits():
             scan.lines[name] = scan.pairs[name] = 0
             for chunk in _file_chunks(cfg, prefix):
@@ -464,7 +483,7 @@ def _select(encoded: tuple[np.ndarray, np.ndarray], keep: np.ndarray) -> tuple[n
     return tokens[np.repeat(keep, lengths)], lengths[keep]  # np.repeat: [N] whether each token is kept
 
 
-Stream = tuple[str, str, Iterable[ParallelChunk], int]  # split name, prefix, chunks, lines read
+Stream = tuple[str, str, Iterable[ParallelChunk], int | None]  # split, prefix, chunks, lines read (None: count)
 
 
 def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[Stream], out: Path,
@@ -479,10 +498,13 @@ def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[S
     vocab_size = {side: processors[side].get_piece_size() for side in SIDES}
     split_meta: dict[str, Any] = {}
     stats: dict[str, Any] = {}
+    non_empty: dict[str, int] = {}
     with _progress(cfg, total_lines, "prepare: encoding") as bar:
         for name, prefix, chunks, lines in streams:
-            entry, stats[name] = _write_split(cfg, name, chunks, tokenizer, out, bar, (dropped_before or {}).get(name))
-            split_meta[name] = {"prefix": prefix, "lines": lines, **entry}
+            entry, stats[name], non_empty[name] = _write_split(cfg, name, chunks, tokenizer, out, bar,
+                                                               (dropped_before or {}).get(name))
+            split_meta[name] = {"prefix": prefix, **entry, "lines": entry["lines"] if lines is None else lines}
+    _require_pairs(cfg, non_empty["train"], non_empty["valid"])
     if split_meta["train"]["pairs"] == 0:
         raise DataError(
             f"{cfg.train}.*: every training pair was dropped by the length filters "
@@ -510,8 +532,9 @@ def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[S
 
 
 def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk], tokenizer: Tokenizer, out: Path,
-                 bar: tqdm, dropped_before: dict[str, int] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Encode one split chunk by chunk into its text files and shards; (data.json entry, statistics)."""
+                 bar: tqdm, dropped_before: dict[str, int] | None) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """Encode one split chunk by chunk into its text files and shards; (data.json entry, statistics, pairs
+    with text on both sides)."""
     dropped = dict.fromkeys(DROP_REASONS if name == "train" else ("empty",), 0)
     for reason, n in (dropped_before or {}).items():
         dropped[reason] = dropped.get(reason, 0) + n
@@ -519,9 +542,12 @@ def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk],
     processors = {"src": tokenizer.src, "tgt": tokenizer.tgt}
     writer = SplitWriter(out, name, cfg.shard_pairs, {side: processors[side].get_piece_size() for side in SIDES})
     threads = cfg.encoding_threads()
+    lines_read = non_empty = 0
     try:
         for chunk in chunks:
             src, tgt = _non_empty(chunk)
+            lines_read += len(chunk)
+            non_empty += len(src)
             dropped["empty"] += len(chunk) - len(src)
             for side, n in zip(SIDES, chunk.replaced, strict=True):
                 replaced[side] += n
@@ -542,6 +568,7 @@ def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk],
         raise
     stats = {side: writer.stats[side].summary(processors[side].unk_id()) for side in SIDES}
     entry = {
+        "lines": lines_read,
         "pairs": sum(shard["pairs"] for shard in shards),
         "dropped": dropped,
         "replaced_lines": replaced,
@@ -550,7 +577,7 @@ def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk],
         "unk_rate": {side: stats[side]["unk_rate"] for side in SIDES},
         "shards": shards,
     }
-    return entry, stats
+    return entry, stats, non_empty
 
 
 def shard_names(splits: dict[str, Any]) -> list[str]:
