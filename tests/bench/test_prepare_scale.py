@@ -35,12 +35,14 @@ def test_steps_generate_prepare_reuse_and_encode(tmp_path):
     for row in (first, reuse, floor):
         assert row["seconds"] > 0 and row["pairs_per_s"] > 0 and row["peak_rss_mb"] > 0
     assert reuse["pairs_per_s"] * reuse["seconds"] == pytest.approx(1500 + 1000)
+    trained = prepare_scale.run_train(tmp_path / "data", tmp_path / "run")
+    assert trained["seconds"] > 0 and (tmp_path / "run" / "last.pt").is_file()
 
 
 @pytest.mark.slow
 def test_tiny_run_end_to_end(tmp_path, capsys):
     assert prepare_scale.main(["--tiny", "--no-save", "--dir", str(tmp_path / "scratch")]) == 0
     out = capsys.readouterr().out
-    assert "| 6000 |" in out and "train (2 updates" in out and "rss_growth" in out
+    assert "| 6000 |" in out and "train_rss_growth" in out and "floor_ratio" in out
     assert not (tmp_path / "scratch").exists()  # generated corpora are removed unless --keep
     json.dumps(out)
