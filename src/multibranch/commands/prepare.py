@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="train SentencePiece on a seeded sample of N training sentences (default 1000000)")
     scale.add_argument("--shard-pairs", type=int, default=500_000, metavar="N",
                        help="training pairs per shard file (default 500000); memory while preparing holds one shard")
-    scale.add_argument("--spm-model", metavar="FILE",
+    scale.add_argument("--spm-model", "--spm-model-src", dest="spm_model", metavar="FILE",
                        help="apply this existing SentencePiece model and its vocabulary instead of training one "
                             "(joint; with --spm-model-tgt: the source model)")
     scale.add_argument("--spm-model-tgt", metavar="FILE", help="the target side's SentencePiece model (separate "
@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the text is already tokenised and BPE-split (fairseq's preparation, '@@ ' continuation "
                             "markers): words are the vocabulary, counted from train or given with --dict; "
                             "translate joins '@@ ' and does no detokenisation")
-    scale.add_argument("--dict", metavar="FILE", help="--pretokenized: the vocabulary as a fairseq dict.txt "
+    scale.add_argument("--dict", "--dict-src", dest="dict", metavar="FILE", help="--pretokenized: the vocabulary as a fairseq dict.txt "
                                                        "(joint; with --dict-tgt: the source side's)")
     scale.add_argument("--dict-tgt", metavar="FILE", help="--pretokenized: the target side's fairseq dict.txt")
     parser.add_argument("--out", required=True, metavar="DIR", help="output data directory")

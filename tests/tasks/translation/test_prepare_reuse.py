@@ -83,3 +83,30 @@ def test_reuse_options_refused_in_one_line(tmp_path, capsys, extra, message):
     assert _prepare(prefixes, tmp_path / "data", *extra) == 2
     assert message in one_error_line(capsys)
     assert not (tmp_path / "data").exists()
+
+
+def test_translate_joins_bpe_continuations_of_pretokenized_data(tmp_path, capsys):
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
+    from tests.helpers.configs import tiny_experiment
+
+    words = [w + ("@@" if i % 3 == 0 else "") for i, w in enumerate(corpus_lines(1, 4)[0].split() * 3)]
+    src = [" ".join(words[i % 5 : i % 5 + 4]) for i in range(120)]
+    prefixes = _corpus(tmp_path / "raw", src, src)
+    assert _prepare(prefixes, tmp_path / "data", "--pretokenized") == 0
+    train(tiny_experiment(max_steps=3), RunOptions(tmp_path / "data", tmp_path / "run"))
+    out = tmp_path / "hyp.txt"
+    capsys.readouterr()
+    assert cli.main(["translate", "--ckpt", str(tmp_path / "run" / "last.pt"), "-i", prefixes["valid"] + ".en",
+                     "-o", str(out), "--beam", "1", "--max-len-a", "0", "--max-len-b", "12"]) == 0
+    hypotheses = out.read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == 20 and not any("@@" in line for line in hypotheses)
+    stems = {w.removesuffix("@@") for w in words if w.endswith("@@")}  # pieces that continue into the next
+    finals = {w for w in words if not w.endswith("@@")}
+
+    def joined(word: str) -> bool:  # continuation stems, then a final piece (or nothing at the line's end)
+        return word in finals or word in stems or any(word.startswith(s) and joined(word[len(s):]) for s in stems)
+
+    output_words = [word for line in hypotheses for word in line.split()]
+    assert all(word == "<unk>" or joined(word) for word in output_words)
+    assert any(word not in finals | stems for word in output_words)  # some pieces were joined
