@@ -151,3 +151,17 @@ def test_a_version_1_directory_still_loads(raw, tmp_path):
     data = PreparedData.load(out)
     data.verify()
     assert len(data.split("train")) == meta["splits"]["train"]["pairs"]
+
+
+def test_full_disk_while_writing_a_shard_is_one_line(raw, tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    def full(self, *args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shards_module.SplitWriter, "_flush", full)
+    code = cli.main(["prepare", "--src", "src", "--tgt", "tgt", "--train", str(raw / "train"), "--valid",
+                     str(raw / "valid"), "--out", str(tmp_path / "data"), "--vocab-size", "200"])
+    assert code == 2 and "no space left on device" in one_error_line(capsys)
+    assert list(tmp_path.iterdir()) == []
