@@ -66,7 +66,6 @@ FORMAT = "multibranch-data"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: one shard per split, named like the split
 DROP_REASONS = ("empty", "too_long", "ratio")
-__all__ = ["SIDES", "FORMAT", "FORMAT_VERSION", "PrepareConfig", "Split", "prepare", "build_data_dir"]
 
 
 def check_spm_settings(model_type: str, vocab_size: int, character_coverage: float, max_len: int | None) -> None:
