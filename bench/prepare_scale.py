@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="500000,2000000,8000000", help="comma-separated corpus sizes (pairs)")
     parser.add_argument("--tiny", action="store_true", help="seconds-long run on tiny corpora (the test)")
-    parser.add_argument("--workers", type=int, default=0, help="encoding threads (0: all cores)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="prepare's encoding processes and the floor's encoder threads (0: all cores)")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--spm-sample", type=int, default=1_000_000)
     parser.add_argument("--shard-pairs", type=int, default=500_000)

@@ -63,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "or keep the text between its quotes (raw; counted in the report)")
     scale = parser.add_argument_group("large corpora and reused preprocessing (--task translate)")
     scale.add_argument("--workers", type=int, default=0, metavar="N",
-                       help="threads encoding with SentencePiece (default 0: all cores); the output does not depend "
-                            "on it")
+                       help="encoding processes (default 0: one per core; 1: in this process); the output does not "
+                            "depend on it")
     scale.add_argument("--spm-sample", type=int, default=1_000_000, metavar="N",
                        help="train SentencePiece on a seeded sample of N training sentences (default 1000000)")
     scale.add_argument("--shard-pairs", type=int, default=500_000, metavar="N",

@@ -11,7 +11,7 @@ the corpus: two passes stream the files.
 2. The vocabulary: SentencePiece trained on that sample (default), an existing SentencePiece model
    (`--spm-model`, data/vocabulary.py keeps its ids), or the words of pre-tokenised BPE text
    (`--pretokenized`, from a fairseq `dict.txt` or counted).
-3. Encode: chunk by chunk with SentencePiece's batched encoder in `workers` threads; training pairs
+3. Encode: chunk by chunk in `workers` processes (tasks/translation/encoding.py); training pairs
    longer than `max_len` subword tokens, or whose lengths differ by more than `max_len_ratio` (plus a
    small allowance for short sentences), are dropped. Validation and test pairs are references and are
    never length-filtered. Every drop is counted by reason in `data.json` and `report.md`.
@@ -60,6 +60,7 @@ from multibranch.data.text import ParallelChunk, ParallelText, count_lines, iter
 from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from multibranch.data.vocabulary import adapt_spm_model, count_words, ranked_words, read_dict, word_model
 from multibranch.errors import DataError
+from multibranch.tasks.translation.encoding import ChunkEncoder, LengthFilter
 from multibranch.tasks.translation.shards import SIDES, SplitWriter, shard_files
 
 FORMAT = "multibranch-data"
@@ -89,8 +90,8 @@ class PrepareConfig:
     ratio (as in Moses' clean-corpus-n) would reject. `max_len=None` / `max_len_ratio=None` disable
     those filters. SentencePiece is trained with `threads` threads on at most `spm_max_sentences`
     sentences (a seeded sample when the corpus is larger); the model depends on both, so keep them
-    fixed to reproduce a data directory. `workers` threads encode (0: all cores); the result does not
-    depend on them. Shards hold `shard_pairs` pairs (the last one of a split fewer).
+    fixed to reproduce a data directory. `workers` processes encode (0: one per core; 1: this
+    process); the result does not depend on them. Shards hold `shard_pairs` pairs (the last one of a split fewer).
 
     Reuse instead of training: `spm_model` (+ `spm_model_tgt` for separate vocabularies) applies
     existing SentencePiece models; `pretokenized` takes tokenised, BPE-split text with a vocabulary
@@ -175,7 +176,7 @@ class PrepareConfig:
     def input_files(self, prefix: str) -> tuple[Path, Path]:
         return Path(f"{prefix}.{self.src_lang}"), Path(f"{prefix}.{self.tgt_lang}")
 
-    def encoding_threads(self) -> int:
+    def encoding_workers(self) -> int:
         return self.workers or os.cpu_count() or 1
 
 
@@ -448,40 +449,6 @@ def train_spm(cfg: Any, sentences: list[str]) -> bytes:
 # ------------------------------------------------------------------------------------- writing
 
 
-def encode_flat(tokenizer: Tokenizer, side: str, lines: list[str], threads: int) -> tuple[np.ndarray, np.ndarray]:
-    """Batched encoding of one side (SentencePiece's encoder in `threads` threads; a word vocabulary by
-    lookup) -> (tokens [N] int32, lengths [n] int64)."""
-    processor = tokenizer.src if side == "src" else tokenizer.tgt
-    if not lines:
-        ids = []
-    elif tokenizer.words[side] is not None:
-        ids = tokenizer.encode_src(lines) if side == "src" else tokenizer.encode_tgt(lines)
-    else:
-        ids = processor.encode(lines, num_threads=threads)
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
-    return tokens, lengths
-
-
-def length_drops(cfg: PrepareConfig, ls: np.ndarray, lt: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
-    """The mask of training pairs to keep, and the drops by reason (empty after encoding, too long, ratio)."""
-    empty = (ls == 0) | (lt == 0)
-    too_long = np.zeros_like(empty)
-    if cfg.max_len is not None:
-        too_long = ~empty & ((ls > cfg.max_len) | (lt > cfg.max_len))
-    ratio = np.zeros_like(empty)
-    if cfg.max_len_ratio is not None:
-        ratio = ~empty & ~too_long & (np.maximum(ls, lt) > cfg.max_len_ratio * np.minimum(ls, lt) + cfg.ratio_allowance)
-    drops = {"empty": int(empty.sum()), "too_long": int(too_long.sum()), "ratio": int(ratio.sum())}
-    return ~(empty | too_long | ratio), drops
-
-
-def _select(encoded: tuple[np.ndarray, np.ndarray], keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The (tokens, lengths) of the sentences where `keep` is true."""
-    tokens, lengths = encoded
-    return tokens[np.repeat(keep, lengths)], lengths[keep]  # np.repeat: [N] whether each token is kept
-
-
 Stream = tuple[str, str, Iterable[ParallelChunk], int | None]  # split, prefix, chunks, lines read (None: count)
 
 
@@ -498,9 +465,10 @@ def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[S
     split_meta: dict[str, Any] = {}
     stats: dict[str, Any] = {}
     non_empty: dict[str, int] = {}
-    with _progress(cfg, total_lines, "prepare: encoding") as bar:
+    with _progress(cfg, total_lines, "prepare: encoding") as bar, \
+            ChunkEncoder(tokenizer, cfg.encoding_workers()) as encoder:
         for name, prefix, chunks, lines in streams:
-            entry, stats[name], non_empty[name] = _write_split(cfg, name, chunks, tokenizer, out, bar,
+            entry, stats[name], non_empty[name] = _write_split(cfg, name, chunks, encoder, out, bar,
                                                                (dropped_before or {}).get(name))
             split_meta[name] = {"prefix": prefix, **entry, "lines": entry["lines"] if lines is None else lines}
     _require_pairs(cfg, non_empty["train"], non_empty["valid"])
@@ -530,7 +498,7 @@ def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[S
     return meta
 
 
-def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk], tokenizer: Tokenizer, out: Path,
+def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk], encoder: ChunkEncoder, out: Path,
                  bar: tqdm, dropped_before: dict[str, int] | None) -> tuple[dict[str, Any], dict[str, Any], int]:
     """Encode one split chunk by chunk into its text files and shards; (data.json entry, statistics, pairs
     with text on both sides)."""
@@ -538,28 +506,21 @@ def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk],
     for reason, n in (dropped_before or {}).items():
         dropped[reason] = dropped.get(reason, 0) + n
     replaced = {side: 0 for side in SIDES}
-    processors = {"src": tokenizer.src, "tgt": tokenizer.tgt}
+    processors = {"src": encoder.tokenizer.src, "tgt": encoder.tokenizer.tgt}
     writer = SplitWriter(out, name, cfg.shard_pairs, {side: processors[side].get_piece_size() for side in SIDES})
-    threads = cfg.encoding_threads()
+    filters = LengthFilter(cfg.max_len, cfg.max_len_ratio, cfg.ratio_allowance) if name == "train" else None
     lines_read = non_empty = 0
     try:
-        for chunk in chunks:
-            src, tgt = _non_empty(chunk)
+        for chunk, result in encoder.map(chunks, filters):
             lines_read += len(chunk)
-            non_empty += len(src)
-            dropped["empty"] += len(chunk) - len(src)
+            non_empty += result.non_empty
+            for reason, n in result.drops.items():
+                dropped[reason] += n
             for side, n in zip(SIDES, chunk.replaced, strict=True):
                 replaced[side] += n
-            lines = {"src": src, "tgt": tgt}
-            encoded = {side: encode_flat(tokenizer, side, lines[side], threads) for side in SIDES}
-            if name == "train":
-                keep, drops = length_drops(cfg, encoded["src"][1], encoded["tgt"][1])
-                for reason, n in drops.items():
-                    dropped[reason] += n
-                if not keep.all():
-                    lines = {side: list(itertools.compress(lines[side], keep)) for side in SIDES}
-                    encoded = {side: _select(encoded[side], keep) for side in SIDES}
-            writer.add(lines, encoded)
+            lines = {"src": list(itertools.compress(chunk.src, result.keep)),
+                     "tgt": list(itertools.compress(chunk.tgt, result.keep))}
+            writer.add(lines, result.encoded)
             bar.update(len(chunk))
         shards = writer.close()
     except BaseException:
