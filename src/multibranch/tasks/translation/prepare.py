@@ -236,6 +236,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
         _require_pairs(cfg, scan.pairs["train"], scan.pairs["valid"])
     protos = vocabulary_protos(cfg, scan)
     total = sum(scan.lines.values()) if scan.lines else _total_lines(cfg)
+    del scan  # the sample is spent; encoding workers forked later would carry it
     streams = [(name, prefix, _file_chunks(cfg, prefix), None) for name, prefix in cfg.splits()]
     with atomic_directory(out) as tmp:
         meta = write_data_dir(cfg, protos, streams, tmp, total_lines=total)
