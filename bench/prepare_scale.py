@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--spm-sample", type=int, default=1_000_000)
     parser.add_argument("--shard-pairs", type=int, default=500_000)
-    parser.add_argument("--chunk-lines", type=int, default=50_000, help="pairs read and encoded together")
+    parser.add_argument("--chunk-lines", type=int, default=10_000, help="pairs read and encoded together")
     parser.add_argument("--repeat", type=int, default=1, help="run each timed step N times, keep the fastest")
     parser.add_argument("--dir", help="scratch directory (default: runs/bench/prepare-scale)")
     parser.add_argument("--keep", action="store_true", help="keep the generated corpora and data directories")

@@ -13,7 +13,7 @@ from multibranch.tasks.translation.dataset import PreparedData
 
 def _args(**overrides) -> argparse.Namespace:
     values = dict(vocab_size=prepare_scale.TINY["vocab_size"], spm_sample=prepare_scale.TINY["spm_sample"],
-                  shard_pairs=700, workers=1, chunk_lines=50_000)
+                  shard_pairs=700, workers=1, chunk_lines=10_000)
     values.update(overrides)
     return argparse.Namespace(**values)
 

@@ -118,7 +118,7 @@ class PrepareConfig:
     spm_max_sentences: int = 1_000_000
     workers: int = 0
     shard_pairs: int = 500_000
-    chunk_lines: int = 50_000
+    chunk_lines: int = 10_000
     spm_model: str | None = None
     spm_model_tgt: str | None = None
     pretokenized: bool = False
