@@ -13,6 +13,9 @@ CODE_ONLY = ("docstring_errors",)
 CLASSIFY_ONLY = ("holdout", "format", "header", "label_column", "text_column", "label_key", "text_key", "fine_labels",
                  "empty_text", "too_long", "hf_tokenizer")
 SENTENCEPIECE_ONLY = ("vocab_size", "model_type", "character_coverage")
+TRANSLATION_SCALE = ("workers", "spm_sample", "shard_pairs", "spm_model", "spm_model_tgt", "pretokenized", "dict",
+                     "dict_tgt")
+REUSED_VOCABULARY = SENTENCEPIECE_ONLY + ("spm_sample",)  # settings of a trained model, not of a reused one
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +62,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     code.add_argument("--docstring-errors", choices=["strict", "raw"], default="strict",
                       help="a .desc line that is not a valid Python string literal: stop with file:line (strict), "
                            "or keep the text between its quotes (raw; counted in the report)")
+    scale = parser.add_argument_group("large corpora and reused preprocessing (--task translate)")
+    scale.add_argument("--workers", type=int, default=0, metavar="N",
+                       help="encoding processes (default 0: one per core; 1: in this process); the output does not "
+                            "depend on it")
+    scale.add_argument("--spm-sample", type=int, default=1_000_000, metavar="N",
+                       help="train SentencePiece on a seeded sample of N training sentences (default 1000000)")
+    scale.add_argument("--shard-pairs", type=int, default=500_000, metavar="N",
+                       help="training pairs per shard file (default 500000); memory while preparing holds one shard")
+    scale.add_argument("--spm-model", "--spm-model-src", dest="spm_model", metavar="FILE",
+                       help="apply this existing SentencePiece model and its vocabulary instead of training one "
+                            "(joint; with --spm-model-tgt: the source model)")
+    scale.add_argument("--spm-model-tgt", metavar="FILE", help="the target side's SentencePiece model (separate "
+                                                               "vocabularies)")
+    scale.add_argument("--pretokenized", action="store_true",
+                       help="the text is already tokenised and BPE-split (fairseq's preparation, '@@ ' continuation "
+                            "markers): words are the vocabulary, counted from train or given with --dict; "
+                            "translate joins '@@ ' and does no detokenisation")
+    scale.add_argument("--dict", "--dict-src", dest="dict", metavar="FILE", help="--pretokenized: the vocabulary as a fairseq dict.txt "
+                                                       "(joint; with --dict-tgt: the source side's)")
+    scale.add_argument("--dict-tgt", metavar="FILE", help="--pretokenized: the target side's fairseq dict.txt")
     parser.add_argument("--out", required=True, metavar="DIR", help="output data directory")
     parser.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size")
     parser.add_argument(
@@ -92,20 +115,21 @@ DEFAULTS = {"holdout": None, "format": "auto", "header": "auto", "label_column":
             "label_key": "label", "text_key": "text", "fine_labels": False, "empty_text": "error",
             "too_long": "truncate", "src": None, "tgt": None, "hf_tokenizer": None, "vocab_size": 8000,
             "model_type": "bpe", "character_coverage": 1.0, "docstring_errors": "strict", "max_len_ratio": 3.0,
-            "separate_vocab": False}
+            "separate_vocab": False, "workers": 0, "spm_sample": 1_000_000, "shard_pairs": 500_000,
+            "spm_model": None, "spm_model_tgt": None, "pretokenized": False, "dict": None, "dict_tgt": None}
 
 
 def run(args: argparse.Namespace) -> int:
     from multibranch.errors import UserError
 
     if args.task == "classify":
-        wrong = _given(args, TRANSLATION_ONLY + CODE_ONLY, DEFAULTS)
+        wrong = _given(args, TRANSLATION_ONLY + CODE_ONLY + TRANSLATION_SCALE, DEFAULTS)
         if wrong:
             raise UserError(f"{', '.join(wrong)}: not for --task classify")
         return run_classify(args)
     if args.task == "code":
-        wrong = _given(args, TRANSLATION_ONLY + tuple(n for n in CLASSIFY_ONLY if n != "holdout") + ("max_len_ratio",),
-                       DEFAULTS)
+        wrong = _given(args, TRANSLATION_ONLY + tuple(n for n in CLASSIFY_ONLY if n != "holdout") + ("max_len_ratio",)
+                       + TRANSLATION_SCALE, DEFAULTS)
         if wrong:
             raise UserError(f"{', '.join(wrong)}: not for --task code")
         return run_code(args)
@@ -115,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("src", "tgt", "valid") if getattr(args, n) is None]
     if missing:
         raise UserError(f"the following arguments are required: {', '.join(missing)}")
+    if args.spm_model or args.pretokenized:
+        wrong = _given(args, REUSED_VOCABULARY, DEFAULTS)
+        if wrong:
+            raise UserError(f"{', '.join(wrong)}: settings of a trained SentencePiece model, not used with "
+                            f"{'--spm-model' if args.spm_model else '--pretokenized'}")
     from multibranch.tasks.translation.prepare import PrepareConfig, prepare
 
     cfg = PrepareConfig(
@@ -125,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         test=list(args.test),
         out=args.out,
         vocab_size=args.vocab_size,
-        joint=not args.separate_vocab,
+        joint=not (args.separate_vocab or args.spm_model_tgt or args.dict_tgt),
         model_type=args.model_type,
         character_coverage=args.character_coverage,
         max_len=args.max_len or None,
@@ -133,6 +162,14 @@ def run(args: argparse.Namespace) -> int:
         encoding_errors=args.encoding_errors,
         force=args.force,
         seed=args.seed,
+        workers=args.workers,
+        spm_max_sentences=args.spm_sample,
+        shard_pairs=args.shard_pairs,
+        spm_model=args.spm_model,
+        spm_model_tgt=args.spm_model_tgt,
+        pretokenized=args.pretokenized,
+        dict=args.dict,
+        dict_tgt=args.dict_tgt,
     )
     meta = prepare(cfg)
     print(summary(meta))
@@ -200,6 +237,7 @@ def summary(meta: dict) -> str:
     kind = "joint" if meta["joint"] else "separate"
     sizes = str(vocab["src"]) if meta["joint"] else f"{vocab['src']}/{vocab['tgt']}"
     lines = [f"prepared {meta['src_lang']}->{meta['tgt_lang']} in {meta['out']} ({kind} vocabulary, {sizes} pieces)"]
+    shards = sum(len(entry.get("shards", [])) for entry in meta["splits"].values())
     for name, entry in meta["splits"].items():
         dropped = ", ".join(f"{reason} {n}" for reason, n in entry["dropped"].items() if n) or "none"
         replaced = sum(entry["replaced_lines"].values())
@@ -207,5 +245,5 @@ def summary(meta: dict) -> str:
         lines.append(
             f"  {name:<6} {entry['pairs']:>8} pairs kept of {entry['lines']} (dropped: {dropped}){extra}"
         )
-    lines.append(f"  details: {meta['out']}/report.md, {meta['out']}/data.json")
+    lines.append(f"  details: {meta['out']}/report.md, {meta['out']}/data.json ({shards} shard(s))")
     return "\n".join(lines)

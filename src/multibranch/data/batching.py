@@ -3,8 +3,9 @@
 `token_batches` sorts examples by length, fills batches greedily under a padded-token budget and
 shuffles the batch order with a generator seeded by (seed, epoch): the batches of an epoch are a pure
 function of (lengths, max_tokens, seed, epoch), so a resumed run only needs the epoch and the number
-of batches already consumed. `shard_batches` splits them across data-parallel ranks; `collate` turns
-one batch of indices into model inputs.
+of batches already consumed. `sharded_token_batches` does the same for a split stored in several
+shards, one shard at a time, so that a batch reads one memory map. `shard_batches` splits them across
+data-parallel ranks; `collate` turns one batch of indices into model inputs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -26,10 +27,16 @@ class TokenPairs(Protocol):
 
     src_tokens: np.ndarray  # [total source tokens]
     tgt_tokens: np.ndarray
-    src_offsets: np.ndarray  # [N] start of each sequence
+    src_offsets: np.ndarray  # [N+1] sequence i is tokens[offsets[i]:offsets[i+1]] (no EOS)
     tgt_offsets: np.ndarray
-    src_lengths: np.ndarray  # [N] tokens of each sequence (no EOS)
-    tgt_lengths: np.ndarray
+
+
+@runtime_checkable
+class ShardedPairs(Protocol):
+    """A split stored in several TokenPairs (tasks/translation/dataset.py's ShardedSplit)."""
+
+    def locate(self, indices: np.ndarray) -> tuple[TokenPairs, np.ndarray]:
+        """(the TokenPairs holding the examples `indices`, their indices there)."""
 
 
 def token_batches(
@@ -94,6 +101,38 @@ def token_batches(
     return batches
 
 
+def sharded_token_batches(
+    shards: Sequence[tuple[np.ndarray, np.ndarray]],
+    max_tokens: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    max_sentences: int | None = None,
+) -> list[np.ndarray]:
+    """`token_batches` of a split stored in shards, given each shard's (src_lengths, tgt_lengths).
+
+    Each shard is batched on its own (so a batch never spans two shards and reads one memory map),
+    with indices offset to run over all shards. The shards are visited in an order seeded by (seed,
+    epoch) and, with `shuffle`, the batches of all shards are then shuffled together, so an epoch mixes
+    the whole corpus rather than one shard after another. A pure function of (lengths, max_tokens,
+    seed, epoch) like `token_batches`, which it equals for a single shard.
+    """
+    if len(shards) == 1:
+        return token_batches(*shards[0], max_tokens, seed=seed, epoch=epoch, shuffle=shuffle,
+                             max_sentences=max_sentences)
+    starts = np.concatenate([[0], np.cumsum([len(src) for src, _ in shards])])  # [K+1]
+    rng = np.random.default_rng([seed, epoch, len(shards)])
+    order = rng.permutation(len(shards)) if shuffle else np.arange(len(shards))
+    batches = []
+    for k in order:
+        batches += [batch + starts[k] for batch in token_batches(*shards[k], max_tokens, seed=seed, epoch=epoch,
+                                                                 shuffle=shuffle, max_sentences=max_sentences)]
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
 def shard_batches(batches: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:
     """Batches of data-parallel `rank`: every `world_size`-th batch starting at `rank`.
 
@@ -145,7 +184,7 @@ def _gather(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tupl
 
 
 def collate(
-    split: TokenPairs,
+    split: TokenPairs | ShardedPairs,
     indices: Sequence[int] | np.ndarray,
     pad_id: int = PAD_ID,
     bos_id: int = BOS_ID,
@@ -155,9 +194,12 @@ def collate(
     idx = np.asarray(indices, dtype=np.int64)
     if idx.ndim != 1 or len(idx) == 0:
         raise ValueError("collate needs a non-empty 1-d list of indices")
+    pairs, local = split.locate(idx) if isinstance(split, ShardedPairs) else (split, idx)
     bsz = len(idx)
-    src_len = split.src_lengths[idx]  # [B]
-    tgt_len = split.tgt_lengths[idx]  # [B]
+    src_start = np.asarray(pairs.src_offsets[local], dtype=np.int64)  # [B]
+    tgt_start = np.asarray(pairs.tgt_offsets[local], dtype=np.int64)  # [B]
+    src_len = np.asarray(pairs.src_offsets[local + 1], dtype=np.int64) - src_start  # [B]
+    tgt_len = np.asarray(pairs.tgt_offsets[local + 1], dtype=np.int64) - tgt_start  # [B]
     s_max, t_max = int(src_len.max()) + 1, int(tgt_len.max()) + 1
     flat = np.full(bsz * s_max + 2 * bsz * t_max, pad_id, dtype=np.int64)
     src = flat[: bsz * s_max].reshape(bsz, s_max)  # [B, S]
@@ -165,10 +207,10 @@ def collate(
     tgt = flat[bsz * (s_max + t_max) :].reshape(bsz, t_max)  # [B, T]
     rows = np.arange(bsz)
 
-    r, c, v = _gather(split.src_tokens, np.asarray(split.src_offsets[idx]), src_len)
+    r, c, v = _gather(pairs.src_tokens, src_start, src_len)
     src[r, c] = v
     src[rows, src_len] = eos_id
-    r, c, v = _gather(split.tgt_tokens, np.asarray(split.tgt_offsets[idx]), tgt_len)
+    r, c, v = _gather(pairs.tgt_tokens, tgt_start, tgt_len)
     tgt[r, c] = v
     tgt[rows, tgt_len] = eos_id
     prev[r, c + 1] = v

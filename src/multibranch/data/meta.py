@@ -13,9 +13,10 @@ AGAIN = "run `multibranch prepare` again"
 META_FILE = "data.json"
 
 
-def read_meta(directory: Path, fmt: str, version: int, required: Sequence[str], kind: str) -> dict[str, Any]:
-    """The checked data.json of `directory`: a JSON object of format `fmt` and version `version`
-    holding every `required` key; DataError (naming the file) otherwise. `kind` names the directory
+def read_meta(directory: Path, fmt: str, version: int | tuple[int, ...], required: Sequence[str],
+              kind: str) -> dict[str, Any]:
+    """The checked data.json of `directory`: a JSON object of format `fmt` and version `version` (or one
+    of several readable versions) holding every `required` key; DataError (naming the file) otherwise. `kind` names the directory
     type in the messages ("multibranch", "classification")."""
     meta_path = directory / META_FILE
     if not meta_path.is_file():
@@ -25,9 +26,10 @@ def read_meta(directory: Path, fmt: str, version: int, required: Sequence[str], 
     if meta.get("format") != fmt:
         found = meta.get("format")
         raise DataError(f"{meta_path}: not a {kind} data directory (format {found!r})")
-    if meta.get("format_version") != version:
+    versions = version if isinstance(version, tuple) else (version,)
+    if meta.get("format_version") not in versions:
         raise DataError(f"{meta_path}: format version {meta.get('format_version')} but this multibranch "
-                        f"reads version {version}; {AGAIN}")
+                        f"reads version {' or '.join(map(str, versions))}; {AGAIN}")
     for key in required:
         if key not in meta:
             raise DataError(f"{meta_path}: corrupted (missing {key!r}); {AGAIN}")

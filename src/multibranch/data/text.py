@@ -15,6 +15,7 @@ Errors are `DataError`s naming the file, the line and the fix.
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import os
 import shutil
@@ -308,3 +309,78 @@ def open_output(path: str) -> Iterator[BinaryIO]:
     yield text
     sys.stdout.write(text.getvalue().decode("utf-8"))
     sys.stdout.flush()
+
+
+# ---- streaming a parallel corpus in bounded chunks (prepare at any size) -------------------------
+
+
+@dataclass
+class ParallelChunk:
+    """Up to `chunk_lines` aligned lines of two files; `first_line` is the 1-based number of the first."""
+
+    first_line: int
+    src: list[str]
+    tgt: list[str]
+    replaced: tuple[int, int] = (0, 0)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def _decode_chunk(path: Path, raw: list[bytes], first_line: int, encoding_errors: str) -> tuple[list[str], int]:
+    """Decode raw lines (newline included) under the module's rules; DataError at path:line when strict."""
+    if first_line == 1 and raw and raw[0].startswith(BOM):
+        raw[0] = raw[0][len(BOM) :]
+    try:
+        return _split(b"".join(raw).decode("utf-8") + ("" if raw[-1].endswith(b"\n") else "\n")), 0
+    except UnicodeDecodeError:
+        pass
+    lines, replaced = [], 0
+    for offset, chunk in enumerate(raw):
+        chunk = chunk[:-1] if chunk.endswith(b"\n") else chunk
+        try:
+            line = chunk.decode("utf-8")
+        except UnicodeDecodeError as err:
+            if encoding_errors == "strict":
+                column = len(chunk[: err.start].decode("utf-8", errors="replace")) + 1
+                raise DataError(f"{path}:{first_line + offset}: invalid UTF-8 (byte 0x{chunk[err.start]:02x} at "
+                                f"column {column}); fix the file or pass --encoding-errors replace") from None
+            line = chunk.decode("utf-8", errors="replace")
+            replaced += 1
+        lines.append(line[:-1] if line.endswith("\r") else line)
+    return lines, replaced
+
+
+def iter_parallel(src_path: str | Path, tgt_path: str | Path, chunk_lines: int = 65536, *,
+                  encoding_errors: EncodingErrors = "strict") -> Iterator[ParallelChunk]:
+    """Read two line-aligned files in chunks of `chunk_lines` pairs, in constant memory, under the same
+    rules and with the same errors as `read_parallel` (invalid UTF-8 as file:line, unequal line counts
+    naming the first extra line), each raised as soon as the chunk holding it is read."""
+    if encoding_errors not in ENCODING_ERRORS:
+        raise ValueError(f"encoding_errors must be one of {ENCODING_ERRORS}, got {encoding_errors!r}")
+    src_path, tgt_path = Path(src_path), Path(tgt_path)
+    problems = [f"{p}: {file_problem(p)}" for p in (src_path, tgt_path) if file_problem(p)]
+    if problems:
+        raise DataError("; ".join(problems))
+    first = 1
+    with open(src_path, "rb") as src, open(tgt_path, "rb") as tgt:
+        while True:
+            raw_src, raw_tgt = list(itertools.islice(src, chunk_lines)), list(itertools.islice(tgt, chunk_lines))
+            if len(raw_src) != len(raw_tgt):
+                _unequal_counts(src_path, tgt_path)
+            if not raw_src:
+                return
+            src_lines, src_replaced = _decode_chunk(src_path, raw_src, first, encoding_errors)
+            tgt_lines, tgt_replaced = _decode_chunk(tgt_path, raw_tgt, first, encoding_errors)
+            yield ParallelChunk(first, src_lines, tgt_lines, (src_replaced, tgt_replaced))
+            first += len(raw_src)
+
+
+def _unequal_counts(src_path: Path, tgt_path: Path) -> None:
+    n_src, n_tgt = count_lines(str(src_path)) or 0, count_lines(str(tgt_path)) or 0
+    longer = src_path if n_src > n_tgt else tgt_path
+    raise DataError(
+        f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}; "
+        f"line {min(n_src, n_tgt) + 1} exists only in {longer}. Line i of one file must translate line i of the "
+        "other: look for a missing or extra line (or a U+2028 / \\r that another tool treated as a line break)"
+    )

@@ -34,6 +34,31 @@ from multibranch.checkpoint.tokenizer_state import (
 from multibranch.errors import DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# The model_prefix of a vocabulary over pre-tokenised BPE text (data/vocabulary.py): decoding joins `@@ `.
+PRETOKENIZED_MARK = "multibranch:pretokenized-bpe"
+BPE_CONTINUATION = "@@ "
+
+
+def is_pretokenized(proto: bytes) -> bool:
+    """Whether a serialized SentencePiece model is a vocabulary over pre-tokenised BPE text."""
+    return PRETOKENIZED_MARK.encode() in proto
+
+
+def word_ids(processor: spm.SentencePieceProcessor) -> dict[str, int]:
+    """word -> id of a word vocabulary (data/vocabulary.py's WORD model; pieces are "▁" + word)."""
+    return {processor.id_to_piece(i)[1:]: i for i in range(processor.get_piece_size())
+            if not (processor.is_control(i) or processor.is_unknown(i))}
+
+
+def encode_words(ids: dict[str, int], lines: list[str], unk_id: int) -> list[list[int]]:
+    """Whitespace-split words -> ids, one `unk_id` per unknown word (SentencePiece would merge a run of
+    unknown words into one <unk>; fairseq, whose preparation this text comes from, does not)."""
+    return [[ids.get(word, unk_id) for word in line.split()] for line in lines]
+
+
+def undo_bpe(text: str) -> str:
+    """Join BPE continuations ("new@@ s" -> "news"), as fairseq's `--post-process subword_nmt` does."""
+    return (text + " ").replace(BPE_CONTINUATION, "").strip()
 
 
 def load_processor(proto: bytes) -> spm.SentencePieceProcessor:
@@ -53,6 +78,8 @@ class Tokenizer:
     def __post_init__(self) -> None:
         self.src = load_processor(self.src_proto)
         self.tgt = self.src if self.tgt_proto == self.src_proto else load_processor(self.tgt_proto)
+        self.words = {side: word_ids(processor) if is_pretokenized(proto) else None for side, processor, proto in
+                      (("src", self.src, self.src_proto), ("tgt", self.tgt, self.tgt_proto))}
 
     @classmethod
     def from_files(cls, src_model: str | Path, tgt_model: str | Path | None = None) -> Tokenizer:
@@ -84,10 +111,12 @@ class Tokenizer:
         return self.tgt.eos_id()
 
     def encode_src(self, lines: list[str]) -> list[list[int]]:
-        return self.src.encode(lines)
+        words = self.words["src"]
+        return self.src.encode(lines) if words is None else encode_words(words, lines, self.src.unk_id())
 
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:
-        return self.tgt.encode(lines)
+        words = self.words["tgt"]
+        return self.tgt.encode(lines) if words is None else encode_words(words, lines, self.tgt.unk_id())
 
     def sample_src(self, lines: list[str], alpha: float, seed: int) -> list[list[int]]:
         """Sampled segmentations of `lines` (subword regularisation: BPE-dropout with probability `alpha`
@@ -101,9 +130,16 @@ class Tokenizer:
     def unk_id(self) -> int:
         return self.src.unk_id()
 
+    @property
+    def pretokenized(self) -> bool:
+        """Target ids are words of pre-tokenised BPE text: decoding undoes `@@ ` and does no detokenisation."""
+        return is_pretokenized(self.tgt_proto)
+
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        """Detokenise target ids (special ids are dropped by SentencePiece)."""
-        return self.tgt.decode(ids)
+        """Detokenise target ids (special ids are dropped by SentencePiece); for pre-tokenised BPE text,
+        join the `@@ ` continuations and leave the tokens as they are (the user's pipeline detokenises)."""
+        texts = self.tgt.decode(ids)
+        return [undo_bpe(text) for text in texts] if self.pretokenized else texts
 
     def files(self) -> dict[str, bytes]:
         """The files a run directory's tokenizer/ folder holds."""

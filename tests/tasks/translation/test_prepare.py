@@ -267,10 +267,14 @@ def test_load_errors(tmp_path, corpus):
         data.split("dev")
     meta = json.loads((out / "data.json").read_text())
 
+    tokens = np.load(out / "valid.src.tokens.npy")
+    np.save(out / "valid.src.tokens.npy", np.roll(tokens, 1))  # same shape, other ids
+    with pytest.raises(DataError, match="fingerprint"):
+        PreparedData.load(out).verify()
     (out / "valid.src.offsets.npy").write_bytes(b"garbage")
     with pytest.raises(DataError, match="corrupted"):
         PreparedData.load(out).split("valid")
-    with pytest.raises(DataError, match="fingerprint"):
+    with pytest.raises(DataError, match="valid.src.offsets.npy"):
         PreparedData.load(out).verify()
     np.save(out / "test.tgt.offsets.npy", np.array([0, 1, 2], dtype=np.int64))
     with pytest.raises(DataError, match="corrupted"):

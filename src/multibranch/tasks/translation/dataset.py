@@ -5,11 +5,17 @@
     train.src(0), train.tgt(0)          # int32 id arrays without EOS (views into a memory map)
     train.src_lengths                   # int64 [n], lengths without EOS
     data.tokenizer().decode_tgt([train.tgt(0).tolist()])
+
+A split of one shard is a `ParallelSplit`; a split of several (a large corpus) is a `ShardedSplit`
+over one `ParallelSplit` per shard, with the same interface: example indices run over all shards, and
+`shard_lengths()` gives the per-shard lengths that `sharded_token_batches` batches shard by shard. Every
+shard named in data.json must be present and whole, or `load`/`split` refuses it by name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -19,46 +25,17 @@ from multibranch.data.meta import read_meta
 from multibranch.data.text import read_lines
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.errors import DataError
-from multibranch.tasks.translation.prepare import FORMAT, FORMAT_VERSION, SIDES, fingerprint
+from multibranch.tasks.translation.prepare import FORMAT, READABLE_VERSIONS, SIDES, fingerprint, shard_names
 
 
-@dataclass
-class ParallelSplit:
-    """One split: concatenated token arrays with offsets per side (sentence i = tokens[off[i]:off[i+1]])."""
+class RawText:
+    """The kept raw lines of a split (`{split}.{side}.txt`), read on demand."""
 
     name: str
-    src_tokens: np.ndarray  # [N_src] int32
-    src_offsets: np.ndarray  # [n+1] int64
-    tgt_tokens: np.ndarray  # [N_tgt] int32
-    tgt_offsets: np.ndarray  # [n+1] int64
-    raw_paths: tuple[Path, Path] | None = None
-
-    def __post_init__(self) -> None:
-        self.src_lengths = np.diff(np.asarray(self.src_offsets)).astype(np.int64, copy=False)  # [n]
-        self.tgt_lengths = np.diff(np.asarray(self.tgt_offsets)).astype(np.int64, copy=False)  # [n]
-
-    @classmethod
-    def from_sequences(cls, src: list[list[int]], tgt: list[list[int]], name: str = "memory") -> ParallelSplit:
-        """An in-memory split (tests, small tasks); the id lists must not contain BOS/EOS."""
-        if len(src) != len(tgt):
-            raise ValueError(f"{len(src)} source vs {len(tgt)} target sequences")
-
-        def pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-            offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-            np.cumsum([len(s) for s in seqs], out=offsets[1:])
-            tokens = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(offsets[-1]))
-            return tokens, offsets
-
-        return cls(name, *pack(src), *pack(tgt))
+    raw_paths: tuple[Path, Path] | None
 
     def __len__(self) -> int:
-        return len(self.src_lengths)
-
-    def src(self, i: int) -> np.ndarray:
-        return self.src_tokens[self.src_offsets[i] : self.src_offsets[i + 1]]
-
-    def tgt(self, i: int) -> np.ndarray:
-        return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
+        raise NotImplementedError
 
     def raw_src_lines(self) -> list[str]:
         """The cleaned source text of this split, one line per example."""
@@ -80,18 +57,116 @@ class ParallelSplit:
         return lines
 
 
+@dataclass
+class ParallelSplit(RawText):
+    """One split: concatenated token arrays with offsets per side (sentence i = tokens[off[i]:off[i+1]])."""
+
+    name: str
+    src_tokens: np.ndarray  # [N_src] int32
+    src_offsets: np.ndarray  # [n+1] int64
+    tgt_tokens: np.ndarray  # [N_tgt] int32
+    tgt_offsets: np.ndarray  # [n+1] int64
+    raw_paths: tuple[Path, Path] | None = None
+
+    @cached_property
+    def src_lengths(self) -> np.ndarray:  # [n] int64
+        return np.diff(np.asarray(self.src_offsets)).astype(np.int64, copy=False)
+
+    @cached_property
+    def tgt_lengths(self) -> np.ndarray:  # [n] int64
+        return np.diff(np.asarray(self.tgt_offsets)).astype(np.int64, copy=False)
+
+    def shard_lengths(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """[(src_lengths, tgt_lengths)]: one shard."""
+        return [(self.src_lengths, self.tgt_lengths)]
+
+    @classmethod
+    def from_sequences(cls, src: list[list[int]], tgt: list[list[int]], name: str = "memory") -> ParallelSplit:
+        """An in-memory split (tests, small tasks); the id lists must not contain BOS/EOS."""
+        if len(src) != len(tgt):
+            raise ValueError(f"{len(src)} source vs {len(tgt)} target sequences")
+
+        def pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+            offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+            np.cumsum([len(s) for s in seqs], out=offsets[1:])
+            tokens = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(offsets[-1]))
+            return tokens, offsets
+
+        return cls(name, *pack(src), *pack(tgt))
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    def src(self, i: int) -> np.ndarray:
+        return self.src_tokens[self.src_offsets[i] : self.src_offsets[i + 1]]
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
+
+
+class ShardedSplit(RawText):
+    """A split stored in several shards: example i is example i - starts[k] of shard k."""
+
+    def __init__(self, name: str, shards: list[ParallelSplit], raw_paths: tuple[Path, Path] | None = None) -> None:
+        self.name, self.shards, self.raw_paths = name, shards, raw_paths
+        self.starts = np.zeros(len(shards) + 1, dtype=np.int64)  # [K+1]
+        np.cumsum([len(shard) for shard in shards], out=self.starts[1:])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def shard_lengths(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(src_lengths, tgt_lengths) of every shard, computed afresh (not kept in memory)."""
+        return [(np.diff(np.asarray(s.src_offsets)), np.diff(np.asarray(s.tgt_offsets))) for s in self.shards]
+
+    @cached_property
+    def src_lengths(self) -> np.ndarray:  # [n] int64 over all shards
+        return np.concatenate([src for src, _ in self.shard_lengths()])
+
+    @cached_property
+    def tgt_lengths(self) -> np.ndarray:  # [n] int64 over all shards
+        return np.concatenate([tgt for _, tgt in self.shard_lengths()])
+
+    def _shard_of(self, i: int) -> tuple[ParallelSplit, int]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"example {i} of a split of {len(self)}")
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.shards[k], i - int(self.starts[k])
+
+    def src(self, i: int) -> np.ndarray:
+        shard, j = self._shard_of(i)
+        return shard.src(j)
+
+    def tgt(self, i: int) -> np.ndarray:
+        shard, j = self._shard_of(i)
+        return shard.tgt(j)
+
+    def locate(self, indices: np.ndarray) -> tuple[ParallelSplit, np.ndarray]:
+        """The examples `indices` as (a split, indices into it): the shard itself when they all lie in one
+        (the batches of `sharded_token_batches` do), else a small in-memory copy of just those examples."""
+        shard_ids = np.searchsorted(self.starts, indices, side="right") - 1  # [B]
+        if (shard_ids == shard_ids[0]).all():
+            k = int(shard_ids[0])
+            return self.shards[k], np.asarray(indices) - self.starts[k]
+        picked = [int(i) for i in indices]
+        copy = ParallelSplit.from_sequences([self.src(i).tolist() for i in picked],
+                                            [self.tgt(i).tolist() for i in picked], self.name)
+        return copy, np.arange(len(picked))
+
+
 class PreparedData:
     """A prepared data directory (see `multibranch.tasks.translation.prepare` for the layout)."""
 
     def __init__(self, directory: Path, meta: dict[str, Any]) -> None:
         self.directory = directory
         self.meta = meta
-        self._splits: dict[str, ParallelSplit] = {}
+        self._splits: dict[str, ParallelSplit | ShardedSplit] = {}
 
     @classmethod
     def load(cls, directory: str | Path) -> PreparedData:
         directory = Path(directory)
-        meta = read_meta(directory, FORMAT, FORMAT_VERSION, ("spm", "splits", "fingerprint", "vocab_size"), "multibranch")
+        meta = read_meta(directory, FORMAT, READABLE_VERSIONS, ("spm", "splits", "fingerprint", "vocab_size"),
+                         "multibranch")
         for name in sorted(set(meta["spm"].values())):
             if not (directory / name).is_file():
                 raise DataError(f"{directory / name}: missing; run `multibranch prepare` again")
@@ -107,7 +182,9 @@ class PreparedData:
 
     def verify(self) -> None:
         """Recompute the fingerprint from the files; DataError if they changed since `prepare`."""
-        actual = fingerprint(self.directory, self.meta["spm"], self.split_names)
+        for name in self.split_names:
+            self.split(name)  # every shard present and whole, or a DataError naming it
+        actual = fingerprint(self.directory, self.meta["spm"], shard_names(self.meta["splits"]))
         if actual != self.fingerprint:
             raise DataError(f"{self.directory}: files do not match data.json's fingerprint; run prepare again")
 
@@ -118,36 +195,43 @@ class PreparedData:
         tgt = None if spm["tgt"] == spm["src"] else self.directory / spm["tgt"]
         return Tokenizer.from_files(self.directory / spm["src"], tgt)
 
-    def split(self, name: str) -> ParallelSplit:
+    def split(self, name: str) -> ParallelSplit | ShardedSplit:
         if name not in self.meta["splits"]:
             raise DataError(f"{self.directory}: no split {name!r}; available: {', '.join(self.split_names)}")
         if name not in self._splits:
-            self._splits[name] = self._load_split(name)
+            entry = self.meta["splits"][name]
+            listed = entry.get("shards", [{"name": name, "pairs": entry.get("pairs")}])  # version 1: one shard
+            shards = [self._load_shard(shard["name"], shard["pairs"]) for shard in listed]
+            raw = (self.directory / f"{name}.src.txt", self.directory / f"{name}.tgt.txt")
+            if len(shards) == 1:
+                shards[0].name, shards[0].raw_paths = name, raw
+                self._splits[name] = shards[0]
+            else:
+                self._splits[name] = ShardedSplit(name, shards, raw)
         return self._splits[name]
 
-    def _load_split(self, name: str) -> ParallelSplit:
+    def _load_shard(self, stem: str, pairs: int) -> ParallelSplit:
+        """The memory-mapped arrays of one shard; DataError naming the file when missing or truncated."""
         arrays = {}
         for side in SIDES:
             for kind in ("tokens", "offsets"):
-                path = self.directory / f"{name}.{side}.{kind}.npy"
+                path = self.directory / f"{stem}.{side}.{kind}.npy"
                 if not path.is_file():
                     raise DataError(f"{path}: missing; run `multibranch prepare` again")
                 try:
                     arrays[f"{side}_{kind}"] = np.load(path, mmap_mode="r", allow_pickle=False)
                 except (ValueError, OSError) as err:
-                    raise DataError(f"{path}: corrupted ({err}); run `multibranch prepare` again") from None
-        n = self.meta["splits"][name]["pairs"]
+                    raise DataError(f"{path}: corrupted or truncated ({err}); run `multibranch prepare` again") from None
         for side in SIDES:
             tokens, offsets = arrays[f"{side}_tokens"], arrays[f"{side}_offsets"]
             ok = (
-                tokens.ndim == 1 and offsets.ndim == 1 and len(offsets) == n + 1
+                tokens.ndim == 1 and offsets.ndim == 1 and len(offsets) == pairs + 1
                 and np.issubdtype(tokens.dtype, np.integer) and np.issubdtype(offsets.dtype, np.integer)
                 and int(offsets[0]) == 0 and int(offsets[-1]) == len(tokens)
             )
             if not ok:
                 raise DataError(
-                    f"{self.directory}/{name}.{side}.*.npy: corrupted (shape/offsets do not match data.json); "
+                    f"{self.directory}/{stem}.{side}.*.npy: corrupted (shape/offsets do not match data.json); "
                     "run `multibranch prepare` again"
                 )
-        raw = (self.directory / f"{name}.src.txt", self.directory / f"{name}.tgt.txt")
-        return ParallelSplit(name, raw_paths=raw, **arrays)
+        return ParallelSplit(stem, **arrays)

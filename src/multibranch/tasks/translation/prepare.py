@@ -1,24 +1,35 @@
-"""`prepare`: raw parallel text -> SentencePiece model(s) + memory-mappable binarised splits + a report.
+"""`prepare`: raw parallel text -> a vocabulary + memory-mappable binarised shards + a report, streaming.
 
-Inputs are fairseq-style `{prefix}.{lang}` files. Every split is read with the strict line rules of
-`multibranch.data.text`; pairs with an empty (or whitespace-only) side are dropped everywhere. The
-SentencePiece model is trained on the training split only; training pairs longer than `max_len`
-subword tokens, or whose lengths differ by more than `max_len_ratio` (plus a small allowance for short
-sentences), are dropped as well. Validation and test pairs are references and are never
-length-filtered. Every drop is counted by reason in `data.json` and `report.md`.
+Inputs are fairseq-style `{prefix}.{lang}` files, read in chunks of `chunk_lines` pairs with the strict
+line rules of `multibranch.data.text` (invalid UTF-8 and unequal line counts are errors naming the file
+and line); pairs with an empty (or whitespace-only) side are dropped everywhere. Memory does not grow with
+the corpus: two passes stream the files.
+
+1. Scan: every split is read once, so bad input anywhere stops `prepare` before anything is written;
+   the vocabulary's sample is drawn from the training pairs as they pass (a seeded reservoir sample
+   of `spm_max_sentences` sentences, `--spm-sample`), or their words are counted (`--pretokenized`).
+2. The vocabulary: SentencePiece trained on that sample (default), an existing SentencePiece model
+   (`--spm-model`, data/vocabulary.py keeps its ids), or the words of pre-tokenised BPE text
+   (`--pretokenized`, from a fairseq `dict.txt` or counted).
+3. Encode: chunk by chunk in `workers` processes (tasks/translation/encoding.py); training pairs
+   longer than `max_len` subword tokens, or whose lengths differ by more than `max_len_ratio` (plus a
+   small allowance for short sentences), are dropped. Validation and test pairs are references and are
+   never length-filtered. Every drop is counted by reason in `data.json` and `report.md`.
 
 Output directory (split names: `train`, `valid`, `test`, `test1`, ... for further test prefixes;
-sides: `src`, `tgt`):
+sides: `src`, `tgt`; shards: see tasks/translation/shards.py):
 
     spm.model                      joint vocabulary (or spm.src.model + spm.tgt.model when separate)
-    {split}.{side}.tokens.npy      int32, the ids of all kept sentences concatenated (no BOS/EOS)
-    {split}.{side}.offsets.npy     int64 [n+1]; sentence i is tokens[offsets[i]:offsets[i+1]]
+    {shard}.{side}.tokens.npy      int32, the ids of the shard's sentences concatenated (no BOS/EOS)
+    {shard}.{side}.offsets.npy     int64 [n+1]; sentence i is tokens[offsets[i]:offsets[i+1]]
     {split}.{side}.txt             the kept raw lines, UTF-8, one per line (BLEU references, translate input)
-    data.json                      format version, languages, vocabularies, counts, drops, fingerprint, config
+    data.json                      format version, languages, vocabularies, counts, drops, shards,
+                                   fingerprint, config
     report.md                      the same for humans, plus length percentiles and unknown-token rates
 
-The directory is built in a temporary sibling and swapped in at the end, so a failure never leaves a
-half-written output directory.
+Shard k of split S is `S` (k = 0) or `S.k`; data.json lists each split's shards. A directory of format
+version 1 (one unnamed shard per split) loads as before. The directory is built in a temporary sibling
+and swapped in at the end, so a failure or an interrupt never leaves a half-written output directory.
 """
 
 from __future__ import annotations
@@ -27,7 +38,11 @@ import hashlib
 import io
 import itertools
 import json
+import os
 import random
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,18 +50,22 @@ from typing import Any, Literal
 import numpy as np
 import sentencepiece
 import sentencepiece as spm
+from tqdm import tqdm
 
 from multibranch import __version__
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
 from multibranch.data.directories import DATA, refuse_other_kind
-from multibranch.data.text import ParallelText, read_parallel, write_lines
-from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_processor
+from multibranch.data.text import ParallelChunk, ParallelText, count_lines, iter_parallel
+from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from multibranch.data.vocabulary import adapt_spm_model, count_words, ranked_words, read_dict, word_model
 from multibranch.errors import DataError
+from multibranch.tasks.translation.encoding import ChunkEncoder, LengthFilter
+from multibranch.tasks.translation.shards import SIDES, SplitWriter, shard_files
 
 FORMAT = "multibranch-data"
-FORMAT_VERSION = 1
-SIDES = ("src", "tgt")
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: one shard per split, named like the split
 DROP_REASONS = ("empty", "too_long", "ratio")
 
 
@@ -64,14 +83,19 @@ def check_spm_settings(model_type: str, vocab_size: int, character_coverage: flo
 
 @dataclass
 class PrepareConfig:
-    """Settings of `prepare`. Lengths are counted in SentencePiece tokens, without BOS/EOS.
+    """Settings of `prepare`. Lengths are counted in vocabulary tokens, without BOS/EOS.
 
     A training pair is dropped for `ratio` when `max(ls, lt) > max_len_ratio * min(ls, lt) +
     ratio_allowance`: the allowance keeps short pairs such as "Hi." / "Hallo zusammen." that a pure
     ratio (as in Moses' clean-corpus-n) would reject. `max_len=None` / `max_len_ratio=None` disable
     those filters. SentencePiece is trained with `threads` threads on at most `spm_max_sentences`
     sentences (a seeded sample when the corpus is larger); the model depends on both, so keep them
-    fixed to reproduce a data directory.
+    fixed to reproduce a data directory. `workers` processes encode (0: one per core; 1: this
+    process); the result does not depend on them. Shards hold `shard_pairs` pairs (the last one of a split fewer).
+
+    Reuse instead of training: `spm_model` (+ `spm_model_tgt` for separate vocabularies) applies
+    existing SentencePiece models; `pretokenized` takes tokenised, BPE-split text with a vocabulary
+    from fairseq `dict` files (`dict_tgt` for the target side) or counted from the training text.
     """
 
     src_lang: str
@@ -92,6 +116,15 @@ class PrepareConfig:
     seed: int = 1
     threads: int = 1
     spm_max_sentences: int = 1_000_000
+    workers: int = 0
+    shard_pairs: int = 500_000
+    chunk_lines: int = 10_000
+    spm_model: str | None = None
+    spm_model_tgt: str | None = None
+    pretokenized: bool = False
+    dict: str | None = None
+    dict_tgt: str | None = None
+    progress: bool | None = None  # None: a progress bar when stderr is a terminal
 
     def validate(self) -> None:
         for name in ("src_lang", "tgt_lang"):
@@ -107,6 +140,33 @@ class PrepareConfig:
             raise ConfigError(f"max_len_ratio={self.max_len_ratio} must be >= 1 (or None to disable)")
         if self.ratio_allowance < 0 or self.threads < 1 or self.spm_max_sentences < 1:
             raise ConfigError("ratio_allowance must be >= 0, threads and spm_max_sentences >= 1")
+        if self.workers < 0 or self.shard_pairs < 1 or self.chunk_lines < 1:
+            raise ConfigError("workers must be >= 0 (0: all cores), shard_pairs and chunk_lines >= 1")
+        self._validate_reuse()
+
+    def _validate_reuse(self) -> None:
+        if self.spm_model and self.pretokenized:
+            raise ConfigError("--spm-model and --pretokenized exclude each other: pre-tokenised text has its "
+                              "vocabulary in a dict.txt (--dict) or counted from train")
+        if self.spm_model_tgt and not self.spm_model:
+            raise ConfigError("--spm-model-tgt needs --spm-model (the source model)")
+        if (self.dict or self.dict_tgt) and not self.pretokenized:
+            raise ConfigError("--dict / --dict-tgt are for --pretokenized text")
+        if self.dict_tgt and not self.dict:
+            raise ConfigError("--dict-tgt needs --dict (the source dictionary)")
+        second = self.spm_model_tgt or self.dict_tgt
+        if second and self.joint:
+            raise ConfigError("a target model or dictionary means separate vocabularies; pass --separate-vocab")
+        if not self.joint and (self.spm_model or self.dict) and not second:
+            raise ConfigError("--separate-vocab with one model or dictionary: give the target one too "
+                              "(--spm-model-tgt / --dict-tgt)")
+        for path in (self.spm_model, self.spm_model_tgt, self.dict, self.dict_tgt):
+            if path is not None and not Path(path).is_file():
+                raise DataError(f"{path}: file not found")
+
+    @property
+    def vocabulary_kind(self) -> str:
+        return "pretokenized" if self.pretokenized else "spm-model" if self.spm_model else "trained"
 
     def splits(self) -> list[tuple[str, str]]:
         """(split name, prefix) pairs: train, valid, then test, test1, test2, ..."""
@@ -116,10 +176,13 @@ class PrepareConfig:
     def input_files(self, prefix: str) -> tuple[Path, Path]:
         return Path(f"{prefix}.{self.src_lang}"), Path(f"{prefix}.{self.tgt_lang}")
 
+    def encoding_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
 
 @dataclass
 class Split:
-    """One split in memory while preparing."""
+    """One split held in memory (the code task's `prepare` selects its pairs before writing)."""
 
     name: str
     prefix: str
@@ -129,21 +192,88 @@ class Split:
     ids: dict[str, list[list[int]]] = field(default_factory=dict)
 
 
+@dataclass
+class Scan:
+    """What the first pass learnt: lines and non-empty pairs per split, the vocabulary's material."""
+
+    lines: dict[str, int] = field(default_factory=dict)
+    pairs: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, Reservoir] = field(default_factory=dict)
+    words: dict[str, Counter[str]] = field(default_factory=dict)
+
+
+class Reservoir:
+    """A uniform seeded sample of at most `capacity` strings from a stream (Algorithm R); while the
+    stream is no longer than `capacity` it holds every item in order."""
+
+    def __init__(self, capacity: int, seed: int) -> None:
+        self.capacity, self.items, self.seen = capacity, [], 0
+        self.rng = np.random.default_rng([seed, capacity])
+
+    def add(self, items: list[str]) -> None:
+        room = max(self.capacity - len(self.items), 0)
+        self.items.extend(items[:room])
+        self.seen += min(room, len(items))
+        rest = items[room:]
+        if not rest:
+            return
+        # item t (0-based over the stream) replaces slot j ~ U[0, t] when j < capacity
+        t = self.seen + np.arange(len(rest))  # [m]
+        slots = (self.rng.random(len(rest)) * (t + 1)).astype(np.int64)  # [m]
+        for position in np.flatnonzero(slots < self.capacity):
+            self.items[slots[position]] = rest[position]
+        self.seen += len(rest)
+
+
 def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     """Run the whole preparation; returns the `data.json` contents plus `out`."""
     cfg.validate()
     out = Path(cfg.out).resolve()
     check_inputs(cfg)
     check_out_dir(cfg, out)
-    splits = [_read_split(cfg, name, prefix) for name, prefix in cfg.splits()]
-    train = splits[0]
-    if not train.keep:
-        raise DataError(f"{cfg.train}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty training pairs")
-    require_valid_pairs(cfg, splits[1])
-
+    scan = scan_inputs(cfg) if needs_scan(cfg) else Scan()
+    if scan.pairs:  # else the same checks run once the splits are written
+        _require_pairs(cfg, scan.pairs["train"], scan.pairs["valid"])
+    protos = vocabulary_protos(cfg, scan)
+    total = sum(scan.lines.values()) if scan.lines else _total_lines(cfg)
+    del scan  # the sample is spent; encoding workers forked later would carry it
+    streams = [(name, prefix, _file_chunks(cfg, prefix), None) for name, prefix in cfg.splits()]
     with atomic_directory(out) as tmp:
-        meta = build_data_dir(cfg, splits, tmp)
+        meta = write_data_dir(cfg, protos, streams, tmp, total_lines=total)
     return {**meta, "out": cfg.out}
+
+
+def needs_scan(cfg: PrepareConfig) -> bool:
+    """Whether the vocabulary is built from the training text (a first pass over the files): a trained
+    SentencePiece model, or words counted from pre-tokenised text. A reused model or dict.txt is applied
+    in one pass; bad input is then found while writing, which leaves nothing behind either."""
+    return cfg.vocabulary_kind == "trained" or (cfg.pretokenized and cfg.dict is None)
+
+
+def _require_pairs(cfg: PrepareConfig, train: int, valid: int) -> None:
+    """DataError when the training or validation split has no non-empty pair."""
+    if train == 0:
+        raise DataError(f"{cfg.train}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty training pairs")
+    require_valid_pairs(cfg, valid)
+
+
+def _total_lines(cfg: PrepareConfig) -> int:
+    """Lines of every split, counted only for a progress bar that will be shown."""
+    if not (sys.stderr.isatty() if cfg.progress is None else cfg.progress):
+        return 0
+    return sum(count_lines(str(cfg.input_files(prefix)[0])) or 0 for _, prefix in cfg.splits())
+
+
+def build_data_dir(cfg: PrepareConfig, splits: list[Split], out: Path) -> dict[str, Any]:
+    """Write splits held in memory (`keep`: the pairs to write, `dropped` counted so far) into `out`,
+    with SentencePiece trained on the kept training pairs; returns the metadata."""
+    scan = Scan()
+    train = splits[0]
+    _sample(cfg, scan, [train.text.src.lines[i] for i in train.keep], [train.text.tgt.lines[i] for i in train.keep])
+    streams = [(s.name, s.prefix, _memory_chunks(s, cfg.chunk_lines), len(s.text)) for s in splits]
+    extra = {s.name: s.dropped for s in splits}
+    return write_data_dir(cfg, vocabulary_protos(cfg, scan), streams, out, dropped_before=extra,
+                          total_lines=sum(len(s.keep) for s in splits))
 
 
 # ----------------------------------------------------------------------------------------- checks
@@ -165,14 +295,6 @@ def check_inputs(cfg: PrepareConfig) -> None:
             f"input file(s) not found: {', '.join(missing)} (files are named PREFIX.LANG, "
             f"e.g. {cfg.train}.{cfg.src_lang}; check the prefixes and --src/--tgt)"
         )
-
-
-def require_valid_pairs(cfg: PrepareConfig, valid: Split) -> None:
-    """Refuse a validation split without a non-empty pair (an empty --valid file): training would stop
-    at its first validation with nothing to average."""
-    if not valid.keep:
-        raise DataError(f"{cfg.valid}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty validation pairs; "
-                        "--valid needs at least one")
 
 
 def _prefixes_in(directory: Path, cfg: PrepareConfig) -> str:
@@ -198,21 +320,105 @@ def check_out_dir(cfg: PrepareConfig, out: Path) -> None:
                     )
 
 
-def _read_split(cfg: PrepareConfig, name: str, prefix: str) -> Split:
-    src_path, tgt_path = cfg.input_files(prefix)
-    text = read_parallel(src_path, tgt_path, encoding_errors=cfg.encoding_errors)
-    keep = [i for i, (s, t) in enumerate(zip(text.src.lines, text.tgt.lines, strict=True)) if s.strip() and t.strip()]
-    dropped = dict.fromkeys(DROP_REASONS if name == "train" else ("empty",), 0)
-    dropped["empty"] = len(text) - len(keep)
-    return Split(name, prefix, text, keep, dropped)
+def require_valid_pairs(cfg: PrepareConfig, valid: Split | int) -> None:
+    """Refuse a validation split without a non-empty pair (an empty --valid file): training would stop
+    at its first validation with nothing to average. `valid`: the split, or its non-empty pair count."""
+    if (len(valid.keep) if isinstance(valid, Split) else valid) == 0:
+        raise DataError(f"{cfg.valid}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty validation pairs; "
+                        "--valid needs at least one")
 
 
-# --------------------------------------------------------------------------------- sentencepiece
+# ------------------------------------------------------------------------------------ reading
 
 
-def train_spm(cfg: PrepareConfig, sentences: list[str]) -> bytes:
-    """Train one SentencePiece model in memory; returns the serialized model."""
+def _file_chunks(cfg: PrepareConfig, prefix: str) -> Iterator[ParallelChunk]:
+    return iter_parallel(*cfg.input_files(prefix), cfg.chunk_lines, encoding_errors=cfg.encoding_errors)
 
+
+def _memory_chunks(split: Split, size: int) -> Iterator[ParallelChunk]:
+    for start in range(0, len(split.keep), size):
+        picked = split.keep[start : start + size]
+        yield ParallelChunk(start + 1, [split.text.src.lines[i] for i in picked],
+                            [split.text.tgt.lines[i] for i in picked])
+
+
+def _non_empty(chunk: ParallelChunk) -> tuple[list[str], list[str]]:
+    """The pairs of a chunk with text on both sides."""
+    kept = [(s, t) for s, t in zip(chunk.src, chunk.tgt, strict=True) if s.strip() and t.strip()]
+    return [s for s, _ in kept], [t for _, t in kept]
+
+
+def _progress(cfg: PrepareConfig, total: int, desc: str) -> tqdm:
+    """A bar with an ETA on stderr, shown on a terminal (or when cfg.progress says so)."""
+    enabled = sys.stderr.isatty() if cfg.progress is None else cfg.progress
+    return tqdm(total=total, disable=not enabled, unit=" lines", unit_scale=True, desc=desc, dynamic_ncols=True,
+                leave=False, file=sys.stderr)
+
+
+def scan_inputs(cfg: PrepareConfig) -> Scan:
+    """Pass 1: read every split (so bad input stops `prepare` before it writes), count lines and
+    non-empty pairs, and gather the vocabulary's material from the training pairs."""
+    scan = Scan()
+    with _progress(cfg, _total_lines(cfg), "prepare: reading") as bar:
+        for name, prefix in cfg.splits():
+            scan.lines[name] = scan.pairs[name] = 0
+            for chunk in _file_chunks(cfg, prefix):
+                src, tgt = _non_empty(chunk)
+                scan.lines[name] += len(chunk)
+                scan.pairs[name] += len(src)
+                if name == "train":
+                    _sample(cfg, scan, src, tgt)
+                bar.update(len(chunk))
+    return scan
+
+
+def _sample(cfg: PrepareConfig, scan: Scan, src: list[str], tgt: list[str]) -> None:
+    """Add training pairs to the vocabulary's material: word counts (pre-tokenised text without a
+    dictionary) or the SentencePiece training sample (joint: half the sample from each side)."""
+    if cfg.pretokenized:
+        if cfg.dict is None:
+            sides = {"src": src, "tgt": tgt}
+            for side in SIDES:
+                key = "src" if cfg.joint else side
+                count_words(sides[side], scan.words.setdefault(key, Counter()))
+        return
+    if cfg.spm_model is not None:
+        return
+    if not scan.samples:
+        k = cfg.spm_max_sentences
+        caps = {"src": k - k // 2, "tgt": k // 2} if cfg.joint else {"src": k, "tgt": k}
+        scan.samples = {side: Reservoir(caps[side], cfg.seed + i) for i, side in enumerate(SIDES)}
+    scan.samples["src"].add(src)
+    scan.samples["tgt"].add(tgt)
+
+
+# ---------------------------------------------------------------------------------- vocabulary
+
+
+def vocabulary_protos(cfg: PrepareConfig, scan: Scan) -> dict[str, bytes]:
+    """The serialized SentencePiece model of each side (the same bytes when joint)."""
+    if cfg.pretokenized:
+        if cfg.dict is not None:
+            protos = {"src": word_model(read_dict(cfg.dict))}
+            protos["tgt"] = word_model(read_dict(cfg.dict_tgt)) if cfg.dict_tgt else protos["src"]
+        else:
+            protos = {side: word_model(ranked_words(scan.words["src" if cfg.joint else side])) for side in SIDES}
+    elif cfg.spm_model is not None:
+        protos = {"src": adapt_spm_model(cfg.spm_model)}
+        protos["tgt"] = adapt_spm_model(cfg.spm_model_tgt) if cfg.spm_model_tgt else protos["src"]
+    elif cfg.joint:
+        protos = {"src": train_spm(cfg, scan.samples["src"].items + scan.samples["tgt"].items)}
+        protos["tgt"] = protos["src"]
+    else:
+        protos = {side: train_spm(cfg, scan.samples[side].items) for side in SIDES}
+    if cfg.joint:
+        protos["tgt"] = protos["src"]
+    return protos
+
+
+def train_spm(cfg: Any, sentences: list[str]) -> bytes:
+    """Train one SentencePiece model in memory on at most `cfg.spm_max_sentences` of `sentences` (a
+    sample seeded by `cfg.seed`); returns the serialized model."""
     if len(sentences) > cfg.spm_max_sentences:
         picked = sorted(random.Random(cfg.seed).sample(range(len(sentences)), cfg.spm_max_sentences))
         sentences = [sentences[i] for i in picked]
@@ -241,32 +447,103 @@ def train_spm(cfg: PrepareConfig, sentences: list[str]) -> bytes:
     return writer.getvalue()
 
 
-# ------------------------------------------------------------------------------------- building
+# ------------------------------------------------------------------------------------- writing
 
 
-def _length_filter(cfg: PrepareConfig, split: Split) -> None:
-    """Drop training pairs that are empty after tokenisation, too long, or of implausible length ratio."""
-    ls = np.array([len(x) for x in split.ids["src"]], dtype=np.int64)
-    lt = np.array([len(x) for x in split.ids["tgt"]], dtype=np.int64)
-    empty = (ls == 0) | (lt == 0)
-    too_long = np.zeros_like(empty)
-    if cfg.max_len is not None:
-        too_long = ~empty & ((ls > cfg.max_len) | (lt > cfg.max_len))
-    ratio = np.zeros_like(empty)
-    if cfg.max_len_ratio is not None:
-        ratio = ~empty & ~too_long & (np.maximum(ls, lt) > cfg.max_len_ratio * np.minimum(ls, lt) + cfg.ratio_allowance)
-    split.dropped["empty"] += int(empty.sum())
-    split.dropped["too_long"] += int(too_long.sum())
-    split.dropped["ratio"] += int(ratio.sum())
-    good = np.flatnonzero(~(empty | too_long | ratio))
-    if len(good) == 0:
+Stream = tuple[str, str, Iterable[ParallelChunk], int | None]  # split, prefix, chunks, lines read (None: count)
+
+
+def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[Stream], out: Path,
+                   total_lines: int = 0, dropped_before: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+    """Pass 2: encode, filter and write every split into `out`, then data.json and report.md."""
+    spm_files = {"src": "spm.model", "tgt": "spm.model"} if cfg.joint else \
+        {"src": "spm.src.model", "tgt": "spm.tgt.model"}
+    for side in SIDES:
+        (out / spm_files[side]).write_bytes(protos[side])
+    tokenizer = Tokenizer(protos["src"], protos["tgt"])
+    processors = {"src": tokenizer.src, "tgt": tokenizer.tgt}
+    vocab_size = {side: processors[side].get_piece_size() for side in SIDES}
+    split_meta: dict[str, Any] = {}
+    stats: dict[str, Any] = {}
+    non_empty: dict[str, int] = {}
+    with _progress(cfg, total_lines, "prepare: encoding") as bar, \
+            ChunkEncoder(tokenizer, cfg.encoding_workers()) as encoder:
+        for name, prefix, chunks, lines in streams:
+            entry, stats[name], non_empty[name] = _write_split(cfg, name, chunks, encoder, out, bar,
+                                                               (dropped_before or {}).get(name))
+            split_meta[name] = {"prefix": prefix, **entry, "lines": entry["lines"] if lines is None else lines}
+    _require_pairs(cfg, non_empty["train"], non_empty["valid"])
+    if split_meta["train"]["pairs"] == 0:
         raise DataError(
             f"{cfg.train}.*: every training pair was dropped by the length filters "
             f"(max_len={cfg.max_len}, max_len_ratio={cfg.max_len_ratio}); relax them"
         )
-    split.keep = [split.keep[i] for i in good]
-    for side in SIDES:
-        split.ids[side] = [split.ids[side][i] for i in good]
+    tgt = processors["tgt"]
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "src_lang": cfg.src_lang,
+        "tgt_lang": cfg.tgt_lang,
+        "joint": cfg.joint,
+        "vocabulary": cfg.vocabulary_kind,
+        "spm": spm_files,
+        "vocab_size": vocab_size,
+        "special_ids": {"pad": tgt.pad_id(), "unk": tgt.unk_id(), "bos": tgt.bos_id(), "eos": tgt.eos_id()},
+        "splits": split_meta,
+        "fingerprint": fingerprint(out, spm_files, shard_names(split_meta)),
+        "versions": {"multibranch": __version__, "sentencepiece": sentencepiece.__version__},
+        "config": {k: v for k, v in to_dict(cfg).items() if k != "progress"},
+    }
+    (out / "data.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(_report(meta, stats), encoding="utf-8")
+    return meta
+
+
+def _write_split(cfg: PrepareConfig, name: str, chunks: Iterable[ParallelChunk], encoder: ChunkEncoder, out: Path,
+                 bar: tqdm, dropped_before: dict[str, int] | None) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """Encode one split chunk by chunk into its text files and shards; (data.json entry, statistics, pairs
+    with text on both sides)."""
+    dropped = dict.fromkeys(DROP_REASONS if name == "train" else ("empty",), 0)
+    for reason, n in (dropped_before or {}).items():
+        dropped[reason] = dropped.get(reason, 0) + n
+    replaced = {side: 0 for side in SIDES}
+    processors = {"src": encoder.tokenizer.src, "tgt": encoder.tokenizer.tgt}
+    writer = SplitWriter(out, name, cfg.shard_pairs, {side: processors[side].get_piece_size() for side in SIDES})
+    filters = LengthFilter(cfg.max_len, cfg.max_len_ratio, cfg.ratio_allowance) if name == "train" else None
+    lines_read = non_empty = 0
+    try:
+        for chunk, result in encoder.map(chunks, filters):
+            lines_read += len(chunk)
+            non_empty += result.non_empty
+            for reason, n in result.drops.items():
+                dropped[reason] += n
+            for side, n in zip(SIDES, chunk.replaced, strict=True):
+                replaced[side] += n
+            lines = {"src": list(itertools.compress(chunk.src, result.keep)),
+                     "tgt": list(itertools.compress(chunk.tgt, result.keep))}
+            writer.add(lines, result.encoded)
+            bar.update(len(chunk))
+        shards = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    stats = {side: writer.stats[side].summary(processors[side].unk_id()) for side in SIDES}
+    entry = {
+        "lines": lines_read,
+        "pairs": sum(shard["pairs"] for shard in shards),
+        "dropped": dropped,
+        "replaced_lines": replaced,
+        "tokens": {side: stats[side]["tokens"] for side in SIDES},
+        "length": {side: stats[side]["length"] for side in SIDES},
+        "unk_rate": {side: stats[side]["unk_rate"] for side in SIDES},
+        "shards": shards,
+    }
+    return entry, stats, non_empty
+
+
+def shard_names(splits: dict[str, Any]) -> list[str]:
+    """Every shard stem of data.json's splits, in order (format version 1: one per split, the split's name)."""
+    return [shard["name"] for name, entry in splits.items() for shard in entry.get("shards", [{"name": name}])]
 
 
 def binarise(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -287,82 +564,9 @@ def length_stats(lengths: np.ndarray) -> dict[str, float]:
     }
 
 
-def build_data_dir(cfg: PrepareConfig, splits: list[Split], out: Path) -> dict[str, Any]:
-    """Train SentencePiece, encode, filter and write every file into `out`; returns the metadata."""
-
-
-    train = splits[0]
-    train_src = [train.text.src.lines[i] for i in train.keep]
-    train_tgt = [train.text.tgt.lines[i] for i in train.keep]
-    if cfg.joint:
-        protos = {"src": train_spm(cfg, train_src + train_tgt)}
-        protos["tgt"] = protos["src"]
-        spm_files = {"src": "spm.model", "tgt": "spm.model"}
-    else:
-        protos = {"src": train_spm(cfg, train_src), "tgt": train_spm(cfg, train_tgt)}
-        spm_files = {"src": "spm.src.model", "tgt": "spm.tgt.model"}
-    processors = {side: load_processor(protos[side]) for side in SIDES}
-    for side in SIDES:
-        (out / spm_files[side]).write_bytes(protos[side])
-
-    split_meta: dict[str, Any] = {}
-    stats: dict[str, Any] = {}
-    for split in splits:
-        lines = {"src": split.text.src.lines, "tgt": split.text.tgt.lines}
-        for side in SIDES:
-            split.ids[side] = processors[side].encode([lines[side][i] for i in split.keep])
-        if split.name == "train":
-            _length_filter(cfg, split)
-        entry: dict[str, Any] = {
-            "prefix": split.prefix,
-            "lines": len(split.text),
-            "pairs": len(split.keep),
-            "dropped": dict(split.dropped),
-            "replaced_lines": {"src": split.text.src.replaced, "tgt": split.text.tgt.replaced},
-            "tokens": {},
-        }
-        stats[split.name] = {}
-        for side in SIDES:
-            tokens, offsets = binarise(split.ids[side])
-            np.save(out / f"{split.name}.{side}.tokens.npy", tokens)
-            np.save(out / f"{split.name}.{side}.offsets.npy", offsets)
-            write_lines(out / f"{split.name}.{side}.txt", (lines[side][i] for i in split.keep))
-            entry["tokens"][side] = int(len(tokens))
-            stats[split.name][side] = {
-                "length": length_stats(np.diff(offsets)),
-                "unk_rate": float((tokens == UNK_ID).sum() / max(len(tokens), 1)),
-                "types": int(len(np.unique(tokens))),
-            }
-        entry["length"] = {side: stats[split.name][side]["length"] for side in SIDES}
-        entry["unk_rate"] = {side: stats[split.name][side]["unk_rate"] for side in SIDES}
-        split_meta[split.name] = entry
-        split.ids.clear()
-
-    vocab_size = {side: processors[side].get_piece_size() for side in SIDES}
-    meta: dict[str, Any] = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "src_lang": cfg.src_lang,
-        "tgt_lang": cfg.tgt_lang,
-        "joint": cfg.joint,
-        "spm": spm_files,
-        "vocab_size": vocab_size,
-        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
-        "splits": split_meta,
-        "fingerprint": fingerprint(out, spm_files, list(split_meta)),
-        "versions": {"multibranch": __version__, "sentencepiece": sentencepiece.__version__},
-        "config": to_dict(cfg),
-    }
-    (out / "data.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(_report(meta, stats), encoding="utf-8")
-    return meta
-
-
-def fingerprint(directory: Path, spm_files: dict[str, str], split_names: list[str]) -> str:
-    """sha256 over the SentencePiece model(s) and every binarised array (names and bytes)."""
-    names = sorted(set(spm_files.values())) + [
-        f"{split}.{side}.{kind}.npy" for split in split_names for side in SIDES for kind in ("tokens", "offsets")
-    ]
+def fingerprint(directory: Path, spm_files: dict[str, str], shards: list[str]) -> str:
+    """sha256 over the SentencePiece model(s) and every shard's arrays (names and bytes), in order."""
+    names = sorted(set(spm_files.values())) + [name for stem in shards for name in shard_files(stem)]
     digest = hashlib.sha256()
     for name in names:
         digest.update(name.encode() + b"\0")
@@ -384,7 +588,9 @@ def _report(meta: dict[str, Any], stats: dict[str, Any]) -> str:
         f"- SentencePiece: {cfg['model_type']}, {'joint' if meta['joint'] else 'separate'} vocabulary, "
         f"requested {cfg['vocab_size']}, got src {meta['vocab_size']['src']} / tgt {meta['vocab_size']['tgt']} "
         f"({', '.join(sorted(set(meta['spm'].values())))})",
-        f"- Special ids: pad={PAD_ID} unk={UNK_ID} bos={BOS_ID} eos={EOS_ID}",
+        "- Special ids: " + " ".join(f"{name}={i}" for name, i in meta["special_ids"].items()),
+        f"- Vocabulary: {meta['vocabulary']}; shards per split: "
+        + ", ".join(f"{name} {len(entry['shards'])}" for name, entry in meta["splits"].items()),
         f"- Training filters: max_len={cfg['max_len']} tokens, max_len_ratio={cfg['max_len_ratio']} "
         f"(+{cfg['ratio_allowance']} tokens allowance); valid/test are never length-filtered",
         f"- Fingerprint: `{meta['fingerprint']}`",

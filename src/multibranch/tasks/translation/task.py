@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.config import ConfigError
-from multibranch.data.batching import collate, token_batches
+from multibranch.data.batching import collate, sharded_token_batches, token_batches
 from multibranch.evaluate.metrics import score_corpus
 from multibranch.models import build_model
 from multibranch.tasks.translation.dataset import PreparedData
@@ -62,8 +62,8 @@ class TranslationTask(Task):
 
     def train_batches(self, epoch: int) -> list[np.ndarray]:
         t, split = self.cfg.train, self.train_split
-        return token_batches(split.src_lengths, split.tgt_lengths, t.max_tokens, seed=t.seed, epoch=epoch,
-                             shuffle=True, max_sentences=t.max_sentences)
+        return sharded_token_batches(split.shard_lengths(), t.max_tokens, seed=t.seed, epoch=epoch, shuffle=True,
+                                     max_sentences=t.max_sentences)
 
     def collate(self, indices: np.ndarray, device: torch.device, split=None) -> Batch:
         m = self.cfg.model
