@@ -110,3 +110,31 @@ def test_translate_joins_bpe_continuations_of_pretokenized_data(tmp_path, capsys
     output_words = [word for line in hypotheses for word in line.split()]
     assert all(word == "<unk>" or joined(word) for word in output_words)
     assert any(word not in finals | stems for word in output_words)  # some pieces were joined
+
+
+def test_ct2_directory_of_pretokenized_data_decodes_as_the_checkpoint(tmp_path):
+    """A `convert ct2` directory of a word-vocabulary model reads words as the checkpoint does (one <unk> per
+    unknown word, where SentencePiece would merge a run) and joins `@@ ` in its output."""
+    pytest.importorskip("ctranslate2")
+    from multibranch.tasks import train
+    from multibranch.tasks.translation.ct2 import Ct2Translator
+    from multibranch.tasks.translation.loading import load_translator
+    from multibranch.train.trainer import RunOptions
+    from tests.helpers.configs import tiny_experiment
+
+    words = [w + ("@@" if i % 3 == 0 else "") for i, w in enumerate(corpus_lines(1, 4)[0].split() * 3)]
+    src = [" ".join(words[i % 5 : i % 5 + 4]) for i in range(120)]
+    prefixes = _corpus(tmp_path / "raw", src, src)
+    assert _prepare(prefixes, tmp_path / "data", "--pretokenized") == 0
+    train(tiny_experiment(max_steps=3), RunOptions(tmp_path / "data", tmp_path / "run"))
+    ckpt, ct2_dir = tmp_path / "run" / "last.pt", tmp_path / "ct2"
+    assert cli.main(["convert", "ct2", "--ckpt", str(ckpt), "--out", str(ct2_dir)]) == 0
+    ours, theirs = load_translator(ckpt, "cpu"), Ct2Translator(ct2_dir, "cpu")
+    lines = [src[0], "zzunknown yyunknown " + src[1]]  # two unknown words in a row: two <unk>
+    assert theirs.count_tokens(lines) == [len(ids) + 1 for ids in ours.tokenizer.encode_src(lines)]
+    assert theirs.count_tokens(lines)[1] == len(src[1].split()) + 3
+    for text in theirs.translate(lines):
+        assert "@@" not in text
+    references = [src[2], src[3]]
+    for a, b in zip(theirs.score(lines, references), ours.score(lines, references), strict=True):
+        assert a.tokens == b.tokens and a.log_prob == pytest.approx(b.log_prob, abs=1e-3)

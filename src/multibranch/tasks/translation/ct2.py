@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import sentencepiece as spm
 import torch
 
 from multibranch.checkpoint.format import CT2_SETTINGS_FILE
 from multibranch.config import ConfigError
+from multibranch.data.tokenizer import Tokenizer
 from multibranch.errors import CheckpointError, DataError, UserError
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.beam import length_penalty
@@ -133,8 +133,9 @@ class Ct2Translator:
         self.cfg = dataclasses.replace(stored, **overrides)
         self.cfg.validate()
         self.options = translate_options(self.cfg)  # ConfigError now for what CT2 cannot do
-        self.src = spm.SentencePieceProcessor(model_file=str(src_file))
-        self.tgt = spm.SentencePieceProcessor(model_file=str(tgt_file))
+        # our Tokenizer, not bare SentencePiece: a `prepare --pretokenized` word vocabulary gives one <unk> per
+        # unknown word and joins `@@ ` in the output, as the checkpoint does
+        self.tokenizer = Tokenizer.from_files(src_file, tgt_file)
         limits = [n for n in (self.settings.get("max_positions"), self.cfg.max_input_tokens) if n is not None]
         self.max_input_tokens: int | None = min(limits) if limits else None
         self.device = str(device)  # a torch.device reads "cpu" / "cuda:0", as CTranslate2 names them
@@ -162,7 +163,7 @@ class Ct2Translator:
 
     def count_tokens(self, lines: list[str]) -> list[int]:
         """Source tokens of each line, EOS included (before truncation)."""
-        return [len(ids) + 1 for ids in self.src.encode(lines)]
+        return [len(ids) + 1 for ids in self.tokenizer.encode_src(lines)]
 
     def score(self, lines: Sequence[str], references: Sequence[str], progress: Progress = False
               ) -> list[ForcedScore | None]:
@@ -172,7 +173,7 @@ class Ct2Translator:
             raise DataError(f"line counts differ: {len(lines)} input lines but {len(references)} references")
         start = time.perf_counter()
         keep, sources = self._encode(list(lines))
-        targets = [self.tgt.encode(references[i], out_type=str) for i in keep]
+        targets = self._pieces(self.tokenizer.tgt, self.tokenizer.encode_tgt([references[i] for i in keep]))
         results: list[ForcedScore | None] = [None] * len(lines)
         scored = self.translator.score_batch(sources, targets, max_batch_size=self.cfg.batch_size,
                                              max_input_length=0) if keep else []
@@ -193,7 +194,7 @@ class Ct2Translator:
     def _encode(self, lines: list[str]) -> tuple[list[int], list[list[str]]]:
         """(indices of non-empty lines, their source pieces without EOS, truncated to the input limit)."""
         keep = [i for i, line in enumerate(lines) if line.strip()]
-        pieces = self.src.encode([lines[i] for i in keep], out_type=str) if keep else []
+        pieces = self._pieces(self.tokenizer.src, self.tokenizer.encode_src([lines[i] for i in keep])) if keep else []
         limit = self.max_input_tokens
         truncated = sum(1 for p in pieces if limit is not None and len(p) + 1 > limit)
         if truncated:
@@ -202,6 +203,11 @@ class Ct2Translator:
                            "translations cover only the beginning of the line", truncated, len(keep), limit)
             pieces = [p[: limit - 1] for p in pieces]
         return keep, pieces
+
+    @staticmethod
+    def _pieces(processor: Any, ids: list[list[int]]) -> list[list[str]]:
+        """Token strings of ids, as `convert ct2` wrote the vocabulary (`convert.payload.token_strings`)."""
+        return [[processor.id_to_piece(i) for i in row] for row in ids]
 
     def _decoding_limit(self, source_pieces: int) -> int:
         limit = max_decoding_length(self.cfg, source_pieces)
@@ -231,7 +237,8 @@ class Ct2Translator:
                                                     max_batch_size=self.cfg.batch_size, **options)
             for position, result in zip(group, batch, strict=True):
                 hyps = [h[:-1] if h and h[-1] == END else h for h in result.hypotheses]
-                results[keep[position]] = [(self.tgt.decode_pieces(h), float(s)) for h, s in zip(hyps, result.scores)]
+                texts = self.tokenizer.decode_tgt([[self.tokenizer.tgt.piece_to_id(p) for p in h] for h in hyps])
+                results[keep[position]] = [(text, float(s)) for text, s in zip(texts, result.scores, strict=True)]
                 tgt_tokens += len(result.hypotheses[0]) if result.hypotheses else 0
             self._advance(bar, len(group))
         if owned is not None:
