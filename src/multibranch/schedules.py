@@ -141,7 +141,8 @@ class LRConfig:
     - inverse_sqrt: lr0 + t (lr - lr0) / W for t < W, then lr * sqrt(W / t)
     - noam:         factor * d_model^-0.5 * min(t^-0.5, t W^-1.5)   (`lr` unused)
     - cosine:       warm-up from lr0 to lr over W, then min_lr + (lr - min_lr)(1 + cos(pi t_c / P)) / 2,
-                    t_c = (t - W) mod P (P = period, default: the remaining updates)
+                    t_c = (t - W) mod P with a `period` P (warm restarts); without one, P is the remaining
+                    updates and t_c = min(t - W, P), so the last update ends at min_lr
     - constant:     lr after a linear warm-up
     """
 
@@ -172,6 +173,9 @@ def learning_rate_at(cfg: LRConfig, t: int, d_model: int | None = None, total: i
         return cfg.lr * math.sqrt(w / t) if w > 0 else cfg.lr * t**-0.5
     if cfg.schedule == "constant":
         return cfg.lr
-    period = cfg.period or max((total or 0) - w, 1)
-    tc = (t - w) % period
+    if cfg.period:
+        period, tc = cfg.period, (t - w) % cfg.period  # warm restarts
+    else:  # one decay over the remaining updates, ending at min_lr (never back to the peak)
+        period = max((total or 0) - w, 1)
+        tc = min(t - w, period)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * tc / period))

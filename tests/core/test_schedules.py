@@ -73,4 +73,8 @@ def test_learning_rate_schedules():
     assert learning_rate_at(cos, 10) == pytest.approx(1e-3)
     assert learning_rate_at(cos, 60) == pytest.approx(1e-7 + 0.5 * (1e-3 - 1e-7))
     assert learning_rate_at(cos, 110) == pytest.approx(1e-3)  # a new period starts (no shrink)
+    one_decay = LRConfig(schedule="cosine", lr=3e-5, min_lr=0.0, warmup=45)  # period: the remaining updates
+    assert learning_rate_at(one_decay, 45, total=450) == pytest.approx(3e-5)
+    assert learning_rate_at(one_decay, 450, total=450) == pytest.approx(0.0, abs=1e-12)  # the last update: min_lr
+    assert learning_rate_at(one_decay, 449, total=450) < learning_rate_at(one_decay, 400, total=450)
     assert math.isclose(learning_rate_at(LRConfig(schedule="constant", lr=1e-3, warmup=0), 7), 1e-3)
