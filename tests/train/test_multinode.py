@@ -35,13 +35,23 @@ def _env() -> dict[str, str]:
 
 
 def _start_nodes(train_args: list[str], cwd: Path, run_id: str) -> list[subprocess.Popen]:
-    """Both "nodes" as separate torchrun launchers, as two hosts would start them."""
-    endpoint = f"127.0.0.1:{_free_port()}"
+    """Both "nodes" as separate torchrun launchers, as two hosts would start them. The second starts once the
+    first one's rendezvous store accepts connections: two launchers racing to host the store on one address can
+    leave one of them out of the rendezvous."""
+    port = _free_port()
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
-                "-m", "multibranch", *train_args]
-    return [subprocess.Popen(launcher, env=_env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(2)]
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
+                "--rdzv-conf", "timeout=120", "-m", "multibranch", *train_args]
+    first = subprocess.Popen(launcher, env=_env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and first.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    second = subprocess.Popen(launcher, env=_env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return [first, second]
 
 
 def _kill_node(launcher: subprocess.Popen) -> None:
@@ -52,10 +62,18 @@ def _kill_node(launcher: subprocess.Popen) -> None:
 
 
 def _two_nodes(train_args: list[str], cwd: Path, run_id: str) -> None:
-    """Run both nodes to the end; both must succeed."""
+    """Run both nodes to the end; both must succeed (a node left waiting is killed and its log shown)."""
     nodes = _start_nodes(train_args, cwd, run_id)
-    outputs = [node.communicate(timeout=600) for node in nodes]
-    for node, (_, err) in zip(nodes, outputs, strict=True):
+    errors = []
+    for node in nodes:
+        try:
+            _, err = node.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for other in nodes:
+                other.kill()
+            _, err = node.communicate()
+        errors.append(err)
+    for node, err in zip(nodes, errors, strict=True):
         assert node.returncode == 0, err[-3000:]
 
 
