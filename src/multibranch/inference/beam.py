@@ -122,6 +122,15 @@ def length_limits(cfg: object, src_lens: Tensor, max_len_a: float, max_len_b: in
     return limit
 
 
+def output_limits(model: Decodable, src: Tensor, max_len_a: float, max_len_b: int,
+                  prefix: Tensor | None) -> tuple[Tensor, int]:
+    """Each sentence's output length limit [B] (checked against its forced `prefix`, if any) and the number of
+    decoding steps a batch of them needs (the longest limit + EOS; 0 for an empty batch)."""
+    max_lens = max_output_lengths(model, src, max_len_a, max_len_b)  # [B]
+    check_prefix(prefix, max_lens, model.config.pad_id)
+    return max_lens, (int(max_lens.max()) + 1 if src.shape[0] else 0)
+
+
 def normalized_log_probs(logits: Tensor, cfg: object) -> Tensor:
     """logits [..., V] -> fp32 log-probabilities [..., V] with pad and bos masked to -inf *before*
     the log_softmax (the search's distribution; forced scoring uses the same one). fp32 `logits`
@@ -247,9 +256,7 @@ def greedy_search(
     cfg = model.config
     B = src.shape[0]
     device = src.device
-    max_lens = max_output_lengths(model, src, max_len_a, max_len_b)  # [B]
-    check_prefix(prefix, max_lens, cfg.pad_id)
-    steps = int(max_lens.max()) + 1 if B else 0
+    max_lens, steps = output_limits(model, src, max_len_a, max_len_b, prefix)  # [B], decoding steps
     enc = model.encode(src)
     state = new_state(model)
     tokens = torch.full((B, steps + 1), cfg.pad_id, dtype=torch.long, device=device)  # [b, 1 + T]
@@ -330,9 +337,7 @@ def _beam_search(
     K = beam
     B = src.shape[0]
     device = src.device
-    max_lens = max_output_lengths(model, src, max_len_a, max_len_b)  # [B]
-    check_prefix(prefix, max_lens, cfg.pad_id)
-    steps = int(max_lens.max()) + 1 if B else 0
+    max_lens, steps = output_limits(model, src, max_len_a, max_len_b, prefix)  # [B], decoding steps
     enc = model.encode(src)  # [b, S, d]: one row per sentence, shared by its hypotheses
     state = new_state(model)
     # `width` hypotheses per live sentence: 1 at step 0 (all K would be the same <s>), then K

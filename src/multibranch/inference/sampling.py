@@ -29,9 +29,8 @@ from multibranch.inference.beam import (
     _finish,
     _sorted,
     _step_log_probs,
-    check_prefix,
-    max_output_lengths,
     new_state,
+    output_limits,
 )
 
 
@@ -74,9 +73,7 @@ def sample(
     cfg = model.config
     B = src.shape[0]
     device = src.device
-    max_lens = max_output_lengths(model, src, max_len_a, max_len_b)  # [B]
-    check_prefix(prefix, max_lens, cfg.pad_id)
-    steps = int(max_lens.max()) + 1 if B else 0
+    max_lens, steps = output_limits(model, src, max_len_a, max_len_b, prefix)  # [B], decoding steps
     rows = torch.arange(B, device=device).repeat_interleave(n)  # [B*n] sentence of each row
     enc = model.encode(src).index_select(rows)  # one encoder row per sample: rows finish independently
     max_lens = max_lens[rows]
