@@ -10,7 +10,7 @@ import torch
 
 from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
 from multibranch.cli import main
-from multibranch.modules.int8 import int8_supported
+from multibranch.modules.packed_linear import int8_supported
 from tests.helpers.cli import one_error_line
 from tests.helpers.translation import corpus_lines
 

@@ -1,4 +1,4 @@
-"""Our int8 decoding path (`inference/precision.py` `for_decoding(model, "int8")`, `modules/int8.py`)
+"""Our int8 decoding path (`inference/precision.py` `for_decoding(model, "int8")`, `modules/packed_linear.py`)
 against CTranslate2's own int8 on the same weights (`convert ct2 --quantization int8`).
 
 What must agree, and why:
@@ -38,7 +38,7 @@ from multibranch.data.tokenizer import Tokenizer  # noqa: E402
 from multibranch.experiment import ExperimentConfig  # noqa: E402
 from multibranch.inference.precision import for_decoding  # noqa: E402
 from multibranch.models import build_model  # noqa: E402
-from multibranch.modules.int8 import int8_supported  # noqa: E402
+from multibranch.modules.packed_linear import int8_supported  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not int8_supported(), reason="PyTorch's fbgemm int8 kernels are not available")
 
@@ -98,17 +98,17 @@ def array(variable) -> np.ndarray:
 
 def pairs(model: torch.nn.Module, layers: int) -> dict[str, object]:
     """CTranslate2 variable prefix -> our Int8Linear decoding that projection."""
-    out: dict[str, object] = {"decoder/projection": model.int8_output}
+    out: dict[str, object] = {"decoder/projection": model.packed_output}
     for side in ("encoder", "decoder"):
         for i in range(layers):
             layer, p = getattr(model, side).layers[i], f"{side}/layer_{i}"
-            out[f"{p}/self_attention/linear_0"] = layer.self_attn.int8["qkv"]
-            out[f"{p}/self_attention/linear_1"] = layer.self_attn.int8["out"]
-            out[f"{p}/ffn/linear_0"], out[f"{p}/ffn/linear_1"] = layer.ffn.int8
+            out[f"{p}/self_attention/linear_0"] = layer.self_attn.packed["qkv"]
+            out[f"{p}/self_attention/linear_1"] = layer.self_attn.packed["out"]
+            out[f"{p}/ffn/linear_0"], out[f"{p}/ffn/linear_1"] = layer.ffn.packed
             if side == "decoder":
-                out[f"{p}/attention/linear_0"] = layer.cross_attn.int8["q"]
-                out[f"{p}/attention/linear_1"] = layer.cross_attn.int8["kv"]
-                out[f"{p}/attention/linear_2"] = layer.cross_attn.int8["out"]
+                out[f"{p}/attention/linear_0"] = layer.cross_attn.packed["q"]
+                out[f"{p}/attention/linear_1"] = layer.cross_attn.packed["kv"]
+                out[f"{p}/attention/linear_2"] = layer.cross_attn.packed["out"]
     return out
 
 

@@ -14,7 +14,7 @@ from multibranch.inference.beam import beam_search, forced_scores, greedy_search
 from multibranch.inference.ensemble import Ensemble
 from multibranch.inference.precision import for_decoding
 from multibranch.models import ModelConfig, build_model
-from multibranch.modules.int8 import int8_supported
+from multibranch.modules.packed_linear import int8_supported
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 

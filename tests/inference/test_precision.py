@@ -1,5 +1,6 @@
-"""int8 decoding (`--precision int8`): the int8 linear against a hand-derived error bound, the int8
-copy of every layer kind against its fp32 model, and the plumbing (Translator, CLI, serve engine)."""
+"""Decoding precisions (`--precision fp32|int8|bf16`): each packed linear against an independent
+reference (F.linear in float64 on the same values, a hand-derived int8 error bound), the packed copy of
+every layer kind against its model, and the plumbing (Translator, CLI, serve engine)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,59 @@ import torch
 import torch.nn.functional as F
 
 from multibranch.config import ConfigError, from_dict
-from multibranch.inference.precision import check_precision, for_decoding
+from multibranch.inference import precision as precision_module
+from multibranch.inference.precision import PRECISIONS, check_precision, for_decoding
 from multibranch.models import ModelConfig, build_model
-from multibranch.modules.int8 import Int8Linear, int8_supported
+from multibranch.modules.packed_linear import (
+    Int8Linear,
+    OneDnnLinear,
+    bf16_supported,
+    int8_supported,
+    onednn_supported,
+    pack_linear,
+)
 from multibranch.modules.state import DecoderState
 
-pytestmark = [pytest.mark.skipif(not int8_supported(), reason="this PyTorch build has no fbgemm (x86) kernels"),
-              pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
+needs_int8 = pytest.mark.skipif(not int8_supported(), reason="this PyTorch build has no fbgemm (x86) kernels")
+needs_onednn = pytest.mark.skipif(not onednn_supported(), reason="this PyTorch build cannot prepack for oneDNN")
+needs_bf16 = pytest.mark.skipif(not bf16_supported(), reason="this CPU has no native bf16 matmuls (AVX512-BF16/AMX)")
+SUPPORTED = {"fp32": needs_onednn, "int8": needs_int8, "bf16": needs_bf16}
 
 VOCAB, BOS = 40, 2
 
 
+@needs_onednn
+@pytest.mark.parametrize("relu", [False, True])
+def test_onednn_fp32_linear_equals_f_linear_up_to_summation_order(relu):
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(300, 64, generator=g), torch.randn(300, generator=g)
+    x = torch.randn(2, 7, 64, generator=g)  # any leading dims
+    exact = F.linear(x.double(), w.double(), b.double())
+    exact = exact.relu() if relu else exact
+    got = OneDnnLinear(w, b, relu=relu)(x)
+    assert got.dtype == torch.float32 and got.shape == (2, 7, 300)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)  # fp32 rounding of 64-term sums
+    assert (got.min() >= 0) if relu else (got.min() < 0)
+    torch.testing.assert_close(OneDnnLinear(w)(x[0].t().contiguous().t()), F.linear(x[0], w), rtol=1e-5, atol=1e-5)
+    assert OneDnnLinear(w, b)(x[:, :0]).shape == (2, 0, 300)  # an empty batch
 
+
+@needs_bf16
+def test_bf16_linear_is_the_exact_product_of_bf16_rounded_values():
+    """bf16 inputs and weights, fp32 sums: equal to float64 arithmetic on the bf16-rounded values (up to fp32
+    rounding of the sum and the bf16 rounding of the bias), and visibly different from fp32."""
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(300, 64, generator=g), torch.randn(300, generator=g)
+    x = torch.randn(5, 64, generator=g)
+    rounded = F.linear(x.bfloat16().double(), w.bfloat16().double(), b.bfloat16().double())
+    got = pack_linear(w, b, "bf16")(x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), rounded, rtol=1e-2, atol=2e-2)  # bf16 output rounding at most
+    assert (got.double() - F.linear(x, w, b).double()).abs().max() > 1e-3  # it really is bf16
+
+
+@needs_int8
 def test_int8_linear_error_stays_within_the_quantization_bound():
     """Weights: symmetric per row, step s_w[j] = max|W_j| / 127; inputs: affine over their range
     with 7 bits (reduce_range), step s_x = (max(x, 0) - min(x, 0)) / 127. Rounding moves each by at
@@ -73,48 +115,84 @@ def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
     return src, prev
 
 
+# how far each packed copy may be from the model, relative to the spread of its logits: fp32 differs only by
+# summation order; bf16 rounds inputs and weights to 8 bits of mantissa; int8 quantizes them (errors of a
+# few percent of the spread). A wrong fold (merge constant, branch biases) would be off by the spread itself.
+TOLERANCE = {"fp32": (1e-5, 1e-4), "bf16": (0.02, 0.1), "int8": (0.05, 0.3)}  # (mean, max) / spread
+
+
+@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PRECISIONS])
 @pytest.mark.parametrize("name", list(KINDS))
-def test_int8_copy_of_every_kind_is_close_to_fp32_in_full_and_step_by_step(name):
+def test_packed_copy_of_every_kind_is_close_to_the_model_in_full_and_step_by_step(name, precision):
     model = _model(**KINDS[name])
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    quantized = for_decoding(model, "int8")
-    assert quantized is not model
+    packed = for_decoding(model, precision)
+    assert packed is not model
     src, prev = _inputs()
     with torch.inference_mode():
         reference = model(src, prev)  # [B, T, V]
-        full = quantized(src, prev)
-        enc, state = quantized.encode(src), DecoderState()
-        steps = torch.stack([quantized.decode_step(prev[:, t : t + 1], enc, state) for t in range(prev.shape[1])], 1)
-    # int8 is an approximation of fp32 (errors of a few percent of the logits' spread), not a copy of it;
-    # a wrong fold (merge constant, branch biases) would be off by the size of the logits themselves
-    # Inputs are quantized per call over the whole tensor, so a step (and a sentence) is not bit-equal
-    # to the full forward (or to other batchings): both are held to the same distance from fp32.
+        full = packed(src, prev)
+        enc, state = packed.encode(src), DecoderState()
+        steps = torch.stack([packed.decode_step(prev[:, t : t + 1], enc, state) for t in range(prev.shape[1])], 1)
+    # int8 quantizes inputs per call over the whole tensor, so a step (and a sentence) is not bit-equal to the
+    # full forward (or to other batchings): both are held to the same distance from the model.
     spread = reference.std()
+    mean_bound, max_bound = TOLERANCE[precision]
     for approx in (full, steps):
         err = (approx - reference).abs()
-        assert 0 < err.mean() < 0.05 * spread and err.max() < 0.3 * spread, (err.mean() / spread, err.max() / spread)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the fp32 model is untouched
-    assert all(getattr(m, "int8", None) is None for m in model.modules())
+        assert err.mean() < mean_bound * spread and err.max() < max_bound * spread, (err.mean() / spread,
+                                                                                      err.max() / spread)
+        assert precision == "fp32" or err.mean() > 0  # int8 and bf16 really round
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the model is untouched
+    assert all(getattr(m, "packed", None) is None for m in model.modules())
 
 
-def test_fp32_is_the_model_itself_and_training_mode_ignores_the_int8_weights():
+@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PRECISIONS])
+def test_training_mode_ignores_the_packed_weights(precision):
     model = _model()
-    assert for_decoding(model, "fp32") is model
-    quantized = for_decoding(model, "int8").train()  # dropout 0: a deterministic training forward
+    packed = for_decoding(model, precision).train()  # dropout 0: a deterministic training forward
     src, prev = _inputs()
     with torch.no_grad():
-        assert torch.equal(quantized(src, prev), model.train()(src, prev))
+        assert torch.equal(packed(src, prev), model.train()(src, prev))
 
 
-def test_unknown_precision_and_int8_off_the_cpu_are_config_errors():
+@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PRECISIONS])
+def test_the_copy_decodes_with_its_packed_weights_not_the_originals(precision):
+    """Zeroing the copy's own projection weights after packing changes nothing in eval mode: every projection
+    the search runs (attention, FFN, output layer) reads the packed weights."""
+    model = _model(**KINDS["mat-mean-sq"])
+    packed = for_decoding(model, precision)
+    src, prev = _inputs()
+    with torch.inference_mode():
+        before = packed(src, prev)
+        for name, param in packed.named_parameters():
+            if name.endswith(("in_proj.weight", "out_proj.weight", "fc1.weight", "fc2.weight", "output_weight")):
+                param.zero_()
+        torch.testing.assert_close(packed(src, prev), before, rtol=0, atol=0)
+        assert not torch.equal(packed.train()(src, prev), before)  # the training forward does use them
+
+
+def test_fp32_without_onednn_is_the_model_itself(monkeypatch):
+    monkeypatch.setattr(precision_module, "onednn_supported", lambda: False)
+    model = _model()
+    assert for_decoding(model, "fp32") is model
+
+
+def test_unknown_precision_int8_or_bf16_off_the_cpu_and_emulated_bf16_are_config_errors(monkeypatch):
     with pytest.raises(ConfigError, match="not one of"):
         check_precision("fp8", torch.device("cpu"))
-    with pytest.raises(ConfigError, match="CPU only"):
-        check_precision("int8", torch.device("meta"))
+    for precision in ("int8", "bf16"):
+        with pytest.raises(ConfigError, match="CPU only"):
+            check_precision(precision, torch.device("meta"))
+    check_precision("fp32", torch.device("meta"))
+    monkeypatch.setattr(precision_module, "bf16_supported", lambda: False)
+    with pytest.raises(ConfigError, match="native bf16"):
+        check_precision("bf16", torch.device("cpu"))
 
 
-def test_translate_and_serve_engine_decode_in_int8(tmp_path, capsys):
-    """`translate --precision int8` and the serve engine run the int8 copy; every line is answered."""
+@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in ("int8", "bf16")])
+def test_translate_and_serve_engine_decode_in_int8_and_bf16(tmp_path, capsys, precision):
+    """`translate --precision P` and the serve engine run the packed copy; every line is answered."""
     import io
     import random
 
@@ -145,13 +223,13 @@ def test_translate_and_serve_engine_decode_in_int8(tmp_path, capsys):
     lines = corpus[:5]
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert main(["translate", "--ckpt", str(ckpt), "-i", str(src), "-o", str(out), "--precision", "int8",
+    assert main(["translate", "--ckpt", str(ckpt), "-i", str(src), "-o", str(out), "--precision", precision,
                  "--device", "cpu", "--no-progress"]) == 0
     translations = out.read_text(encoding="utf-8").splitlines()
     assert len(translations) == 5
-    assert load_translator(str(ckpt), precision="int8").translate(lines) == translations
-    engine = TorchEngine.from_checkpoint(str(ckpt), "cpu", precision="int8")
-    assert engine.info()["precision"] == "int8"
+    assert load_translator(str(ckpt), precision=precision).translate(lines) == translations
+    engine = TorchEngine.from_checkpoint(str(ckpt), "cpu", precision=precision)
+    assert engine.info()["precision"] == precision
     assert [h[0][0] for h in engine.translate(lines, beam=2, nbest=1)] == translations
     capsys.readouterr()
     with pytest.raises(SystemExit):

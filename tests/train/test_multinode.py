@@ -31,7 +31,7 @@ def _free_port() -> int:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 def _start_nodes(train_args: list[str], cwd: Path, run_id: str) -> list[subprocess.Popen]:

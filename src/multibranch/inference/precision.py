@@ -1,14 +1,19 @@
-"""Numeric precision of decoding: `fp32` (the model as trained) or `int8` (CPU, dynamic quantization).
+"""Numeric precision of decoding: `fp32`, `int8` or `bf16`; on the CPU each decodes with a packed copy.
 
-int8 quantizes, on a copy of the model, every projection that dominates a decoder step: attention
-Q/K/V and output projections, the FFN and the output layer (`modules/int8.py`: int8 weights with a
-scale per output row, inputs quantized per call, fbgemm kernels). Normalisation, softmax, the
-attention itself and the layer kinds' own extras (MUSE's convolution, Weighted's branch mixing,
-MUTE's unit attention) stay fp32. The caller's model is left untouched (training, analysis and
-fp32 decoding keep using it). Inputs are quantized over a whole call's tensor (PyTorch's dynamic
-quantization), so in int8 a sentence's translation may depend on the sentences batched with it.
+On the CPU, `for_decoding` returns a copy of the model (eval mode) whose projections that dominate a
+decoder step (attention Q/K/V and output projections, the FFN, the output layer) are packed once
+(`modules/packed_linear.py`):
 
-bf16 is not offered: without AVX512-BF16/AMX a CPU emulates bf16 matmuls, slower than fp32.
+- fp32: the weights reordered for oneDNN: fp32 arithmetic, as trained, up to summation order;
+- int8: int8 weights with a scale per output row, inputs quantized per call, fbgemm kernels. Inputs are
+  quantized over a whole call's tensor (PyTorch's dynamic quantization), so in int8 a sentence's
+  translation may depend on the sentences batched with it;
+- bf16: bf16 weights and inputs with fp32 sums and outputs, only where the CPU runs bf16 natively
+  (AVX512-BF16/AMX; elsewhere oneDNN emulates bf16, slower than fp32).
+
+Normalisation, softmax, the attention itself and the layer kinds' own extras (MUSE's convolution,
+Weighted's branch mixing, MUTE's unit attention) stay fp32. The caller's model is left untouched
+(training, analysis keep using it). Off the CPU (or without oneDNN), fp32 is the model itself.
 """
 
 from __future__ import annotations
@@ -19,34 +24,38 @@ from typing import Literal
 import torch
 
 from multibranch.config import ConfigError
-from multibranch.modules.int8 import int8_supported
+from multibranch.modules.packed_linear import bf16_supported, int8_supported, onednn_supported
 
-Precision = Literal["fp32", "int8"]
-PRECISIONS: tuple[Precision, ...] = ("fp32", "int8")
+Precision = Literal["fp32", "int8", "bf16"]
+PRECISIONS: tuple[Precision, ...] = ("fp32", "int8", "bf16")
 
 
 def check_precision(precision: str, device: torch.device) -> None:
     """ConfigError when `precision` is unknown or cannot run on `device` (before any loading)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
-    if precision == "int8":
-        if device.type != "cpu":
-            raise ConfigError(f"--precision int8 runs on the CPU only (device is {device}); use --device cpu "
-                              "or --precision fp32")
-        if not int8_supported():
-            raise ConfigError("--precision int8 needs PyTorch's fbgemm kernels, which this build/CPU lacks "
-                              f"(quantized engines: {', '.join(torch.backends.quantized.supported_engines)})")
+    if precision == "fp32":
+        return
+    if device.type != "cpu":
+        raise ConfigError(f"--precision {precision} runs on the CPU only (device is {device}); use --device cpu "
+                          "or --precision fp32")
+    if precision == "int8" and not int8_supported():
+        raise ConfigError("--precision int8 needs PyTorch's fbgemm kernels, which this build/CPU lacks "
+                          f"(quantized engines: {', '.join(torch.backends.quantized.supported_engines)})")
+    if precision == "bf16" and not bf16_supported():
+        raise ConfigError("--precision bf16 needs a CPU with native bf16 matmuls (AVX512-BF16 or AMX) and "
+                          "PyTorch's oneDNN; this one would emulate them, slower than fp32: use fp32 or int8")
 
 
 def for_decoding(model: torch.nn.Module, precision: str = "fp32") -> torch.nn.Module:
-    """The model to decode with: `model` itself for fp32, an int8 copy (eval mode) for int8."""
+    """The model to decode with: a packed copy (eval mode) on the CPU, the model itself for fp32 elsewhere."""
     device = next(model.parameters()).device
     check_precision(precision, device)
-    if precision == "fp32":
+    if precision == "fp32" and (device.type != "cpu" or not onednn_supported()):
         return model
-    quantized = copy.deepcopy(model).eval()
-    for module in quantized.modules():
-        quantize = getattr(module, "quantize_int8", None)
-        if quantize is not None:
-            quantize()
-    return quantized
+    packed = copy.deepcopy(model).eval()
+    for module in packed.modules():
+        pack = getattr(module, "pack_linears", None)
+        if pack is not None:
+            pack(precision)
+    return packed

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from multibranch.models.config import ModelConfig
 from multibranch.models.encoder import Embedder, Encoder, EncoderOut, reset_model_parameters
-from multibranch.modules.int8 import Int8Linear
+from multibranch.modules.packed_linear import PackedLinear, PackKind, pack_linear
 from multibranch.modules.state import DecoderState
 
 __all__ = ["Decoder", "Embedder", "Encoder", "EncoderOut", "Seq2SeqModel"]
@@ -78,16 +78,17 @@ class Seq2SeqModel(nn.Module):
         """[V, d] output embedding (tied to the decoder's input embedding unless share_embeddings='none')."""
         return self.decoder.embed.tokens.weight if self.output_weight is None else self.output_weight
 
-    int8_output: Int8Linear | None = None  # set by quantize_int8 on a decoding copy
+    packed_output: PackedLinear | None = None  # set by pack_linears on a decoding copy
 
-    def quantize_int8(self) -> None:
-        """An int8 output layer (modules/int8.py), used in eval mode; the layers quantize their own."""
-        self.int8_output = Int8Linear(self.output_projection, self.output_bias)
+    def pack_linears(self, kind: PackKind) -> None:
+        """A packed output layer (modules/packed_linear.py), used in eval mode; the layers pack their own."""
+        with torch.no_grad():
+            self.packed_output = pack_linear(self.output_projection, self.output_bias, kind)
 
     def logits(self, features: Tensor) -> Tensor:
         """features [..., d] -> logits [..., V]."""
-        if self.int8_output is not None and not self.training:
-            return self.int8_output(features)
+        if self.packed_output is not None and not self.training:
+            return self.packed_output(features)
         return F.linear(features, self.output_projection, self.output_bias)
 
     # ---- full-sequence and incremental forward ---------------------------------------------------

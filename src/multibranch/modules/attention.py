@@ -38,8 +38,8 @@ from torch import Tensor, nn
 
 from multibranch.modules.dropout import dropout
 from multibranch.modules.init import init_blocks, init_weight
-from multibranch.modules.int8 import Int8Linear
 from multibranch.modules.merge import merge_constant
+from multibranch.modules.packed_linear import PackedLinear, PackKind, pack_linear
 from multibranch.modules.positions import RelativePositions
 from multibranch.modules.state import StateView
 from multibranch.modules.structured_dropout import DropHead, PathDropout
@@ -208,38 +208,39 @@ class ParallelAttention(HeadGated):
             self.in_proj.bias.zero_()
             self.out_bias.zero_()
 
-    # ---- int8 decoding (modules/int8.py) ------------------------------------------------------
+    # ---- packed decoding projections (modules/packed_linear.py) ----------------------------------
 
-    int8: dict[str, Int8Linear] | None = None  # set by quantize_int8 on a decoding copy
+    packed: dict[str, PackedLinear] | None = None  # set by pack_linears on a decoding copy
 
-    def quantize_int8(self) -> None:
-        """Int8 versions of the eval projections (Q|K|V, Q, K|V, and the output projection with the
-        branch merge folded in), used in eval mode instead of the fp32 weights."""
+    def pack_linears(self, kind: PackKind) -> None:
+        """Packed versions of the eval projections (Q|K|V, Q, K|V, and the output projection with the
+        branch merge folded in), used in eval mode instead of the weights."""
         w, b, inner, c = self.in_proj.weight, self.in_proj.bias, self.inner_dim, self.merge_scale
         with torch.no_grad():
             out_bias = self.out_bias.sum(0) if self.branches > 1 else self.out_bias[0]  # [d]
-            self.int8 = {"qkv": Int8Linear(w, b), "q": Int8Linear(w[:inner], b[:inner]),
-                         "kv": Int8Linear(w[inner:], b[inner:]), "out": Int8Linear(self.out_proj.weight * c, out_bias * c)}
+            self.packed = {"qkv": pack_linear(w, b, kind), "q": pack_linear(w[:inner], b[:inner], kind),
+                           "kv": pack_linear(w[inner:], b[inner:], kind),
+                           "out": pack_linear(self.out_proj.weight * c, out_bias * c, kind)}
 
-    def _int8(self, name: str) -> Int8Linear | None:
-        return self.int8[name] if self.int8 is not None and not self.training else None
+    def _packed(self, name: str) -> PackedLinear | None:
+        return self.packed[name] if self.packed is not None and not self.training else None
 
     # ---- pieces reusable by other layers (MUSE shares V with its convolution) -------------------
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention projections: x [B, L, d] -> q, k, v each [B, H, L, d_k] (H = N_a*M)."""
         B, L, _ = x.shape
-        int8 = self._int8("qkv")
-        qkv = int8(x) if int8 is not None else F.linear(x, self.in_proj.weight, self.in_proj.bias)  # [B, L, 3*H*d_k]
+        packed = self._packed("qkv")
+        qkv = packed(x) if packed is not None else F.linear(x, self.in_proj.weight, self.in_proj.bias)  # [B, L, 3*H*d_k]
         qkv = qkv.view(B, L, 3, self.total_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [3, B, H, L, d_k]
         return qkv[0], qkv[1], qkv[2]
 
     def project_q(self, x: Tensor) -> Tensor:
         """x [B, L, d] -> q [B, H, L, d_k]."""
         B, L, _ = x.shape
-        int8 = self._int8("q")
-        if int8 is not None:
-            q = int8(x)
+        packed = self._packed("q")
+        if packed is not None:
+            q = packed(x)
         else:
             q = F.linear(x, self.in_proj.weight[: self.inner_dim], self.in_proj.bias[: self.inner_dim])
         return q.view(B, L, self.total_heads, self.head_dim).transpose(1, 2)
@@ -247,9 +248,9 @@ class ParallelAttention(HeadGated):
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """memory [B, S, d] -> k, v each [B, H, S, d_k]."""
         B, S, _ = memory.shape
-        int8 = self._int8("kv")
-        if int8 is not None:
-            kv = int8(memory)
+        packed = self._packed("kv")
+        if packed is not None:
+            kv = packed(memory)
         else:
             kv = F.linear(memory, self.in_proj.weight[self.inner_dim :], self.in_proj.bias[self.inner_dim :])
         kv = kv.view(B, S, 2, self.total_heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -278,9 +279,9 @@ class ParallelAttention(HeadGated):
 
     def merge_heads(self, heads: Tensor, head_scale: Tensor | None = None, branch_scale: Tensor | None = None) -> Tensor:
         """heads [B, L, H*d_k] -> [B, L, d]: scaled, branch-averaged output projection."""
-        int8 = self._int8("out")
-        if int8 is not None and head_scale is None and branch_scale is None:
-            return int8(heads)
+        packed = self._packed("out")
+        if packed is not None and head_scale is None and branch_scale is None:
+            return packed(heads)
         weight = self.out_proj.weight  # [d, H*d_k]
         c = self.merge_scale
         if head_scale is not None and head_scale.shape[0] == 1:  # per-batch: fold into the weight

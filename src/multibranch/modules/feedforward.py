@@ -17,8 +17,8 @@ from torch import Tensor, nn
 
 from multibranch.modules.dropout import dropout
 from multibranch.modules.init import init_bias, init_blocks, init_weight
-from multibranch.modules.int8 import Int8Linear
 from multibranch.modules.merge import merge_constant
+from multibranch.modules.packed_linear import PackedLinear, PackKind, pack_linear
 from multibranch.modules.structured_dropout import PathDropout
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
@@ -60,20 +60,22 @@ class FeedForward(nn.Module):
             init_bias(self.fc1.bias, scheme, self.d_model)
             init_bias(self.fc2_bias, scheme, self.hidden_dim)
 
-    int8: tuple[Int8Linear, Int8Linear] | None = None  # (fc1, fc2 with the merge folded in), see quantize_int8
+    packed: tuple[PackedLinear, PackedLinear] | None = None  # (fc1, fc2 with the merge folded in), see pack_linears
 
-    def quantize_int8(self) -> None:
-        """Int8 versions of fc1 and of the branch-averaged fc2 (modules/int8.py), used in eval mode."""
+    def pack_linears(self, kind: PackKind) -> None:
+        """Packed versions of fc1 (with a ReLU fused when that is the activation) and of the branch-averaged
+        fc2 (modules/packed_linear.py), used in eval mode."""
         c = self.merge_scale
         with torch.no_grad():
             bias = self.fc2_bias[0] if self.branches == 1 else self.fc2_bias.sum(0)  # [d]
-            self.int8 = (Int8Linear(self.fc1.weight, self.fc1.bias), Int8Linear(self.fc2.weight * c, bias * c))
+            self.packed = (pack_linear(self.fc1.weight, self.fc1.bias, kind, relu=self.activation is F.relu),
+                           pack_linear(self.fc2.weight * c, bias * c, kind))
 
     def forward(self, x: Tensor) -> Tensor:
         """x [B, L, d] -> [B, L, d]."""
-        if self.int8 is not None and not self.training:
-            fc1, fc2 = self.int8
-            return fc2(self.activation(fc1(x)))
+        if self.packed is not None and not self.training:
+            fc1, fc2 = self.packed
+            return fc2(fc1(x) if self.activation is F.relu else self.activation(fc1(x)))
         scale = self.drop_branch(x.shape[0], x.device) if self.drop_branch is not None else None
         if scale is not None and scale.shape[0] == 1 and not bool(scale.any()):
             return torch.zeros_like(x)  # every branch dropped: the sublayer outputs zero

@@ -1,0 +1,119 @@
+"""Linear layers packed once for decoding: the eval projections of a decoding copy of a model.
+
+`pack_linear(weight, bias, kind)` returns a callable computing x W^T + b like `F.linear`, with the
+weight prepared once for one kernel:
+
+- `"int8"` (`Int8Linear`): W stored as int8 (symmetric, one scale per output row) and packed for
+  fbgemm; x quantized to 8 bits (per tensor, from its own range) on every call. PyTorch's dynamic
+  quantization of `nn.Linear` (`torch.ao.quantization.quantize_dynamic`), applied to the fused
+  projections our modules compute with `F.linear`, which `quantize_dynamic` cannot see.
+- `"fp32"` (`OneDnnLinear`): W reordered once into oneDNN's blocked layout (the prepacking PyTorch's
+  own CPU compiler does, `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`). The same
+  fp32 arithmetic as `F.linear` up to summation order (which dispatches to MKL's sgemm; on AMD CPUs
+  MKL takes a slower code path): docs/benchmarks.md has the measured ratio.
+- `"bf16"` (`OneDnnLinear` with bf16 weights): x is rounded to bf16 per call, products are summed in
+  fp32 by oneDNN's AVX512-BF16/AMX kernels, and the output is returned as fp32. Only offered where the
+  CPU has native bf16 (`bf16_supported`); elsewhere oneDNN would emulate it, slower than fp32.
+
+The modules that own such projections (attention, FFN, the output layer) build them in
+`pack_linears(kind)`, on a copy made for decoding (`inference/precision.py`), and use them in eval mode
+only; training and the caller's model never touch them. A packed projection may fuse a ReLU
+(`relu=True`): oneDNN applies it as a post-op in the same pass.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal, Protocol
+
+import torch
+from torch import Tensor
+
+PackKind = Literal["fp32", "int8", "bf16"]
+
+
+class PackedLinear(Protocol):
+    in_features: int
+    out_features: int
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x [..., in] (float32) -> [..., out] float32."""
+        ...
+
+
+def int8_supported() -> bool:
+    """Whether this PyTorch build has the fbgemm kernels the int8 linear needs (x86 CPUs)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def onednn_supported() -> bool:
+    """Whether this PyTorch build can prepack linear weights for oneDNN (CPU builds with mkldnn)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def bf16_supported() -> bool:
+    """Whether oneDNN runs bf16 matmuls natively on this CPU (AVX512-BF16 or AMX), not emulated."""
+    return onednn_supported() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class Int8Linear:
+    """y = x W^T + b with int8 weights (per output row scale) and dynamically quantized inputs.
+
+    weight [out, in], bias [out] or None, both float; called on x [..., in] (float32) -> [..., out].
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, relu: bool = False):
+        weight = weight.detach().float().contiguous()
+        scale = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [out]
+        zero = torch.zeros(weight.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():  # the quantized-tensor constructors warn that they are deprecated
+            warnings.simplefilter("ignore")
+            qweight = torch.quantize_per_channel(weight, scale.double(), zero, 0, torch.qint8)
+            self._packed = torch.ops.quantized.linear_prepack(
+                qweight, None if bias is None else bias.detach().float().contiguous())
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.relu = relu
+
+    def __call__(self, x: Tensor) -> Tensor:
+        # reduce_range: 7-bit activations, as quantize_dynamic uses with fbgemm (its AVX2 kernels
+        # saturate int16 intermediate sums with full 8-bit ranges)
+        out = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self._packed, True)
+        return torch.relu_(out) if self.relu else out
+
+    def __repr__(self) -> str:
+        return f"Int8Linear(in_features={self.in_features}, out_features={self.out_features}, relu={self.relu})"
+
+
+class OneDnnLinear:
+    """y = x W^T + b (optionally ReLU'd) with W prepacked for oneDNN, in fp32 or bf16 (`dtype`).
+
+    weight [out, in], bias [out] or None; called on x [..., in] float32 -> [..., out] float32.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, relu: bool = False,
+                 dtype: torch.dtype = torch.float32):
+        self.dtype = dtype
+        weight = weight.detach().to(dtype).contiguous()
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self._bias = None if bias is None else bias.detach().to(dtype).contiguous()
+        self._post_op = "relu" if relu else "none"
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        out = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self._packed, self._bias, self._post_op, [], "")
+        return out.float()  # a no-op in fp32
+
+    def __repr__(self) -> str:
+        return (f"OneDnnLinear(in_features={self.in_features}, out_features={self.out_features}, "
+                f"dtype={self.dtype}, post_op={self._post_op})")
+
+
+def pack_linear(weight: Tensor, bias: Tensor | None, kind: PackKind, relu: bool = False) -> PackedLinear:
+    """The packed form of the projection (weight [out, in], bias [out] or None) for decoding in `kind`."""
+    if kind == "int8":
+        return Int8Linear(weight, bias, relu)
+    if kind == "fp32":
+        return OneDnnLinear(weight, bias, relu)
+    if kind == "bf16":
+        return OneDnnLinear(weight, bias, relu, dtype=torch.bfloat16)
+    raise ValueError(f"unknown packing {kind!r} (expected fp32, int8 or bf16)")
