@@ -1,7 +1,10 @@
-"""Beam-search speed and BLEU, side by side on the same weights and sentences: our Translator (fp32 and
-int8) against CTranslate2 float32 and int8.
+"""Beam-search speed and BLEU, side by side on the same weights and sentences: our Translator (fp32, int8,
+bf16) against CTranslate2 float32, int8 and bfloat16 (where its build offers it on this CPU).
 
-The checkpoint (standard or MAT) is exported with `multibranch convert ct2` twice (float32, int8).
+The checkpoint (standard or MAT) is exported with `multibranch convert ct2` once per CTranslate2 engine.
+`multibranch-fp32-unpacked` decodes with the model's own fp32 weights through `F.linear` (PyTorch's
+default GEMM), i.e. without the oneDNN prepacking `--precision fp32` does on the CPU: the packing's own
+ratio, in the same run.
 Every engine runs in its own long-lived process (own memory and thread pools), loads its model and
 decodes the sentences once to warm up; then the driver runs `--rounds` rounds, and in each round
 every engine decodes all sentences once, one engine at a time, in an order that rotates from round to
@@ -38,7 +41,8 @@ sys.path.insert(1, str(ROOT / "src"))
 
 from bench.common import environment, multi30k_data, save_results, work_dir  # noqa: E402
 
-ENGINES = ("multibranch-fp32", "multibranch-int8", "ct2-float32", "ct2-int8")
+ENGINES = ("multibranch-fp32", "multibranch-int8", "multibranch-bf16", "multibranch-fp32-unpacked", "ct2-float32",
+           "ct2-int8", "ct2-bfloat16")
 BASE = "multibranch-fp32"  # speed ratios are relative to this engine when it runs
 
 
@@ -61,7 +65,8 @@ def _ours(args: argparse.Namespace, precision: str):
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.ckpt)
-    translator = Translator(for_decoding(loaded.model, precision), loaded.tokenizer, _decode_settings(args))
+    model = loaded.model.eval() if precision == "fp32-unpacked" else for_decoding(loaded.model, precision)
+    translator = Translator(model, loaded.tokenizer, _decode_settings(args))
     return translator.translate
 
 
@@ -110,6 +115,17 @@ def worker(args: argparse.Namespace) -> None:
         hyps = translate(lines)
         print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
                           "hyps": hyps}), flush=True)
+
+
+def _available_engines() -> list[str]:
+    import ctranslate2
+
+    from multibranch.modules.packed_linear import bf16_supported
+
+    ct2_types = ctranslate2.get_supported_compute_types("cpu")
+    return [name for name in ENGINES
+            if not (name == "multibranch-bf16" and not bf16_supported())
+            and not (name.startswith("ct2-") and name.removeprefix("ct2-") not in ct2_types)]
 
 
 class Engine:
@@ -164,7 +180,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds after each engine's warm-up")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    parser.add_argument("--engines", nargs="+", choices=ENGINES,
+                        help="default: every engine this machine can run (bf16 rows need native bf16)")
     parser.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--lines", help=argparse.SUPPRESS)
@@ -174,6 +191,7 @@ def main() -> None:
         return
     if bool(args.src) != bool(args.ref):
         parser.error("--src and --ref go together")
+    args.engines = args.engines or _available_engines()
 
     from multibranch.checkpoint.format import load_checkpoint
     from multibranch.convert.ct2 import export_ct2
@@ -219,12 +237,20 @@ def main() -> None:
                      "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                      "cpu_ratio_median": statistics.median(cpu_ratios),
                      "round_seconds": [run["seconds"] for run in rounds]})
+    pairs = []  # our engine against the CTranslate2 one of the same precision, per round
+    for ours, theirs in (("multibranch-fp32", "ct2-float32"), ("multibranch-int8", "ct2-int8"),
+                         ("multibranch-bf16", "ct2-bfloat16"), ("multibranch-fp32", "multibranch-fp32-unpacked")):
+        if ours in runs and theirs in runs:
+            speedups = [b["seconds"] / a["seconds"] for a, b in zip(runs[ours], runs[theirs], strict=True)]
+            pairs.append({"ours": ours, "peer": theirs, "speed_median": statistics.median(speedups),
+                          "speed_min": min(speedups), "speed_max": max(speedups)})
     import ctranslate2
 
     path = save_results(args.name, {"environment": {**environment(amp="none"), "ctranslate2": ctranslate2.__version__},
                                     "checkpoint": args.ckpt, "corpus": corpus, "sentences": len(sources),
                                     "beam": args.beam, "batch": args.batch, "threads": args.threads,
-                                    "rounds": args.rounds, "base": base, "rows": rows})
+                                    "rounds": args.rounds, "base": base, "rows": rows,
+                                    "pairs": pairs})
     from bench.report import ct2_decode
 
     print("\n" + "\n".join(ct2_decode(args.name)))

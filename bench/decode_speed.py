@@ -69,12 +69,20 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precision", choices=["fp32", "int8", "bf16", "fp32-unpacked"], default="fp32",
+                        help="our models' decoding precision (inference/precision.py); fp32-unpacked: the "
+                             "model's own weights through F.linear, as before the oneDNN prepacking")
+    parser.add_argument("--fixed-length", action="store_true",
+                        help="every hypothesis decodes to the length limit (min_len beyond it): each model "
+                             "runs the same steps, so speed compares architectures, not output lengths "
+                             "(the BLEU column is then meaningless; untrained checkpoints are fine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     from dataclasses import replace
 
     from multibranch.evaluate.metrics import score_corpus
+    from multibranch.inference.precision import for_decoding
     from multibranch.tasks.loading import load_model
     from multibranch.tasks.translation.dataset import PreparedData
     from multibranch.tasks.translation.translator import Translator
@@ -87,8 +95,9 @@ def main() -> None:
     for name, path in checkpoints.items():
         loaded = load_model(path)
         decode = replace(loaded.config.decode, beam=args.beam, length_penalty=1.0, max_len_a=1.2, max_len_b=10,
-                         batch_size=args.batch, batch_tokens=10**9)
-        translator = Translator(loaded.model, loaded.tokenizer, decode)
+                         batch_size=args.batch, batch_tokens=10**9, min_len=10**6 if args.fixed_length else 1)
+        model = loaded.model.eval() if args.precision == "fp32-unpacked" else for_decoding(loaded.model, args.precision)
+        translator = Translator(model, loaded.tokenizer, decode)
         systems[name] = translator.translate
         parameters[name] = sum(p.numel() for p in loaded.model.parameters())
         if not args.no_hf and "hf-generate" not in systems:
@@ -118,6 +127,7 @@ def main() -> None:
               f"{row['words_per_s']:.0f} | {row['bleu']:.2f} | {row['sentences_per_s'] / reference['sentences_per_s']:.2f}x |")
     path = save_results(args.name, {"environment": environment(amp="none"), "checkpoints": checkpoints,
                                     "sentences": len(sources), "beam": args.beam, "batch": args.batch,
+                                    "precision": args.precision, "fixed_length": args.fixed_length,
                                     "rows": list(best.values())})
     print(f"\nwritten {path}")
 

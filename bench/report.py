@@ -98,7 +98,7 @@ def decode_speed(name: str, title: str) -> list[str]:
 
 
 def ct2_decode(name: str) -> list[str]:
-    """Our decoder (fp32, int8) against CTranslate2 (float32, int8), alternating rounds."""
+    """Our decoder (fp32, int8, bf16) against CTranslate2 (float32, int8, bfloat16), alternating rounds."""
     result = load(name)
     if result is None:
         return []
@@ -117,6 +117,10 @@ def ct2_decode(name: str) -> list[str]:
         delta = f"{row['bleu'] - fp32:+.2f}" if fp32 is not None else "–"
         lines.append(f"| {row['engine']} | {row['sentences_per_s']:.1f} | {ratio:.2f}x{spread} | {cpu} | "
                      f"{row['bleu']:.2f} | {delta} |")
+    if result.get("pairs"):
+        lines += ["", "| ours | peer | speed of ours / peer (median of rounds, min–max) |", "|---|---|---|"]
+        lines += [f"| {pair['ours']} | {pair['peer']} | {pair['speed_median']:.2f}x ({pair['speed_min']:.2f}–"
+                  f"{pair['speed_max']:.2f}) |" for pair in result["pairs"]]
     return lines + [""]
 
 

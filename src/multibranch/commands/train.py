@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.errors import UserError
     from multibranch.experiment import train_config
     from multibranch.tasks import train
+    from multibranch.train.distributed import exit_worker, is_worker_of_a_job
     from multibranch.train.trainer import RunOptions
 
     if args.auto_resume and (args.resume or args.force):
@@ -96,4 +97,6 @@ def run(args: argparse.Namespace) -> int:
     if valid:
         summary += f", valid loss {valid['loss']:.3f}" + (f", BLEU {valid['bleu']:.2f}" if "bleu" in valid else "")
     print(f"{summary}; best checkpoint: {args.out / 'best.pt'}")
+    if is_worker_of_a_job():
+        exit_worker(0)  # every file is written; see exit_worker for why a worker leaves this way
     return 0
