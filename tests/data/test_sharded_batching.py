@@ -64,3 +64,35 @@ def test_collate_over_shards_equals_one_split():
             assert getattr(got, name).tolist() == getattr(want, name).tolist()
         assert got.indices.tolist() == indices
     assert sharded.tgt(12).tolist() == tgt[12]
+
+
+class _CountingShards:
+    """Shard lengths computed when indexed, recording how many are alive at once (as ShardLengths does)."""
+
+    def __init__(self, shards):
+        self.shards, self.alive, self.most_alive = shards, 0, 0
+
+    def __len__(self):
+        return len(self.shards)
+
+    def __getitem__(self, k):
+        import weakref
+
+        src, tgt = (np.array(a) for a in self.shards[k])
+        self.alive += 1
+        self.most_alive = max(self.most_alive, self.alive)
+        weakref.finalize(src, self._freed)
+        return src, tgt
+
+    def _freed(self):
+        self.alive -= 1
+
+
+def test_the_plan_holds_int32_indices_and_one_shards_lengths_at_a_time():
+    shards = _shards([50, 7, 120, 33])
+    lazy = _CountingShards(shards)
+    batches = sharded_token_batches(lazy, 200, seed=3, epoch=2)
+    assert lazy.most_alive == 1  # never every shard's lengths at once
+    assert {b.dtype for b in batches} == {np.dtype(np.int32)}  # 4 bytes per example in an epoch's plan
+    assert [b.tolist() for b in batches] == [b.tolist() for b in sharded_token_batches(shards, 200, seed=3, epoch=2)]
+    assert {b.dtype for b in token_batches(*shards[0], 200, seed=0, epoch=0)} == {np.dtype(np.int32)}

@@ -83,6 +83,7 @@ def token_batches(
         order = np.lexsort((rng.permutation(n), sizes))  # by size, random tie-break
     else:
         order = np.argsort(sizes, kind="stable")
+    order = order.astype(index_dtype(n), copy=False)  # an epoch's plan holds every index once: 4 bytes each
     sorted_sizes = sizes[order]
     limit = max_sentences or n
 
@@ -101,6 +102,11 @@ def token_batches(
     return batches
 
 
+def index_dtype(n: int) -> type[np.integer]:
+    """The smallest of int32/int64 that holds example indices below n."""
+    return np.int32 if n <= np.iinfo(np.int32).max else np.int64
+
+
 def sharded_token_batches(
     shards: Sequence[tuple[np.ndarray, np.ndarray]],
     max_tokens: int,
@@ -113,7 +119,8 @@ def sharded_token_batches(
     """`token_batches` of a split stored in shards, given each shard's (src_lengths, tgt_lengths).
 
     Each shard is batched on its own (so a batch never spans two shards and reads one memory map),
-    with indices offset to run over all shards. The shards are visited in an order seeded by (seed,
+    with indices offset to run over all shards. `shards` may compute each shard's lengths when indexed
+    (ShardedSplit.shard_lengths does): only one shard's lengths are then in memory at a time. The shards are visited in an order seeded by (seed,
     epoch) and, with `shuffle`, the batches of all shards are then shuffled together, so an epoch mixes
     the whole corpus rather than one shard after another. A pure function of (lengths, max_tokens,
     seed, epoch) like `token_batches`, which it equals for a single shard.
@@ -121,13 +128,16 @@ def sharded_token_batches(
     if len(shards) == 1:
         return token_batches(*shards[0], max_tokens, seed=seed, epoch=epoch, shuffle=shuffle,
                              max_sentences=max_sentences)
-    starts = np.concatenate([[0], np.cumsum([len(src) for src, _ in shards])])  # [K+1]
+    starts = np.concatenate([[0], np.cumsum([len(shards[k][0]) for k in range(len(shards))])])  # [K+1]
+    dtype = index_dtype(int(starts[-1]))
     rng = np.random.default_rng([seed, epoch, len(shards)])
     order = rng.permutation(len(shards)) if shuffle else np.arange(len(shards))
     batches = []
     for k in order:
-        batches += [batch + starts[k] for batch in token_batches(*shards[k], max_tokens, seed=seed, epoch=epoch,
-                                                                 shuffle=shuffle, max_sentences=max_sentences)]
+        offset = dtype(starts[k])
+        batches += [batch.astype(dtype, copy=False) + offset
+                    for batch in token_batches(*shards[k], max_tokens, seed=seed, epoch=epoch, shuffle=shuffle,
+                                               max_sentences=max_sentences)]
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches

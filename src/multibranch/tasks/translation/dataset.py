@@ -14,6 +14,7 @@ shard named in data.json must be present and whole, or `load`/`split` refuses it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -104,6 +105,22 @@ class ParallelSplit(RawText):
         return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
 
 
+class ShardLengths(Sequence[tuple[np.ndarray, np.ndarray]]):
+    """(src_lengths, tgt_lengths) of shard k, computed from its memory-mapped offsets when indexed."""
+
+    def __init__(self, shards: list[ParallelSplit]) -> None:
+        self.shards = shards
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        shard = self.shards[k]
+        return np.diff(np.asarray(shard.src_offsets)), np.diff(np.asarray(shard.tgt_offsets))
+
+
 class ShardedSplit(RawText):
     """A split stored in several shards: example i is example i - starts[k] of shard k."""
 
@@ -115,9 +132,9 @@ class ShardedSplit(RawText):
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def shard_lengths(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(src_lengths, tgt_lengths) of every shard, computed afresh (not kept in memory)."""
-        return [(np.diff(np.asarray(s.src_offsets)), np.diff(np.asarray(s.tgt_offsets))) for s in self.shards]
+    def shard_lengths(self) -> ShardLengths:
+        """(src_lengths, tgt_lengths) of every shard, each computed when indexed (never all in memory)."""
+        return ShardLengths(self.shards)
 
     @cached_property
     def src_lengths(self) -> np.ndarray:  # [n] int64 over all shards
