@@ -59,11 +59,13 @@ def _decode_settings(args: argparse.Namespace):
 def _ours(args: argparse.Namespace, precision: str):
     import torch
 
+    from multibranch.inference.allocator import keep_freed_memory
     from multibranch.inference.precision import for_decoding
     from multibranch.tasks.loading import load_model
     from multibranch.tasks.translation.translator import Translator
 
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as `multibranch translate` does
     loaded = load_model(args.ckpt)
     model = loaded.model.eval() if precision == "fp32-unpacked" else for_decoding(loaded.model, precision)
     translator = Translator(model, loaded.tokenizer, _decode_settings(args))

@@ -112,6 +112,9 @@ def build_server(args: argparse.Namespace):  # noqa: ANN201
 
 
 def run(args: argparse.Namespace) -> int:
+    from multibranch.inference.allocator import keep_freed_memory
+
+    keep_freed_memory()  # decoding reuses its freed step buffers instead of page-faulting them in again
     server = build_server(args)
     if args.port:
         logger.info("serving %s (%s engine) on http://%s:%d", args.ckpt, args.engine, args.host, args.port)

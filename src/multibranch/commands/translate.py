@@ -253,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import CheckpointError
     from multibranch.device import resolve_device
     from multibranch.errors import UserError
+    from multibranch.inference.allocator import keep_freed_memory
     from multibranch.inference.precision import for_decoding
     from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
     from multibranch.tasks.translation.files import code_source, one_line
@@ -265,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()
     if is_ct2_directory(args.ckpt[0]):  # the only --ckpt: checked above
         translator = Ct2Translator(args.ckpt[0], device, threads=args.threads or 0, **_decode_overrides(args))
         return _translate(args, translator, one_line, interactive, pairs)
