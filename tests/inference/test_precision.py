@@ -172,6 +172,17 @@ def test_the_copy_decodes_with_its_packed_weights_not_the_originals(precision):
         assert not torch.equal(packed.train()(src, prev), before)  # the training forward does use them
 
 
+@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PRECISIONS])
+def test_packing_in_place_is_the_packed_copy_without_the_copy(precision):
+    src, prev = _inputs()
+    model = _model()
+    with torch.inference_mode():
+        expected = for_decoding(model, precision)(src, prev)
+        packed = for_decoding(model, precision, in_place=True)
+        assert packed is model and model.packed_output is not None and not model.training
+        assert torch.equal(packed(src, prev), expected)
+
+
 def test_fp32_without_onednn_is_the_model_itself(monkeypatch):
     monkeypatch.setattr(precision_module, "onednn_supported", lambda: False)
     model = _model()

@@ -280,9 +280,9 @@ def run(args: argparse.Namespace) -> int:
     render = code_source if args.code_format == "source" else one_line
     cfg = dataclasses.replace(loaded.config.decode, **_decode_overrides(args))
     cfg.validate()
+    model = for_decoding(loaded.model, args.precision, in_place=True)  # loaded only to decode: no copy
     try:
-        translator = Translator(for_decoding(loaded.model, args.precision), loaded.tokenizer, cfg, device,
-                                alignment_layer=_alignment_layer(args))
+        translator = Translator(model, loaded.tokenizer, cfg, device, alignment_layer=_alignment_layer(args))
     except ValueError as err:  # an alignment layer the decoder lacks
         raise UserError(f"--alignment-layer: {err}") from None
     return _translate(args, translator, render, interactive, pairs)

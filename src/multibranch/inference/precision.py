@@ -47,13 +47,16 @@ def check_precision(precision: str, device: torch.device) -> None:
                           "PyTorch's oneDNN; this one would emulate them, slower than fp32: use fp32 or int8")
 
 
-def for_decoding(model: torch.nn.Module, precision: str = "fp32") -> torch.nn.Module:
-    """The model to decode with: a packed copy (eval mode) on the CPU, the model itself for fp32 elsewhere."""
+def for_decoding(model: torch.nn.Module, precision: str = "fp32", *, in_place: bool = False) -> torch.nn.Module:
+    """The model to decode with: a packed copy (eval mode) on the CPU, the model itself for fp32 elsewhere.
+
+    `in_place`: pack `model` itself instead of a copy (for a caller that loaded it only to decode: one copy
+    of the weights fewer). Its training-mode forward still uses its own weights."""
     device = next(model.parameters()).device
     check_precision(precision, device)
     if precision == "fp32" and (device.type != "cpu" or not onednn_supported()):
         return model
-    packed = copy.deepcopy(model).eval()
+    packed = (model if in_place else copy.deepcopy(model)).eval()
     for module in packed.modules():
         pack = getattr(module, "pack_linears", None)
         if pack is not None:

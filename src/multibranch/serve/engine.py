@@ -71,7 +71,7 @@ def load_torch_engine(path: str, device: str = "cpu", precision: str = "fp32",
     loaded = load_model(path, resolved, task=("translation", "classification"))
     if loaded.tokenizer is None:
         raise CheckpointError(f"{path} has no tokenizer, so it cannot serve raw text")
-    model = for_decoding(loaded.model, precision)
+    model = for_decoding(loaded.model, precision, in_place=True)  # loaded only to serve
     if loaded.config.task == "classification":
         if overrides:
             raise UserError(f"{path} is a classifier: decode settings ({', '.join(sorted(overrides))}) apply to "

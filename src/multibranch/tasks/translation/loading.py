@@ -33,7 +33,7 @@ def load_translator(path: str | Path, device: str | torch.device = "cpu", precis
     if loaded.tokenizer is None:
         raise CheckpointError(f"{path} has no tokenizer, so it cannot translate raw text")
     cfg = replace(loaded.config.decode, **overrides)
-    return Translator(for_decoding(loaded.model, precision), loaded.tokenizer, cfg, device)
+    return Translator(for_decoding(loaded.model, precision, in_place=True), loaded.tokenizer, cfg, device)
 
 
 def _same_state(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
