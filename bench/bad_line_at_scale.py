@@ -30,6 +30,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from bench.common import ROOT, environment, save_results, work_dir  # noqa: E402
 
+PREPARE_TIMEOUT: float | None = None  # seconds a prepare may take (the test sets one: a hang is a failure)
 POOL = 20_000  # distinct generated pairs, repeated to the corpus size (the sentences' content does not matter)
 
 
@@ -73,7 +74,7 @@ def _prepare(name: str, train: Path, valid: Path, out: Path, extra: list[str]) -
     cmd = [sys.executable, "-m", "multibranch", "prepare", "--src", "src", "--tgt", "tgt", "--train", str(train),
            "--valid", str(valid), "--out", str(out), *extra]
     start = time.perf_counter()
-    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=PREPARE_TIMEOUT)
     seconds = time.perf_counter() - start
     errors = [line for line in run.stderr.splitlines() if line.strip()]
     row = {"run": name, "exit": run.returncode, "seconds": seconds, "error": errors[-1] if errors else "",

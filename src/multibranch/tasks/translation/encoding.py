@@ -12,6 +12,8 @@ from __future__ import annotations
 import collections
 import itertools
 import multiprocessing
+import signal
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +100,9 @@ _WORKER: dict[str, Any] = {}  # the tokenizer of a worker process
 
 
 def _start_worker(src_proto: bytes, tgt_proto: bytes) -> None:
+    # Ctrl-C reaches the whole process group: the parent stops the pool (ChunkEncoder.__exit__), so a worker
+    # finishes the chunk it holds instead of dying with it (a chunk lost in a dead worker is never answered)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER["tokenizer"] = Tokenizer(src_proto, tgt_proto)
 
 
@@ -106,11 +111,18 @@ def _encode_in_worker(src: list[str], tgt: list[str], filters: LengthFilter | No
 
 
 class ChunkEncoder:
-    """`encode_chunk` over a stream of chunks in `workers` processes (a context manager)."""
+    """`encode_chunk` over a stream of chunks in `workers` processes (a context manager).
+
+    On leaving (normally, on an error in the input or on Ctrl-C) the chunks already handed to the workers are
+    waited for before the pool is terminated: `Pool.terminate` joins the thread that feeds tasks into the
+    workers' pipe, and with a chunk (megabytes) half sent to workers that were just killed that thread never
+    returns: `prepare` hung on a bad line in about one run of four before this.
+    """
 
     def __init__(self, tokenizer: Tokenizer, workers: int) -> None:
         self.tokenizer, self.workers = tokenizer, workers
         self.pool: Any = None
+        self.pending: collections.deque = collections.deque()  # (chunk, AsyncResult) handed to the workers
 
     def __enter__(self) -> ChunkEncoder:
         if self.workers > 1:
@@ -122,6 +134,10 @@ class ChunkEncoder:
 
     def __exit__(self, *exc: object) -> None:
         if self.pool is not None:
+            deadline = time.monotonic() + 120  # at most 2 chunks per worker: seconds of work, unless one died
+            for _, result in self.pending:
+                result.wait(max(0.0, deadline - time.monotonic()))
+            self.pending.clear()
             self.pool.terminate()
             self.pool.join()
             self.pool = None
@@ -133,7 +149,7 @@ class ChunkEncoder:
             for chunk in chunks:
                 yield chunk, encode_chunk(self.tokenizer, chunk.src, chunk.tgt, filters)
             return
-        pending: collections.deque = collections.deque()
+        pending = self.pending
         for chunk in chunks:
             pending.append((chunk, self.pool.apply_async(_encode_in_worker, (chunk.src, chunk.tgt, filters))))
             if len(pending) >= 2 * self.workers:
