@@ -66,6 +66,19 @@ def test_shards_equal_one_pass_and_sentencepiece(raw, sharded, tmp_path):
     PreparedData.load(sharded).verify()
 
 
+def test_shard_lengths_give_back_their_pages_and_the_shards_still_read_the_same(sharded):
+    split = PreparedData.load(sharded).split("train")
+    before = [split.src(i).tolist() for i in range(0, len(split), 7)]
+    lengths = split.shard_lengths()
+    assert len(lengths) == 4 and not isinstance(lengths, list)  # computed when indexed, never all at once
+    for k, (src, tgt) in enumerate(lengths):
+        shard = split.shards[k]
+        assert src.tolist() == [len(shard.src(i)) for i in range(len(shard))]
+        assert tgt.tolist() == [len(shard.tgt(i)) for i in range(len(shard))]
+        assert hasattr(shard.src_offsets, "_mmap")  # a memory map whose pages _release_pages gives back
+    assert [split.src(i).tolist() for i in range(0, len(split), 7)] == before  # read again from the page cache
+
+
 def test_missing_or_truncated_shard_is_refused_by_name(sharded, tmp_path):
     import shutil
 

@@ -14,6 +14,7 @@ shard named in data.json must be present and whole, or `load`/`split` refuses it
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -105,8 +106,18 @@ class ParallelSplit(RawText):
         return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
 
 
+def _release_pages(array: np.ndarray) -> None:
+    """Drop this process's resident pages of a memory-mapped array (read again from the page cache when next
+    touched): batching reads every shard's offsets in full once an epoch, and the resident file pages it
+    leaves behind made `train`'s RSS grow with the corpus (docs/scale.md)."""
+    mapping = getattr(array, "_mmap", None)
+    if mapping is not None and hasattr(mapping, "madvise"):
+        mapping.madvise(mmap.MADV_DONTNEED)
+
+
 class ShardLengths(Sequence[tuple[np.ndarray, np.ndarray]]):
-    """(src_lengths, tgt_lengths) of shard k, computed from its memory-mapped offsets when indexed."""
+    """(src_lengths, tgt_lengths) of shard k, computed from its memory-mapped offsets when indexed (whose pages
+    this process then gives back)."""
 
     def __init__(self, shards: list[ParallelSplit]) -> None:
         self.shards = shards
@@ -118,7 +129,10 @@ class ShardLengths(Sequence[tuple[np.ndarray, np.ndarray]]):
         if isinstance(k, slice):
             return [self[i] for i in range(*k.indices(len(self)))]
         shard = self.shards[k]
-        return np.diff(np.asarray(shard.src_offsets)), np.diff(np.asarray(shard.tgt_offsets))
+        lengths = np.diff(np.asarray(shard.src_offsets)), np.diff(np.asarray(shard.tgt_offsets))
+        for offsets in (shard.src_offsets, shard.tgt_offsets):
+            _release_pages(offsets)
+        return lengths
 
 
 class ShardedSplit(RawText):
