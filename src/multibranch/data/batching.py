@@ -120,8 +120,9 @@ def sharded_token_batches(
 
     Each shard is batched on its own (so a batch never spans two shards and reads one memory map),
     with indices offset to run over all shards. `shards` may compute each shard's lengths when indexed
-    (ShardedSplit.shard_lengths does): only one shard's lengths are then in memory at a time. The shards are visited in an order seeded by (seed,
-    epoch) and, with `shuffle`, the batches of all shards are then shuffled together, so an epoch mixes
+    (ShardedSplit.shard_lengths does): only one shard's lengths are then in memory at a time. The shards
+    are visited in an order seeded by (seed, epoch) and, with `shuffle`, the batches of all shards are
+    then shuffled together, so an epoch mixes
     the whole corpus rather than one shard after another. A pure function of (lengths, max_tokens,
     seed, epoch) like `token_batches`, which it equals for a single shard.
     """
