@@ -125,6 +125,16 @@ def hf_update(model: Any, optimizer: Any, loss_fn: Any, batch: Any, pad_id: int,
     optimizer.zero_grad(set_to_none=True)
 
 
+def decoding_model(model: Any, precision: str) -> Any:
+    """Our model to decode with in `precision` (inference/precision.py), or "fp32-unpacked": the model's own
+    weights through F.linear (PyTorch's default GEMM), as every fp32 decode ran before the oneDNN packing."""
+    if precision == "fp32-unpacked":
+        return model.eval()
+    from multibranch.inference.precision import for_decoding
+
+    return for_decoding(model, precision)
+
+
 def run_isolated(module_args: list[str]) -> dict[str, Any]:
     """Run `python bench/<script> ...` in a fresh process (its own peak RSS) and parse its last JSON line."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}  # this checkout's code

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "src"))
 
-from bench.common import environment, multi30k_data, save_results, work_dir  # noqa: E402
+from bench.common import decoding_model, environment, multi30k_data, save_results, work_dir  # noqa: E402
 
 ENGINES = ("multibranch-fp32", "multibranch-int8", "multibranch-bf16", "multibranch-fp32-unpacked", "ct2-float32",
            "ct2-int8", "ct2-bfloat16")
@@ -60,15 +60,13 @@ def _ours(args: argparse.Namespace, precision: str):
     import torch
 
     from multibranch.inference.allocator import keep_freed_memory
-    from multibranch.inference.precision import for_decoding
     from multibranch.tasks.loading import load_model
     from multibranch.tasks.translation.translator import Translator
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as `multibranch translate` does
     loaded = load_model(args.ckpt)
-    model = loaded.model.eval() if precision == "fp32-unpacked" else for_decoding(loaded.model, precision)
-    translator = Translator(model, loaded.tokenizer, _decode_settings(args))
+    translator = Translator(decoding_model(loaded.model, precision), loaded.tokenizer, _decode_settings(args))
     return translator.translate
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import environment, multi30k_data, save_results, to_hf_marian  # noqa: E402
+from bench.common import decoding_model, environment, multi30k_data, save_results, to_hf_marian  # noqa: E402
 
 
 def _named(spec: str) -> tuple[str, str]:
@@ -82,7 +82,6 @@ def main() -> None:
     from dataclasses import replace
 
     from multibranch.evaluate.metrics import score_corpus
-    from multibranch.inference.precision import for_decoding
     from multibranch.tasks.loading import load_model
     from multibranch.tasks.translation.dataset import PreparedData
     from multibranch.tasks.translation.translator import Translator
@@ -96,8 +95,7 @@ def main() -> None:
         loaded = load_model(path)
         decode = replace(loaded.config.decode, beam=args.beam, length_penalty=1.0, max_len_a=1.2, max_len_b=10,
                          batch_size=args.batch, batch_tokens=10**9, min_len=10**6 if args.fixed_length else 1)
-        model = loaded.model.eval() if args.precision == "fp32-unpacked" else for_decoding(loaded.model, args.precision)
-        translator = Translator(model, loaded.tokenizer, decode)
+        translator = Translator(decoding_model(loaded.model, args.precision), loaded.tokenizer, decode)
         systems[name] = translator.translate
         parameters[name] = sum(p.numel() for p in loaded.model.parameters())
         if not args.no_hf and "hf-generate" not in systems:
