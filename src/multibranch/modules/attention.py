@@ -213,17 +213,24 @@ class ParallelAttention(HeadGated):
     packed: dict[str, PackedLinear] | None = None  # set by pack_linears on a decoding copy
 
     def pack_linears(self, kind: PackKind) -> None:
-        """Packed versions of the eval projections (Q|K|V, Q, K|V, and the output projection with the
-        branch merge folded in), used in eval mode instead of the weights."""
+        """Packed versions of the eval projections this attention's role uses (self-attention: Q|K|V; cross:
+        Q and K|V; without a role: all three) and of the output projection with the branch merge folded in,
+        used in eval mode instead of the weights. A projection left unpacked falls back to F.linear."""
         w, b, inner, c = self.in_proj.weight, self.in_proj.bias, self.inner_dim, self.merge_scale
+        if self.role == "cross":
+            inputs: tuple[str, ...] = ("q", "kv")
+        elif self.role is not None:
+            inputs = ("qkv",)
+        else:
+            inputs = ("qkv", "q", "kv")
         with torch.no_grad():
             out_bias = self.out_bias.sum(0) if self.branches > 1 else self.out_bias[0]  # [d]
-            self.packed = {"qkv": pack_linear(w, b, kind), "q": pack_linear(w[:inner], b[:inner], kind),
-                           "kv": pack_linear(w[inner:], b[inner:], kind),
-                           "out": pack_linear(self.out_proj.weight * c, out_bias * c, kind)}
+            weights = {"qkv": (w, b), "q": (w[:inner], b[:inner]), "kv": (w[inner:], b[inner:])}
+            self.packed = {name: pack_linear(*weights[name], kind) for name in inputs}
+            self.packed["out"] = pack_linear(self.out_proj.weight * c, out_bias * c, kind)
 
     def _packed(self, name: str) -> PackedLinear | None:
-        return self.packed[name] if self.packed is not None and not self.training else None
+        return self.packed.get(name) if self.packed is not None and not self.training else None
 
     # ---- pieces reusable by other layers (MUSE shares V with its convolution) -------------------
 
