@@ -37,36 +37,25 @@ uvicorn = pytest.importorskip("uvicorn")
 from multibranch.serve.app import PAGE_DIR, create_app  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
 from multibranch.serve.server import server_class as _server_class  # noqa: E402
+from tests.helpers.serve import BlockingEngine  # noqa: E402
 
 SURROGATE = "\ud800"
 
 
-class StubEngine:
+class StubEngine(BlockingEngine):
     """A translation engine that upper-cases; a text "boom" makes the engine call fail; with
     `block`, every call waits for `release` (and sets `started`)."""
 
     default_beam = 2
 
     def __init__(self, block: bool = False):
-        self.calls: list[list[str]] = []
-        self.started = threading.Event()
-        self.release = threading.Event()
-        if not block:
-            self.release.set()
-
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        return [len(t.split()) + 1 for t in texts]
+        super().__init__(block)
 
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[list[tuple[str, float]]]:
-        self.calls.append(list(texts))
-        self.started.set()
-        assert self.release.wait(30)
+        super().translate(texts, beam, nbest)  # records the call, waits for `release`
         if "boom" in texts:
             raise RuntimeError("the engine failed")
         return [[(t.upper(), 0.0)] for t in texts]
-
-    def info(self) -> dict[str, Any]:
-        return {"engine": "stub"}
 
 
 class StubClassifier:
