@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-steps", type=int, help="shorten the run (a smoke test)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--bf16", action="store_true", help="train under bf16 autocast (Trainer's bf16=True)")
     parser.add_argument("--out", type=Path, required=True, help="predicted label names of the test split")
     args = parser.parse_args()
 
@@ -93,6 +94,7 @@ def main() -> None:
             weight_decay=train_cfg.weight_decay, adam_beta1=train_cfg.betas[0], adam_beta2=train_cfg.betas[1],
             eval_strategy="steps", eval_steps=every, save_strategy="steps", save_steps=every, save_total_limit=1,
             load_best_model_at_end=True, metric_for_best_model="accuracy", seed=args.seed, data_seed=args.seed,
+            bf16=args.bf16, train_sampling_strategy="group_by_length",
             use_cpu=True, report_to=[], logging_steps=every, dataloader_num_workers=0, disable_tqdm=True)
         trainer = Trainer(model=model, args=options, train_dataset=train, eval_dataset=valid,
                           data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy)

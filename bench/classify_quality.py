@@ -64,6 +64,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, ROOT, environment, preset_amp, work_dir  # noqa: E402
+from multibranch.atomic import atomic_write_text  # noqa: E402
 
 SHARED = Path(os.environ.get("MULTIBRANCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
 DATASETS: dict[str, dict[str, Any]] = {
@@ -326,6 +327,8 @@ def hf_peer(preset: str, seed: int, data: Path, model_dir: Path, run: Path, log:
                str(model_dir), "--preset", preset, "--seed", str(seed), "--threads", str(args.threads), "--out", str(hyp)]
     if args.max_steps:
         command += ["--max-steps", str(args.max_steps)]
+    if preset_amp(preset, args.overrides).endswith("bf16"):
+        command.append("--bf16")  # the same autocast as our runs of the preset
     cost = timed(command, log)
     predictions = hyp.read_text(encoding="utf-8").split("\n")[:-1]
     return {"seed": seed, **scores(predictions, read_split(data, "test")[1]), **cost}
@@ -356,7 +359,8 @@ def system_amp(system: str, overrides: list[str]) -> str:
     if system == "tfidf-lr":
         return "none"
     if system.startswith("hf-trainer-"):
-        return "none (Trainer on CPU, fp32)"
+        ours = preset_amp(system.removeprefix("hf-trainer-"), overrides)
+        return "Trainer bf16=True" if ours.endswith("bf16") else "none (Trainer on CPU, fp32)"
     return preset_amp(system, overrides)
 
 
@@ -381,6 +385,31 @@ def default_systems(dataset: str) -> list[str]:
         return ["tfidf-lr", f"{dataset}-minilm", f"{dataset}-minilm-drophead", f"{dataset}-minilm-mat",
                 f"hf-trainer-{dataset}-minilm"]
     return ["tfidf-lr", f"{dataset}-tiny", f"{dataset}-tiny-drophead", f"{dataset}-tiny-mat"]
+
+
+def run_system(dataset: str, system: str, seed: int, spm_data: Path, runs: Path, log: Path,
+               args: argparse.Namespace) -> dict[str, Any]:
+    """One system's run of one seed on one dataset: its row without the summary (`runs` holds one run)."""
+    data, init = spm_data, None
+    if "-minilm" in system:
+        model_dir = pretrained_model(args.pretrained)
+        data = prepared(dataset, log, hf_tokenizer=model_dir, tiny=args.tiny)
+        if not system.startswith("hf-trainer-"):
+            init = pretrained_start(system, data, model_dir, log)
+    if system == "tfidf-lr":
+        row = baseline(data)
+    elif system.startswith("hf-trainer-"):
+        preset = system.removeprefix("hf-trainer-")
+        row = {"system": system, "runs": [hf_peer(preset, seed, data, model_dir, runs / f"{system}-seed{seed}",
+                                                  runs / f"{system}.log", args)],
+               "threads": args.threads, "max_steps_override": args.max_steps}
+    else:
+        row = {"system": system, "runs": [train_and_score(system, seed, data, runs / f"{system}-seed{seed}",
+                                                          runs / f"{system}.log", args, init)]}
+        row["parameters"] = parameters(runs / f"{system}-seed{seed}" / "best.pt")
+        row["threads"] = args.threads
+        row["max_steps_override"] = args.max_steps
+    return {**row, "splits": split_sizes(data), "data": str(data)}
 
 
 def main() -> None:
@@ -425,38 +454,28 @@ def main() -> None:
         runs.mkdir(parents=True, exist_ok=True)
         log = runs / "commands.log"
         spm_data = prepared(dataset, log, args.vocab, tiny=args.tiny)
-        for system in systems[dataset]:
-            data, init = spm_data, None
-            if "-minilm" in system:
-                model_dir = pretrained_model(args.pretrained)
-                data = prepared(dataset, log, hf_tokenizer=model_dir, tiny=args.tiny)
-                if not system.startswith("hf-trainer-"):
-                    init = pretrained_start(system, data, model_dir, log)
-            if system == "tfidf-lr":
-                row = baseline(data)
-            elif system.startswith("hf-trainer-"):
-                preset = system.removeprefix("hf-trainer-")
-                row = {"system": system, "runs": [hf_peer(preset, seed, data, model_dir, runs / f"{system}-seed{seed}",
-                                                          runs / f"{system}.log", args) for seed in args.seeds],
-                       "threads": args.threads, "max_steps_override": args.max_steps}
-            else:
-                row = {"system": system, "runs": [train_and_score(system, seed, data, runs / f"{system}-seed{seed}",
-                                                                  runs / f"{system}.log", args, init)
-                                                  for seed in args.seeds]}
-                row["parameters"] = parameters(runs / f"{system}-seed{args.seeds[0]}" / "best.pt")
-                row["threads"] = args.threads
-                row["max_steps_override"] = args.max_steps
-            row = summary({"dataset": dataset, **row, "splits": split_sizes(data), "data": str(data),
-                           "command": env["command"], "commit": env["commit"], "cpu_model": env["cpu_model"],
-                           "amp": amp[system]})
-            rows = [r for r in rows if (r["dataset"], r["system"]) != (dataset, system)] + [row]
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")
-            f1 = f", F1(1) {100 * row['positive_f1_mean']:.2f}" if "positive_f1_mean" in row else ""
-            print(f"{dataset} {system}: accuracy {100 * row['accuracy_mean']:.2f} ± {100 * row['accuracy_sd']:.2f}, "
-                  f"macro-F1 {100 * row['macro_f1_mean']:.2f}{f1}, MCC {row['mcc_mean']:.3f}, "
-                  f"max CPU {row['cpu_s_max'] / 60:.1f} min, "
-                  f"max wall {row['wall_s_max'] / 60:.1f} min", flush=True)
+        started: set[str] = set()
+        # Seed-major (every system's seed 1, then seed 2, ...), each row written after each run: a
+        # benchmark stopped part-way leaves whole seeds of every system, never three of one and none of another.
+        for seed in args.seeds:
+            for system in systems[dataset]:
+                if system == "tfidf-lr" and system in started:
+                    continue  # deterministic: one run
+                row = run_system(dataset, system, seed, spm_data, runs, log, args)
+                if system in started:
+                    previous = next(r for r in rows if (r["dataset"], r["system"]) == (dataset, system))
+                    row["runs"] = previous["runs"] + row["runs"]
+                started.add(system)
+                row = summary({"dataset": dataset, **row, "command": env["command"], "commit": env["commit"],
+                               "cpu_model": env["cpu_model"], "amp": amp[system]})
+                rows = [r for r in rows if (r["dataset"], r["system"]) != (dataset, system)] + [row]
+                RESULTS.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(path, json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")
+                f1 = f", F1(1) {100 * row['positive_f1_mean']:.2f}" if "positive_f1_mean" in row else ""
+                print(f"{dataset} {system} ({len(row['runs'])} run(s)): accuracy {100 * row['accuracy_mean']:.2f} "
+                      f"± {100 * row['accuracy_sd']:.2f}, macro-F1 {100 * row['macro_f1_mean']:.2f}{f1}, "
+                      f"MCC {row['mcc_mean']:.3f}, max CPU {row['cpu_s_max'] / 60:.1f} min, "
+                      f"max wall {row['wall_s_max'] / 60:.1f} min", flush=True)
     print(f"\nwritten {path}; table: python bench/report.py")
 
 

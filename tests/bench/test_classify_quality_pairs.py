@@ -46,7 +46,7 @@ def test_tiny_pair_benchmark_runs_every_system(tmp_path, monkeypatch, capsys):
     if importlib.util.find_spec("accelerate"):
         systems.append("hf-trainer-rte-minilm")
     monkeypatch.setattr(sys, "argv", ["classify_quality.py", "--datasets", "rte", "--tiny", "--pretrained",
-                                      str(tmp_path / "bert"), "--seeds", "1", "--threads", "1", "--name", "tiny",
+                                      str(tmp_path / "bert"), "--seeds", "1", "2", "--threads", "1", "--name", "tiny",
                                       *TINY_BERT, "--systems", *systems])
     cq.main()
     rows = json.loads((tmp_path / "results" / "tiny.json").read_text())["rows"]
@@ -54,6 +54,8 @@ def test_tiny_pair_benchmark_runs_every_system(tmp_path, monkeypatch, capsys):
     for row in rows:
         assert row["splits"]["test"]["examples"] == cq.TINY_HOLDOUT == row["splits"]["valid"]["examples"]
         assert row["splits"]["test"]["label_counts"] == {"entailment": 10, "not_entailment": 10}  # stratified
+        # tfidf-lr is deterministic (one run); every other system has each seed's run, in seed order
+        assert [run["seed"] for run in row["runs"]] == ([None] if row["system"] == "tfidf-lr" else [1, 2])
         for run in row["runs"]:
             assert 0 <= run["accuracy"] <= 1 and -1 <= run["mcc"] <= 1 and run["cpu_s"] > 0
     data = tmp_path / "work" / "classify" / "rte-tiny" / "data-bert"
