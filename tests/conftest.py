@@ -114,6 +114,16 @@ def tiny_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
+# Every device this machine has: the CPU always, CUDA where present. Tests that exercise a device take the
+# `device` fixture and so run once per device (in CI, the CPU only; on a GPU machine, both).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    return torch.device(request.param)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): tiny models

@@ -1,6 +1,7 @@
-"""Decoding precisions (`--precision fp32|int8|bf16`): each packed linear against an independent
+"""Decoding precisions (`--precision fp32|int8|bf16|fp16`): each packed linear against an independent
 reference (F.linear in float64 on the same values, a hand-derived int8 error bound), the packed copy of
-every layer kind against its model, and the plumbing (Translator, CLI, serve engine)."""
+every layer kind against its model, the half-precision copy CUDA decodes with (on every device this machine
+has), and the plumbing (Translator, CLI, serve engine)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 
 from multibranch.config import ConfigError, from_dict
 from multibranch.inference import precision as precision_module
-from multibranch.inference.precision import PRECISIONS, check_precision, for_decoding
+from multibranch.inference.precision import HALF_DTYPES, PRECISIONS, cast_for_decoding, check_precision, for_decoding
 from multibranch.models import ModelConfig, build_model
 from multibranch.modules.packed_linear import (
     Int8Linear,
@@ -27,6 +28,7 @@ needs_int8 = pytest.mark.skipif(not int8_supported(), reason="this PyTorch build
 needs_onednn = pytest.mark.skipif(not onednn_supported(), reason="this PyTorch build cannot prepack for oneDNN")
 needs_bf16 = pytest.mark.skipif(not bf16_supported(), reason="this CPU has no native bf16 matmuls (AVX512-BF16/AMX)")
 SUPPORTED = {"fp32": needs_onednn, "int8": needs_int8, "bf16": needs_bf16}
+PACKINGS = tuple(SUPPORTED)  # the CPU's packed precisions (fp16 is CUDA's alone)
 
 VOCAB, BOS = 40, 2
 
@@ -121,7 +123,7 @@ def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
 TOLERANCE = {"fp32": (1e-5, 1e-4), "bf16": (0.02, 0.1), "int8": (0.05, 0.3)}  # (mean, max) / spread
 
 
-@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PRECISIONS])
+@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PACKINGS])
 @pytest.mark.parametrize("name", list(KINDS))
 def test_packed_copy_of_every_kind_is_close_to_the_model_in_full_and_step_by_step(name, precision):
     model = _model(**KINDS[name])
@@ -147,7 +149,7 @@ def test_packed_copy_of_every_kind_is_close_to_the_model_in_full_and_step_by_ste
     assert all(getattr(m, "packed", None) is None for m in model.modules())
 
 
-@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PRECISIONS])
+@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PACKINGS])
 def test_training_mode_ignores_the_packed_weights(precision):
     model = _model()
     packed = for_decoding(model, precision).train()  # dropout 0: a deterministic training forward
@@ -156,7 +158,7 @@ def test_training_mode_ignores_the_packed_weights(precision):
         assert torch.equal(packed(src, prev), model.train()(src, prev))
 
 
-@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PRECISIONS])
+@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PACKINGS])
 def test_the_copy_decodes_with_its_packed_weights_not_the_originals(precision):
     """Zeroing the copy's own projection weights after packing changes nothing in eval mode: every projection
     the search runs (attention, FFN, output layer) reads the packed weights."""
@@ -172,7 +174,7 @@ def test_the_copy_decodes_with_its_packed_weights_not_the_originals(precision):
         assert not torch.equal(packed.train()(src, prev), before)  # the training forward does use them
 
 
-@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PRECISIONS])
+@pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in PACKINGS])
 def test_packing_in_place_is_the_packed_copy_without_the_copy(precision):
     src, prev = _inputs()
     model = _model()
@@ -189,16 +191,67 @@ def test_fp32_without_onednn_is_the_model_itself(monkeypatch):
     assert for_decoding(model, "fp32") is model
 
 
-def test_unknown_precision_int8_or_bf16_off_the_cpu_and_emulated_bf16_are_config_errors(monkeypatch):
+def test_unknown_precision_and_each_precision_off_its_devices_are_config_errors(monkeypatch):
     with pytest.raises(ConfigError, match="not one of"):
         check_precision("fp8", torch.device("cpu"))
-    for precision in ("int8", "bf16"):
-        with pytest.raises(ConfigError, match="CPU only"):
+    for precision in ("int8", "bf16", "fp16"):
+        with pytest.raises(ConfigError, match="CPU or CUDA only"):
             check_precision(precision, torch.device("meta"))
     check_precision("fp32", torch.device("meta"))
+    with pytest.raises(ConfigError, match="fp16 runs on CUDA only"):
+        check_precision("fp16", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="int8 runs on the CPU only"):
+        check_precision("int8", torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100")
+    with pytest.raises(ConfigError, match="V100 has no bf16 support; use fp16"):
+        check_precision("bf16", torch.device("cuda"))
+    check_precision("fp16", torch.device("cuda"))
     monkeypatch.setattr(precision_module, "bf16_supported", lambda: False)
     with pytest.raises(ConfigError, match="native bf16"):
         check_precision("bf16", torch.device("cpu"))
+
+
+# the whole model in half precision (layer norms, softmax inputs and the residual stream too) is further
+# from fp32 than packed bf16 linears with fp32 sums; a wrong cast (a buffer left in fp32, a mask of the wrong
+# type) fails outright or is off by the spread itself
+HALF_TOLERANCE = {"bf16": (0.05, 0.4), "fp16": (0.01, 0.1)}  # (mean, max) / spread of the fp32 logits
+
+
+@pytest.mark.parametrize("precision", list(HALF_DTYPES))
+@pytest.mark.parametrize("name", list(KINDS))
+def test_half_precision_copy_of_every_kind_is_close_to_the_model_in_full_and_step_by_step(name, precision, device):
+    """What bf16/fp16 decode with on CUDA (cast_for_decoding), on each device here: every layer kind runs
+    in half precision, full forward and step by step, near the fp32 model; the model itself is untouched."""
+    model = _model(**KINDS[name]).to(device)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    half = cast_for_decoding(model, HALF_DTYPES[precision])
+    assert half is not model and {p.dtype for p in half.parameters()} == {HALF_DTYPES[precision]}
+    src, prev = (t.to(device) for t in _inputs())
+    with torch.inference_mode():
+        reference = model(src, prev)  # [B, T, V]
+        full = half(src, prev).float()
+        enc, state = half.encode(src), DecoderState()
+        steps = torch.stack([half.decode_step(prev[:, t : t + 1], enc, state) for t in range(prev.shape[1])], 1)
+    assert steps.dtype == torch.float32  # the search's log-probabilities are computed in fp32
+    spread = reference.std()
+    mean_bound, max_bound = HALF_TOLERANCE[precision]
+    for approx in (full, steps):
+        err = (approx - reference).abs()
+        assert 0 < err.mean() < mean_bound * spread and err.max() < max_bound * spread, (err.mean() / spread,
+                                                                                         err.max() / spread)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: bf16/fp16 for_decoding casts on CUDA only")
+@pytest.mark.parametrize("precision", list(HALF_DTYPES))
+def test_for_decoding_on_cuda_casts_the_model_to_half_precision(precision):
+    model = _model().cuda()
+    half = for_decoding(model, precision)
+    assert half is not model and next(half.parameters()).dtype == HALF_DTYPES[precision]
+    assert next(model.parameters()).dtype == torch.float32
+    in_place = for_decoding(model, precision, in_place=True)
+    assert in_place is model and next(model.parameters()).dtype == HALF_DTYPES[precision]
 
 
 @pytest.mark.parametrize("precision", [pytest.param(p, marks=SUPPORTED[p]) for p in ("int8", "bf16")])

@@ -35,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads of the engine (unset: torch's choice)")
     parser.add_argument("--beam", type=int, metavar="N",
                         help="default beam size (unset: the checkpoint's; torch engine, translation models)")
-    parser.add_argument("--precision", choices=["fp32", "int8", "bf16"], default="fp32",
-                        help="torch only: fp32, or int8 / bf16 linear layers (CPU; faster, BLEU may move slightly)")
+    parser.add_argument("--precision", choices=["fp32", "int8", "bf16", "fp16"], default="fp32",
+                        help="torch only: fp32; int8 / bf16 linear layers on the CPU; bf16 / fp16 weights on CUDA "
+                             "(faster, BLEU may move slightly)")
     group = parser.add_argument_group("limits and batching")
     group.add_argument("--max-items", type=int, default=d.max_items, metavar="N", help="texts per request (413)")
     group.add_argument("--max-chars", type=int, default=d.max_chars, metavar="N", help="characters per text (413)")

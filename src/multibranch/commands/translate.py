@@ -94,10 +94,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
                         help="where to run the model (auto: cuda when available)")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (unset: torch's choice)")
-    parser.add_argument("--precision", choices=["fp32", "int8", "bf16"], default="fp32",
-                        help="fp32: the model as trained; int8: its linear layers quantized to int8; bf16: its "
-                             "linear layers in bf16 (CPUs with native bf16). int8 and bf16 run on the CPU only, "
-                             "are faster, and BLEU may move slightly")
+    parser.add_argument("--precision", choices=["fp32", "int8", "bf16", "fp16"], default="fp32",
+                        help="fp32: the model as trained; int8 (CPU): its linear layers quantized to int8; bf16: "
+                             "its linear layers in bf16 on the CPU (CPUs with native bf16), the whole model in "
+                             "bf16 on CUDA; fp16 (CUDA): the whole model in fp16. All but fp32 are faster, and "
+                             "BLEU may move slightly")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                         help="invalid UTF-8 in the input: error naming the line (strict) or replace with U+FFFD")

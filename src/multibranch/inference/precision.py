@@ -1,4 +1,4 @@
-"""Numeric precision of decoding: `fp32`, `int8` or `bf16`; on the CPU each decodes with a packed copy.
+"""Numeric precision of decoding: `fp32`, `int8`, `bf16` or `fp16`; on the CPU each decodes with a packed copy.
 
 On the CPU, `for_decoding` returns a copy of the model (eval mode) whose projections that dominate a
 decoder step (attention Q/K/V and output projections, the FFN, the output layer) are packed once
@@ -14,6 +14,11 @@ decoder step (attention Q/K/V and output projections, the FFN, the output layer)
 Normalisation, softmax, the attention itself and the layer kinds' own extras (MUSE's convolution,
 Weighted's branch mixing, MUTE's unit attention) stay fp32. The caller's model is left untouched
 (training, analysis keep using it). Off the CPU (or without oneDNN), fp32 is the model itself.
+
+On CUDA, `bf16` and `fp16` decode with the model's weights cast to that type (what a Hugging Face user gets
+from `torch_dtype=torch.bfloat16`): every matmul and the attention run in half precision on tensor cores,
+while the search's log-softmax and scores stay fp32 (`beam.normalized_log_probs`). `int8` is CPU only, and
+so is nothing else: `fp16` is CUDA only (the CPU has no fast fp16 matmul).
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ import torch
 from multibranch.config import ConfigError
 from multibranch.modules.packed_linear import bf16_supported, int8_supported, onednn_supported
 
-Precision = Literal["fp32", "int8", "bf16"]
-PRECISIONS: tuple[Precision, ...] = ("fp32", "int8", "bf16")
+Precision = Literal["fp32", "int8", "bf16", "fp16"]
+PRECISIONS: tuple[Precision, ...] = ("fp32", "int8", "bf16", "fp16")
+HALF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_precision(precision: str, device: torch.device) -> None:
@@ -36,9 +42,20 @@ def check_precision(precision: str, device: torch.device) -> None:
         raise ConfigError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return
+    if device.type == "cuda":
+        if precision == "int8":
+            raise ConfigError(f"--precision int8 runs on the CPU only (device is {device}); on CUDA use bf16 or "
+                              "fp16")
+        if precision == "bf16" and not torch.cuda.is_bf16_supported():
+            raise ConfigError(f"--precision bf16: {torch.cuda.get_device_name(device)} has no bf16 support; use "
+                              "fp16")
+        return
     if device.type != "cpu":
-        raise ConfigError(f"--precision {precision} runs on the CPU only (device is {device}); use --device cpu "
-                          "or --precision fp32")
+        raise ConfigError(f"--precision {precision} runs on the CPU or CUDA only (device is {device}); use "
+                          "--precision fp32")
+    if precision == "fp16":
+        raise ConfigError("--precision fp16 runs on CUDA only (the CPU has no fast fp16 matmul); on the CPU use "
+                          "bf16 or int8")
     if precision == "int8" and not int8_supported():
         raise ConfigError("--precision int8 needs PyTorch's fbgemm kernels, which this build/CPU lacks "
                           f"(quantized engines: {', '.join(torch.backends.quantized.supported_engines)})")
@@ -48,12 +65,15 @@ def check_precision(precision: str, device: torch.device) -> None:
 
 
 def for_decoding(model: torch.nn.Module, precision: str = "fp32", *, in_place: bool = False) -> torch.nn.Module:
-    """The model to decode with: a packed copy (eval mode) on the CPU, the model itself for fp32 elsewhere.
+    """The model to decode with: a packed copy (eval mode) on the CPU, a half-precision copy for bf16/fp16 on
+    CUDA, the model itself for fp32 elsewhere.
 
-    `in_place`: pack `model` itself instead of a copy (for a caller that loaded it only to decode: one copy
-    of the weights fewer). Its training-mode forward still uses its own weights."""
+    `in_place`: pack (or cast) `model` itself instead of a copy (for a caller that loaded it only to decode:
+    one copy of the weights fewer). On the CPU its training-mode forward still uses its own weights."""
     device = next(model.parameters()).device
     check_precision(precision, device)
+    if device.type == "cuda" and precision in HALF_DTYPES:
+        return cast_for_decoding(model, HALF_DTYPES[precision], in_place=in_place)
     if precision == "fp32" and (device.type != "cpu" or not onednn_supported()):
         return model
     packed = (model if in_place else copy.deepcopy(model)).eval()
@@ -62,3 +82,9 @@ def for_decoding(model: torch.nn.Module, precision: str = "fp32", *, in_place: b
         if pack is not None:
             pack(precision)
     return packed
+
+
+def cast_for_decoding(model: torch.nn.Module, dtype: torch.dtype, *, in_place: bool = False) -> torch.nn.Module:
+    """The model (eval mode) with its parameters and buffers cast to `dtype` (bf16/fp16 decoding on CUDA;
+    any device runs it, which is how the CPU tests check it)."""
+    return (model if in_place else copy.deepcopy(model)).eval().to(dtype)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 import yaml
-from torch import nn
+from torch import Tensor, nn
 from tqdm import tqdm
 
 import multibranch
@@ -379,9 +379,9 @@ class Trainer:
         lrs = self.scheduler.set_step(self.state.step + 1)
         local_tokens = float(sum(self.task.sample_size(b) for b in batches))
         (total_tokens,) = D.all_reduce_sum([local_tokens], self.dist, self.device)
-        loss_sum = nll_sum = 0.0
-        counts: dict[str, float] = {}
-        extras_logged: dict[str, float] = {}
+        # Every number logged is read back from the device once, after the optimizer step: a read per batch
+        # (loss, NLL, counts, extras, grad norm) would make the host wait for the GPU several times an update.
+        logged: list[tuple[str, Tensor]] = []  # (name, device scalar), in batch order
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if (last or not self.dist.enabled) else self.train_model.no_sync()
@@ -393,23 +393,37 @@ class Trainer:
                     extras = self.hooks.extra_losses(update_tokens=total_tokens, world_size=self.dist.world_size)
                     for name, value in extras.items():
                         objective = objective + value
-                        extras_logged[name] = float(value.detach())
+                        logged.append((f"aux_{name}", value.detach()))
                 self.scaler.scale(objective).backward()
-            loss_sum += float(loss.detach())
-            nll_sum += float(nll.detach())
-            for name, value in batch_counts.items():
-                counts[name] = counts.get(name, 0.0) + float(value)
+            logged += [("loss_sum", loss.detach()), ("nll_sum", nll.detach())]
+            logged += [(f"count_{name}", torch.as_tensor(value).detach()) for name, value in batch_counts.items()]
         self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if t.clip_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, t.clip_norm))
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, t.clip_norm)
         else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params]))) if params else 0.0
+            grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params])) if params \
+                else torch.zeros(())
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.hooks.after_optimizer_step()
         self.state.step += 1
+        values = torch.stack([v.to(self.device, torch.float64).reshape(())
+                              for _, v in logged + [("grad_norm", grad_norm)]]).tolist()  # the one read back
+        loss_sum = nll_sum = 0.0
+        counts: dict[str, float] = {}
+        extras_logged: dict[str, float] = {}
+        for (name, _), value in zip(logged, values):
+            if name == "loss_sum":
+                loss_sum += value
+            elif name == "nll_sum":
+                nll_sum += value
+            elif name.startswith("count_"):
+                counts[name[6:]] = counts.get(name[6:], 0.0) + value
+            else:
+                extras_logged[name[4:]] = value
+        grad_norm = values[-1]
         names = sorted(counts)  # the same on every rank: the task's loss returns the same keys
         loss_sum, nll_sum, *summed = D.all_reduce_sum([loss_sum, nll_sum, *(counts[k] for k in names)], self.dist,
                                                       self.device)
