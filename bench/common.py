@@ -114,7 +114,8 @@ def hf_update(model: Any, optimizer: Any, loss_fn: Any, batch: Any, pad_id: int,
 
     import torch
 
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp == "bf16" else contextlib.nullcontext()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    ctx = torch.autocast(batch.src.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
     with ctx:
         logits = model(input_ids=batch.src, attention_mask=batch.src.ne(pad_id), decoder_input_ids=batch.prev).logits
         loss = loss_fn(logits.float().view(-1, logits.shape[-1]), batch.tgt.view(-1))

@@ -10,7 +10,13 @@ Several checkpoints (`NAME=PATH`) decode side by side with our Translator, e.g. 
 the standard model; the HF peer is built from the first one (it must be a standard model), or
 skipped with --no-hf.
 
+On a GPU (`--device cuda --precision bf16|fp16`) both decode with the weights cast to that type (ours:
+`inference/precision.py`; HF: `model.to(dtype)`, as `from_pretrained(torch_dtype=...)` gives), timed
+around whole batches of strings in, strings out; several `--batch` sizes run one after the other.
+
     python bench/decode_speed.py --ckpt runs/bench/quality/transformer-tiny/best.pt [--sentences 300]
+    python bench/decode_speed.py --ckpt run/best.pt --device cuda --precision bf16 fp16 --batch 32 128 \
+        --split test --sentences 1000 --rounds 2 --name decode_gpu
     python bench/decode_speed.py --no-hf --name decode_presets \
         --ckpt transformer-tiny=runs/bench/quality_presets/transformer-tiny/best.pt \
                muse-simple-tiny=runs/bench/quality_presets/muse-simple-tiny/best.pt ...
@@ -38,6 +44,7 @@ def _named(spec: str) -> tuple[str, str]:
 
 
 def hf_translate(hf, tokenizer, lines: list[str], *, beam: int, batch: int, cfg) -> list[str]:
+    device = next(hf.parameters()).device
     ids = [ids + [cfg.eos_id] for ids in tokenizer.encode_src(lines)]
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     out: list[str] = [""] * len(ids)
@@ -47,6 +54,7 @@ def hf_translate(hf, tokenizer, lines: list[str], *, beam: int, batch: int, cfg)
         src = torch.full((len(chunk), width), cfg.pad_id, dtype=torch.long)
         for row, i in enumerate(chunk):
             src[row, : len(ids[i])] = torch.tensor(ids[i])
+        src = src.to(device)
         generated = hf.generate(
             input_ids=src, attention_mask=src.ne(cfg.pad_id), num_beams=beam, length_penalty=1.0,
             early_stopping=True, max_new_tokens=int(1.2 * width + 10), decoder_start_token_id=cfg.bos_id,
@@ -64,14 +72,19 @@ def main() -> None:
     parser.add_argument("--ckpt", nargs="+", required=True, help="PATH or NAME=PATH, one or more")
     parser.add_argument("--no-hf", action="store_true", help="do not decode with the HF peer")
     parser.add_argument("--name", default="decode_speed", help="results file bench/results/<name>.json")
+    parser.add_argument("--split", choices=["valid", "test"], default="valid",
+                        help="Multi30k split to decode (test: the 2016 Flickr test set)")
     parser.add_argument("--sentences", type=int, default=300)
     parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, nargs="+", default=[32], help="sentences per batch; several: each")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--precision", choices=["fp32", "int8", "bf16", "fp32-unpacked"], default="fp32",
-                        help="our models' decoding precision (inference/precision.py); fp32-unpacked: the "
-                             "model's own weights through F.linear, as before the oneDNN prepacking")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--precision", nargs="+", default=["fp32"],
+                        choices=["fp32", "int8", "bf16", "fp16", "fp32-unpacked"],
+                        help="our models' decoding precision (inference/precision.py; several: each), the HF peer "
+                             "in the same dtype on CUDA; fp32-unpacked: the model's own weights through F.linear, "
+                             "as before the oneDNN prepacking")
     parser.add_argument("--fixed-length", action="store_true",
                         help="every hypothesis decodes to the length limit (min_len beyond it): each model "
                              "runs the same steps, so speed compares architectures, not output lengths "
@@ -82,50 +95,67 @@ def main() -> None:
     from dataclasses import replace
 
     from multibranch.evaluate.metrics import score_corpus
+    from multibranch.inference.precision import HALF_DTYPES
     from multibranch.tasks.loading import load_model
     from multibranch.tasks.translation.dataset import PreparedData
     from multibranch.tasks.translation.translator import Translator
 
-    valid = PreparedData.load(multi30k_data()).split("valid")
-    sources = valid.raw_src_lines()[: args.sentences]
-    references = valid.raw_tgt_lines()[: args.sentences]
+    device = torch.device(args.device)
+    split = PreparedData.load(multi30k_data()).split(args.split)
+    sources = split.raw_src_lines()[: args.sentences]
+    references = split.raw_tgt_lines()[: args.sentences]
     checkpoints = dict(_named(spec) for spec in args.ckpt)
-    systems, parameters = {}, {}
+    systems, parameters = {}, {}  # "name precision batch" -> translate function
     for name, path in checkpoints.items():
-        loaded = load_model(path)
-        decode = replace(loaded.config.decode, beam=args.beam, length_penalty=1.0, max_len_a=1.2, max_len_b=10,
-                         batch_size=args.batch, batch_tokens=10**9, min_len=10**6 if args.fixed_length else 1)
-        translator = Translator(decoding_model(loaded.model, args.precision), loaded.tokenizer, decode)
-        systems[name] = translator.translate
-        parameters[name] = sum(p.numel() for p in loaded.model.parameters())
-        if not args.no_hf and "hf-generate" not in systems:
-            hf = to_hf_marian(loaded.model)
-            systems["hf-generate"] = partial(hf_translate, hf, loaded.tokenizer, beam=args.beam, batch=args.batch,
-                                             cfg=loaded.model.config)
-            parameters["hf-generate"] = sum(p.numel() for p in hf.parameters())
+        loaded = load_model(path, device)
+        for precision in args.precision:
+            model = decoding_model(loaded.model, precision)
+            for batch in args.batch:
+                decode = replace(loaded.config.decode, beam=args.beam, length_penalty=1.0, max_len_a=1.2,
+                                 max_len_b=10, batch_size=batch, batch_tokens=10**9,
+                                 min_len=10**6 if args.fixed_length else 1)
+                key = f"{name} {precision} {batch}"
+                systems[key] = Translator(model, loaded.tokenizer, decode, device).translate
+                parameters[key] = sum(p.numel() for p in loaded.model.parameters())
+            if not args.no_hf and not any(k.startswith(f"hf-generate {precision} ") for k in systems):
+                hf = to_hf_marian(loaded.model).to(device)
+                if device.type == "cuda" and precision in HALF_DTYPES:
+                    hf = hf.to(HALF_DTYPES[precision])
+                for batch in args.batch:
+                    key = f"hf-generate {precision} {batch}"
+                    systems[key] = partial(hf_translate, hf, loaded.tokenizer, beam=args.beam, batch=batch,
+                                           cfg=loaded.model.config)
+                    parameters[key] = sum(p.numel() for p in hf.parameters())
     best: dict[str, dict] = {}
     with torch.inference_mode():
+        for fn in systems.values():  # warm-up: kernels, allocator, autotuning
+            fn(sources[:64])
         for _ in range(args.rounds):
-            for name, fn in systems.items():
+            for key, fn in systems.items():
                 start = time.perf_counter()
                 hyps = fn(sources)
                 seconds = time.perf_counter() - start
-                if name not in best or seconds < best[name]["seconds"]:
+                if key not in best or seconds < best[key]["seconds"]:
                     bleu = score_corpus(hyps, [references], metrics=("bleu",))["bleu"]["score"]
                     words = sum(len(h.split()) for h in hyps)
-                    best[name] = {"system": name, "parameters": parameters[name], "seconds": seconds,
-                                  "sentences_per_s": len(sources) / seconds, "words_per_s": words / seconds,
-                                  "bleu": bleu}
-                print(f"{name}: {len(sources) / seconds:.1f} sentences/s", flush=True)
-    reference = best["hf-generate"] if "hf-generate" in best else next(iter(best.values()))
-    print(f"\n| system | parameters | sentences/s | output words/s | BLEU (valid subset) | vs {reference['system']} |")
-    print("|---|---|---|---|---|---|")
-    for row in best.values():
-        print(f"| {row['system']} | {row['parameters'] / 1e6:.2f}M | {row['sentences_per_s']:.1f} | "
-              f"{row['words_per_s']:.0f} | {row['bleu']:.2f} | {row['sentences_per_s'] / reference['sentences_per_s']:.2f}x |")
+                    system, precision, batch = key.split(" ")
+                    best[key] = {"system": system, "precision": precision, "batch": int(batch),
+                                 "parameters": parameters[key], "seconds": seconds,
+                                 "sentences_per_s": len(sources) / seconds, "words_per_s": words / seconds,
+                                 "bleu": bleu}
+                print(f"{key}: {len(sources) / seconds:.1f} sentences/s", flush=True)
+    print("\n| system | precision | batch | parameters | sentences/s | output words/s | BLEU | vs HF (same precision, batch) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for key, row in best.items():
+        peer = best.get(f"hf-generate {row['precision']} {row['batch']}") or next(iter(best.values()))
+        row["vs_peer"] = row["sentences_per_s"] / peer["sentences_per_s"]
+        print(f"| {row['system']} | {row['precision']} | {row['batch']} | {row['parameters'] / 1e6:.2f}M | "
+              f"{row['sentences_per_s']:.1f} | {row['words_per_s']:.0f} | {row['bleu']:.2f} | {row['vs_peer']:.2f}x |")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     path = save_results(args.name, {"environment": environment(amp="none"), "checkpoints": checkpoints,
-                                    "sentences": len(sources), "beam": args.beam, "batch": args.batch,
-                                    "precision": args.precision, "fixed_length": args.fixed_length,
+                                    "device": args.device, "gpu": gpu, "split": args.split,
+                                    "sentences": len(sources), "beam": args.beam, "batches": args.batch,
+                                    "precisions": args.precision, "fixed_length": args.fixed_length,
                                     "rows": list(best.values())})
     print(f"\nwritten {path}")
 

@@ -8,8 +8,15 @@ settings) on the same batches. Each system runs in its own process so peak RSS i
 alternate systems and the median round is reported. Reported: target tokens/s over the timed updates
 (after warm-up updates), ms per update, peak RSS.
 
+On a GPU (`--device cuda`): the same, timed between CUDA synchronisations, with the model FLOPs of the
+timed updates counted (torch.utils.flop_counter, after timing, on the same batches) and the model FLOP
+utilisation: those FLOPs per second over the GPU's dense bf16 peak (`--peak-tflops`, default the H100/H200
+SXM datasheet's 989.4) and over the rate of a large bf16 matmul measured in the same run. `--size base` is
+transformer-base (Vaswani et al.: d=512, 8 heads, FFN 2048, 6+6 layers, dropout 0.1).
+
     python bench/train_speed.py [--steps 20] [--warmup 3] [--rounds 3] [--amp none|bf16] [--threads 2]
     python bench/train_speed.py --presets transformer-tiny mat-tiny weighted-tiny ... --max-tokens 2048 --amp bf16
+    python bench/train_speed.py --device cuda --size base --amp bf16 --max-tokens 4096 16384 --rounds 2
 """
 
 from __future__ import annotations
@@ -25,8 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import environment, multi30k_data, peak_rss_mb, run_isolated, save_results  # noqa: E402
 
-SIZE = ["model.d_model=256", "model.heads=4", "model.ffn_dim=1024", "model.encoder_layers=3",
-        "model.decoder_layers=3", "model.dropout=0.1", "train.max_tokens=4096", "train.label_smoothing=0.1"]
+SIZES = {
+    "tiny": ["model.d_model=256", "model.heads=4", "model.ffn_dim=1024", "model.encoder_layers=3",
+             "model.decoder_layers=3", "model.dropout=0.1", "train.max_tokens=4096", "train.label_smoothing=0.1"],
+    "base": ["model.d_model=512", "model.heads=8", "model.ffn_dim=2048", "model.encoder_layers=6",
+             "model.decoder_layers=6", "model.dropout=0.1", "train.max_tokens=4096", "train.label_smoothing=0.1"],
+}
+DATASHEET_BF16_TFLOPS = 989.4  # H100/H200 SXM, dense bf16 tensor cores
 SYSTEMS = {
     "hf-marian": [],
     "multibranch": [],
@@ -34,10 +46,12 @@ SYSTEMS = {
 }
 
 
-def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_tokens: int | None) -> dict:
+def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_tokens: int | None,
+          device: str = "cpu", size: str = "tiny") -> dict:
     import torch
 
     torch.set_num_threads(threads)
+    cuda = device.startswith("cuda")
     from multibranch.experiment import resolve_config
     from multibranch.tasks import task_for_data
     from multibranch.train.trainer import RunOptions, Trainer
@@ -49,9 +63,10 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
     if system.startswith("preset:"):
         cfg = resolve_config(system.removeprefix("preset:"), None, common)
     else:
-        cfg = resolve_config("transformer-tiny", None, SIZE + SYSTEMS[system] + common)
+        cfg = resolve_config("transformer-tiny", None, SIZES[size] + SYSTEMS[system] + common)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, RunOptions(data_dir=data, run_dir=Path(tmp) / "run", progress=False), task_for_data)
+        trainer = Trainer(cfg, RunOptions(data_dir=data, run_dir=Path(tmp) / "run", progress=False, device=device),
+                          task_for_data)
         indices = trainer._epoch_batches(1)[: warmup + steps]
         batches = [trainer._collate(ix) for ix in indices]
         tokens = sum(b.n_tgt_tokens for b in batches[warmup:])
@@ -60,15 +75,30 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
         else:
             def step(batch):
                 trainer._update([batch])
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
         for batch in batches[:warmup]:
             step(batch)
+        sync()
         start = time.perf_counter()
         for batch in batches[warmup:]:
             step(batch)
+        sync()
         seconds = time.perf_counter() - start
         params = sum(p.numel() for p in trainer.model.parameters()) if system != "hf-marian" else _hf_params
-    return {"system": system, "tokens_per_s": tokens / seconds, "ms_per_update": 1000 * seconds / steps,
-            "tokens": tokens, "updates": steps, "peak_rss_mb": peak_rss_mb(), "parameters": params, "amp": amp}
+        row = {"system": system, "tokens_per_s": tokens / seconds, "ms_per_update": 1000 * seconds / steps,
+               "tokens": tokens, "updates": steps, "peak_rss_mb": peak_rss_mb(), "parameters": params, "amp": amp,
+               "device": device, "size": size, "max_tokens": max_tokens}
+        if cuda:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            counter = FlopCounterMode(display=False)
+            with counter:  # the model FLOPs of the timed updates (matmuls and attention; shapes only)
+                for batch in batches[warmup:]:
+                    step(batch)
+            row.update(model_tflop=counter.get_total_flops() / 1e12, gpu=torch.cuda.get_device_name(),
+                       peak_gpu_memory_mb=torch.cuda.max_memory_allocated() / 2**20)
+            row["model_tflops_per_s"] = row["model_tflop"] / seconds
+    return row
 
 
 _hf_params = 0
@@ -88,7 +118,7 @@ def hf_step_fn(trainer, amp: str):
     from transformers import MarianMTModel
 
     torch.manual_seed(1)
-    hf = MarianMTModel(hf_marian_config(cfg)).train()
+    hf = MarianMTModel(hf_marian_config(cfg)).to(trainer.device).train()
     _hf_params = sum(p.numel() for p in hf.parameters())
     optimizer = torch.optim.AdamW(hf.parameters(), lr=5e-4, betas=(0.9, 0.98), eps=1e-8, foreach=True)
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=cfg.pad_id, label_smoothing=0.1, reduction="sum")
@@ -100,27 +130,67 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--amp", default="none", choices=["none", "bf16"])
+    parser.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS))
     parser.add_argument("--presets", nargs="+", help="compare these presets instead of --systems")
-    parser.add_argument("--max-tokens", type=int, help="batch size override (default 4096; presets: their own)")
+    parser.add_argument("--max-tokens", type=int, nargs="+",
+                        help="batch size override(s) (default 4096; presets: their own); several: one table each")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--size", choices=list(SIZES), default="tiny", help="model size of --systems")
+    parser.add_argument("--peak-tflops", type=float, default=DATASHEET_BF16_TFLOPS,
+                        help="the GPU's dense bf16 peak for the MFU column (default: H100/H200 SXM datasheet)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--name", help="results file name (default train_speed_<amp> / presets_speed_<amp>)")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.steps, args.warmup, args.amp, args.threads, args.max_tokens)))
+        max_tokens = args.max_tokens[0] if args.max_tokens else None
+        print(json.dumps(child(args.child, args.steps, args.warmup, args.amp, args.threads, max_tokens, args.device,
+                               args.size)))
         return
     multi30k_data()  # prepare once, outside the timed children
     systems = [f"preset:{p}" for p in args.presets] if args.presets else args.systems
+    cuda = args.device.startswith("cuda")
+    matmul_tflops = measured_matmul_tflops() if cuda else None
+    tables = []
+    for max_tokens in args.max_tokens or [None]:
+        rows = _compare(args, systems, max_tokens)
+        tables.append({"max_tokens": max_tokens, "rows": rows})
+        _print_table(rows, max_tokens, args.peak_tflops if cuda else None, matmul_tflops)
+    name = args.name or f"{'presets' if args.presets else 'train'}_speed_{args.amp}"
+    payload = {"environment": environment(amp=args.amp), "device": args.device, "size": args.size,
+               "rows": [row for table in tables for row in table["rows"]]}
+    if cuda:
+        payload.update(peak_tflops=args.peak_tflops, measured_matmul_tflops=matmul_tflops)
+    path = save_results(name, payload)
+    print(f"\nwritten {path}")
+
+
+def measured_matmul_tflops(n: int = 8192, repeats: int = 20) -> float:
+    """The rate of an n×n×n bf16 matmul on this GPU (random data, after warm-up): the achievable ceiling."""
+    import torch
+
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12
+
+
+def _compare(args: argparse.Namespace, systems: list[str], max_tokens: int | None) -> list[dict]:
+    """Each system in its own process per round, rounds alternating; the median round of each."""
     runs: dict[str, list[dict]] = {s: [] for s in systems}
     for _ in range(args.rounds):
         for system in systems:
             cmd = ["bench/train_speed.py", "--child", system, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--amp", args.amp, "--threads", str(args.threads)]
-            if args.max_tokens:
-                cmd += ["--max-tokens", str(args.max_tokens)]
+                   "--amp", args.amp, "--threads", str(args.threads), "--device", args.device, "--size", args.size]
+            if max_tokens:
+                cmd += ["--max-tokens", str(max_tokens)]
             runs[system].append(run_isolated(cmd))
             print(json.dumps(runs[system][-1]), flush=True)
     rows = []
@@ -130,9 +200,25 @@ def main() -> None:
         median["tokens_per_s_all"] = [r["tokens_per_s"] for r in results]
         median["system"] = system.removeprefix("preset:")
         rows.append(median)
+    return rows
+
+
+def _print_table(rows: list[dict], max_tokens: int | None, peak_tflops: float | None,
+                 matmul_tflops: float | None) -> None:
     base = {r["system"]: r for r in rows}
     hf = base.get("hf-marian") or base.get("transformer-tiny")
     ref_name = "HF" if "hf-marian" in base else "transformer-tiny"
+    print(f"\nmax_tokens {max_tokens or 'default'}")
+    if peak_tflops:
+        print(f"\n| system | params | target tok/s | ms/update | model TFLOP/s | MFU (of {peak_tflops:.0f}) | "
+              f"of measured matmul {matmul_tflops:.0f} | peak GPU MB | vs {ref_name} tok/s |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            ratio = f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f}x" if hf else "-"
+            print(f"| {r['system']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_s']:.0f} | {r['ms_per_update']:.1f} | "
+                  f"{r['model_tflops_per_s']:.1f} | {100 * r['model_tflops_per_s'] / peak_tflops:.1f}% | "
+                  f"{100 * r['model_tflops_per_s'] / matmul_tflops:.1f}% | {r['peak_gpu_memory_mb']:.0f} | {ratio} |")
+        return
     print(f"\n| system | params | target tok/s | ms/update | peak RSS MB | vs {ref_name} tok/s | vs {ref_name} RSS |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
@@ -143,9 +229,6 @@ def main() -> None:
     if "multibranch" in base and "multibranch-mat2" in base:
         print(f"\nMAT N_a=2 update time / standard: "
               f"{base['multibranch-mat2']['ms_per_update'] / base['multibranch']['ms_per_update']:.2f}x")
-    name = args.name or f"{'presets' if args.presets else 'train'}_speed_{args.amp}"
-    path = save_results(name, {"environment": environment(amp=args.amp), "rows": rows})
-    print(f"\nwritten {path}")
 
 
 if __name__ == "__main__":
