@@ -146,7 +146,7 @@ def main() -> None:
                 print(f"{key}: {len(sources) / seconds:.1f} sentences/s", flush=True)
     print("\n| system | precision | batch | parameters | sentences/s | output words/s | BLEU | vs HF (same precision, batch) |")
     print("|---|---|---|---|---|---|---|---|")
-    for key, row in best.items():
+    for row in best.values():
         peer = best.get(f"hf-generate {row['precision']} {row['batch']}") or next(iter(best.values()))
         row["vs_peer"] = row["sentences_per_s"] / peer["sentences_per_s"]
         print(f"| {row['system']} | {row['precision']} | {row['batch']} | {row['parameters'] / 1e6:.2f}M | "
