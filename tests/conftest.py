@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from multibranch.experiment import ExperimentConfig
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# Every test runs with deterministic algorithms (`_seed_and_determinism`); on CUDA, cuBLAS is deterministic only
+# with a fixed workspace, which it reads from this variable when it makes its first handle (and which PyTorch
+# builds for older CUDA versions demand under deterministic algorithms): set before any CUDA work, and inherited
+# by the CLI runs the tests start. Nothing reads it on a machine without CUDA.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 SHARED_DATA_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -17,14 +17,29 @@ def test_resolve_device():
         resolve_device("gpu0")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_on_a_cpu_build_is_a_config_error():
+def _cpu_only_build(monkeypatch) -> None:
+    """This PyTorch as a CPU-only build (CI's) sees itself: no CUDA version; a no-op on such a build."""
+    monkeypatch.setattr(torch.version, "cuda", None)
+
+
+def test_cuda_on_a_cpu_build_is_a_config_error(monkeypatch):
+    _cpu_only_build(monkeypatch)
     with pytest.raises(ConfigError, match="--device cuda:1: this PyTorch build"):
         resolve_device("cuda:1")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_analyze_checks_the_device_before_any_work(tmp_path, capsys):
+def test_a_cuda_device_past_the_last_visible_is_a_config_error(monkeypatch):
+    """On a CUDA machine the index one past its last device; on a CPU-only build as a CUDA build without a GPU
+    would see it (0 visible)."""
+    if torch.version.cuda is None:
+        monkeypatch.setattr(torch.version, "cuda", "12.1")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ConfigError, match=rf"--device cuda:{count}: no such CUDA device \({count} visible\)"):
+        resolve_device(f"cuda:{count}")
+
+
+def test_analyze_checks_the_device_before_any_work(tmp_path, capsys, monkeypatch):
+    _cpu_only_build(monkeypatch)
     ckpt = tmp_path / "model.pt"
     ckpt.write_bytes(b"not read: the device is checked first")
     out = tmp_path / "report"

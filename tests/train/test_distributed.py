@@ -31,7 +31,9 @@ def test_two_ranks_equal_one_process_with_update_freq_two(tiny_data, tmp_path):
     cfg.model.dropout = 0.0  # per-rank dropout streams differ by design; compare the deterministic part
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
-    common = ["train", "--data", str(tiny_data), "--config", str(config), "--threads", "1", "--no-progress"]
+    # gloo on the CPU on every machine (--device auto on a CUDA machine would take NCCL, one GPU per rank)
+    common = ["train", "--data", str(tiny_data), "--config", str(config), "--threads", "1", "--no-progress",
+              "--device", "cpu"]
     _train([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
             "-m", "multibranch", *common, "--out", str(tmp_path / "ddp")], tmp_path)
     _train([sys.executable, "-m", "multibranch", *common, "--out", str(tmp_path / "single"), "--update-freq", "2"],

@@ -30,6 +30,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# gloo on the CPU on every machine: with --device auto a CUDA machine would take NCCL, which refuses two ranks on
+# one GPU (and these "nodes" share this machine's)
+GLOO = ["--device", "cpu"]
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 
@@ -97,7 +102,7 @@ def _config(tmp_path: Path, name: str, max_steps: int, valid_every: int = 4) -> 
 
 @pytest.mark.distributed
 def test_two_nodes_checkpoint_resume_and_equal_one_process(tiny_data, tmp_path):
-    common = ["train", "--data", str(tiny_data), "--threads", "1", "--no-progress"]
+    common = ["train", "--data", str(tiny_data), "--threads", "1", "--no-progress", *GLOO]
     run = tmp_path / "two_nodes"
     _two_nodes([*common, "--config", str(_config(tmp_path, "four.yaml", 4)), "--out", str(run)], tmp_path, "leg1")
     saved = load_checkpoint(run / "last.pt")
@@ -120,7 +125,7 @@ def test_two_nodes_checkpoint_resume_and_equal_one_process(tiny_data, tmp_path):
 
 @pytest.mark.distributed
 def test_a_dead_node_stops_the_job_and_auto_resume_continues_exactly(tiny_data, tmp_path):
-    common = ["train", "--data", str(tiny_data), "--threads", "1", "--no-progress",
+    common = ["train", "--data", str(tiny_data), "--threads", "1", "--no-progress", *GLOO,
               "--config", str(_config(tmp_path, "ten.yaml", 10, valid_every=2))]
     run = tmp_path / "two_nodes"
     nodes = _start_nodes([*common, "--out", str(run), "--auto-resume"], tmp_path, "first")

@@ -32,6 +32,14 @@ def snapshot(run: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(run)): (p.read_bytes() if p.is_file() else None) for p in sorted(run.rglob("*"))}
 
 
+def unusable_cuda() -> tuple[str, str]:
+    """A --device this machine refuses and the refusal's words: any CUDA device on a CPU-only build (CI's), the
+    index one past the last visible device on a CUDA build."""
+    if torch.version.cuda is None:
+        return "cuda", "no CUDA support"
+    return f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}", "no such CUDA device"
+
+
 @pytest.fixture(scope="module")
 def wide_checkpoint(tiny_data, tmp_path_factory) -> Path:
     """best.pt of a one-update run with d_model=48 (the tests' runs use 32)."""
@@ -42,9 +50,9 @@ def wide_checkpoint(tiny_data, tmp_path_factory) -> Path:
     return run / "best.pt"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_failed_starts_leave_no_run_directory_and_the_rerun_needs_no_force(tiny_data, wide_checkpoint, tmp_path):
     run = tmp_path / "run"
+    bad_device, refusal = unusable_cuda()
     text = tmp_path / "notes.txt"
     text.write_text("not a checkpoint\n")
     failures = [
@@ -53,7 +61,7 @@ def test_failed_starts_leave_no_run_directory_and_the_rerun_needs_no_force(tiny_
          r"model\.d_model: checkpoint 48, config 32; model\.ffn_dim: checkpoint 96, config 64\)$"),
         (RunOptions(tiny_data, run, init_from=wide_checkpoint.parent), CheckpointError,
          f"is a run directory; did you mean {wide_checkpoint}\\?"),
-        (RunOptions(tiny_data, run, device="cuda"), ConfigError, "no CUDA support"),
+        (RunOptions(tiny_data, run, device=bad_device), ConfigError, refusal),
         (RunOptions(tmp_path / "no-such-data", run), (DataError, FileNotFoundError), "no-such-data"),
     ]
     for opts, error, message in failures:
@@ -70,7 +78,7 @@ def test_a_refused_start_in_an_existing_run_changes_nothing(tiny_data, wide_chec
     train(tiny_experiment(max_steps=2), RunOptions(tiny_data, run, progress=False))
     before = snapshot(run)
     attempts = [
-        RunOptions(tiny_data, run, resume=True, device="cuda:7"),
+        RunOptions(tiny_data, run, resume=True, device=f"cuda:{max(7, torch.cuda.device_count())}"),  # none such
         RunOptions(tiny_data, run, force=True, init_from=wide_checkpoint),
         RunOptions(tmp_path / "no-such-data", run, resume=True),
     ]
@@ -159,15 +167,15 @@ def test_resume_refuses_another_sentencepiece_model_unless_allowed(tiny_data, tm
                        torch.frombuffer(bytearray((other / "spm.model").read_bytes()), dtype=torch.uint8))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cli_device_cuda_without_cuda_is_one_line(tiny_data, tmp_path):
+def test_cli_unusable_cuda_device_is_one_line(tiny_data, tmp_path):
     run = tmp_path / "run"
+    bad_device, refusal = unusable_cuda()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "multibranch", "train", "--data", str(tiny_data), "--out", str(run),
-                           "--preset", "transformer-tiny", "--max-steps", "1", "--device", "cuda"],
+                           "--preset", "transformer-tiny", "--max-steps", "1", "--device", bad_device],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert done.stderr.startswith("multibranch train: error: --device cuda: this PyTorch build")
+    assert done.stderr.startswith(f"multibranch train: error: --device {bad_device}: ") and refusal in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not run.exists()
 

@@ -122,7 +122,8 @@ def test_average_of_classifier_checkpoints_loads_and_is_the_mean(classifier_run,
     chosen = [p for p in capsys.readouterr().out.split(": ")[-1].strip().split(", ")]
     averaged = load_model(out).model
     assert isinstance(averaged, Classifier)
-    weights = [torch.load(p, weights_only=True)["model"]["out.weight"] for p in chosen]
+    # on the CPU, as load_model's are: a run on CUDA saves its weights as CUDA tensors
+    weights = [torch.load(p, weights_only=True, map_location="cpu")["model"]["out.weight"] for p in chosen]
     torch.testing.assert_close(averaged.out.weight, (weights[0].double() + weights[1].double()).div(2).float())
 
 
