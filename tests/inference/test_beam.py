@@ -7,6 +7,7 @@ scores below are derived by hand from those numbers. The last tests use a tiny r
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -79,7 +80,7 @@ class ScriptedModel:
         sentence = sources.repeat_interleave(tokens.shape[0] // sources.shape[0])  # [N]
         state.step += 1
         self.batch_sizes.append(tokens.shape[0])
-        logits = torch.full((tokens.shape[0], V), float("-inf"))
+        logits = torch.full((tokens.shape[0], V), float("-inf"), device=tokens.device)  # the search's device
         for row, (sent, toks) in enumerate(zip(sentence.tolist(), prefix[:, 1:].tolist(), strict=True)):
             script = self.scripts[sent]
             if isinstance(script, dict):
@@ -107,9 +108,9 @@ def src_of(sentence: int, length: int) -> list[int]:
     return [sentence] + [A] * (length - 2) + [EOS] if length > 1 else [sentence]
 
 
-def batch(*rows: list[int]) -> torch.Tensor:
+def batch(*rows: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
     width = max(len(r) for r in rows)
-    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows], device=device)
 
 
 def _exact(results: list[list[Hypothesis]]) -> list[list[tuple]]:
@@ -161,10 +162,10 @@ RAW_BC = math.log(0.4 * 0.9 * 0.8)  # "b c" + EOS: 3 tokens
     ("kind", "alpha", "norm"),
     [("fairseq", 0.0, fairseq_norm), ("fairseq", 1.0, fairseq_norm), ("gnmt", 1.0, gnmt_norm), ("gnmt", 0.5, gnmt_norm)],
 )
-def test_early_eos_finalises_and_length_penalty_picks_the_winner(kind, alpha, norm):
+def test_early_eos_finalises_and_length_penalty_picks_the_winner(kind, alpha, norm, device):
     model = ScriptedModel({1: EOS_SCRIPT})
-    (hyps,) = beam_search(model, batch(src_of(1, 3)), 2, length_penalty=alpha, length_penalty_kind=kind,
-                          max_len_a=0, max_len_b=10)
+    (hyps,) = beam_search(model, batch(src_of(1, 3), device=device), 2, length_penalty=alpha,
+                          length_penalty_kind=kind, max_len_a=0, max_len_b=10)
     score_a, score_bc = norm(RAW_A, 2, alpha), norm(RAW_BC, 3, alpha)
     expected = {"a": ([A], [0.6, 0.55], score_a), "bc": ([B, C], [0.4, 0.9, 0.8], score_bc)}
     order = sorted(expected, key=lambda k: expected[k][2], reverse=True)
@@ -208,7 +209,7 @@ NBEST_SCRIPT: Table = {
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
-def test_nbest_order_and_scores(alpha):
+def test_nbest_order_and_scores(alpha, device):
     expected = [
         ([A], [0.5, 0.6], fairseq_norm(math.log(0.30), 2, alpha)),
         ([B], [0.3, 0.9], fairseq_norm(math.log(0.27), 2, alpha)),
@@ -216,11 +217,12 @@ def test_nbest_order_and_scores(alpha):
     ]
     expected.sort(key=lambda e: e[2], reverse=True)
     model = ScriptedModel({1: NBEST_SCRIPT})
-    (hyps,) = beam_search(model, batch(src_of(1, 3)), 3, length_penalty=alpha, max_len_a=0, max_len_b=10)
+    src = batch(src_of(1, 3), device=device)
+    (hyps,) = beam_search(model, src, 3, length_penalty=alpha, max_len_a=0, max_len_b=10)
     assert len(hyps) == 3
     for hyp, exp in zip(hyps, expected, strict=True):
         assert_hyp(hyp, *exp)
-    (top2,) = beam_search(ScriptedModel({1: NBEST_SCRIPT}), batch(src_of(1, 3)), 3, length_penalty=alpha,
+    (top2,) = beam_search(ScriptedModel({1: NBEST_SCRIPT}), src, 3, length_penalty=alpha,
                           max_len_a=0, max_len_b=10, nbest=2)
     assert [h.tokens for h in top2] == [e[0] for e in expected[:2]]
 
@@ -333,14 +335,19 @@ def tiny_model():
     return model
 
 
+def _on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The module's model on `device`: itself on the CPU, else a copy there (the fixture is shared)."""
+    return model if device.type == "cpu" else copy.deepcopy(model).to(device)
+
+
 def _sources(n: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(2, 12, (n,), generator=g).tolist()
     return [torch.randint(4, 40, (k - 1,), generator=g).tolist() + [EOS] for k in lengths]
 
 
-def test_real_model_beam1_equals_greedy_exactly(tiny_model):
-    src = batch(*_sources(8))
+def test_real_model_beam1_equals_greedy_exactly(tiny_model, device):
+    tiny_model, src = _on(tiny_model, device), batch(*_sources(8), device=device)
     options = dict(length_penalty=0.6, length_penalty_kind="gnmt", max_len_a=1.0, max_len_b=3)
     beam1 = _beam_search(tiny_model, src, 1, **options)  # the general search with one beam
     greedy = greedy_search(tiny_model, src, **options)
@@ -350,13 +357,13 @@ def test_real_model_beam1_equals_greedy_exactly(tiny_model):
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_real_model_batched_equals_one_sentence_at_a_time(tiny_model, beam):
-    sources = _sources(8, seed=1)
+def test_real_model_batched_equals_one_sentence_at_a_time(tiny_model, beam, device):
+    tiny_model, sources = _on(tiny_model, device), _sources(8, seed=1)
     cfg = DecodeConfig(beam=beam, nbest=beam, length_penalty=1.0, max_len_a=1.0, max_len_b=3)
-    batched = search(tiny_model, batch(*sources), cfg)
+    batched = search(tiny_model, batch(*sources, device=device), cfg)
     lengths = set()
     for src, hyps in zip(sources, batched, strict=True):
-        (alone,) = search(tiny_model, batch(src), cfg)
+        (alone,) = search(tiny_model, batch(src, device=device), cfg)
         assert [h.tokens for h in hyps] == [h.tokens for h in alone]
         assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-5)
         lengths.add(len(hyps[0].tokens))
@@ -381,11 +388,12 @@ def _reference_beam(model, src: list[int], beam: int, alpha: float, max_len: int
     Returns (tokens, normalised score), best first."""
     live: list[tuple[list[int], float]] = [([], 0.0)]
     finished: list[tuple[list[int], float]] = []
-    source = torch.tensor([src])
+    device = next(model.parameters()).device
+    source = torch.tensor([src], device=device)
     for step in range(max_len + 1):
         candidates = []  # (score, hypothesis index, token)
         for i, (toks, score) in enumerate(live):
-            logits = model(source, torch.tensor([[BOS] + toks]))[0, -1].float()
+            logits = model(source, torch.tensor([[BOS] + toks], device=device))[0, -1].float().cpu()
             logits[PAD] = logits[BOS] = float("-inf")
             lprobs = torch.log_softmax(logits, dim=-1)
             for token in _repeats(toks, no_repeat):
@@ -405,13 +413,14 @@ def _reference_beam(model, src: list[int], beam: int, alpha: float, max_len: int
     return sorted(finished, key=lambda h: -h[1])
 
 
-def test_real_model_search_equals_a_plain_reference_search(tiny_model):
+def test_real_model_search_equals_a_plain_reference_search(tiny_model, device):
     """The batched, cached search (shared encoder rows, step 0 on one row per sentence, finished
-    sentences leaving the batch) finds what the plain per-sentence search above finds."""
-    sources, beam, alpha = _sources(6, seed=4), 3, 1.0
+    sentences leaving the batch) finds what the plain per-sentence search above finds (the reference's
+    forwards on the same device, its bookkeeping on the CPU)."""
+    tiny_model, sources, beam, alpha = _on(tiny_model, device), _sources(6, seed=4), 3, 1.0
     cfg = DecodeConfig(beam=beam, nbest=beam, length_penalty=alpha, min_len=0, max_len_a=1.0, max_len_b=2)
     with torch.inference_mode():
-        batched = search(tiny_model, batch(*sources), cfg)
+        batched = search(tiny_model, batch(*sources, device=device), cfg)
         for src, hyps in zip(sources, batched, strict=True):
             expected = _reference_beam(tiny_model, src, beam, alpha, max_len=len(src) + 2)
             assert [h.tokens for h in hyps] == [toks for toks, _ in expected]

@@ -133,9 +133,9 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize(("kind", "name"), _params())
-def test_cached_steps_equal_the_full_forward(kind, name):
-    model = _perturbed(_config(kind, name, R)).eval()
-    src, prev = _batch()
+def test_cached_steps_equal_the_full_forward(kind, name, device):
+    model = _perturbed(_config(kind, name, R)).to(device).eval()
+    src, prev = (t.to(device) for t in _batch())
     with torch.inference_mode():
         full = model(src, prev)  # [B, T, V]
         enc = model.encode(src)
@@ -148,11 +148,11 @@ def test_cached_steps_equal_the_full_forward(kind, name):
 
 
 @pytest.mark.parametrize(("kind", "name"), _params())
-def test_reordered_state_continues_like_the_full_forward_of_reordered_prefixes(kind, name):
+def test_reordered_state_continues_like_the_full_forward_of_reordered_prefixes(kind, name, device):
     """Beam-style reordering: rows change places mid-decoding (within and across sentences)."""
-    model = _perturbed(_config(kind, name, R)).eval()
-    src, prev = _batch()
-    order = torch.tensor([2, 2, 0])  # row 0 <- old row 2, row 1 <- old row 2, row 2 <- old row 0
+    model = _perturbed(_config(kind, name, R)).to(device).eval()
+    src, prev = (t.to(device) for t in _batch())
+    order = torch.tensor([2, 2, 0], device=device)  # row 0 <- old row 2, row 1 <- old row 2, row 2 <- old row 0
     with torch.inference_mode():
         enc, state = model.encode(src), DecoderState()
         for t in range(3):
@@ -197,11 +197,12 @@ def test_memory_shared_by_a_sentences_hypotheses_equals_a_copy_per_hypothesis(ki
 
 
 @pytest.mark.parametrize(("kind", "name"), _params())
-def test_eval_is_deterministic_and_independent_of_the_dropout_rates(kind, name):
-    model = _perturbed(_config(kind, name, R))
-    no_randomness = build_model(_config(kind, name, 0.0))
+def test_eval_is_deterministic_and_independent_of_the_dropout_rates(kind, name, device):
+    """Bit-equal on every device: the same kernels on the same inputs (deterministic algorithms, conftest.py)."""
+    model = _perturbed(_config(kind, name, R)).to(device)
+    no_randomness = build_model(_config(kind, name, 0.0)).to(device)
     no_randomness.load_state_dict(model.state_dict())
-    src, prev = _batch()
+    src, prev = (t.to(device) for t in _batch())
     with torch.no_grad():
         out = model.eval()(src, prev)
         assert torch.equal(out, model(src, prev))
@@ -268,7 +269,7 @@ ONE_BRANCH: dict[str, OneBranch | str] = {
 
 
 @pytest.mark.parametrize("kind", sorted(LayerConfig._variants))
-def test_one_branch_equals_the_standard_transformer(kind):
+def test_one_branch_equals_the_standard_transformer(kind, device):
     if kind not in ONE_BRANCH:
         pytest.fail(f"layer kind {kind!r} has no entry in tests/models/test_layer_contract.py ONE_BRANCH")
     if isinstance(ONE_BRANCH[kind], str):
@@ -283,6 +284,7 @@ def test_one_branch_equals_the_standard_transformer(kind):
                 p.add_(torch.randn_like(p) * 0.1)
     standard = build_model(from_dict(ModelConfig, {**base, **standard_overrides}))
     standard.load_state_dict(to_standard(one.state_dict()))
-    src, prev = _batch()
+    one, standard = one.to(device), standard.to(device)
+    src, prev = (t.to(device) for t in _batch())
     with torch.no_grad():
         torch.testing.assert_close(one.eval()(src, prev), standard.eval()(src, prev), atol=1e-5, rtol=1e-5)

@@ -98,13 +98,13 @@ def test_decoder_layer_equals_torch_transformer_decoder_layer(norm, layer):
         torch.testing.assert_close(ours(y, memory, pad), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_drop_branch_drops_at_rate_rho_per_batch():
+def test_drop_branch_drops_at_rate_rho_per_batch(device):
     torch.manual_seed(3)
-    model = _model(encoder=_layer(attention_branches=4, drop_branch=0.25), decoder=_layer())
+    model = _model(encoder=_layer(attention_branches=4, drop_branch=0.25), decoder=_layer()).to(device)
     attention = model.encoder.layers[0].self_attn.train()
-    draws = torch.cat([attention.drop_branch(8, torch.device("cpu")) for _ in range(2000)])  # [2000, 4]
-    assert draws.shape == (2000, 4)
-    assert torch.allclose(draws.unique(), torch.tensor([0.0, 1 / 0.75]))
+    draws = torch.cat([attention.drop_branch(8, device) for _ in range(2000)])  # [2000, 4]
+    assert draws.shape == (2000, 4) and draws.device.type == device.type
+    assert torch.allclose(draws.unique().cpu(), torch.tensor([0.0, 1 / 0.75]))
     assert abs((draws == 0).float().mean().item() - 0.25) < 0.02
 
 

@@ -109,26 +109,29 @@ def test_tiny_presets_build(name):
 # ---- layer equivalences ---------------------------------------------------------------------------
 
 
-def test_one_identity_unit_with_unit_weight_is_a_pre_norm_transformer_layer():
+def test_one_identity_unit_with_unit_weight_is_a_pre_norm_transformer_layer(device):
     cfg = _cfg({"units": 1}, dropout=0.0)
     mute = _layer({"units": 1}, dropout=0.0).eval()
     with torch.no_grad():
         mute.unit_weights.fill_(1.0)
     std = _transformer_layer(cfg).eval()
     _copy_unit(mute, std, 0, 0)
-    x, pad = _inputs()
+    mute, std = mute.to(device), std.to(device)
+    x, pad = (t.to(device) for t in _inputs())
     torch.testing.assert_close(mute(x, pad), std(x, pad), atol=1e-5, rtol=1e-5)
 
 
-def test_one_unit_matches_the_transformer_layer_in_training_too_with_dropouts_and_drophead():
-    """Same seed, same random draws: dropout, attention dropout, activation dropout and DropHead."""
+def test_one_unit_matches_the_transformer_layer_in_training_too_with_dropouts_and_drophead(device):
+    """Same seed, same random draws: dropout, attention dropout, activation dropout and DropHead (on CUDA
+    from its generator, which torch.manual_seed seeds too)."""
     over = {"dropout": 0.2, "attention_dropout": 0.1, "activation_dropout": 0.1, "drophead": {"rate": 0.3}}
     mute = _layer({"units": 1}, **over).train()
     with torch.no_grad():
         mute.unit_weights.fill_(1.0)
     std = _transformer_layer(_cfg({"units": 1}, **over)).train()
     _copy_unit(mute, std, 0, 0)
-    x, pad = _inputs()
+    mute, std = mute.to(device), std.to(device)
+    x, pad = (t.to(device) for t in _inputs())
     torch.manual_seed(4)
     ours = mute(x, pad)
     torch.manual_seed(4)

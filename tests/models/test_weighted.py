@@ -93,11 +93,12 @@ def _loop_reference(ba: BranchedAttention, x, memory=None, mask=None, causal=Fal
 
 @pytest.mark.parametrize("ffn_mode", ["split", "shared"])
 @pytest.mark.parametrize("branch_residual", [True, False])
-def test_batched_branches_equal_a_per_branch_loop(ffn_mode, branch_residual):
+def test_batched_branches_equal_a_per_branch_loop(ffn_mode, branch_residual, device):
     model = build_model(_cfg({"ffn_mode": ffn_mode, "branch_residual": branch_residual})).eval()
     _perturb(model)
-    x, memory = torch.randn(3, 6, 32), torch.randn(3, 5, 32)
-    mask = torch.zeros(3, 5, dtype=torch.bool)
+    model = model.to(device)
+    x, memory = torch.randn(3, 6, 32, device=device), torch.randn(3, 5, 32, device=device)
+    mask = torch.zeros(3, 5, dtype=torch.bool, device=device)
     mask[1, 3:] = True
     with torch.no_grad():
         enc = _branched(model)
@@ -107,7 +108,7 @@ def test_batched_branches_equal_a_per_branch_loop(ffn_mode, branch_residual):
                                    atol=1e-5, rtol=1e-5)
         selfb = build_model(_cfg(decoder={"decoder_branched": "self"})).eval()
         _perturb(selfb)
-        dec = _branched(selfb, "decoder")
+        dec = _branched(selfb.to(device), "decoder")
         torch.testing.assert_close(dec(x, causal=True), _loop_reference(dec, x, causal=True), atol=1e-5, rtol=1e-5)
 
 
@@ -240,9 +241,9 @@ def test_drophead_acts_on_the_branch_axis_before_w_o():
 
 
 @pytest.mark.parametrize("layer", [{"normalization": "softmax"}, {"top_k": 2}, {"normalization": "softmax", "top_k": 1}])
-def test_ablation_options_build_train_and_keep_their_weights_normalised(layer):
-    model = build_model(_cfg(layer))
-    src, prev = _batch()
+def test_ablation_options_build_train_and_keep_their_weights_normalised(layer, device):
+    model = build_model(_cfg(layer)).to(device)
+    src, prev = (t.to(device) for t in _batch())
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     hooks = ModuleHooks(model)
     for _ in range(3):

@@ -11,11 +11,11 @@ from multibranch.modules.structured_dropout import DropHead
 from tests.helpers.configs import tiny_model_dict
 
 
-def test_every_sample_keeps_a_head_and_kept_heads_scale_by_h_over_kept():
+def test_every_sample_keeps_a_head_and_kept_heads_scale_by_h_over_kept(device):
     torch.manual_seed(0)
     drop = DropHead(4, 0.7).train()
     for _ in range(50):
-        scale = drop(64, torch.device("cpu"))  # [64, 4]
+        scale = drop(64, device).cpu()  # [64, 4], drawn on `device`
         kept = (scale > 0).sum(1)
         assert bool((kept >= 1).all())
         expected = 4.0 / kept.float()
@@ -23,10 +23,10 @@ def test_every_sample_keeps_a_head_and_kept_heads_scale_by_h_over_kept():
         assert torch.allclose(scale.sum(1), torch.full((64,), 4.0))
 
 
-def test_masks_are_per_sample_and_rate_matches():
+def test_masks_are_per_sample_and_rate_matches(device):
     torch.manual_seed(1)
     drop = DropHead(16, 0.2).train()
-    scales = torch.cat([drop(32, torch.device("cpu")) for _ in range(100)])
+    scales = torch.cat([drop(32, device) for _ in range(100)]).cpu()
     assert not all(torch.equal(scales[0] > 0, row > 0) for row in scales[1:33])
     assert abs((scales == 0).float().mean().item() - 0.2) < 0.02
 

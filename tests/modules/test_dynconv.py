@@ -64,10 +64,10 @@ CASES = [((3, 15), "gate"), ((3, 15), "concat"), ((5,), "gate"), ((1, 3, 7), "ga
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("kernels", "mix"), CASES)
-def test_band_unfold_and_incremental_paths_agree(kernels, mix, causal):
-    conv = _conv(kernels, causal, kernel_mix=mix).eval()
+def test_band_unfold_and_incremental_paths_agree(kernels, mix, causal, device):
+    conv = _conv(kernels, causal, kernel_mix=mix).to(device).eval()
     for length in (1, 4, 19):  # shorter and longer than the widest kernel
-        v = _v(length=length, seed=length)
+        v = _v(length=length, seed=length).to(device)
         with torch.no_grad():
             band, unfold = conv(v, path="band"), conv(v, path="unfold")
             torch.testing.assert_close(band, unfold, atol=1e-6, rtol=0)
@@ -79,9 +79,9 @@ def test_band_unfold_and_incremental_paths_agree(kernels, mix, causal):
                 torch.testing.assert_close(_steps(conv, v, chunks), band, atol=1e-6, rtol=1e-5)
 
 
-def test_paths_agree_in_training_mode_with_the_same_weight_dropout_draws():
-    conv = _conv((3, 15), causal=True, weight_dropout=0.3).train()
-    v = _v(length=9)
+def test_paths_agree_in_training_mode_with_the_same_weight_dropout_draws(device):
+    conv = _conv((3, 15), causal=True, weight_dropout=0.3).to(device).train()
+    v = _v(length=9).to(device)
     torch.manual_seed(1)
     band = conv(v, path="band")
     torch.manual_seed(1)
@@ -91,13 +91,14 @@ def test_paths_agree_in_training_mode_with_the_same_weight_dropout_draws():
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("kernels", "mix"), [((3, 15), "gate"), ((3, 5), "concat"), ((7,), "gate")])
-def test_module_equals_explicit_loop_reference(kernels, mix, causal):
+def test_module_equals_explicit_loop_reference(kernels, mix, causal, device):
     conv = _conv(kernels, causal, kernel_mix=mix).double().eval()
     v = _v(batch=2, length=9).double()
     with torch.no_grad():
-        expected = _naive(conv, v)
+        expected = _naive(conv, v)  # the loops on the CPU; the module on `device` (float64 either way)
+        conv, v = conv.to(device), v.to(device)
         for path in ("band", "unfold"):
-            torch.testing.assert_close(conv(v, path=path), expected, atol=1e-10, rtol=0)
+            torch.testing.assert_close(conv(v, path=path).cpu(), expected, atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("path", ["band", "unfold"])

@@ -25,22 +25,25 @@ def _train_losses(run: Path) -> dict[int, float]:
 
 
 def _cli(config: Path, data: Path, run: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # CUBLAS_WORKSPACE_CONFIG (conftest.py) for --deterministic on CUDA
     cmd = [sys.executable, "-m", "multibranch", "train", "--data", str(data), "--out", str(run),
            "--config", str(config), "--threads", "1", "--deterministic", "--no-progress", *extra]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path):
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path, device):
+    """Bit-identical on CUDA too: --deterministic there means deterministic kernels (a fixed cuBLAS workspace),
+    and the CUDA generators' states are saved with the CPU's."""
     cfg = tiny_experiment(max_steps=30, valid_every=6)
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
+    on = ("--device", device.type)
 
-    straight = _cli(config, tiny_data, tmp_path / "straight")
+    straight = _cli(config, tiny_data, tmp_path / "straight", *on)
     out, err = straight.communicate(timeout=300)
     assert straight.returncode == 0, err
 
-    victim = _cli(config, tiny_data, tmp_path / "killed")
+    victim = _cli(config, tiny_data, tmp_path / "killed", *on)
     first_save = tmp_path / "killed" / "last.pt"
     deadline = time.time() + 240
     while not first_save.exists() and victim.poll() is None and time.time() < deadline:
@@ -51,7 +54,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path):
     killed_at = load_checkpoint(tmp_path / "killed" / "last.pt")["meta"]["step"]
     assert killed_at < 30
 
-    resumed = _cli(config, tiny_data, tmp_path / "killed", "--resume")
+    resumed = _cli(config, tiny_data, tmp_path / "killed", "--resume", *on)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
 
@@ -60,10 +63,12 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path):
     assert got == expected  # bit-identical losses, step for step
 
 
-def test_in_process_resume_extends_a_finished_run_exactly(tiny_data, tmp_path):
-    train(tiny_experiment(max_steps=16, deterministic=True), RunOptions(tiny_data, tmp_path / "straight"))
-    train(tiny_experiment(max_steps=8, deterministic=True), RunOptions(tiny_data, tmp_path / "two_legs"))
-    train(tiny_experiment(max_steps=16, deterministic=True), RunOptions(tiny_data, tmp_path / "two_legs", resume=True))
+def test_in_process_resume_extends_a_finished_run_exactly(tiny_data, tmp_path, device):
+    on = device.type
+    train(tiny_experiment(max_steps=16, deterministic=True), RunOptions(tiny_data, tmp_path / "straight", device=on))
+    train(tiny_experiment(max_steps=8, deterministic=True), RunOptions(tiny_data, tmp_path / "two_legs", device=on))
+    train(tiny_experiment(max_steps=16, deterministic=True),
+          RunOptions(tiny_data, tmp_path / "two_legs", resume=True, device=on))
     assert _train_losses(tmp_path / "two_legs") == _train_losses(tmp_path / "straight")
 
 

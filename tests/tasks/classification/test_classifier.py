@@ -127,18 +127,18 @@ ENCODERS = {
 
 
 @pytest.mark.parametrize("kind", sorted(ENCODERS))
-def test_every_layer_kind_builds_a_classifier_and_trains_a_step(kind):
+def test_every_layer_kind_builds_a_classifier_and_trains_a_step(kind, device):
     from multibranch.hooks import ModuleHooks
 
     cfg = _tiny_model_config(encoder=ENCODERS[kind], dropout=0.1, norm="pre" if kind == "mute" else "post",
                              drophead={"rate": {"schedule": "v", "rate": 0.2, "warmup_ratio": 0.1}})
-    model = Classifier(cfg, ClassifierConfig(pooling="mean", num_labels=4)).train()
+    model = Classifier(cfg, ClassifierConfig(pooling="mean", num_labels=4)).to(device).train()
     hooks = ModuleHooks(model)
     hooks.update_start(3, None, 50)
-    src = torch.tensor([[2, 5, 6, 7, 3], [2, 9, 3, 0, 0]])
+    src = torch.tensor([[2, 5, 6, 7, 3], [2, 9, 3, 0, 0]], device=device)
     logits = model(src)  # [2, 4]
-    assert logits.shape == (2, 4)
-    torch.nn.functional.cross_entropy(logits, torch.tensor([1, 3])).backward()
+    assert logits.shape == (2, 4) and logits.device.type == device.type
+    torch.nn.functional.cross_entropy(logits, torch.tensor([1, 3], device=device)).backward()
     layer_grads = [p.grad for n, p in model.named_parameters() if n.startswith("encoder.layers.")]
     assert layer_grads and any(g is not None and g.abs().sum() > 0 for g in layer_grads)
 
@@ -160,15 +160,16 @@ def test_tiny_classifier_learns_and_reloads(labelled_data, tmp_path):
 
 
 @pytest.mark.parametrize(("token_dropout", "subword_sampling"), [(0.0, 0.0), (0.3, 0.0), (0.0, 0.3)])
-def test_classification_resume_is_exact(token_dropout, subword_sampling, labelled_data, tmp_path):
+def test_classification_resume_is_exact(token_dropout, subword_sampling, labelled_data, tmp_path, device):
     def experiment() -> ExperimentConfig:
         return classifier_experiment(pooling="mean", token_dropout=token_dropout,
                                      subword_sampling=subword_sampling, max_steps=16, valid_every=4)
 
-    train(experiment(), RunOptions(labelled_data, tmp_path / "straight"))
+    on = device.type
+    train(experiment(), RunOptions(labelled_data, tmp_path / "straight", device=on))
     # paused at 8 of 16 planned updates: the V schedule of DropHead (T_w = 0.1 * 16) plans for 16
-    train(experiment(), RunOptions(labelled_data, tmp_path / "legs", stop_at_step=8))
-    train(experiment(), RunOptions(labelled_data, tmp_path / "legs", resume=True))
+    train(experiment(), RunOptions(labelled_data, tmp_path / "legs", stop_at_step=8, device=on))
+    train(experiment(), RunOptions(labelled_data, tmp_path / "legs", resume=True, device=on))
     straight = {r["step"]: r["loss"] for r in _records(tmp_path / "straight", "train")}
     legs = {r["step"]: r["loss"] for r in _records(tmp_path / "legs", "train")}
     assert sorted(legs) == list(range(1, 17))

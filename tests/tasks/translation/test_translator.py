@@ -3,6 +3,7 @@ SentencePiece model is trained in a fixture on generated text."""
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
 import subprocess
@@ -34,10 +35,18 @@ def translator(tokenizer, experiment) -> Translator:
 LINES = corpus_lines(12, seed=5)
 
 
+def _on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The fixture's model for `device`: itself on the CPU, else a copy there (a Translator moves the model it
+    is given, and the module's other tests share this one on the CPU)."""
+    return model if device.type == "cpu" else copy.deepcopy(model).to(device)
+
+
 # ---- the library ---------------------------------------------------------------------------------
 
 
-def test_order_is_restored_and_batching_does_not_change_results(translator):
+def test_order_is_restored_and_batching_does_not_change_results(tokenizer, experiment, device):
+    config, model = experiment
+    translator = Translator(_on(model, device), tokenizer, config.decode, device)
     batched = translator.translate(LINES)
     assert len(batched) == len(LINES)
     one_by_one = [translator.translate([line])[0] for line in LINES]
@@ -107,17 +116,18 @@ def test_make_batches_covers_everything_within_budget(lengths, beam, batch_token
 # ---- the command ---------------------------------------------------------------------------------
 
 
-def test_cli_file_to_file_matches_the_library(checkpoint, tokenizer, experiment, tmp_path):
+def test_cli_file_to_file_matches_the_library(checkpoint, tokenizer, experiment, tmp_path, device):
     config, model = experiment
     raw = "\r\n".join([LINES[0], "", LINES[1] + " \u2028 " + LINES[2], "   ", LINES[3]]).encode() + b"\r\n"
     src = tmp_path / "in.txt"
     src.write_bytes(raw)
     out = tmp_path / "out.txt"
     assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "-o", str(out), "--beam", "2",
-                 "--device", "cpu"]) == 0
+                 "--device", device.type]) == 0
     lines = out.read_bytes().decode().split("\n")
     assert lines[-1] == "" and len(lines) == 6  # 5 lines, each ending in "\n"
-    expected = Translator(model, tokenizer, DecodeConfig(**{**config.decode.__dict__, "beam": 2})).translate(
+    expected = Translator(_on(model, device), tokenizer, DecodeConfig(**{**config.decode.__dict__, "beam": 2}),
+                          device).translate(
         [LINES[0], "", LINES[1] + " \u2028 " + LINES[2], "   ", LINES[3]])
     assert lines[:-1] == expected
 
@@ -216,8 +226,9 @@ def test_cli_failure_leaves_an_existing_output_untouched(checkpoint, tmp_path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "out.txt"]  # no temporary left behind
 
 
-def test_cli_user_errors_before_the_model_is_loaded(checkpoint, tmp_path, capsys):
-    assert _translate(checkpoint, "--device", "cuda") == 2  # CPU-only torch in CI
+def test_cli_user_errors_before_the_model_is_loaded(checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)  # a CPU-only build (CI's) on every machine
+    assert _translate(checkpoint, "--device", "cuda") == 2
     err = capsys.readouterr().err
     assert "--device cuda: this PyTorch build" in err and len(err.strip().splitlines()) == 1
     assert _translate(checkpoint, "-i", str(tmp_path)) == 2
@@ -299,14 +310,15 @@ def test_cli_closed_pipe_exits_quietly(checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("alpha,kind", [(1.0, "fairseq"), (0.6, "gnmt")])
-def test_forced_scores_reproduce_the_greedy_search(experiment, alpha, kind):
+def test_forced_scores_reproduce_the_greedy_search(experiment, alpha, kind, device):
     from multibranch.inference.beam import forced_scores, greedy_search, length_penalty
 
-    _, model = experiment
+    model = _on(experiment[1], device)
     torch.manual_seed(0)
     src = torch.randint(4, model.config.src_vocab_size, (5, 7))
     src[1, 4:] = model.config.pad_id  # a shorter sentence in the batch
     src[0, 6] = src[1, 3] = EOS_ID
+    src = src.to(device)
     hyps = [h[0] for h in greedy_search(model, src, length_penalty=alpha, length_penalty_kind=kind, max_len_a=1.0,
                                         max_len_b=4)]
     assert len({len(h.tokens) for h in hyps}) > 1  # different lengths: padding in the forced batch matters
