@@ -11,7 +11,12 @@ import torch.nn.functional as F
 
 from multibranch.config import ConfigError, from_dict
 from multibranch.inference import precision as precision_module
-from multibranch.inference.precision import HALF_DTYPES, PRECISIONS, cast_for_decoding, check_precision, for_decoding
+from multibranch.inference.precision import (
+    HALF_DTYPES,
+    cast_for_decoding,
+    check_precision,
+    for_decoding,
+)
 from multibranch.models import ModelConfig, build_model
 from multibranch.modules.packed_linear import (
     Int8Linear,
