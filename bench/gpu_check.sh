@@ -10,8 +10,9 @@
 # wheels of any package the machine lacks in .whl/ (fastapi, pydantic, uvicorn for the serve tests).
 # Everything it writes goes under $OUT (default runs/gpu-check): logs and one results tarball.
 #
-#   OUT=runs/gpu-check MULTIBRANCH_SHARED_DATA=/path/to/data bash bench/gpu_check.sh [sections...]
-#   sections: env train_speed train_m30k tests decode (default: all, in that order; train_m30k and tests overlap)
+#   OUT=runs/gpu-check MULTIBRANCH_SHARED_DATA=/path/to/data [DECODE_CKPT=CKPT] bash bench/gpu_check.sh [sections...]
+#   sections: env train_speed train_m30k tests decode (default: all, in that order; train_m30k and tests overlap);
+#   decode uses DECODE_CKPT (default: the model train_m30k wrote)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu-check}
@@ -33,8 +34,7 @@ if has env; then
 'cuda', torch.version.cuda, torch.cuda.get_device_name()); print('transformers', transformers.__version__)"
     echo "libcublas.so.12 (CTranslate2's CUDA build needs it):"; find / -name 'libcublas.so.12*' 2>/dev/null | head -3
     ls /usr/local/cuda*/lib64/libcublas.so* 2>/dev/null
-    echo "model weights on this machine (a BERT-size checkpoint for issue 23?):"
-    find / -xdev \( -name '*.safetensors' -o -name 'pytorch_model.bin' \) -size +20M 2>/dev/null | head -10
+    python3 -c "import nvidia.cublas, os; print(os.listdir(os.path.join(nvidia.cublas.__path__[0], 'lib')))"
     ls -d /root/.cache/huggingface/hub/* 2>/dev/null | head; } > "$OUT/env.txt" 2>&1
 fi
 
@@ -60,7 +60,7 @@ fi
 if has tests; then
   stamp tests
   OMP_NUM_THREADS=1 timeout 230 python3 -m pytest -q -n 12 -p no:cacheprovider --timeout 200 -o addopts="" \
-    -m "not slow" --import-mode=importlib -rfE tests > "$OUT/pytest.log" 2>&1
+    -m "not slow" --import-mode=importlib -rfE --junitxml "$OUT/junit.xml" tests > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/progress.log"
 fi
 
@@ -70,9 +70,10 @@ if [ -n "$train_pid" ]; then
   cp runs/gpu-m30k/metrics.jsonl "$OUT/" 2>/dev/null
 fi
 
-if has decode && [ -f runs/gpu-m30k/best.pt ]; then
+DECODE_CKPT=${DECODE_CKPT:-runs/gpu-m30k/best.pt}  # or a checkpoint trained elsewhere, carried along
+if has decode && [ -f "$DECODE_CKPT" ]; then
   stamp decode
-  timeout 200 python3 bench/decode_speed.py --ckpt runs/gpu-m30k/best.pt --device cuda --precision bf16 fp16 \
+  timeout 200 python3 bench/decode_speed.py --ckpt "$DECODE_CKPT" --device cuda --precision bf16 fp16 \
     --batch 32 128 --split test --sentences 1000 --rounds 1 --threads 4 --name decode_gpu > "$OUT/decode.log" 2>&1
   echo "decode rc=$?" >> "$OUT/progress.log"
 fi
