@@ -402,8 +402,7 @@ class Trainer:
         if t.clip_norm > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, t.clip_norm)
         else:
-            grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params])) if params \
-                else torch.zeros(())
+            grad_norm = total_grad_norm(params)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -631,3 +630,13 @@ class Trainer:
             if self._log_handler is not None:
                 step_log.removeHandler(self._log_handler)
 
+
+def total_grad_norm(params: list[nn.Parameter]) -> Tensor:
+    """The 2-norm of all gradients together, with multi-tensor kernels where this PyTorch has them (one norm
+    per parameter would be one kernel each on a GPU: 182 a transformer-base update)."""
+    if not params:
+        return torch.zeros(())
+    grads = [p.grad.detach() for p in params]
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
+        return torch.nn.utils.get_total_norm(grads, 2.0)
+    return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
