@@ -86,14 +86,38 @@ def decode_speed(name: str, title: str) -> list[str]:
     result = load(name)
     if result is None:
         return []
-    rows = rows_by_system(result)
-    base = rows.get("hf-generate") or next(iter(rows.values()))
-    lines = header(title, result, ["system", "parameters", "sentences/s", "output words/s", "BLEU (valid subset)",
-                                   f"sentences/s vs {base['system']}"])
-    for row in rows.values():
+    # newer files have a row per system, precision and batch size: each is compared with HF at the same two
+    rows = {(r["system"], r.get("precision"), r.get("batch")): r for r in result["rows"]}
+    base = rows.get(("hf-generate", None, None)) or next(iter(rows.values()))
+    lines = header(title, result, ["system", "precision", "batch", "parameters", "sentences/s", "output words/s",
+                                   "BLEU", "sentences/s vs HF generate (same precision and batch)"])
+    for (system, precision, batch), row in rows.items():
+        peer = rows.get(("hf-generate", precision, batch), base)
         params = f"{row['parameters'] / 1e6:.2f}M" if "parameters" in row else "–"
-        lines.append(f"| {row['system']} | {params} | {row['sentences_per_s']:.1f} | {row['words_per_s']:.0f} | "
-                     f"{row['bleu']:.2f} | {row['sentences_per_s'] / base['sentences_per_s']:.2f}x |")
+        lines.append(f"| {system} | {precision or '–'} | {batch or '–'} | {params} | {row['sentences_per_s']:.1f} | "
+                     f"{row['words_per_s']:.0f} | {row['bleu']:.2f} | "
+                     f"{row['sentences_per_s'] / peer['sentences_per_s']:.2f}x |")
+    return lines + [""]
+
+
+def gpu_train_speed(name: str) -> list[str]:
+    """bench/train_speed.py --device cuda: tokens/s, model FLOP utilisation and GPU memory, per batch size."""
+    result = load(name)
+    if result is None:
+        return []
+    env, peak, matmul = result["environment"], result["peak_tflops"], result["measured_matmul_tflops"]
+    lines = [f"### Training speed on {env.get('gpu', 'a GPU')}, amp={env['amp']}", "",
+             f"`{env['command']}` (commit {env['commit']}, torch {env['torch']})", "",
+             "| max tokens (real / update) | system | params | target tok/s | ms / update | model TFLOP/s | "
+             f"MFU (of {peak:.0f}) | of the measured matmul ({matmul:.0f}) | peak GPU MB | vs HF |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    hf = {r["max_tokens"]: r for r in result["rows"] if r["system"] == "hf-marian"}
+    for r in result["rows"]:
+        tokens = f"{r['max_tokens']} ({r['tokens'] / r['updates']:,.0f})"
+        lines.append(f"| {tokens} | {r['system']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_s']:,.0f} | "
+                     f"{r['ms_per_update']:.1f} | {r['model_tflops_per_s']:.1f} | "
+                     f"{100 * r['model_tflops_per_s'] / peak:.1f}% | {100 * r['model_tflops_per_s'] / matmul:.1f}% | "
+                     f"{r['peak_gpu_memory_mb']:,.0f} | {r['tokens_per_s'] / hf[r['max_tokens']]['tokens_per_s']:.2f}x |")
     return lines + [""]
 
 
@@ -196,6 +220,7 @@ def main() -> None:
         *train_speed("train_speed_none"),
         *train_speed("train_speed_bf16"),
         *presets_speed("presets_speed_bf16"),
+        *gpu_train_speed("train_speed_gpu"),
         *decode_speed("decode_speed", "Beam search vs HF generate"),
         *decode_speed("decode_presets", "Beam search per preset"),
         *ct2_decode("ct2_decode"),
