@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.helpers.configs import tiny_experiment
@@ -43,3 +44,18 @@ def test_two_ranks_equal_one_process_with_update_freq_two(tiny_data, tmp_path):
     for step in ddp:
         assert ddp[step] == pytest.approx(single[step], rel=1e-5)
     assert (tmp_path / "ddp" / "last.pt").exists() and not (tmp_path / "ddp" / "checkpoints" / "rank1").exists()
+
+
+def test_more_processes_a_node_than_gpus_is_a_config_error_before_joining(monkeypatch):
+    """torchrun --nproc-per-node 2 on a one-GPU node with --device cuda: rank 1 would need GPU 1. One clear
+    error before any process group is joined (faked here: this test needs no GPU)."""
+    from multibranch.errors import ConfigError
+    from multibranch.train import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda *a, **k: pytest.fail("the process group was joined"))
+    with pytest.raises(ConfigError, match="local rank 1 needs GPU 1, but this node has 1; start at most"):
+        distributed.init_distributed("cuda")

@@ -12,6 +12,8 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from multibranch.errors import ConfigError
+
 
 @dataclass
 class DistInfo:
@@ -29,14 +31,22 @@ class DistInfo:
 
 
 def init_distributed(device_type: str, timeout_minutes: float = 30.0) -> DistInfo:
-    """Join the process group torchrun set up (env://); a plain run is rank 0 of 1."""
+    """Join the process group torchrun set up (env://); a plain run is rank 0 of 1.
+
+    On CUDA each process of a node takes the GPU of its local rank: a node with more processes than GPUs is
+    a ConfigError before any process group is joined (NCCL would fail later, in a raw CUDA error)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda" and local_rank >= torch.cuda.device_count():
+        raise ConfigError(f"--device cuda under torchrun: local rank {local_rank} needs GPU {local_rank}, but this "
+                          f"node has {torch.cuda.device_count()}; start at most that many processes a node "
+                          "(--nproc-per-node), or use --device cpu (gloo)")
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
 
 
 def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
