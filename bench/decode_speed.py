@@ -127,9 +127,12 @@ def main() -> None:
                                            cfg=loaded.model.config)
                     parameters[key] = sum(p.numel() for p in hf.parameters())
     best: dict[str, dict] = {}
+    print(f"loaded {len(systems)} systems on {device}", flush=True)
     with torch.inference_mode():
-        for fn in systems.values():  # warm-up: kernels, allocator, autotuning
-            fn(sources[:64])
+        for key, fn in systems.items():  # warm-up: kernels, allocator, autotuning
+            start = time.perf_counter()
+            fn(sources[:32])
+            print(f"warm-up {key}: {time.perf_counter() - start:.1f} s", flush=True)
         for _ in range(args.rounds):
             for key, fn in systems.items():
                 start = time.perf_counter()
