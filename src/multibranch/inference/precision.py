@@ -17,8 +17,8 @@ Weighted's branch mixing, MUTE's unit attention) stay fp32. The caller's model i
 
 On CUDA, `bf16` and `fp16` decode with the model's weights cast to that type (what a Hugging Face user gets
 from `torch_dtype=torch.bfloat16`): every matmul and the attention run in half precision on tensor cores,
-while the search's log-softmax and scores stay fp32 (`beam.normalized_log_probs`). `int8` is CPU only, and
-so is nothing else: `fp16` is CUDA only (the CPU has no fast fp16 matmul).
+while the search's log-softmax and scores stay fp32 (`beam.normalized_log_probs`). `int8` runs on the CPU
+only and `fp16` on CUDA only (the CPU has no fast fp16 matmul).
 """
 
 from __future__ import annotations

@@ -381,7 +381,10 @@ class Trainer:
         (total_tokens,) = D.all_reduce_sum([local_tokens], self.dist, self.device)
         # Every number logged is read back from the device once, after the optimizer step: a read per batch
         # (loss, NLL, counts, extras, grad norm) would make the host wait for the GPU several times an update.
-        logged: list[tuple[str, Tensor]] = []  # (name, device scalar), in batch order
+        losses: list[Tensor] = []  # per batch, device scalars
+        nlls: list[Tensor] = []
+        batch_counts_list: list[dict[str, Tensor]] = []
+        extras_detached: dict[str, Tensor] = {}
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if (last or not self.dist.enabled) else self.train_model.no_sync()
@@ -393,10 +396,11 @@ class Trainer:
                     extras = self.hooks.extra_losses(update_tokens=total_tokens, world_size=self.dist.world_size)
                     for name, value in extras.items():
                         objective = objective + value
-                        logged.append((f"aux_{name}", value.detach()))
+                        extras_detached[name] = value.detach()
                 self.scaler.scale(objective).backward()
-            logged += [("loss_sum", loss.detach()), ("nll_sum", nll.detach())]
-            logged += [(f"count_{name}", torch.as_tensor(value).detach()) for name, value in batch_counts.items()]
+            losses.append(loss.detach())
+            nlls.append(nll.detach())
+            batch_counts_list.append({name: torch.as_tensor(value).detach() for name, value in batch_counts.items()})
         self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if t.clip_norm > 0:
@@ -408,21 +412,18 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.hooks.after_optimizer_step()
         self.state.step += 1
-        values = torch.stack([v.to(self.device, torch.float64).reshape(())
-                              for _, v in logged + [("grad_norm", grad_norm)]]).tolist()  # the one read back
-        loss_sum = nll_sum = 0.0
+        flat = [*losses, *nlls, *(v for c in batch_counts_list for v in c.values()), *extras_detached.values(),
+                grad_norm]
+        values = torch.stack([v.to(self.device, torch.float64).reshape(()) for v in flat]).tolist()  # one read
+        n = len(batches)
+        loss_sum, nll_sum = sum(values[:n], 0.0), sum(values[n : 2 * n], 0.0)
+        rest = iter(values[2 * n :])
         counts: dict[str, float] = {}
-        extras_logged: dict[str, float] = {}
-        for (name, _), value in zip(logged, values):
-            if name == "loss_sum":
-                loss_sum += value
-            elif name == "nll_sum":
-                nll_sum += value
-            elif name.startswith("count_"):
-                counts[name[6:]] = counts.get(name[6:], 0.0) + value
-            else:
-                extras_logged[name[4:]] = value
-        grad_norm = values[-1]
+        for batch_count in batch_counts_list:
+            for name in batch_count:
+                counts[name] = counts.get(name, 0.0) + next(rest)
+        extras_logged = {name: next(rest) for name in extras_detached}
+        grad_norm = next(rest)
         names = sorted(counts)  # the same on every rank: the task's loss returns the same keys
         loss_sum, nll_sum, *summed = D.all_reduce_sum([loss_sum, nll_sum, *(counts[k] for k in names)], self.dist,
                                                       self.device)
