@@ -15,9 +15,9 @@ runs in a fresh process that reports its wall time and its own peak RSS:
                    the training, so its pairs/s compares with the floor on equal terms
     spm-encode     sentencepiece's batched `encode(num_threads=workers)` over the same two files, read
                    in the same chunks, ids discarded: the tokenisation floor on the same cores
-    train          `train` of a tiny model for 2 updates on the shards: seconds from the call until it has
-                   finished (loading the shards, planning the epoch's batches, 2 updates, a validation
-                   on 1000 pairs, checkpoints), and peak RSS
+    train          `train` of a tiny model for 2 updates (`--train-updates`) on the shards: seconds from the
+                   call until it has finished (loading the shards, planning the epoch's batches, the
+                   updates, a validation on 1000 pairs, checkpoints), and peak RSS
 
 Goals checked (issue 21): peak RSS of `prepare` at the largest size within 1.2x of the smallest and under
 2 GB; prepare-reuse pairs/s >= 0.8x spm-encode; train done in < 30 s at the largest size, its peak RSS
@@ -114,7 +114,7 @@ def run_spm_encode(corpus: Path, model: Path, args: argparse.Namespace) -> dict[
     return {"seconds": seconds, "pairs_per_s": lines / seconds, "peak_rss_mb": peak_rss_mb()}
 
 
-def run_train(data: Path, run: Path) -> dict[str, Any]:
+def run_train(data: Path, run: Path, updates: int) -> dict[str, Any]:
     from multibranch.config import from_dict
     from multibranch.experiment import ExperimentConfig
     from multibranch.tasks import train
@@ -123,7 +123,7 @@ def run_train(data: Path, run: Path) -> dict[str, Any]:
     shutil.rmtree(run, ignore_errors=True)
     model = {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 1, "decoder_layers": 1}
     cfg = from_dict(ExperimentConfig, {"model": model, "train": {
-        "max_tokens": 4096, "max_steps": 2, "valid_every": 1000, "log_every": 1, "valid_bleu": False}})
+        "max_tokens": 4096, "max_steps": updates, "valid_every": 1000, "log_every": 1, "valid_bleu": False}})
     start = time.perf_counter()
     train(cfg, RunOptions(data, run, device="cpu", progress=False))
     return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb()}
@@ -136,7 +136,7 @@ def step(kind: str, args: argparse.Namespace, **paths: str) -> dict[str, Any]:
     """Run one step in a fresh process (its own peak RSS)."""
     argv = [str(Path(__file__)), "--step", kind, "--vocab-size", str(args.vocab_size), "--spm-sample",
             str(args.spm_sample), "--shard-pairs", str(args.shard_pairs), "--workers", str(args.workers),
-            "--chunk-lines", str(args.chunk_lines)]
+            "--chunk-lines", str(args.chunk_lines), "--train-updates", str(args.train_updates)]
     for key, value in paths.items():
         argv += [f"--{key}", value]
     return run_isolated(argv)
@@ -185,7 +185,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
     return {"environment": environment(amp="none"), "workers": args.workers or os.cpu_count(),
             "settings": {k: getattr(args, k) for k in ("vocab_size", "spm_sample", "shard_pairs", "chunk_lines",
-                                                       "repeat")},
+                                                       "repeat", "train_updates")},
             "sizes": rows, "goals": goals}
 
 
@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-pairs", type=int, default=500_000)
     parser.add_argument("--chunk-lines", type=int, default=10_000, help="pairs read and encoded together")
     parser.add_argument("--repeat", type=int, default=1, help="run each timed step N times, keep the fastest")
+    parser.add_argument("--train-updates", type=int, default=2,
+                        help="updates of the train step (more: its RSS over part of an epoch, not just its start)")
     parser.add_argument("--dir", help="scratch directory (default: runs/bench/prepare-scale)")
     parser.add_argument("--keep", action="store_true", help="keep the generated corpora and data directories")
     parser.add_argument("--name", default="prepare_scale", help="results file bench/results/NAME.json")
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             "prepare": lambda: run_prepare(Path(args.corpus), Path(args.out), args, None),
             "prepare-reuse": lambda: run_prepare(Path(args.corpus), Path(args.out), args, args.model),
             "spm-encode": lambda: run_spm_encode(Path(args.corpus), Path(args.model), args),
-            "train": lambda: run_train(Path(args.out), Path(args.run)),
+            "train": lambda: run_train(Path(args.out), Path(args.run), args.train_updates),
         }[args.step]()
         print(json.dumps(result))
         return 0

@@ -4,7 +4,7 @@
 shuffles the batch order with a generator seeded by (seed, epoch): the batches of an epoch are a pure
 function of (lengths, max_tokens, seed, epoch), so a resumed run only needs the epoch and the number
 of batches already consumed. `sharded_token_batches` does the same for a split stored in several
-shards, one shard at a time, so that a batch reads one memory map. `shard_batches` splits them across
+shards, one shard at a time, so that a batch reads one shard's files. `shard_batches` splits them across
 data-parallel ranks; `collate` turns one batch of indices into model inputs.
 """
 
@@ -118,7 +118,7 @@ def sharded_token_batches(
 ) -> list[np.ndarray]:
     """`token_batches` of a split stored in shards, given each shard's (src_lengths, tgt_lengths).
 
-    Each shard is batched on its own (so a batch never spans two shards and reads one memory map),
+    Each shard is batched on its own (so a batch never spans two shards and reads one shard's files),
     with indices offset to run over all shards. `shards` may compute each shard's lengths when indexed
     (ShardedSplit.shard_lengths does): only one shard's lengths are then in memory at a time. The shards
     are visited in an order seeded by (seed, epoch) and, with `shuffle`, the batches of all shards are
@@ -207,10 +207,10 @@ def collate(
         raise ValueError("collate needs a non-empty 1-d list of indices")
     pairs, local = split.locate(idx) if isinstance(split, ShardedPairs) else (split, idx)
     bsz = len(idx)
-    src_start = np.asarray(pairs.src_offsets[local], dtype=np.int64)  # [B]
-    tgt_start = np.asarray(pairs.tgt_offsets[local], dtype=np.int64)  # [B]
-    src_len = np.asarray(pairs.src_offsets[local + 1], dtype=np.int64) - src_start  # [B]
-    tgt_len = np.asarray(pairs.tgt_offsets[local + 1], dtype=np.int64) - tgt_start  # [B]
+    ends = np.stack([local, local + 1], axis=1)  # [B, 2] each example's offsets entries, read together
+    src_start, src_end = np.asarray(pairs.src_offsets[ends], dtype=np.int64).T  # [B] each
+    tgt_start, tgt_end = np.asarray(pairs.tgt_offsets[ends], dtype=np.int64).T  # [B] each
+    src_len, tgt_len = src_end - src_start, tgt_end - tgt_start  # [B]
     s_max, t_max = int(src_len.max()) + 1, int(tgt_len.max()) + 1
     flat = np.full(bsz * s_max + 2 * bsz * t_max, pad_id, dtype=np.int64)
     src = flat[: bsz * s_max].reshape(bsz, s_max)  # [B, S]

@@ -1,20 +1,21 @@
-"""Loading a directory written by `prepare`: metadata, tokenizer, and memory-mapped splits.
+"""Loading a directory written by `prepare`: metadata, tokenizer, and splits read on demand.
 
     data = PreparedData.load("runs/m30k/data")
     train = data.split("train")
-    train.src(0), train.tgt(0)          # int32 id arrays without EOS (views into a memory map)
+    train.src(0), train.tgt(0)          # int32 id arrays without EOS (read from the shard's file)
     train.src_lengths                   # int64 [n], lengths without EOS
     data.tokenizer().decode_tgt([train.tgt(0).tolist()])
 
 A split of one shard is a `ParallelSplit`; a split of several (a large corpus) is a `ShardedSplit`
 over one `ParallelSplit` per shard, with the same interface: example indices run over all shards, and
 `shard_lengths()` gives the per-shard lengths that `sharded_token_batches` batches shard by shard. Every
-shard named in data.json must be present and whole, or `load`/`split` refuses it by name.
+shard named in data.json must be present and whole, or `load`/`split` refuses it by name. A loaded shard's
+arrays are `NpyFile`s: read with `pread` as batches need them, never memory-mapped, so a process's memory
+does not grow with the corpus it trains on (docs/scale.md).
 """
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from multibranch.data.meta import read_meta
+from multibranch.data.npy_file import NpyFile
 from multibranch.data.text import read_lines
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.errors import DataError
@@ -61,13 +63,14 @@ class RawText:
 
 @dataclass
 class ParallelSplit(RawText):
-    """One split: concatenated token arrays with offsets per side (sentence i = tokens[off[i]:off[i+1]])."""
+    """One split: concatenated token arrays with offsets per side (sentence i = tokens[off[i]:off[i+1]]);
+    in memory (`from_sequences`) or read from a prepared shard's files (`NpyFile`)."""
 
     name: str
-    src_tokens: np.ndarray  # [N_src] int32
-    src_offsets: np.ndarray  # [n+1] int64
-    tgt_tokens: np.ndarray  # [N_tgt] int32
-    tgt_offsets: np.ndarray  # [n+1] int64
+    src_tokens: np.ndarray | NpyFile  # [N_src] int32
+    src_offsets: np.ndarray | NpyFile  # [n+1] int64
+    tgt_tokens: np.ndarray | NpyFile  # [N_tgt] int32
+    tgt_offsets: np.ndarray | NpyFile  # [n+1] int64
     raw_paths: tuple[Path, Path] | None = None
 
     @cached_property
@@ -106,18 +109,8 @@ class ParallelSplit(RawText):
         return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
 
 
-def _release_pages(array: np.ndarray) -> None:
-    """Drop this process's resident pages of a memory-mapped array (read again from the page cache when next
-    touched): batching reads every shard's offsets in full once an epoch, and the resident file pages it
-    leaves behind made `train`'s RSS grow with the corpus (docs/scale.md)."""
-    mapping = getattr(array, "_mmap", None)
-    if mapping is not None and hasattr(mapping, "madvise"):
-        mapping.madvise(mmap.MADV_DONTNEED)
-
-
 class ShardLengths(Sequence[tuple[np.ndarray, np.ndarray]]):
-    """(src_lengths, tgt_lengths) of shard k, computed from its memory-mapped offsets when indexed (whose pages
-    this process then gives back)."""
+    """(src_lengths, tgt_lengths) of shard k, computed from its offsets file when indexed."""
 
     def __init__(self, shards: list[ParallelSplit]) -> None:
         self.shards = shards
@@ -129,10 +122,7 @@ class ShardLengths(Sequence[tuple[np.ndarray, np.ndarray]]):
         if isinstance(k, slice):
             return [self[i] for i in range(*k.indices(len(self)))]
         shard = self.shards[k]
-        lengths = np.diff(np.asarray(shard.src_offsets)), np.diff(np.asarray(shard.tgt_offsets))
-        for offsets in (shard.src_offsets, shard.tgt_offsets):
-            _release_pages(offsets)
-        return lengths
+        return np.diff(np.asarray(shard.src_offsets)), np.diff(np.asarray(shard.tgt_offsets))
 
 
 class ShardedSplit(RawText):
@@ -242,7 +232,7 @@ class PreparedData:
         return self._splits[name]
 
     def _load_shard(self, stem: str, pairs: int) -> ParallelSplit:
-        """The memory-mapped arrays of one shard; DataError naming the file when missing or truncated."""
+        """The arrays of one shard (read on demand); DataError naming the file when missing or truncated."""
         arrays = {}
         for side in SIDES:
             for kind in ("tokens", "offsets"):
@@ -250,7 +240,7 @@ class PreparedData:
                 if not path.is_file():
                     raise DataError(f"{path}: missing; run `multibranch prepare` again")
                 try:
-                    arrays[f"{side}_{kind}"] = np.load(path, mmap_mode="r", allow_pickle=False)
+                    arrays[f"{side}_{kind}"] = NpyFile.open(path)
                 except (ValueError, OSError) as err:
                     raise DataError(f"{path}: corrupted or truncated ({err}); run `multibranch prepare` again") from None
         for side in SIDES:
