@@ -176,7 +176,7 @@ def classify_quality(name: str) -> list[str]:
     for dataset in dict.fromkeys(row["dataset"] for row in result["rows"]):
         rows = [row for row in result["rows"] if row["dataset"] == dataset]
         splits = rows[0]["splits"]
-        lines += [f"### {dataset}: held-out test accuracy", "",
+        lines += [f"### {dataset}: held-out test accuracy (bench/results/{name}.json)", "",
                   f"torch {result['environment']['torch']}; the commands are listed under the table. Splits of the shared "
                   f"training file: train {splits['train']['examples']}, valid {splits['valid']['examples']}, test "
                   f"{splits['test']['examples']} ({splits['test']['in_train']} test texts also occur in train).", "",
@@ -227,6 +227,8 @@ def main() -> None:
         *quality("quality", "Multi30k quality: standard, MAT, HF Marian"),
         *quality("quality_presets", "Multi30k quality: every preset against the standard model"),
         *classify_quality("classify_quality"),
+        *(line for name in ("cq_pairs_seed1", "cq_pairs_rte", "cq_pairs_hf_rte", "cq_pairs_mrpc", "cq_pairs_hf_mrpc")
+          for line in classify_quality(name)),
         *classify_speed("classify_speed_none"),
         *classify_speed("classify_speed_bf16"),
     ]
