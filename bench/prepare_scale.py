@@ -15,13 +15,15 @@ runs in a fresh process that reports its wall time and its own peak RSS:
                    the training, so its pairs/s compares with the floor on equal terms
     spm-encode     sentencepiece's batched `encode(num_threads=workers)` over the same two files, read
                    in the same chunks, ids discarded: the tokenisation floor on the same cores
-    train          `train` of a tiny model for 2 updates (`--train-updates`) on the shards: seconds from the
-                   call until it has finished (loading the shards, planning the epoch's batches, the
-                   updates, a validation on 1000 pairs, checkpoints), and peak RSS
+    train          `train` of a tiny model for 2 updates on the shards: seconds from the call until it has
+                   finished (loading the shards, planning the epoch's batches, 2 updates, a validation
+                   on 1000 pairs, checkpoints), and peak RSS
+    train-long     the same for `--train-updates` updates (default 300; 0 skips it): peak RSS once many
+                   batches have been read from all over the corpus, not just at the start
 
 Goals checked (issue 21): peak RSS of `prepare` at the largest size within 1.2x of the smallest and under
-2 GB; prepare-reuse pairs/s >= 0.8x spm-encode; train done in < 30 s at the largest size, its peak RSS
-within 1.2x of the smallest size's. Results go to
+2 GB; prepare-reuse pairs/s >= 0.8x spm-encode; train done in < 30 s at the largest size, and train-long's
+peak RSS (train's without it) within 1.2x of the smallest size's. Results go to
 bench/results/NAME.json with the environment block.
 """
 
@@ -43,7 +45,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from bench.common import environment, run_isolated, save_results, work_dir  # noqa: E402
 
 GOALS = {"rss_growth": 1.2, "rss_mb": 2048.0, "floor_ratio": 0.8, "train_start_s": 30.0}
-TINY = {"sizes": [2000, 6000], "vocab_size": 200, "spm_sample": 3000, "shard_pairs": 2500}
+TINY = {"sizes": [2000, 6000], "vocab_size": 200, "spm_sample": 3000, "shard_pairs": 2500, "train_updates": 4}
 
 
 def peak_rss_mb() -> float:
@@ -161,10 +163,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         row["spm_encode"] = best_of("spm-encode", args, corpus=str(corpus), model=str(out / "spm.model"))
         row["reuse_vs_floor"] = row["prepare_reuse"]["pairs_per_s"] / row["spm_encode"]["pairs_per_s"]
         row["train"] = step("train", args, out=str(out), run=str(root / f"run-{size}"))
+        if args.train_updates:
+            row["train_long"] = step("train-long", args, out=str(out), run=str(root / f"run-{size}"))
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
     train_row = rows[-1]["train"]
-    train_growth = train_row["peak_rss_mb"] / rows[0]["train"]["peak_rss_mb"]
+    rss_key = "train_long" if args.train_updates else "train"  # RSS after many batches, where measured
+    train_growth = rows[-1][rss_key]["peak_rss_mb"] / rows[0][rss_key]["peak_rss_mb"]
     smallest, biggest = rows[0]["prepare"]["peak_rss_mb"], rows[-1]["prepare"]["peak_rss_mb"]
     first_worker = rows[0]["prepare"]["worker_peak_rss_mb"]  # 0: encoded in the main process (--workers 1)
     worker_growth = rows[-1]["prepare"]["worker_peak_rss_mb"] / first_worker if first_worker else None
@@ -191,14 +196,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     lines = ["| pairs | prepare pairs/s | prepare peak RSS MB (worker) | prepare --spm-model pairs/s "
-             "| spm encode pairs/s | reuse / floor | shards | train s | train peak RSS MB |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| spm encode pairs/s | reuse / floor | shards | train s | train peak RSS MB "
+             "| train-long updates | train-long peak RSS MB |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["sizes"]:
         p, r, f, t = row["prepare"], row["prepare_reuse"], row["spm_encode"], row["train"]
+        long = row.get("train_long")
+        long_updates = result["settings"].get("train_updates", "–") if long else "–"
+        long_rss = f"{long['peak_rss_mb']:.0f}" if long else "–"
         lines.append(f"| {row['pairs']} | {p['pairs_per_s']:.0f} | {p['peak_rss_mb']:.0f} "
                      f"({p['worker_peak_rss_mb']:.0f}) | {r['pairs_per_s']:.0f} "
                      f"| {f['pairs_per_s']:.0f} | {row['reuse_vs_floor']:.2f} | {p['shards']} | {t['seconds']:.1f} "
-                     f"| {t['peak_rss_mb']:.0f} |")
+                     f"| {t['peak_rss_mb']:.0f} | {long_updates} | {long_rss} |")
     for name, goal in result["goals"].items():
         if goal["value"] is None:
             lines.append(f"- {name}: n/a (no encoding workers)")
@@ -218,20 +227,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-pairs", type=int, default=500_000)
     parser.add_argument("--chunk-lines", type=int, default=10_000, help="pairs read and encoded together")
     parser.add_argument("--repeat", type=int, default=1, help="run each timed step N times, keep the fastest")
-    parser.add_argument("--train-updates", type=int, default=2,
-                        help="updates of the train step (more: its RSS over part of an epoch, not just its start)")
+    parser.add_argument("--train-updates", type=int, default=300,
+                        help="updates of the train-long step, whose peak RSS is the train goal's (0: skip it)")
     parser.add_argument("--dir", help="scratch directory (default: runs/bench/prepare-scale)")
     parser.add_argument("--keep", action="store_true", help="keep the generated corpora and data directories")
     parser.add_argument("--name", default="prepare_scale", help="results file bench/results/NAME.json")
     parser.add_argument("--no-save", action="store_true", help="print the results, write no results file")
     internal = parser.add_argument_group("one step in this process (used by the driver)")
-    internal.add_argument("--step", choices=["generate", "prepare", "prepare-reuse", "spm-encode", "train"])
+    internal.add_argument("--step", choices=["generate", "prepare", "prepare-reuse", "spm-encode", "train",
+                                             "train-long"])
     for name in ("corpus", "out", "model", "run", "pairs"):
         internal.add_argument(f"--{name}")
     args = parser.parse_args(argv)
     if args.tiny:
         args.sizes = ",".join(map(str, TINY["sizes"]))
         args.vocab_size, args.spm_sample, args.shard_pairs = TINY["vocab_size"], TINY["spm_sample"], TINY["shard_pairs"]
+        args.train_updates = TINY["train_updates"]
     args.sizes = [int(s) for s in str(args.sizes).split(",")]
     if args.step is not None:
         result = {
@@ -239,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             "prepare": lambda: run_prepare(Path(args.corpus), Path(args.out), args, None),
             "prepare-reuse": lambda: run_prepare(Path(args.corpus), Path(args.out), args, args.model),
             "spm-encode": lambda: run_spm_encode(Path(args.corpus), Path(args.model), args),
-            "train": lambda: run_train(Path(args.out), Path(args.run), args.train_updates),
+            "train": lambda: run_train(Path(args.out), Path(args.run), 2),
+            "train-long": lambda: run_train(Path(args.out), Path(args.run), args.train_updates),
         }[args.step]()
         print(json.dumps(result))
         return 0

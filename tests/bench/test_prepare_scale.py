@@ -35,8 +35,11 @@ def test_steps_generate_prepare_reuse_and_encode(tmp_path):
     for row in (first, reuse, floor):
         assert row["seconds"] > 0 and row["pairs_per_s"] > 0 and row["peak_rss_mb"] > 0
     assert reuse["pairs_per_s"] * reuse["seconds"] == pytest.approx(1500 + 1000)
-    trained = prepare_scale.run_train(tmp_path / "data", tmp_path / "run")
+    trained = prepare_scale.run_train(tmp_path / "data", tmp_path / "run", 3)
     assert trained["seconds"] > 0 and (tmp_path / "run" / "last.pt").is_file()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line).get("type") == "train"]
+    assert max(steps) == 3
 
 
 @pytest.mark.slow
