@@ -46,6 +46,21 @@ class Examples:
         return {**self.encodings[i], "labels": self.labels[i]}
 
 
+def predict_in_order(model, collator, examples: Examples, batch_size: int, bf16: bool) -> list[int]:
+    """The predicted label id of every example, in the dataset's order. Not `Trainer.predict`: with
+    `train_sampling_strategy="group_by_length"`, transformers 5 also length-groups (and so reorders) the
+    evaluation batches, and its predictions then do not line up with the test labels."""
+    import torch
+
+    model.eval()
+    predictions: list[int] = []
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        for start in range(0, len(examples), batch_size):
+            batch = collator([examples.encodings[i] for i in range(start, min(start + batch_size, len(examples)))])
+            predictions += model(**batch).logits.argmax(-1).tolist()
+    return predictions
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True)
@@ -100,7 +115,7 @@ def main() -> None:
                           data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy)
         trainer.train()
         best_valid = trainer.state.best_metric
-        predictions = trainer.predict(test).predictions.argmax(-1)
+    predictions = predict_in_order(trainer.model, DataCollatorWithPadding(tokenizer), test, 64, args.bf16)
     args.out.write_text("".join(labels[int(i)] + "\n" for i in predictions), encoding="utf-8")
     print(json.dumps({"best_valid_accuracy": best_valid, "updates": steps}))
 

@@ -63,3 +63,27 @@ def test_tiny_pair_benchmark_runs_every_system(tmp_path, monkeypatch, capsys):
     assert meta["pairs"] and meta["pair_separator"] == [3]  # the tiny BERT's [SEP]
     train, test = (set((data / f"{split}.txt").read_text().splitlines()) for split in ("train", "test"))
     assert len(test) == cq.TINY_HOLDOUT and not train & test and all(line.count("\t") == 1 for line in train)
+
+
+def test_the_hf_peer_predicts_test_examples_in_their_order():
+    """The peer's test predictions line up with the test labels (transformers' Trainer.predict reorders them
+    under group_by_length): a stand-in model predicts 1 for an odd number of real tokens."""
+    import torch
+
+    import bench.classify_hf_peer as peer
+
+    lengths = [3, 8, 1, 6, 5, 2, 9, 4, 7, 10, 11, 2, 2, 5]
+    examples = peer.Examples.__new__(peer.Examples)
+    examples.encodings = [{"input_ids": list(range(1, n + 1))} for n in lengths]
+    examples.labels = [n % 2 for n in lengths]
+
+    def collator(rows):
+        width = max(len(r["input_ids"]) for r in rows)
+        return {"input_ids": torch.tensor([r["input_ids"] + [0] * (width - len(r["input_ids"])) for r in rows])}
+
+    class OddLength(torch.nn.Module):
+        def forward(self, input_ids):
+            odd = input_ids.ne(0).sum(1) % 2  # [B]
+            return type("Output", (), {"logits": torch.stack([1.0 - odd, odd.float()], dim=1)})
+
+    assert peer.predict_in_order(OddLength(), collator, examples, 4, bf16=False) == examples.labels
