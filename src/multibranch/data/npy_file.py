@@ -67,7 +67,10 @@ class NpyFile:
 
     def __del__(self) -> None:
         if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
+            try:
+                os.close(self._fd)
+            except OSError:  # already closed (e.g. at interpreter exit)
+                pass
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         values = self._read(0, self.length)
