@@ -13,6 +13,8 @@ memory independent of the corpus; the kernel's page cache still serves repeated 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,6 @@ class NpyFile:
 
     def __init__(self, path: Path, dtype: np.dtype, length: int, data_offset: int) -> None:
         self.path, self.dtype, self.length, self.data_offset = path, dtype, length, data_offset
-        self._fd: int | None = None
 
     @classmethod
     def open(cls, path: str | Path) -> NpyFile:
@@ -62,16 +63,6 @@ class NpyFile:
     def __repr__(self) -> str:
         return f"NpyFile({str(self.path)!r}, {self.length} x {self.dtype})"
 
-    def __getstate__(self) -> dict[str, Any]:  # a copy in another process opens its own descriptor
-        return {**self.__dict__, "_fd": None}
-
-    def __del__(self) -> None:
-        if getattr(self, "_fd", None) is not None:
-            try:
-                os.close(self._fd)
-            except OSError:  # already closed (e.g. at interpreter exit)
-                pass
-
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         values = self._read(0, self.length)
         return values if dtype is None else values.astype(dtype, copy=False)
@@ -103,7 +94,8 @@ class NpyFile:
         counts = np.diff(np.concatenate([firsts, [len(flat)]]))  # [R]
         size = self.dtype.itemsize
         byte_offsets = (self.data_offset + flat[firsts] * size).tolist()
-        chunks = [self._read_at(offset, count * size) for offset, count in zip(byte_offsets, counts.tolist())]
+        with self._opened() as fd:
+            chunks = [self._read_at(fd, offset, count * size) for offset, count in zip(byte_offsets, counts.tolist())]
         return np.frombuffer(b"".join(chunks), self.dtype).reshape(positions.shape)
 
     def _read(self, start: int, count: int) -> np.ndarray:
@@ -111,15 +103,24 @@ class NpyFile:
         return np.frombuffer(self._read_bytes(start, count), self.dtype)
 
     def _read_bytes(self, start: int, count: int) -> bytes:
-        return self._read_at(self.data_offset + start * self.dtype.itemsize, count * self.dtype.itemsize)
+        with self._opened() as fd:
+            return self._read_at(fd, self.data_offset + start * self.dtype.itemsize, count * self.dtype.itemsize)
 
-    def _read_at(self, offset: int, wanted: int) -> bytes:
-        """`wanted` bytes of the file from byte `offset`."""
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-        data = os.pread(self._fd, wanted, offset)
+    @contextmanager
+    def _opened(self) -> Iterator[int]:
+        """A descriptor for one read operation. None is kept open between operations: a corpus in many shards
+        would otherwise hold four per shard, past the usual limit of 1024 open files."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _read_at(self, fd: int, offset: int, wanted: int) -> bytes:
+        """`wanted` bytes of the open file `fd` from byte `offset`."""
+        data = os.pread(fd, wanted, offset)
         while len(data) < wanted:  # a short read: the rest, or the file shrank under us
-            more = os.pread(self._fd, wanted - len(data), offset + len(data))
+            more = os.pread(fd, wanted - len(data), offset + len(data))
             if not more:
                 raise DataError(f"{self.path}: truncated while reading ({wanted} bytes at byte {offset}); "
                                 "run `multibranch prepare` again")
