@@ -103,10 +103,16 @@ class ParallelSplit(RawText):
         return len(self.src_offsets) - 1
 
     def src(self, i: int) -> np.ndarray:
-        return self.src_tokens[self.src_offsets[i] : self.src_offsets[i + 1]]
+        return _sequence(self.src_tokens, self.src_offsets, i)
 
     def tgt(self, i: int) -> np.ndarray:
-        return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
+        return _sequence(self.tgt_tokens, self.tgt_offsets, i)
+
+
+def _sequence(tokens: np.ndarray | NpyFile, offsets: np.ndarray | NpyFile, i: int) -> np.ndarray:
+    """Sequence i: both its offsets in one read, then its tokens."""
+    start, end = offsets[i : i + 2]
+    return tokens[start:end]
 
 
 class ShardLengths(Sequence[tuple[np.ndarray, np.ndarray]]):
