@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from multibranch.config import ConfigError, from_dict
 from multibranch.experiment.decoding import DecodeConfig
+from multibranch.inference import candidates
 from multibranch.inference.beam import (
     Hypothesis,
     _beam_search,
@@ -413,10 +414,14 @@ def _reference_beam(model, src: list[int], beam: int, alpha: float, max_len: int
     return sorted(finished, key=lambda h: -h[1])
 
 
-def test_real_model_search_equals_a_plain_reference_search(tiny_model, device):
+@pytest.mark.parametrize("block", [None, 3])
+def test_real_model_search_equals_a_plain_reference_search(tiny_model, device, block, monkeypatch):
     """The batched, cached search (shared encoder rows, step 0 on one row per sentence, finished
     sentences leaving the batch) finds what the plain per-sentence search above finds (the reference's
-    forwards on the same device, its bookkeeping on the CPU)."""
+    forwards on the same device, its bookkeeping on the CPU). block=3: the candidates are found in
+    blocks of 3 tokens (`candidates.top_candidates`; the default block is too wide for 40 tokens)."""
+    if block is not None:
+        monkeypatch.setattr(candidates, "BLOCK", block)
     tiny_model, sources, beam, alpha = _on(tiny_model, device), _sources(6, seed=4), 3, 1.0
     cfg = DecodeConfig(beam=beam, nbest=beam, length_penalty=alpha, min_len=0, max_len_a=1.0, max_len_b=2)
     with torch.inference_mode():

@@ -10,7 +10,8 @@ Beam search keeps `beam` live hypotheses per sentence in one [sentences * beam] 
    `no_repeat_ngram_size` n > 0, a token that would complete an n-gram the hypothesis already holds
    is masked too (fairseq's --no-repeat-ngram-size, OpenNMT's block_ngram_repeat; no renormalising).
 2. Every live hypothesis extends by every token; the 2K best candidates per sentence are kept
-   (at step 0 all K hypotheses are identical, so only the first one is expanded).
+   (at step 0 all K hypotheses are identical, so only the first one is expanded), found without
+   forming the [K * V] sums (`candidates.top_candidates`).
 3. A candidate ending in EOS among the top K candidates is a finished hypothesis. A sentence is
    done when it has K finished hypotheses (fairseq's rule: no search for better, longer ones) or
    reaches its maximum length, where every live hypothesis is forced to end with EOS.
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import torch
 from torch import Tensor
 
+from multibranch.inference.candidates import top_candidates
 from multibranch.modules.state import DecoderState
 
 if TYPE_CHECKING:
@@ -359,9 +361,8 @@ def _beam_search(
             rows_prefix,
         )  # [b*width, V]
         V = lprobs.shape[1]
-        expanded = lprobs.view(b, width, V) + scores[:, :, None]  # [b, width, V]
         n_cand = min(2 * K, width * V)
-        cand_scores, cand_index = expanded.reshape(b, width * V).topk(n_cand, dim=1)  # [b, C], best first
+        cand_scores, cand_index = top_candidates(lprobs.view(b, width, V), scores, n_cand)  # [b, C], best first
         cand_beam = torch.div(cand_index, V, rounding_mode="floor")  # [b, C]
         cand_token = cand_index - cand_beam * V  # [b, C]
         cand_lprob = lprobs.view(b, width * V).gather(1, cand_index)  # [b, C] (beam-major flat index)
