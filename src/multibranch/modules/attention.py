@@ -333,14 +333,10 @@ class ParallelAttention(HeadGated):
         groups = 1
         if memory is None:
             q, k, v = qkv if qkv is not None else self.project_qkv(x)  # [B, H, L, d_k] each
-            if cache is not None:
-                past_k = cache.get("k")
-                if past_k is not None:
-                    query_offset = past_k.shape[2]
-                    k = torch.cat([past_k, k], dim=2)
-                    v = torch.cat([cache.get("v"), v], dim=2)
-                cache.set("k", k)
-                cache.set("v", v)
+            if cache is not None:  # the keys and values of every step so far
+                k = cache.append("k", k, dim=2)
+                v = cache.append("v", v, dim=2)
+                query_offset = k.shape[2] - q.shape[2]
         else:
             q = self.project_q(x)
             k = cache.get("k") if cache is not None else None

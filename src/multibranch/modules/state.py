@@ -5,10 +5,15 @@ Modules see a `StateView` (a key prefix) and store tensors whose first dimension
 on the source sentence (cross-attention keys/values): they are identical for every hypothesis of a
 sentence, so reordering hypotheses *within* sentences may skip them, and beam search keeps them at
 one row per sentence (the memory it passes has one row per sentence, see `ParallelAttention`).
+
+A reorder of the per-hypothesis caches is deferred until a module next reads the cache: `get` applies
+it, and `append` (a self-attention's growing keys/values) applies it in the same copy that makes room
+for the new step, so a beam step copies each growing cache once instead of twice (reorder, then grow).
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -19,6 +24,7 @@ class DecoderState:
         self.step = 0
         self.tensors: dict[str, Tensor] = {}
         self.static: set[str] = set()
+        self._pending: dict[str, Tensor] = {}  # key -> rows to take from tensors[key] (a deferred reorder)
 
     def view(self, prefix: str) -> StateView:
         return StateView(self, prefix)
@@ -31,14 +37,54 @@ class DecoderState:
         sources[s]); None: static caches have a row per hypothesis and follow `order`.
         """
         for key, value in self.tensors.items():
-            index = sources if sources is not None and key in self.static else order
-            self.tensors[key] = value.index_select(0, index)
+            if sources is not None and key in self.static:
+                self.tensors[key] = value.index_select(0, sources)
+            else:
+                self._defer(key, order)
 
     def reorder_within_sentences(self, order: Tensor) -> None:
         """Like `reorder`, for an `order` that maps every row to a row of the same source sentence."""
-        for key, value in self.tensors.items():
+        for key in self.tensors:
             if key not in self.static:
-                self.tensors[key] = value.index_select(0, order)
+                self._defer(key, order)
+
+    def _defer(self, key: str, order: Tensor) -> None:
+        earlier = self._pending.get(key)
+        self._pending[key] = order if earlier is None else earlier.index_select(0, order)
+
+    def get(self, key: str) -> Tensor | None:
+        """The cache `key` (None if absent), reordered as every `reorder` since it was stored says."""
+        value = self.tensors.get(key)
+        rows = self._pending.pop(key, None)
+        if value is not None and rows is not None:
+            value = self.tensors[key] = value.index_select(0, rows)
+        return value
+
+    def set(self, key: str, value: Tensor, static: bool = False) -> None:
+        self.tensors[key] = value
+        self._pending.pop(key, None)
+        if static:
+            self.static.add(key)
+
+    def append(self, key: str, new: Tensor, dim: int) -> Tensor:
+        """Store and return the cache `key` extended by `new` along `dim` (new is the cache itself the first
+        time); the cache's pending reorder is applied while it is copied into the larger tensor."""
+        past = self.tensors.get(key)
+        rows = self._pending.pop(key, None)
+        if past is None:
+            self.tensors[key] = new
+            return new
+        length = past.shape[dim]
+        size = list(new.shape)
+        size[dim] += length
+        value = new.new_empty(size)
+        if rows is None:
+            value.narrow(dim, 0, length).copy_(past)
+        else:  # index_select writes into the strided slice directly: one copy of the past
+            torch.index_select(past, 0, rows, out=value.narrow(dim, 0, length))
+        value.narrow(dim, length, new.shape[dim]).copy_(new)
+        self.tensors[key] = value
+        return value
 
 
 class StateView:
@@ -52,13 +98,14 @@ class StateView:
         return StateView(self.state, f"{self.prefix}.{name}")
 
     def get(self, name: str) -> Tensor | None:
-        return self.state.tensors.get(f"{self.prefix}.{name}")
+        return self.state.get(f"{self.prefix}.{name}")
 
     def set(self, name: str, value: Tensor, static: bool = False) -> None:
-        key = f"{self.prefix}.{name}"
-        self.state.tensors[key] = value
-        if static:
-            self.state.static.add(key)
+        self.state.set(f"{self.prefix}.{name}", value, static)
+
+    def append(self, name: str, new: Tensor, dim: int) -> Tensor:
+        """`DecoderState.append` of this module's cache `name`."""
+        return self.state.append(f"{self.prefix}.{name}", new, dim)
 
     @property
     def step(self) -> int:
