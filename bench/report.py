@@ -122,29 +122,34 @@ def gpu_train_speed(name: str) -> list[str]:
 
 
 def ct2_decode(name: str) -> list[str]:
-    """Our decoder (fp32, int8, bf16) against CTranslate2 (float32, int8, bfloat16), alternating rounds."""
+    """Our decoder against CTranslate2 (and, on CUDA, HF `generate`), alternating rounds; per batch size."""
     result = load(name)
     if result is None:
         return []
     env, base = result["environment"], result.get("base", result["rows"][0]["engine"])
-    fp32 = next((row["bleu"] for row in result["rows"] if row["engine"] == base), None)
+    batches = result["batch"] if isinstance(result["batch"], list) else [result["batch"]]
+    where = f"{result['gpu']}, " if result.get("gpu") else f"{result['threads']} threads, "
     lines = [f"### Our decoder against CTranslate2 ({result['sentences']} sentences of {result['corpus']})", "",
              f"`{env['command']}` (commit {env['commit']}, torch {env['torch']}, ctranslate2 {env.get('ctranslate2')}, "
-             f"{result['threads']} threads, beam {result['beam']}, batch {result['batch']}, "
+             f"{where}beam {result['beam']}, batch {' and '.join(map(str, batches))}, "
              f"{result.get('rounds', '?')} alternating rounds)", "",
-             f"| engine | sentences/s (best round) | vs {base} (median of rounds, min–max) | CPU time vs {base} | "
-             f"BLEU | BLEU - {base} |", "|---|---|---|---|---|---|"]
+             f"| engine | batch | sentences/s (best round) | vs {base} (median of rounds, min–max) | CPU time vs {base} | "
+             f"BLEU | BLEU - {base} |", "|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
+        batch = row.get("batch", batches[0])
+        reference = next((r for r in result["rows"] if r["engine"] == base and r.get("batch", batch) == batch), None)
         ratio = row.get("ratio_median", row["sentences_per_s"] / result["rows"][0]["sentences_per_s"])
         spread = f" ({row['ratio_min']:.2f}–{row['ratio_max']:.2f})" if "ratio_min" in row else ""
         cpu = f"{row['cpu_ratio_median']:.2f}x" if "cpu_ratio_median" in row else "–"
-        delta = f"{row['bleu'] - fp32:+.2f}" if fp32 is not None else "–"
-        lines.append(f"| {row['engine']} | {row['sentences_per_s']:.1f} | {ratio:.2f}x{spread} | {cpu} | "
+        delta = f"{row['bleu'] - reference['bleu']:+.2f}" if reference is not None else "–"
+        lines.append(f"| {row['engine']} | {batch} | {row['sentences_per_s']:.1f} | {ratio:.2f}x{spread} | {cpu} | "
                      f"{row['bleu']:.2f} | {delta} |")
     if result.get("pairs"):
-        lines += ["", "| ours | peer | speed of ours / peer (median of rounds, min–max) |", "|---|---|---|"]
-        lines += [f"| {pair['ours']} | {pair['peer']} | {pair['speed_median']:.2f}x ({pair['speed_min']:.2f}–"
-                  f"{pair['speed_max']:.2f}) |" for pair in result["pairs"]]
+        lines += ["", "| ours | peer | batch | speed of ours / peer (median of rounds, min–max) |", "|---|---|---|---|"]
+        lines += [f"| {pair['ours']} | {pair['peer']} | {pair.get('batch', batches[0])} | {pair['speed_median']:.2f}x "
+                  f"({pair['speed_min']:.2f}–{pair['speed_max']:.2f}) |" for pair in result["pairs"]]
+    if result.get("failed"):
+        lines += ["", *(f"Left out: {f['engine']}: {f['error']}" for f in result["failed"])]
     return lines + [""]
 
 

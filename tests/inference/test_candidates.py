@@ -42,6 +42,16 @@ def test_top_candidates_equal_the_topk_of_the_full_sums(V, block, w, n):
     _check(lprobs, scores, n, block)
 
 
+def test_top_candidates_on_each_device(device):
+    """The 8k-token case with masked tokens and a dead hypothesis, on each device (CUDA has its own top-k)."""
+    generator = torch.Generator().manual_seed(3)
+    lprobs = torch.log_softmax(torch.randn(6, 5, 8000, generator=generator) * 3, dim=-1)
+    lprobs[:, :, :3] = NEG_INF  # pad, bos, unk, as the search masks them
+    scores = torch.randn(6, 5, generator=generator) * 4 - 6
+    scores[2, 4] = NEG_INF
+    _check(lprobs.to(device), scores.to(device), 10, 64)
+
+
 def test_the_block_path_really_runs_and_keeps_a_token_from_the_partial_last_block():
     """V = 37 with blocks of 4: token 36 is in no whole block; made the best, it must still be found."""
     lprobs = torch.log_softmax(torch.randn(2, 3, 37), dim=-1)

@@ -26,16 +26,31 @@ class EagerState:
                 self.tensors[key] = value.index_select(0, order)
 
 
+ACTIONS = ["append", "get", "within", "drop", "set"]
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.integers(0, 2**16), st.lists(st.sampled_from(["append", "get", "within", "drop", "set"]), max_size=12))
+@given(st.integers(0, 2**16), st.lists(st.sampled_from(ACTIONS), max_size=12))
 def test_deferred_reorders_equal_eager_reorders(seed, actions):
     """Random sequences of appends (dims 1 and 2), reads, reorders within sentences, sentence drops and
     overwrites: every cache reads back as the eager state's copy."""
+    _check_actions(seed, actions, torch.device("cpu"))
+
+
+def test_deferred_reorders_equal_eager_reorders_on_each_device(device):
+    """A fixed sequence of every action, twice over, on each device (`append` writes through `out=` into a
+    slice of the grown cache: a kernel of its own on CUDA)."""
+    _check_actions(7, ["append", "within", "append", "get", "drop", "append", "within", "within", "append", "set",
+                       "append", "drop", "get", "append"] * 2, device)
+
+
+def _check_actions(seed: int, actions: list[str], device: torch.device) -> None:
     g = torch.Generator().manual_seed(seed)
     per, sentences = 3, 4  # hypotheses per sentence, sentences
     lazy, eager = DecoderState(), EagerState()
 
     def both_set(key, value, static=False):
+        value = value.to(device)
         lazy.set(key, value, static)
         eager.tensors[key] = value
         if static:
@@ -48,7 +63,7 @@ def test_deferred_reorders_equal_eager_reorders(seed, actions):
     for action in actions:
         if action == "append":
             for key, dim, shape in (("grow1", 1, (rows, 1, 2)), ("grow2", 2, (rows, 2, 1, 3))):
-                new = torch.randn(*shape, generator=g)
+                new = torch.randn(*shape, generator=g).to(device)
                 got = lazy.append(key, new, dim)
                 eager.tensors[key] = torch.cat([eager.tensors[key], new], dim=dim)
                 assert torch.equal(got, eager.tensors[key])
@@ -60,11 +75,13 @@ def test_deferred_reorders_equal_eager_reorders(seed, actions):
             both_set("grow1", value)
         elif action == "within":  # each row takes a random row of its own sentence
             order = (torch.arange(rows) // per * per + torch.randint(0, per, (rows,), generator=g))
+            order = order.to(device)
             lazy.reorder_within_sentences(order)
             eager.reorder_within_sentences(order)
         elif action == "drop" and sentences > 1:  # the first sentence is done
             keep = torch.arange(1, sentences)
             order = (keep[:, None] * per + torch.randperm(per, generator=g)[None, :]).reshape(-1)
+            order, keep = order.to(device), keep.to(device)
             lazy.reorder(order, sources=keep)
             eager.reorder(order, sources=keep)
             sentences -= 1
