@@ -33,7 +33,7 @@ if has env; then
   stamp env
   { nvidia-smi; python3 -c "import sys, torch, transformers; print(sys.version); print('torch', torch.__version__,
 'cuda', torch.version.cuda, torch.cuda.get_device_name()); print('transformers', transformers.__version__)"
-    echo "libcublas.so.12 (CTranslate2's CUDA build needs it):"; find / -name 'libcublas.so.12*' 2>/dev/null | head -3
+    echo "libcublas.so.12/13 (CTranslate2 4.8 opens .12):"; find /usr /opt -name 'libcublas.so.1[23]*' 2>/dev/null | head -3
     ls /usr/local/cuda*/lib64/libcublas.so* 2>/dev/null
     python3 -c "import nvidia.cublas, os; print(os.listdir(os.path.join(nvidia.cublas.__path__[0], 'lib')))"
     ls -d /root/.cache/huggingface/hub/* 2>/dev/null | head; } > "$OUT/env.txt" 2>&1
