@@ -90,10 +90,11 @@ if has decode && [ -f "$DECODE_CKPT" ]; then
   # libcublas.so.12 link to it is tried; if CTranslate2 still cannot run, its rows are reported as left out.
   shim=/tmp/cublas12
   mkdir -p "$shim"
-  lib=$(python3 -c "import glob, os, nvidia.cublas as c; print(os.path.join(list(c.__path__)[0], 'lib'))" 2>/dev/null)
-  if [ -n "$lib" ] && [ -e "$lib/libcublas.so.13" ]; then
-    ln -sf "$lib/libcublas.so.13" "$shim/libcublas.so.12"
-    ln -sf "$lib/libcublasLt.so.13" "$shim/libcublasLt.so.13"
+  cublas13=$(ls /usr/local/cuda*/lib64/libcublas.so.13 "$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' \
+    2>/dev/null)"/cu*/lib/libcublas.so.13 2>/dev/null | head -1)
+  if [ -n "$cublas13" ]; then
+    ln -sf "$cublas13" "$shim/libcublas.so.12"
+    ln -sf "$(dirname "$cublas13")/libcublasLt.so.13" "$shim/libcublasLt.so.13"
     export LD_LIBRARY_PATH="$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
   python3 -c "import ctranslate2; print('ctranslate2', ctranslate2.__version__, 'cuda devices',
