@@ -50,7 +50,7 @@ CPU_ENGINES = ("multibranch-fp32", "multibranch-int8", "multibranch-bf16", "mult
                "ct2-int8", "ct2-bfloat16")
 CUDA_ENGINES = ("multibranch-bf16", "multibranch-fp16", "ct2-bfloat16", "ct2-float16", "ct2-int8_float16",
                 "hf-generate-bf16", "hf-generate-fp16")
-ENGINES = tuple(dict.fromkeys(CPU_ENGINES + CUDA_ENGINES + ("multibranch-fp32", "ct2-float32", "hf-generate-fp32")))
+ENGINES = tuple(dict.fromkeys(CPU_ENGINES + CUDA_ENGINES + ("hf-generate-fp32",)))  # every name --engines takes
 BASE = {"cpu": "multibranch-fp32", "cuda": "multibranch-bf16"}  # speed ratios are relative to this engine
 PAIRS = (("multibranch-fp32", "ct2-float32"), ("multibranch-int8", "ct2-int8"), ("multibranch-bf16", "ct2-bfloat16"),
          ("multibranch-fp32", "multibranch-fp32-unpacked"), ("multibranch-fp16", "ct2-float16"),
