@@ -86,9 +86,9 @@ def our_int8(payload: dict) -> torch.nn.Module:
 
 
 def unpack(linear) -> tuple[np.ndarray, np.ndarray]:
-    """(int8 weight [out, in], per-row scale [out]) of one of our Int8Linear."""
-    qweight, _ = torch.ops.quantized.linear_unpack(linear._packed)
-    return qweight.int_repr().numpy().astype(np.int32), qweight.q_per_channel_scales().numpy()
+    """(int8 weight [out, in], per-row scale [out]) of one of our int8 projections (either kernel)."""
+    qweight, scale = linear.int8_weight()
+    return qweight.numpy().astype(np.int32), scale.double().numpy()
 
 
 def array(variable) -> np.ndarray:
@@ -97,7 +97,7 @@ def array(variable) -> np.ndarray:
 
 
 def pairs(model: torch.nn.Module, layers: int) -> dict[str, object]:
-    """CTranslate2 variable prefix -> our Int8Linear decoding that projection."""
+    """CTranslate2 variable prefix -> our int8 projection decoding it."""
     out: dict[str, object] = {"decoder/projection": model.packed_output}
     for side in ("encoder", "decoder"):
         for i in range(layers):

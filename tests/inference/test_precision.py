@@ -19,10 +19,14 @@ from multibranch.inference.precision import (
 )
 from multibranch.models import ModelConfig, build_model
 from multibranch.modules.packed_linear import (
+    ONEDNN_INT8_MIN_OUT,
     Int8Linear,
+    OneDnnInt8Linear,
     OneDnnLinear,
     bf16_supported,
+    int8_rows,
     int8_supported,
+    onednn_int8_supported,
     onednn_supported,
     pack_linear,
 )
@@ -31,6 +35,7 @@ from multibranch.modules.state import DecoderState
 pytestmark = pytest.mark.usefixtures("one_thread")
 needs_int8 = pytest.mark.skipif(not int8_supported(), reason="this PyTorch build has no fbgemm (x86) kernels")
 needs_onednn = pytest.mark.skipif(not onednn_supported(), reason="this PyTorch build cannot prepack for oneDNN")
+needs_onednn_int8 = pytest.mark.skipif(not onednn_int8_supported(), reason="this PyTorch build has no oneDNN int8 linear")
 needs_bf16 = pytest.mark.skipif(not bf16_supported(), reason="this CPU has no native bf16 matmuls (AVX512-BF16/AMX)")
 SUPPORTED = {"fp32": needs_onednn, "int8": needs_int8, "bf16": needs_bf16}
 PACKINGS = tuple(SUPPORTED)  # the CPU's packed precisions (fp16 is CUDA's alone)
@@ -68,24 +73,46 @@ def test_bf16_linear_is_the_exact_product_of_bf16_rounded_values():
     assert (got.double() - F.linear(x, w, b).double()).abs().max() > 1e-3  # it really is bf16
 
 
-@needs_int8
-def test_int8_linear_error_stays_within_the_quantization_bound():
+INT8_KERNELS = {  # kernel -> (its class, the input levels: fbgemm quantizes inputs to 7 bits, oneDNN to 8)
+    "fbgemm": pytest.param(Int8Linear, 127, marks=needs_int8, id="fbgemm"),
+    "onednn": pytest.param(OneDnnInt8Linear, 255, marks=needs_onednn_int8, id="onednn"),
+}
+
+
+@pytest.mark.parametrize(("kernel", "levels"), INT8_KERNELS.values())
+@pytest.mark.parametrize("relu", [False, True])
+def test_int8_linear_error_stays_within_the_quantization_bound(kernel, levels, relu):
     """Weights: symmetric per row, step s_w[j] = max|W_j| / 127; inputs: affine over their range
-    with 7 bits (reduce_range), step s_x = (max(x, 0) - min(x, 0)) / 127. Rounding moves each by at
-    most half a step, so |y_j - y*_j| <= sum_i (|x_i| s_w[j] + |W_ji| s_x + s_w[j] s_x / 2) / 2."""
+    (0 included) with `levels` steps, s_x = (max(x, 0) - min(x, 0)) / levels. Rounding moves each by at
+    most half a step, so |y_j - y*_j| <= sum_i (|x_i| s_w[j] + |W_ji| s_x + s_w[j] s_x / 2) / 2 (ReLU
+    shrinks no error)."""
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(24, 40, generator=g), torch.randn(24, generator=g)
     x = torch.randn(7, 40, generator=g) * 3
     exact = F.linear(x, w, b)
-    got = Int8Linear(w, b)(x)
+    exact = exact.relu() if relu else exact
+    got = kernel(w, b, relu=relu)(x)
     s_w = w.abs().amax(dim=1) / 127  # [out]
-    s_x = (x.max().clamp(min=0) - x.min().clamp(max=0)) / 127
+    s_x = (x.max().clamp(min=0) - x.min().clamp(max=0)) / levels
     bound = (x.abs().sum(1, keepdim=True) * s_w + w.abs().sum(1) * s_x + 40 * s_w * s_x / 2) / 2  # [7, out]
     err = (got - exact).abs()
     assert (err <= bound * 1.01 + 1e-5).all(), (err / bound).max()
     assert err.max() > 0  # it really is quantized (a test of fp32 against itself could not fail)
-    assert Int8Linear(w)(x).shape == (7, 24)
-    torch.testing.assert_close(Int8Linear(w, b)(x[None]), got[None])  # any leading dims
+    assert kernel(w)(x).shape == (7, 24)
+    torch.testing.assert_close(kernel(w, b, relu=relu)(x[None]), got[None])  # any leading dims
+    assert kernel(w, b)(x[:0]).shape == (0, 24)  # an empty batch
+    qweight, scale = kernel(w, b).int8_weight()  # what the kernel multiplies with is int8_rows' quantization
+    expected_q, expected_scale = int8_rows(w)
+    assert torch.equal(qweight, expected_q) and torch.allclose(scale, expected_scale)
+
+
+@needs_int8
+def test_int8_packing_picks_onednn_for_wide_projections_only():
+    g = torch.Generator().manual_seed(0)
+    narrow = pack_linear(torch.randn(ONEDNN_INT8_MIN_OUT - 1, 8, generator=g), None, "int8")
+    wide = pack_linear(torch.randn(ONEDNN_INT8_MIN_OUT, 8, generator=g), None, "int8")
+    assert isinstance(narrow, Int8Linear)
+    assert isinstance(wide, OneDnnInt8Linear if onednn_int8_supported() else Int8Linear)
 
 
 def _model(**overrides) -> torch.nn.Module:
@@ -110,6 +137,8 @@ KINDS = {
     "mute": {"norm": "pre", "relative_positions": 4, "encoder": {"kind": "mute"}, "decoder": {"kind": "transformer"}},
     "muse": _both({"kind": "muse"}),
     "muse-simple": _both({"kind": "muse", "conv": False}),
+    # a vocabulary wide enough for int8's oneDNN output layer (ONEDNN_INT8_MIN_OUT)
+    "standard-wide-vocab": {"src_vocab_size": ONEDNN_INT8_MIN_OUT, "tgt_vocab_size": ONEDNN_INT8_MIN_OUT},
 }
 
 
