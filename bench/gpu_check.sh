@@ -71,7 +71,8 @@ if [ -n "$train_pid" ]; then
   cp runs/gpu-m30k/metrics.jsonl "$OUT/" 2>/dev/null
 fi
 
-DECODE_CKPT=${DECODE_CKPT:-runs/gpu-m30k/best.pt}  # or a checkpoint trained elsewhere, carried along
+DECODE_CKPT=${DECODE_CKPT:-runs/gpu-m30k/best.pt}  # or a checkpoint (or export directory) trained elsewhere,
+# carried along: `multibranch convert export --ckpt best.pt --out .gpu/release --dtype fp16` halves what is carried
 DECODE_DATA=${DECODE_DATA:-runs/bench/m30k-data-8000}  # test.src.txt / test.tgt.txt: the 2016 Flickr test set
 if has tests_decode; then
   stamp tests_decode
@@ -82,7 +83,7 @@ if has tests_decode; then
   echo "pytest (decode, cuda) rc=$?" >> "$OUT/progress.log"
 fi
 
-if has decode && [ -f "$DECODE_CKPT" ]; then
+if has decode && [ -e "$DECODE_CKPT" ]; then
   stamp decode
   # CTranslate2 4.8's CUDA build opens CUDA 12's cuBLAS by name (dlopen "libcublas.so.12") and calls only
   # cublasCreate/Destroy/SetStream, cublasGemmEx, cublasGemmStridedBatchedEx, cublasSgemm(StridedBatched) and

@@ -146,3 +146,39 @@ def test_what_is_not_a_checkpoint_is_named(tmp_path):
         load_checkpoint(tmp_path / "run" / "checkpoints")
     export(make_payload(True, "all"), tmp_path / "release")
     assert load_checkpoint(tmp_path / "release")["meta"]["step"] == 7  # an export directory still loads
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+def test_half_precision_export_stores_rounded_weights_once(tmp_path, dtype, torch_dtype):
+    """`convert export --dtype`: float tensors stored in the half type (tied ones once), half the file of an fp32
+    export; the loaded model equals one built from the payload's weights rounded to that type."""
+    ckpt = tmp_path / "x.pt"
+    payload = make_payload(True, "all")
+    save_checkpoint(ckpt, payload)
+    assert main(["convert", "export", "--ckpt", str(ckpt), "--out", str(tmp_path / "fp32")]) == 0
+    assert main(["convert", "export", "--ckpt", str(ckpt), "--out", str(tmp_path / dtype), "--dtype", dtype]) == 0
+    with safe_open(str(tmp_path / dtype / "model.safetensors"), "pt") as f:
+        stored = {key: f.get_tensor(key) for key in f.keys()}
+    assert "decoder.embed.tokens.weight" not in stored  # the tie survives the cast
+    assert all(t.dtype == torch_dtype for t in stored.values() if t.is_floating_point())
+    sizes = [(tmp_path / d / "model.safetensors").stat().st_size for d in (dtype, "fp32")]
+    assert 0.45 < sizes[0] / sizes[1] < 0.55
+    back = load_export(tmp_path / dtype)
+    assert back["meta"]["export_dtype"] == dtype
+    assert back["model"]["encoder.embed.tokens.weight"] is back["model"]["decoder.embed.tokens.weight"]
+    rounded = {**payload, "model": {k: v.to(torch_dtype).float() if v.is_floating_point() else v
+                                    for k, v in payload["model"].items()}}
+    assert torch.equal(logits(back), logits(rounded))
+    assert not torch.equal(logits(back), logits(payload))  # the weights really were rounded
+
+
+def test_fp16_export_of_weights_beyond_its_range_is_refused_before_writing(tmp_path, capsys):
+    ckpt, out = tmp_path / "x.pt", tmp_path / "release"
+    payload = make_payload(False, "decoder")
+    payload["model"]["output_bias"][0] = 1e6  # fp16 tops out at 65504
+    save_checkpoint(ckpt, payload)
+    assert main(["convert", "export", "--ckpt", str(ckpt), "--out", str(out), "--dtype", "fp16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "output_bias" in err[0] and "beyond fp16's range" in err[0]
+    assert not out.exists()
+    assert main(["convert", "export", "--ckpt", str(ckpt), "--out", str(out), "--dtype", "bf16"]) == 0  # bf16 fits

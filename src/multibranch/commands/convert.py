@@ -71,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("export", help="write model.safetensors + config.json + SentencePiece model(s) to a directory")
     p.add_argument("--ckpt", required=True, help="checkpoint to export")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="type of the stored weights: fp16/bf16 halve the files; the model loads as fp32 holding the "
+                        "rounded values (what --precision fp16/bf16 decodes with on CUDA)")
     p.add_argument("--force", action="store_true", help="overwrite files in a non-empty --out")
     p.set_defaults(convert_run=_export)
 
@@ -173,8 +176,8 @@ def _export(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import load_checkpoint
     from multibranch.convert.export import export_release
 
-    files = export_release(load_checkpoint(args.ckpt), args.out, force=args.force)
-    print(f"exported {args.ckpt} to {args.out}: {', '.join(p.name for p in files)}")
+    files = export_release(load_checkpoint(args.ckpt), args.out, force=args.force, dtype=args.dtype)
+    print(f"exported {args.ckpt} to {args.out} ({args.dtype} weights): {', '.join(p.name for p in files)}")
     return 0
 
 
