@@ -113,7 +113,7 @@ def build_server(args: argparse.Namespace):  # noqa: ANN201
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.inference.allocator import keep_freed_memory
+    from multibranch.inference.allocator import keep_freed_memory, loaded_objects_frozen
 
     keep_freed_memory()  # decoding reuses its freed step buffers instead of page-faulting them in again
     server = build_server(args)
@@ -121,5 +121,6 @@ def run(args: argparse.Namespace) -> int:
         logger.info("serving %s (%s engine) on http://%s:%d", args.ckpt, args.engine, args.host, args.port)
     else:  # the port is chosen when uvicorn binds; it logs the address it got
         logger.info("serving %s (%s engine) on a free port of %s", args.ckpt, args.engine, args.host)
-    server.run()
+    with loaded_objects_frozen():  # the loaded engine is never garbage: the collector need not walk it again
+        server.run()
     return 130 if server.force_exit else 0  # 130: stopped by a second Ctrl-C, as a shell reports it

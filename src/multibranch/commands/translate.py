@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import CheckpointError
     from multibranch.device import resolve_device
     from multibranch.errors import UserError
-    from multibranch.inference.allocator import keep_freed_memory
+    from multibranch.inference.allocator import keep_freed_memory, loaded_objects_frozen
     from multibranch.inference.precision import for_decoding
     from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
     from multibranch.tasks.translation.files import code_source, one_line
@@ -286,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
         translator = Translator(model, loaded.tokenizer, cfg, device, alignment_layer=_alignment_layer(args))
     except ValueError as err:  # an alignment layer the decoder lacks
         raise UserError(f"--alignment-layer: {err}") from None
-    return _translate(args, translator, render, interactive, pairs)
+    with loaded_objects_frozen():
+        return _translate(args, translator, render, interactive, pairs)
 
 
 def _translate(args: argparse.Namespace, translator, render, interactive: bool,  # noqa: ANN001
