@@ -10,13 +10,11 @@ Several checkpoints (`NAME=PATH`) decode side by side with our Translator, e.g. 
 the standard model; the HF peer is built from the first one (it must be a standard model), or
 skipped with --no-hf.
 
-On a GPU (`--device cuda --precision bf16|fp16`) both decode with the weights cast to that type (ours:
-`inference/precision.py`; HF: `model.to(dtype)`, as `from_pretrained(torch_dtype=...)` gives), timed
-around whole batches of strings in, strings out; several `--batch` sizes run one after the other.
+CPU only, all systems in this one process (good for presets side by side at equal work, `--fixed-length`).
+Against CTranslate2, or on a GPU (bf16/fp16 against CTranslate2 and HF `generate`, each engine in its own
+process), use bench/ct2_decode.py (`--device cuda`).
 
     python bench/decode_speed.py --ckpt runs/bench/quality/transformer-tiny/best.pt [--sentences 300]
-    python bench/decode_speed.py --ckpt run/best.pt --device cuda --precision bf16 fp16 --batch 32 128 \
-        --split test --sentences 1000 --rounds 2 --name decode_gpu
     python bench/decode_speed.py --no-hf --name decode_presets \
         --ckpt transformer-tiny=runs/bench/quality_presets/transformer-tiny/best.pt \
                muse-simple-tiny=runs/bench/quality_presets/muse-simple-tiny/best.pt ...
@@ -79,12 +77,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[32], help="sentences per batch; several: each")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--precision", nargs="+", default=["fp32"],
-                        choices=["fp32", "int8", "bf16", "fp16", "fp32-unpacked"],
-                        help="our models' decoding precision (inference/precision.py; several: each), the HF peer "
-                             "in the same dtype on CUDA; fp32-unpacked: the model's own weights through F.linear, "
-                             "as before the oneDNN prepacking")
+    parser.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "int8", "bf16", "fp32-unpacked"],
+                        help="our models' decoding precision on the CPU (inference/precision.py; several: each; the "
+                             "HF peer stays fp32); fp32-unpacked: the model's own weights through F.linear, as before "
+                             "the oneDNN prepacking")
     parser.add_argument("--fixed-length", action="store_true",
                         help="every hypothesis decodes to the length limit (min_len beyond it): each model "
                              "runs the same steps, so speed compares architectures, not output lengths "
@@ -95,12 +91,11 @@ def main() -> None:
     from dataclasses import replace
 
     from multibranch.evaluate.metrics import score_corpus
-    from multibranch.inference.precision import HALF_DTYPES
     from multibranch.tasks.loading import load_model
     from multibranch.tasks.translation.dataset import PreparedData
     from multibranch.tasks.translation.translator import Translator
 
-    device = torch.device(args.device)
+    device = torch.device("cpu")
     split = PreparedData.load(multi30k_data()).split(args.split)
     sources = split.raw_src_lines()[: args.sentences]
     references = split.raw_tgt_lines()[: args.sentences]
@@ -118,16 +113,14 @@ def main() -> None:
                 systems[key] = Translator(model, loaded.tokenizer, decode, device).translate
                 parameters[key] = sum(p.numel() for p in loaded.model.parameters())
             if not args.no_hf and not any(k.startswith(f"hf-generate {precision} ") for k in systems):
-                hf = to_hf_marian(loaded.model).to(device)
-                if device.type == "cuda" and precision in HALF_DTYPES:
-                    hf = hf.to(HALF_DTYPES[precision])
+                hf = to_hf_marian(loaded.model)
                 for batch in args.batch:
                     key = f"hf-generate {precision} {batch}"
                     systems[key] = partial(hf_translate, hf, loaded.tokenizer, beam=args.beam, batch=batch,
                                            cfg=loaded.model.config)
                     parameters[key] = sum(p.numel() for p in hf.parameters())
     best: dict[str, dict] = {}
-    print(f"loaded {len(systems)} systems on {device}", flush=True)
+    print(f"loaded {len(systems)} systems", flush=True)
     with torch.inference_mode():
         for key, fn in systems.items():  # warm-up: kernels, allocator, autotuning
             start = time.perf_counter()
@@ -154,9 +147,8 @@ def main() -> None:
         row["vs_peer"] = row["sentences_per_s"] / peer["sentences_per_s"]
         print(f"| {row['system']} | {row['precision']} | {row['batch']} | {row['parameters'] / 1e6:.2f}M | "
               f"{row['sentences_per_s']:.1f} | {row['words_per_s']:.0f} | {row['bleu']:.2f} | {row['vs_peer']:.2f}x |")
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     path = save_results(args.name, {"environment": environment(amp="none"), "checkpoints": checkpoints,
-                                    "device": args.device, "gpu": gpu, "split": args.split,
+                                    "device": "cpu", "split": args.split,
                                     "sentences": len(sources), "beam": args.beam, "batches": args.batch,
                                     "precisions": args.precision, "fixed_length": args.fixed_length,
                                     "rows": list(best.values())})

@@ -229,6 +229,8 @@ def main() -> None:
         *decode_speed("decode_speed", "Beam search vs HF generate"),
         *decode_speed("decode_presets", "Beam search per preset"),
         *ct2_decode("ct2_decode"),
+        *(line for name in ("ct2_decode_converged", "ct2_decode_converged_v2", "ct2_decode_converged_v3")
+          for line in ct2_decode(name)),
         *quality("quality", "Multi30k quality: standard, MAT, HF Marian"),
         *quality("quality_presets", "Multi30k quality: every preset against the standard model"),
         *classify_quality("classify_quality"),
