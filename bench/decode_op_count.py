@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import decoding_model, environment, save_results, to_hf_marian  # noqa: E402
-from bench.op_count import OpCounter  # noqa: E402
+from bench.op_count import OpCounter, by_operation  # noqa: E402
 
 
 def _model(ckpt: str | None):
@@ -94,8 +94,7 @@ def main() -> None:
     path = save_results(args.name, {"environment": environment(amp="none"), "checkpoint": args.ckpt,
                                     "batch": args.batch, "beam": args.beam, "steps": args.steps,
                                     "precision": args.precision, "per_step": per_step,
-                                    "by_operation": {s: {k: v / args.steps for k, v in c.most_common()}
-                                                     for s, c in counts.items()}})
+                                    "by_operation": by_operation(counts, args.steps)})
     print(f"\nwritten {path}")
 
 

@@ -40,6 +40,11 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def by_operation(counts: dict[str, Counter[str]], units: int) -> dict[str, dict[str, float]]:
+    """Per system, each operation's count per unit (update, decoding step), most frequent first."""
+    return {system: {name: n / units for name, n in c.most_common()} for system, c in counts.items()}
+
+
 def count(system: str, size: str, amp: str, batches: int, max_tokens: int) -> tuple[Counter[str], int]:
     """Operations of `batches` updates (after one warm-up update) of `system`, and the target tokens."""
     from multibranch.experiment import resolve_config
@@ -88,8 +93,7 @@ def main() -> None:
               f"{counts['hf-marian'][name] / args.batches:.0f} |")
     path = save_results(args.name, {"environment": environment(amp=args.amp), "size": args.size,
                                     "batches": args.batches, "per_update": per_update,
-                                    "by_operation": {s: {k: v / args.batches for k, v in c.most_common()}
-                                                     for s, c in counts.items()}})
+                                    "by_operation": by_operation(counts, args.batches)})
     print(f"\nwritten {path}")
 
 
