@@ -9,9 +9,9 @@ weight prepared once for one kernel:
   `Int8Linear`, fbgemm's dynamic quantization (PyTorch's `quantize_dynamic` of `nn.Linear`, applied to the
   fused projections our modules compute with `F.linear`, which `quantize_dynamic` cannot see), with 7-bit
   inputs; and for wide projections (the vocabulary's output layer) `OneDnnInt8Linear`, oneDNN's int8 GEMM on
-  8-bit inputs, which on the 8000x256 output layer of a beam step (160 rows, 1 thread, AMD EPYC) took
-  2.1 ms against fbgemm's 2.8 ms, while on the 256..1024-wide projections of a layer fbgemm's call, which
-  quantizes the input inside, was faster (oneDNN needs a separate quantize call of ~40 us).
+  8-bit inputs. Timed call by call in the same beam search (1 thread, AMD EPYC; docs/benchmarks.md), oneDNN
+  took 0.84x fbgemm's time on the 8000x256 output layer, while on the 256..1024-wide projections of a layer
+  fbgemm's call, which quantizes the input inside, was faster (oneDNN needs a separate quantize call, ~40 us).
 - `"fp32"` (`OneDnnLinear`): W reordered once into oneDNN's blocked layout (the prepacking PyTorch's
   own CPU compiler does, `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`). The same
   fp32 arithmetic as `F.linear` up to summation order (which dispatches to MKL's sgemm; on AMD CPUs
