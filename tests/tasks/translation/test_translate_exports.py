@@ -77,6 +77,21 @@ def test_convert_export_directory_translates_as_its_checkpoint(ending, lines, tm
     assert len(one_best) == len(lines) and one_best[3] == ""
 
 
+def test_fp16_export_directory_translates_as_its_checkpoint_rounded_to_fp16(ending, lines, tmp_path):
+    """`convert export --dtype fp16` stores rounded weights: translating the directory equals translating a
+    checkpoint whose floating-point weights were rounded to fp16 by hand (an independent rounding)."""
+    from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
+
+    checkpoint, _ = ending
+    release = tmp_path / "release16"
+    assert main(["convert", "export", "--ckpt", str(checkpoint), "--out", str(release), "--dtype", "fp16"]) == 0
+    payload = load_checkpoint(checkpoint)
+    rounded = tmp_path / "rounded.pt"
+    save_checkpoint(rounded, {**payload, "model": {k: v.half().float() if v.is_floating_point() else v
+                                                   for k, v in payload["model"].items()}})
+    assert _translate(release, lines, tmp_path, "fp16.txt") == _translate(rounded, lines, tmp_path, "rounded.txt")
+
+
 # ---- CTranslate2 --------------------------------------------------------------------------------
 
 
