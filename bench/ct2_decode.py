@@ -70,11 +70,9 @@ def _decode_settings(args: argparse.Namespace, batch: int):
 
 def _ours(args: argparse.Namespace, precision: str):
     """translate(lines, batch) with our Translator in `precision` on --device."""
-    import gc
-
     import torch
 
-    from multibranch.inference.allocator import keep_freed_memory
+    from multibranch.inference.allocator import freeze_loaded_objects, keep_freed_memory
     from multibranch.tasks.loading import load_model
     from multibranch.tasks.translation.translator import Translator
 
@@ -85,8 +83,7 @@ def _ours(args: argparse.Namespace, precision: str):
     model = decoding_model(loaded.model, precision)
     translators = {batch: Translator(model, loaded.tokenizer, _decode_settings(args, batch), device)
                    for batch in args.batch}
-    gc.collect()
-    gc.freeze()  # as `multibranch translate` does while it decodes (inference/allocator.py)
+    freeze_loaded_objects()  # as `multibranch translate` does while it decodes
     return lambda lines, batch: translators[batch].translate(lines)
 
 

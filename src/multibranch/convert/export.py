@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from multibranch.checkpoint.export import export
+from multibranch.checkpoint.payload import storage_key
 from multibranch.config import to_dict
 from multibranch.convert.payload import experiment_config
 from multibranch.errors import ConfigError
@@ -33,14 +34,13 @@ def cast_weights(state: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
     target = EXPORT_DTYPES[dtype]
-    cast: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}  # one cast per shared tensor
+    cast: dict[tuple[Any, ...], torch.Tensor] = {}  # one cast per shared (tied) tensor
     out = {}
     for key, tensor in state.items():
         if not tensor.is_floating_point() or tensor.dtype == target:
             out[key] = tensor
             continue
-        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-                 tuple(tensor.stride()))
+        ident = storage_key(tensor)
         if ident not in cast:
             converted = tensor.detach().to(target)
             if not torch.isfinite(converted).all() and torch.isfinite(tensor).all():

@@ -44,13 +44,19 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
 
 
+def freeze_loaded_objects() -> None:
+    """Move every Python object alive now to the collector's permanent generation (for good: a process that
+    only decodes from here on; `loaded_objects_frozen` undoes it on exit)."""
+    gc.collect()  # what is garbage already goes now, not into the permanent generation
+    gc.freeze()
+
+
 @contextmanager
 def loaded_objects_frozen() -> Iterator[None]:
     """While inside: every Python object alive on entry (the loaded model, tokenizer, ...) is left out of cyclic
     garbage collections (see the module docstring). On exit they are collectable again (`gc.unfreeze`), so
     a caller in a longer-lived process (tests, a notebook) loses nothing."""
-    gc.collect()  # what is garbage already goes now, not into the permanent generation
-    gc.freeze()
+    freeze_loaded_objects()
     try:
         yield
     finally:
