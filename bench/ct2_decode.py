@@ -6,7 +6,8 @@ bf16) against CTranslate2 float32, int8 and bfloat16 (where its build offers it 
 The checkpoint (standard or MAT) is exported with `multibranch convert ct2` once per CTranslate2 engine.
 `multibranch-fp32-unpacked` decodes with the model's own fp32 weights through `F.linear` (PyTorch's
 default GEMM), i.e. without the oneDNN prepacking `--precision fp32` does on the CPU: the packing's own
-ratio, in the same run.
+ratio, in the same run. `multibranch-fp32-composed` and `multibranch-int8-composed` decode with the packed copy
+without the fused attention kernels (modules/fused_attention.py): the kernels' own ratio.
 Every engine runs in its own long-lived process (own memory and thread pools), loads its model and
 decodes the sentences once to warm up; then the driver runs `--rounds` rounds, and in each round
 every engine decodes all sentences once, one engine at a time, in an order that rotates from round to
@@ -46,14 +47,15 @@ sys.path.insert(1, str(ROOT / "src"))
 
 from bench.common import decoding_model, environment, multi30k_data, save_results, work_dir  # noqa: E402
 
-CPU_ENGINES = ("multibranch-fp32", "multibranch-int8", "multibranch-bf16", "multibranch-fp32-unpacked", "ct2-float32",
-               "ct2-int8", "ct2-bfloat16")
+CPU_ENGINES = ("multibranch-fp32", "multibranch-int8", "multibranch-bf16", "multibranch-fp32-unpacked",
+               "multibranch-fp32-composed", "multibranch-int8-composed", "ct2-float32", "ct2-int8", "ct2-bfloat16")
 CUDA_ENGINES = ("multibranch-bf16", "multibranch-fp16", "ct2-bfloat16", "ct2-float16", "ct2-int8_float16",
                 "hf-generate-bf16", "hf-generate-fp16")
 ENGINES = tuple(dict.fromkeys(CPU_ENGINES + CUDA_ENGINES + ("hf-generate-fp32",)))  # every name --engines takes
 BASE = {"cpu": "multibranch-fp32", "cuda": "multibranch-bf16"}  # speed ratios are relative to this engine
 PAIRS = (("multibranch-fp32", "ct2-float32"), ("multibranch-int8", "ct2-int8"), ("multibranch-bf16", "ct2-bfloat16"),
-         ("multibranch-fp32", "multibranch-fp32-unpacked"), ("multibranch-fp16", "ct2-float16"),
+         ("multibranch-fp32", "multibranch-fp32-unpacked"), ("multibranch-fp32", "multibranch-fp32-composed"),
+         ("multibranch-int8", "multibranch-int8-composed"), ("multibranch-fp16", "ct2-float16"),
          ("multibranch-fp16", "ct2-int8_float16"), ("multibranch-bf16", "hf-generate-bf16"),
          ("multibranch-fp16", "hf-generate-fp16"), ("multibranch-fp32", "hf-generate-fp32"))
 

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multibranch.modules import fused_attention
 from multibranch.modules.dropout import dropout
 from multibranch.modules.init import init_blocks, init_weight
 from multibranch.modules.merge import merge_constant
@@ -228,6 +229,49 @@ class ParallelAttention(HeadGated):
             weights = {"qkv": (w, b), "q": (w[:inner], b[:inner]), "kv": (w[inner:], b[inner:])}
             self.packed = {name: pack_linear(*weights[name], kind) for name in inputs}
             self.packed["out"] = pack_linear(self.out_proj.weight * c, out_bias * c, kind)
+        self.fused = True
+
+    # ---- fused decoding steps (modules/fused_attention.py) ---------------------------------------------
+
+    fused = False  # set by pack_linears: a decoding copy attends with the fused kernels where it can
+
+    def _fuses_step(self, x: Tensor, cache: StateView | None, self_padding_mask: Tensor | None,
+                    need_weights: bool) -> bool:
+        """Whether this call is a decoding step the fused kernels can take: one new query per row in eval mode
+        on a decoding copy, no relative positions, no attention weights wanted, no padding among a
+        self-attention's keys, fp32 on the CPU."""
+        return (self.fused and not self.training and cache is not None and x.shape[1] == 1 and self.relative is None
+                and self_padding_mask is None and not need_weights and self.attention_probe is None
+                and fused_attention.usable(x))
+
+    def _fused_self_attention(self, q: Tensor, k: Tensor, v: Tensor, cache: StateView) -> Tensor:
+        """q, k, v [B, H, 1, d_k] of this step -> heads [B, H, 1, d_k]: the query over its own history of
+        keys/values, kept per step in the state (`DecoderState.extend_history`), never copied."""
+        B = q.shape[0]
+        keys, values, ancestors = cache.extend_history("kv", k.reshape(B, -1), v.reshape(B, -1))  # rows [B, H*d_k]
+        heads = fused_attention.history_attention(q.reshape(B, -1), keys, values, ancestors, self.total_heads)
+        return heads.view(B, 1, self.total_heads, self.head_dim).transpose(1, 2)
+
+    def _fused_cross_attention(self, x: Tensor, memory: Tensor, key_padding_mask: Tensor | None,
+                               cache: StateView) -> Tensor:
+        """x [B, 1, d] over memory [B / g, S, d] -> heads [B, H, 1, d_k]; the memory's keys/values are projected
+        once and cached as rows [B / g, S, H*d_k] (views of the fused K|V projection)."""
+        B = x.shape[0]
+        k, v = cache.get("k_rows"), cache.get("v_rows")
+        if k is None:
+            b, S, _ = memory.shape
+            packed = self._packed("kv")
+            if packed is not None:
+                kv = packed(memory)
+            else:
+                kv = F.linear(memory, self.in_proj.weight[self.inner_dim :], self.in_proj.bias[self.inner_dim :])
+            kv = kv.view(b, S, 2, self.inner_dim)  # [b, S, 2, H*d_k]
+            k, v = kv[:, :, 0], kv[:, :, 1]
+            cache.set("k_rows", k, static=True)
+            cache.set("v_rows", v, static=True)
+        q = self.project_q(x).transpose(1, 2).reshape(B, -1)  # [B, H*d_k]
+        heads = fused_attention.memory_attention(q, k, v, key_padding_mask, self.total_heads)
+        return heads.view(B, 1, self.total_heads, self.head_dim).transpose(1, 2)
 
     def _packed(self, name: str) -> PackedLinear | None:
         return self.packed.get(name) if self.packed is not None and not self.training else None
@@ -329,6 +373,15 @@ class ParallelAttention(HeadGated):
         `qkv`: the self-attention projections of x if the caller already made them (MUSE shares V).
         Structured dropout is not applied here (see `head_scales`).
         """
+        fuses = self._fuses_step(x, cache, key_padding_mask if memory is None else None, need_weights)
+        if memory is None and cache is not None and cache.has_history("kv") and not fuses:
+            raise RuntimeError("this decoder state's self-attention history is kept for the fused kernels, but this "
+                               "call cannot use them (several queries, attention weights or a probe asked for)")
+        if fuses and memory is None:
+            q, k, v = qkv if qkv is not None else self.project_qkv(x)  # [B, H, 1, d_k] each
+            return self._fused_self_attention(q, k, v, cache), None  # type: ignore[arg-type]
+        if fuses:
+            return self._fused_cross_attention(x, memory, key_padding_mask, cache), None  # type: ignore[arg-type]
         query_offset = 0
         groups = 1
         if memory is None:

@@ -9,6 +9,11 @@ one row per sentence (the memory it passes has one row per sentence, see `Parall
 A reorder of the per-hypothesis caches is deferred until a module next reads the cache: `get` applies
 it, and `append` (a self-attention's growing keys/values) applies it in the same copy that makes room
 for the new step, so a beam step copies each growing cache once instead of twice (reorder, then grow).
+
+Histories (`extend_history`) are the alternative that never copies: a self-attention using the fused
+kernel (`modules/fused_attention.py`) keeps each step's keys/values where that step wrote them, and the
+state keeps one ancestor table for all of them: `ancestors[r, s]` is the row that hypothesis r
+descends from at step s. A reorder moves the rows of that [rows, steps] table only.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ class DecoderState:
         self.tensors: dict[str, Tensor] = {}
         self.static: set[str] = set()
         self._pending: dict[str, Tensor] = {}  # key -> rows to take from tensors[key] (a deferred reorder)
+        self.histories: dict[str, tuple[list[Tensor], list[Tensor]]] = {}  # key -> (keys, values) per step
+        self._ancestors: Tensor | None = None  # [rows, steps so far] int64, see `extend_history`
 
     def view(self, prefix: str) -> StateView:
         return StateView(self, prefix)
@@ -41,12 +48,18 @@ class DecoderState:
                 self.tensors[key] = value.index_select(0, sources)
             else:
                 self._defer(key, order)
+        self._reorder_ancestors(order)
 
     def reorder_within_sentences(self, order: Tensor) -> None:
         """Like `reorder`, for an `order` that maps every row to a row of the same source sentence."""
         for key in self.tensors:
             if key not in self.static:
                 self._defer(key, order)
+        self._reorder_ancestors(order)
+
+    def _reorder_ancestors(self, order: Tensor) -> None:
+        if self._ancestors is not None:
+            self._ancestors = self._ancestors.index_select(0, order)
 
     def _defer(self, key: str, order: Tensor) -> None:
         earlier = self._pending.get(key)
@@ -86,6 +99,26 @@ class DecoderState:
         self.tensors[key] = value
         return value
 
+    def extend_history(self, key: str, keys: Tensor, values: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """Record this step's keys/values [rows, ...] of the module `key` (kept as they are: views stay views)
+        and return its (keys, values) of every step so far with the ancestor table [rows, step + 1] int64:
+        row r descends from row ancestors[r, s] of step s's tensors. The first module to extend its history
+        in a step adds the step's column to the table (each row is its own ancestor in its own step)."""
+        step, rows = self.step, keys.shape[0]
+        past_keys, past_values = self.histories.setdefault(key, ([], []))
+        if len(past_keys) != step:
+            raise RuntimeError(f"history {key!r} has {len(past_keys)} steps at step {step}: a history must "
+                               "be extended at every step from the first")
+        table = self._ancestors
+        if table is None or table.shape[1] == step:  # this step's column
+            here = torch.arange(rows, device=keys.device)[:, None]  # [rows, 1]
+            table = self._ancestors = here if table is None else torch.cat([table, here], dim=1)
+        if table.shape != (rows, step + 1):
+            raise RuntimeError(f"ancestor table {tuple(table.shape)} for {rows} rows at step {step}")
+        past_keys.append(keys)
+        past_values.append(values)
+        return past_keys, past_values, table
+
 
 class StateView:
     """The slice of a DecoderState that belongs to one module (keys under `prefix`)."""
@@ -106,6 +139,13 @@ class StateView:
     def append(self, name: str, new: Tensor, dim: int) -> Tensor:
         """`DecoderState.append` of this module's cache `name`."""
         return self.state.append(f"{self.prefix}.{name}", new, dim)
+
+    def extend_history(self, name: str, keys: Tensor, values: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """`DecoderState.extend_history` of this module's history `name`."""
+        return self.state.extend_history(f"{self.prefix}.{name}", keys, values)
+
+    def has_history(self, name: str) -> bool:
+        return f"{self.prefix}.{name}" in self.state.histories
 
     @property
     def step(self) -> int:
