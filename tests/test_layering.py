@@ -23,14 +23,15 @@ PACKAGE = "multibranch"
 # bottom first; docs/architecture.md shows the same order with what each floor holds
 FLOORS = [
     "__init__",  # the version
-    "errors", "atomic", "json_file", "config", "device", "schedules", "hooks",
+    "errors", "atomic", "json_file", "config", "device", "schedules", "hooks", "cpu_kernels",
     "checkpoint", "data", "evaluate", "modules", "models", "experiment", "figures",
     "inference", "train", "tasks", "convert", "analysis", "serve",
     "arguments", "commands", "cli", "__main__",
 ]
 # optional extras and slow imports, imported where they are used
 LAZY_ALLOWED = ("transformers", "ctranslate2", "fastapi", "uvicorn", "starlette", "prometheus_client",
-                "matplotlib", "tensorboard", "torch.utils.tensorboard", "tokenizers", "scipy")
+                "matplotlib", "tensorboard", "torch.utils.tensorboard", "tokenizers", "scipy",
+                "torch.utils.cpp_extension")  # the last imports setuptools (0.1 s), needed only to build/load cpu_kernels
 LAZY_EXEMPT_ROOMS = ("commands", "cli")
 
 
@@ -190,15 +191,15 @@ def write(tmp_path: Path, files: dict[str, str]) -> Path:
     ("path", "source", "expected"),
     [
         ("modules/foo.py", "import torch\ndef f():\n    import multibranch.train.trainer\n",
-         "multibranch.modules.foo (line 3) imports multibranch.train.trainer: modules (floor 11) must not "
-         "import train (floor 16)"),
+         "multibranch.modules.foo (line 3) imports multibranch.train.trainer: modules (floor 12) must not "
+         "import train (floor 17)"),
         ("checkpoint/foo.py", "from ..tasks import loading\n",
-         "multibranch.checkpoint.foo (line 1) imports multibranch.tasks: checkpoint (floor 8) must not "
-         "import tasks (floor 17)"),
+         "multibranch.checkpoint.foo (line 1) imports multibranch.tasks: checkpoint (floor 9) must not "
+         "import tasks (floor 18)"),
         ("data/foo.py", "from multibranch import models\n",
-         "multibranch.data.foo (line 1) imports multibranch.models: data (floor 9) must not import models"),
+         "multibranch.data.foo (line 1) imports multibranch.models: data (floor 10) must not import models"),
         ("convert/foo.py", "from multibranch.commands.train import run\n",
-         "multibranch.convert.foo (line 1) imports multibranch.commands.train: convert (floor 18) must not "
+         "multibranch.convert.foo (line 1) imports multibranch.commands.train: convert (floor 19) must not "
          "import commands"),
         ("tasks/foo.py", "def f():\n    import difflib\n",
          "multibranch.tasks.foo (line 2) imports difflib inside a function"),

@@ -8,7 +8,7 @@
 //
 // Layouts: a row holds all heads side by side, [heads * head_dim] with unit stride inside a row; rows may
 // be strided (views into a fused projection's output). Outputs are new contiguous [rows, heads * head_dim].
-// Built by multibranch/modules/fused_attention.py with -O3 -ffast-math (vectorised exp); masked positions
+// Built by multibranch/cpu_kernels.py with -O3 -ffast-math (vectorised exp); masked positions
 // are skipped rather than set to -inf, so no infinity ever enters the arithmetic.
 
 #include <torch/extension.h>
@@ -176,9 +176,4 @@ torch::Tensor memory_attention(const torch::Tensor& q, const torch::Tensor& keys
     }
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("history_attention", &history_attention, "one query per row over its own history (ancestor table)");
-  m.def("memory_attention", &memory_attention, "one query per row over a memory row shared by `groups` rows");
 }

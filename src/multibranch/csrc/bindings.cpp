@@ -1,0 +1,16 @@
+// The Python module of multibranch's CPU kernels (built by multibranch/cpu_kernels.py).
+
+#include <torch/extension.h>
+
+#include <vector>
+
+torch::Tensor history_attention(const torch::Tensor& q, const std::vector<torch::Tensor>& keys,
+                                const std::vector<torch::Tensor>& values, const torch::Tensor& ancestors,
+                                int64_t heads, double scale);
+torch::Tensor memory_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                               const torch::Tensor& padding, int64_t heads, double scale);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("history_attention", &history_attention, "one query per row over its own history (ancestor table)");
+  m.def("memory_attention", &memory_attention, "one query per row over a memory row shared by `groups` rows");
+}
