@@ -1,9 +1,13 @@
 """multibranch's CPU kernels (`csrc/`), compiled with PyTorch's `cpp_extension` on first use.
 
 A beam-search step composed of PyTorch operations pays per-operation overhead on many small tensors. These
-kernels do a step's small parts in one call each, fp32 on the CPU: `csrc/decoder_attention.cpp`, a decoder
-step's self-attention over each hypothesis' own history and its cross-attention over a memory shared by a
-sentence's hypotheses (`modules/fused_attention.py`); `csrc/bindings.cpp` makes them a Python module.
+kernels do a step's small parts in one call each, fp32 on the CPU:
+
+- `csrc/decoder_attention.cpp`: a decoder step's self-attention over each hypothesis' own history and its
+  cross-attention over a memory shared by a sentence's hypotheses (`modules/fused_attention.py`);
+- `csrc/beam_step.cpp`: a beam step's log-softmax normaliser per row and its best (score + token
+  log-probability) candidates per sentence (`inference/beam.py`, `inference/candidates.py`);
+- `csrc/bindings.cpp`: the Python module.
 
 The extension is built (a C++ compiler and ninja; the `ninja` package is a dependency) into PyTorch's
 extension cache the first time it is needed (~40 s, once per machine and source version; a one-line note
@@ -25,10 +29,18 @@ import torch
 from torch import Tensor
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("bindings.cpp", "decoder_attention.cpp")]
+           for name in ("bindings.cpp", "decoder_attention.cpp", "beam_step.cpp")]
 # -ffast-math: vectorised expf (glibc's libmvec); compile flags only, so the library does not set
 # flush-to-zero for the whole process (tests/test_cpu_kernels.py checks)
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
+
+
+def _capability_flags() -> list[str]:
+    """ATen's vector width for `at::vec::Vectorized` (csrc/beam_step.cpp), as PyTorch picked it for this CPU."""
+    capability = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "DEFAULT", ...
+    if capability in ("AVX512", "AVX2"):
+        return [f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}"]
+    return ["-DCPU_CAPABILITY=DEFAULT"]
 ENV_SWITCH = "MULTIBRANCH_CPU_KERNELS"
 
 
@@ -38,7 +50,7 @@ def _build_name() -> str:
     digest = hashlib.sha256()
     for source in SOURCES:
         digest.update(source.read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
+    digest.update(" ".join(CFLAGS + _capability_flags()).encode())
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         flags = next((line for line in cpuinfo.read_text(errors="replace").splitlines()
@@ -64,8 +76,8 @@ def kernels() -> ModuleType | None:
         name = _build_name()
         if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):
             print("building multibranch's CPU kernels (once per machine, ~40 s)", file=sys.stderr)
-        return load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS, extra_ldflags=["-lm"],
-                    verbose=False)
+        return load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS + _capability_flags(),
+                    extra_ldflags=["-lm"], verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means "decode without the kernels"
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         warnings.warn(f"multibranch's CPU kernels could not be built ({first_line}); decoding composes PyTorch "

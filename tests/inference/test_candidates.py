@@ -1,4 +1,5 @@
-"""The beam step's candidate selection (`top_candidates`) against torch.topk of the full sums."""
+"""The beam step's candidate selection against torch.topk of the full sums: `top_candidates` (the C++ kernel
+on the CPU where it is built, csrc/beam_step.cpp) and `composed_top_candidates` (PyTorch operations)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multibranch.inference.candidates import top_candidates
+from multibranch import cpu_kernels
+from multibranch.inference import candidates
+from multibranch.inference.candidates import composed_top_candidates, top_candidates
 
 NEG_INF = float("-inf")
+IMPLEMENTATIONS = (top_candidates, composed_top_candidates)
+needs_kernels = pytest.mark.skipif(cpu_kernels.kernels() is None, reason="multibranch's CPU kernels cannot be "
+                                   "built here (no C++ compiler or ninja, or MULTIBRANCH_CPU_KERNELS=0)")
 
 
 def _plain(lprobs: torch.Tensor, scores: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -18,9 +24,14 @@ def _plain(lprobs: torch.Tensor, scores: torch.Tensor, n: int) -> tuple[torch.Te
 
 
 def _check(lprobs: torch.Tensor, scores: torch.Tensor, n: int, block: int) -> None:
+    for select in IMPLEMENTATIONS:
+        _check_one(select, lprobs, scores, n, block)
+
+
+def _check_one(select, lprobs: torch.Tensor, scores: torch.Tensor, n: int, block: int) -> None:
     """Same values as the plain top-k; every index points at its value; finite candidates are distinct."""
     b, w, V = lprobs.shape
-    values, index = top_candidates(lprobs, scores, n, block)
+    values, index = select(lprobs, scores, n, block)
     expected_values, expected_index = _plain(lprobs, scores, n)
     assert torch.equal(values, expected_values)
     sums = (lprobs + scores[:, :, None]).reshape(b, w * V)
@@ -56,8 +67,20 @@ def test_the_block_path_really_runs_and_keeps_a_token_from_the_partial_last_bloc
     """V = 37 with blocks of 4: token 36 is in no whole block; made the best, it must still be found."""
     lprobs = torch.log_softmax(torch.randn(2, 3, 37), dim=-1)
     lprobs[1, 2, 36] = 5.0
-    values, index = top_candidates(lprobs, torch.zeros(2, 3), 6, block=4)
-    assert index[1, 0].item() == 2 * 37 + 36 and values[1, 0].item() == 5.0
+    for select in IMPLEMENTATIONS:
+        values, index = select(lprobs, torch.zeros(2, 3), 6, block=4)
+        assert index[1, 0].item() == 2 * 37 + 36 and values[1, 0].item() == 5.0
+
+
+@needs_kernels
+def test_on_the_cpu_the_kernel_selects_and_ranks_ties_by_index(monkeypatch):
+    """fp32 CPU tensors go through the C++ kernel (the composed path is not called); equal sums come lowest
+    flat index first (hand-made: every token of hypothesis 1 ties with one of hypothesis 0)."""
+    monkeypatch.setattr(candidates, "composed_top_candidates", None)  # would fail if called
+    lprobs = torch.log_softmax(torch.arange(12.0).reshape(1, 1, 12), dim=-1).repeat(1, 2, 1)  # [1, 2, 12]
+    values, index = top_candidates(lprobs, torch.zeros(1, 2), 4, block=4)
+    assert index.tolist() == [[11, 23, 10, 22]]
+    assert torch.equal(values, lprobs[0, 0, [11, 11, 10, 10]][None])
 
 
 @settings(max_examples=150, deadline=None)

@@ -11,7 +11,10 @@ Beam search keeps `beam` live hypotheses per sentence in one [sentences * beam] 
    is masked too (fairseq's --no-repeat-ngram-size, OpenNMT's block_ngram_repeat; no renormalising).
 2. Every live hypothesis extends by every token; the 2K best candidates per sentence are kept
    (at step 0 all K hypotheses are identical, so only the first one is expanded), found without
-   forming the [K * V] sums (`candidates.top_candidates`).
+   forming the [K * V] sums (`candidates.top_candidates`). On the CPU with `cpu_kernels` built, the
+   log_softmax of step 1 is deferred: the masks apply to the logits, a kernel computes each row's
+   log-sum-exp, and the candidate search adds (score - log-sum-exp) to the logits, so the [b*K, V]
+   log-probabilities are never written (`_step_scores`; greedy search takes the same path).
 3. A candidate ending in EOS among the top K candidates is a finished hypothesis. A sentence is
    done when it has K finished hypotheses (fairseq's rule: no search for better, longer ones) or
    reaches its maximum length, where every live hypothesis is forced to end with EOS.
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import torch
 from torch import Tensor
 
+from multibranch import cpu_kernels
 from multibranch.inference.candidates import top_candidates
 from multibranch.modules.state import DecoderState
 
@@ -133,14 +137,20 @@ def output_limits(model: Decodable, src: Tensor, max_len_a: float, max_len_b: in
     return max_lens, (int(max_lens.max()) + 1 if src.shape[0] else 0)
 
 
+def masked_logits(logits: Tensor, cfg: object) -> Tensor:
+    """logits [..., V] -> fp32 [..., V] with pad and bos set to -inf (in place when `logits` is fp32)."""
+    logits = logits.float()
+    logits[..., cfg.pad_id] = NEG_INF  # type: ignore[attr-defined]
+    logits[..., cfg.bos_id] = NEG_INF  # type: ignore[attr-defined]
+    return logits
+
+
 def normalized_log_probs(logits: Tensor, cfg: object) -> Tensor:
     """logits [..., V] -> fp32 log-probabilities [..., V] with pad and bos masked to -inf *before*
     the log_softmax (the search's distribution; forced scoring uses the same one). fp32 `logits`
     are overwritten: masked, then normalised in place (the [rows, V] buffer is written once instead of
     being copied into a new one: ~25% less time for this log_softmax on the CPU)."""
-    logits = logits.float()
-    logits[..., cfg.pad_id] = NEG_INF  # type: ignore[attr-defined]
-    logits[..., cfg.bos_id] = NEG_INF  # type: ignore[attr-defined]
+    logits = masked_logits(logits, cfg)
     return torch.log_softmax(logits, dim=-1, out=logits)
 
 
@@ -195,28 +205,57 @@ def _step_log_probs(
     """tokens [N, 1 + T] (BOS + output so far; column `step` is the last one) -> masked fp32
     log-probabilities [N, V]; rows where `forced` [N] is True may only produce EOS (with its own
     log-probability); rows whose `prefix` [N, P] has a token at `step` may only produce that one."""
+    values, _ = _step_scores(model, tokens, enc, state, step, min_len, forced, no_repeat_ngram_size, prefix)
+    return values
+
+
+def _step_scores(
+    model: Decodable,
+    tokens: Tensor,
+    enc: EncoderOut,
+    state: DecoderState,
+    step: int,
+    min_len: int,
+    forced: Tensor,
+    no_repeat_ngram_size: int = 0,
+    prefix: Tensor | None = None,
+    deferred: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """`_step_log_probs` as (values [N, V], offset [N] or None): the log-probabilities are values - offset.
+
+    `deferred` (the searches) on fp32 CPU logits with the CPU kernels built: values are the masked logits and
+    offset their log-sum-exp per row (`cpu_kernels` row_logsumexp), so the [N, V] log-probabilities are never
+    written; the candidate search folds the offset into the hypotheses' scores. Otherwise values are the
+    log-probabilities themselves (log_softmax in place) and offset None. Masking after the normalisation (EOS,
+    prefixes, n-grams) sets values to -inf or keeps them, so it means the same on either kind."""
     cfg = model.config
-    lprobs = normalized_log_probs(model.decode_step(tokens[:, step : step + 1], enc, state), cfg)  # [N, V]
+    logits = model.decode_step(tokens[:, step : step + 1], enc, state)  # [N, V]
+    offset = None
+    if deferred and cpu_kernels.usable(logits) and logits.is_contiguous() and logits.numel():
+        values = masked_logits(logits, cfg)
+        offset = cpu_kernels.kernels().row_logsumexp(values)  # [N]
+    else:
+        values = normalized_log_probs(logits, cfg)
     prefixed = None
     if prefix is not None and step < prefix.shape[1]:
         wanted = prefix[:, step]  # [N]
         prefixed = wanted.ne(cfg.pad_id).nonzero().squeeze(1)  # rows still inside their prefix
         wanted = wanted[prefixed]
-        wanted_lprob = lprobs[prefixed, wanted]  # [n] before any masking
+        wanted_value = values[prefixed, wanted]  # [n] before any masking
     if no_repeat_ngram_size:
-        block_repeated_ngrams(lprobs, tokens[:, 1 : step + 1], no_repeat_ngram_size)
+        block_repeated_ngrams(values, tokens[:, 1 : step + 1], no_repeat_ngram_size)
     if forced.any():  # the maximum length wins over min_len (as in fairseq)
-        eos_lprob = lprobs[forced, cfg.eos_id]  # [n] (a copy)
-        lprobs[forced] = NEG_INF
-        lprobs[forced, cfg.eos_id] = eos_lprob
+        eos_value = values[forced, cfg.eos_id]  # [n] (a copy)
+        values[forced] = NEG_INF
+        values[forced, cfg.eos_id] = eos_value
         if step < min_len:
-            lprobs[~forced, cfg.eos_id] = NEG_INF
+            values[~forced, cfg.eos_id] = NEG_INF
     elif step < min_len:
-        lprobs[:, cfg.eos_id] = NEG_INF
+        values[:, cfg.eos_id] = NEG_INF
     if prefixed is not None and prefixed.numel():
-        lprobs[prefixed] = NEG_INF
-        lprobs[prefixed, wanted] = wanted_lprob
-    return lprobs
+        values[prefixed] = NEG_INF
+        values[prefixed, wanted] = wanted_value
+    return values, offset
 
 
 def _finish(
@@ -269,9 +308,11 @@ def greedy_search(
     alive = torch.arange(B, device=device)  # original index of each live sentence
     hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
     for step in range(steps):
-        lprobs = _step_log_probs(model, tokens, enc, state, step, min_len, step >= max_lens, no_repeat_ngram_size,
-                                 None if prefix is None else prefix[alive])
-        best_lprob, best = lprobs.max(dim=-1)  # [b]
+        values, offset = _step_scores(model, tokens, enc, state, step, min_len, step >= max_lens,
+                                      no_repeat_ngram_size, None if prefix is None else prefix[alive], deferred=True)
+        best_lprob, best = values.max(dim=-1)  # [b]
+        if offset is not None:
+            best_lprob = best_lprob - offset
         scores = scores + best_lprob
         ended = best.eq(cfg.eos_id) & best_lprob.gt(NEG_INF)  # [b]
         if ended.any():
@@ -357,16 +398,21 @@ def _beam_search(
         width = scores.shape[1]
         forced = step >= max_lens  # [b]
         rows_prefix = None if prefix is None else prefix[alive].repeat_interleave(width, dim=0)  # [b*width, P]
-        lprobs = _step_log_probs(
+        values, offset = _step_scores(
             model, tokens, enc, state, step, min_len, forced.repeat_interleave(width), no_repeat_ngram_size,
-            rows_prefix,
-        )  # [b*width, V]
-        V = lprobs.shape[1]
+            rows_prefix, deferred=True,
+        )  # [b*width, V]: log-probabilities = values - offset
+        V = values.shape[1]
         n_cand = min(2 * K, width * V)
-        cand_scores, cand_index = top_candidates(lprobs.view(b, width, V), scores, n_cand)  # [b, C], best first
+        offset = None if offset is None else offset.view(b, width)
+        base = scores if offset is None else scores - offset  # [b, width]
+        cand_scores, cand_index = top_candidates(values.view(b, width, V), base, n_cand)  # [b, C], best first
         cand_beam = torch.div(cand_index, V, rounding_mode="floor")  # [b, C]
         cand_token = cand_index - cand_beam * V  # [b, C]
-        cand_lprob = lprobs.view(b, width * V).gather(1, cand_index)  # [b, C] (beam-major flat index)
+        cand_lprob = values.view(b, width * V).gather(1, cand_index)  # [b, C] (beam-major flat index)
+        if offset is not None:  # the log-probabilities, and the scores as score + log-probability (as greedy's)
+            cand_lprob = cand_lprob - offset.gather(1, cand_beam)
+            cand_scores = scores.gather(1, cand_beam) + cand_lprob
         cand_eos = cand_token.eq(eos)  # [b, C]
 
         # 1. EOS among the top K candidates: finished hypotheses (a loop over those only)
