@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.helpers.configs import tiny_experiment
+from tests.helpers.kernels import require_kernels
 from tests.helpers.translation import MAX_POSITIONS, corpus_lines
 
 if TYPE_CHECKING:
@@ -206,3 +207,10 @@ def checkpoint(tmp_path_factory, tokenizer, experiment) -> Path:
     save_checkpoint(path, {"config": config.to_dict(), "model": model.state_dict(), "tokenizer": tokenizer.to_state(),
                            "meta": {}})
     return path
+
+
+@pytest.fixture
+def cpu_kernels_built() -> None:
+    """Skip where multibranch's CPU kernels cannot be built; fail instead under MULTIBRANCH_REQUIRE_CPU_KERNELS=1."""
+    require_kernels()
+

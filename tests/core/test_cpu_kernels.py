@@ -8,8 +8,7 @@ import torch
 
 from multibranch import cpu_kernels
 
-needs_kernels = pytest.mark.skipif(cpu_kernels.kernels() is None, reason="multibranch's CPU kernels cannot be "
-                                   "built here (no C++ compiler or ninja, or MULTIBRANCH_CPU_KERNELS=0)")
+needs_kernels = pytest.mark.usefixtures("cpu_kernels_built")
 
 
 @needs_kernels
@@ -26,6 +25,7 @@ def test_a_failed_build_warns_once_and_leaves_the_kernels_off(monkeypatch):
     def broken(**_):
         raise RuntimeError("Ninja is required to load C++ extensions\nmore detail")
 
+    monkeypatch.delenv(cpu_kernels.ENV_SWITCH, raising=False)
     monkeypatch.setattr(cpp_extension, "load", broken)
     monkeypatch.setattr(cpu_kernels, "_build_name", lambda: "multibranch_cpu_kernels_never_built")
     cpu_kernels.kernels.cache_clear()

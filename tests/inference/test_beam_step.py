@@ -15,8 +15,7 @@ from multibranch.models import ModelConfig, build_model
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
-    pytest.mark.skipif(cpu_kernels.kernels() is None, reason="multibranch's CPU kernels cannot be built here "
-                       "(no C++ compiler or ninja, or MULTIBRANCH_CPU_KERNELS=0)"),
+    pytest.mark.usefixtures("cpu_kernels_built"),
 ]
 NEG_INF = float("-inf")
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3

@@ -8,14 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multibranch import cpu_kernels
 from multibranch.inference import candidates
 from multibranch.inference.candidates import composed_top_candidates, top_candidates
 
 NEG_INF = float("-inf")
 IMPLEMENTATIONS = (top_candidates, composed_top_candidates)
-needs_kernels = pytest.mark.skipif(cpu_kernels.kernels() is None, reason="multibranch's CPU kernels cannot be "
-                                   "built here (no C++ compiler or ninja, or MULTIBRANCH_CPU_KERNELS=0)")
+needs_kernels = pytest.mark.usefixtures("cpu_kernels_built")
 
 
 def _plain(lprobs: torch.Tensor, scores: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,8 +20,7 @@ from multibranch.modules.state import DecoderState
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
-    pytest.mark.skipif(cpu_kernels.kernels() is None, reason="multibranch's CPU kernels cannot be built here "
-                       "(no C++ compiler or ninja, or MULTIBRANCH_CPU_KERNELS=0)"),
+    pytest.mark.usefixtures("cpu_kernels_built"),
 ]
 H, D = 3, 8  # heads, head width
 
