@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from multibranch import cpu_kernels
-from multibranch.config import from_dict
 from multibranch.inference import beam
 from multibranch.inference.beam import beam_search
-from multibranch.models import ModelConfig, build_model
+from tests.helpers.models import noisy_model
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -39,14 +38,7 @@ def test_row_logsumexp_is_float64s_within_fp32_rounding():
 
 
 def _model() -> torch.nn.Module:
-    values = {"d_model": 24, "heads": 3, "ffn_dim": 36, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0,
-              "max_positions": 64, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB}
-    torch.manual_seed(11)
-    model = build_model(from_dict(ModelConfig, values))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.4)
-    return model.eval()
+    return noisy_model(VOCAB, 0.4, 11)
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])

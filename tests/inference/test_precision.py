@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from multibranch.config import ConfigError, from_dict
+from multibranch.config import ConfigError
 from multibranch.inference import precision as precision_module
 from multibranch.inference.precision import (
     HALF_DTYPES,
@@ -17,7 +17,6 @@ from multibranch.inference.precision import (
     check_precision,
     for_decoding,
 )
-from multibranch.models import ModelConfig, build_model
 from multibranch.modules.packed_linear import (
     ONEDNN_INT8_MIN_OUT,
     Int8Linear,
@@ -31,6 +30,7 @@ from multibranch.modules.packed_linear import (
     pack_linear,
 )
 from multibranch.modules.state import DecoderState
+from tests.helpers.models import noisy_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 needs_int8 = pytest.mark.skipif(not int8_supported(), reason="this PyTorch build has no fbgemm (x86) kernels")
@@ -116,14 +116,7 @@ def test_int8_packing_picks_onednn_for_wide_projections_only():
 
 
 def _model(**overrides) -> torch.nn.Module:
-    values = {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0,
-              "max_positions": 64, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, **overrides}
-    torch.manual_seed(3)
-    model = build_model(from_dict(ModelConfig, values))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    return model.eval()
+    return noisy_model(VOCAB, 0.1, 3, **{"d_model": 32, "heads": 4, "ffn_dim": 64, **overrides})
 
 
 def _both(layer: dict) -> dict:

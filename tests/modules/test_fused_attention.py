@@ -10,13 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from multibranch import cpu_kernels
-from multibranch.config import from_dict
 from multibranch.inference.beam import beam_search
 from multibranch.inference.precision import for_decoding
-from multibranch.models import ModelConfig, build_model
 from multibranch.modules import fused_attention
 from multibranch.modules.packed_linear import onednn_supported
 from multibranch.modules.state import DecoderState
+from tests.helpers.models import noisy_model
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -138,14 +137,7 @@ KINDS = {
 
 
 def _model(**overrides) -> torch.nn.Module:
-    values = {"d_model": 24, "heads": 3, "ffn_dim": 36, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0,
-              "max_positions": 64, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, **overrides}
-    torch.manual_seed(5)
-    model = build_model(from_dict(ModelConfig, values))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return model.eval()
+    return noisy_model(VOCAB, 0.3, 5, **overrides)
 
 
 def _composed(model: torch.nn.Module) -> torch.nn.Module:

@@ -191,24 +191,6 @@ def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> None:
     lprobs[rows, windows[rows, starts, -1]] = NEG_INF
 
 
-def _step_log_probs(
-    model: Decodable,
-    tokens: Tensor,
-    enc: EncoderOut,
-    state: DecoderState,
-    step: int,
-    min_len: int,
-    forced: Tensor,
-    no_repeat_ngram_size: int = 0,
-    prefix: Tensor | None = None,
-) -> Tensor:
-    """tokens [N, 1 + T] (BOS + output so far; column `step` is the last one) -> masked fp32
-    log-probabilities [N, V]; rows where `forced` [N] is True may only produce EOS (with its own
-    log-probability); rows whose `prefix` [N, P] has a token at `step` may only produce that one."""
-    values, _ = _step_scores(model, tokens, enc, state, step, min_len, forced, no_repeat_ngram_size, prefix)
-    return values
-
-
 def _step_scores(
     model: Decodable,
     tokens: Tensor,
@@ -221,7 +203,10 @@ def _step_scores(
     prefix: Tensor | None = None,
     deferred: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """`_step_log_probs` as (values [N, V], offset [N] or None): the log-probabilities are values - offset.
+    """tokens [N, 1 + T] (BOS + output so far; column `step` is the last one) -> (values [N, V], offset [N] or
+    None): the step's masked fp32 log-probabilities are values - offset (values alone when offset is None).
+    Rows where `forced` [N] is True may only produce EOS (with its own log-probability); rows whose `prefix`
+    [N, P] has a token at `step` may only produce that one.
 
     `deferred` (the searches) on fp32 CPU logits with the CPU kernels built: values are the masked logits and
     offset their log-sum-exp per row (`cpu_kernels` row_logsumexp), so the [N, V] log-probabilities are never

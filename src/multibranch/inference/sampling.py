@@ -1,6 +1,6 @@
 """Random sampling of outputs (back-translation): `n` independent samples per sentence, batched.
 
-Each step takes the search's distribution (`beam._step_log_probs`: pad/bos masked before the
+Each step takes the search's distribution (`beam._step_scores`: pad/bos masked before the
 log_softmax, EOS masked before `min_len`, only EOS at the maximum length, n-gram blocking, target
 prefixes) and draws the next token from
 
@@ -28,7 +28,7 @@ from multibranch.inference.beam import (
     LengthPenaltyKind,
     _finish,
     _sorted,
-    _step_log_probs,
+    _step_scores,
     new_state,
     output_limits,
 )
@@ -86,8 +86,8 @@ def sample(
     alive = torch.arange(N, device=device)  # original row of each live sample
     hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
     for step in range(steps):
-        lprobs = _step_log_probs(model, tokens, enc, state, step, min_len, step >= max_lens, no_repeat_ngram_size,
-                                 None if prefix is None else prefix[alive])  # [b, V]
+        lprobs, _ = _step_scores(model, tokens, enc, state, step, min_len, step >= max_lens, no_repeat_ngram_size,
+                                 None if prefix is None else prefix[alive])  # [b, V] (not deferred: offset None)
         probs = restrict(lprobs, temperature, top_k, top_p).exp()  # [b, V]
         dead = lprobs.isinf().all(dim=1)  # [b] every token blocked (n-gram blocking): ends here, score -inf
         if dead.any():

@@ -260,12 +260,7 @@ class ParallelAttention(HeadGated):
         k, v = cache.get("k_rows"), cache.get("v_rows")
         if k is None:
             b, S, _ = memory.shape
-            packed = self._packed("kv")
-            if packed is not None:
-                kv = packed(memory)
-            else:
-                kv = F.linear(memory, self.in_proj.weight[self.inner_dim :], self.in_proj.bias[self.inner_dim :])
-            kv = kv.view(b, S, 2, self.inner_dim)  # [b, S, 2, H*d_k]
+            kv = self._kv_rows(memory).view(b, S, 2, self.inner_dim)  # [b, S, 2, H*d_k]
             k, v = kv[:, :, 0], kv[:, :, 1]
             cache.set("k_rows", k, static=True)
             cache.set("v_rows", v, static=True)
@@ -299,13 +294,15 @@ class ParallelAttention(HeadGated):
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """memory [B, S, d] -> k, v each [B, H, S, d_k]."""
         B, S, _ = memory.shape
+        kv = self._kv_rows(memory).view(B, S, 2, self.total_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return kv[0], kv[1]
+
+    def _kv_rows(self, memory: Tensor) -> Tensor:
+        """memory [B, S, d] -> the fused K|V projection [B, S, 2*H*d_k] (packed on a decoding copy)."""
         packed = self._packed("kv")
         if packed is not None:
-            kv = packed(memory)
-        else:
-            kv = F.linear(memory, self.in_proj.weight[self.inner_dim :], self.in_proj.bias[self.inner_dim :])
-        kv = kv.view(B, S, 2, self.total_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return kv[0], kv[1]
+            return packed(memory)
+        return F.linear(memory, self.in_proj.weight[self.inner_dim :], self.in_proj.bias[self.inner_dim :])
 
     def head_scales(self, batch_size: int, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
         """Structured-dropout scales times the head gate: (per head [1 or B, H], per branch bias
