@@ -129,15 +129,15 @@ def hf_update(model: Any, optimizer: Any, loss_fn: Any, batch: Any, pad_id: int,
 def decoding_model(model: Any, precision: str) -> Any:
     """Our model to decode with in `precision` (inference/precision.py), or "fp32-unpacked": the model's own
     weights through F.linear (PyTorch's default GEMM), as every fp32 decode ran before the oneDNN packing;
-    "<precision>-composed": the packed copy without the fused attention kernels (modules/fused_attention.py),
-    its attention composed of PyTorch operations as before them."""
+    "<precision>-composed": the packed copy without its modules' fused kernels (the attention of
+    modules/fused_attention.py, the residuals' add + LayerNorm), composed of PyTorch operations as before them."""
     if precision == "fp32-unpacked":
         return model.eval()
     from multibranch.inference.precision import for_decoding
 
     base, composed = precision.removesuffix("-composed"), precision.endswith("-composed")
     packed = for_decoding(model, base)
-    if composed:  # the packed copy with its attention composed of PyTorch operations (no fused kernels)
+    if composed:  # the packed copy with its modules composed of PyTorch operations (no fused kernels)
         for module in packed.modules():
             if getattr(module, "fused", False):
                 module.fused = False

@@ -7,7 +7,8 @@ The checkpoint (standard or MAT) is exported with `multibranch convert ct2` once
 `multibranch-fp32-unpacked` decodes with the model's own fp32 weights through `F.linear` (PyTorch's
 default GEMM), i.e. without the oneDNN prepacking `--precision fp32` does on the CPU: the packing's own
 ratio, in the same run. `multibranch-fp32-composed` and `multibranch-int8-composed` decode with the packed copy
-without the fused attention kernels (modules/fused_attention.py): the kernels' own ratio.
+without its modules' fused kernels (attention, residual add + LayerNorm; the beam-step kernels stay on): their
+own ratio.
 Every engine runs in its own long-lived process (own memory and thread pools), loads its model and
 decodes the sentences once to warm up; then the driver runs `--rounds` rounds, and in each round
 every engine decodes all sentences once, one engine at a time, in an order that rotates from round to

@@ -81,8 +81,8 @@ def main() -> None:
                         choices=["fp32", "int8", "bf16", "fp32-unpacked", "fp32-composed"],
                         help="our models' decoding precision on the CPU (inference/precision.py; several: each; the "
                              "HF peer stays fp32); fp32-unpacked: the model's own weights through F.linear, as before "
-                             "the oneDNN prepacking; fp32-composed: the packed copy with its attention composed of "
-                             "PyTorch operations (no fused attention kernels)")
+                             "the oneDNN prepacking; fp32-composed: the packed copy with its modules composed of "
+                             "PyTorch operations (no fused attention or add + LayerNorm kernels)")
     parser.add_argument("--fixed-length", action="store_true",
                         help="every hypothesis decodes to the length limit (min_len beyond it): each model "
                              "runs the same steps, so speed compares architectures, not output lengths "

@@ -7,6 +7,7 @@ kernels do a step's small parts in one call each, fp32 on the CPU:
   cross-attention over a memory shared by a sentence's hypotheses (`modules/fused_attention.py`);
 - `csrc/beam_step.cpp`: a beam step's log-softmax normaliser per row and its best (score + token
   log-probability) candidates per sentence (`inference/beam.py`, `inference/candidates.py`);
+- `csrc/layer_norm.cpp`: a post-norm residual sublayer's LayerNorm(x + y) in one pass (`models/layers/common.py`);
 - `csrc/bindings.cpp`: the Python module.
 
 The extension is built (a C++ compiler and ninja; the `ninja` package is a dependency) into PyTorch's
@@ -29,7 +30,7 @@ import torch
 from torch import Tensor
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("bindings.cpp", "decoder_attention.cpp", "beam_step.cpp")]
+           for name in ("bindings.cpp", "decoder_attention.cpp", "beam_step.cpp", "layer_norm.cpp")]
 # -ffast-math: vectorised expf (glibc's libmvec); compile flags only, so the library does not set
 # flush-to-zero for the whole process (tests/test_cpu_kernels.py checks)
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]

@@ -158,6 +158,8 @@ def test_fused_decoding_copy_searches_as_the_composed_one(name):
     packed, composed = for_decoding(model, "fp32"), _composed(model)
     fused_modules = [m for m in packed.modules() if getattr(m, "fused", False)]
     assert fused_modules and not any(getattr(m, "fused", False) for m in composed.modules())
+    kinds = {type(m).__name__ for m in fused_modules}
+    assert "ParallelAttention" in kinds and ("Residual" in kinds or name == "muse")  # MUSE sums its own branches
     g = torch.Generator().manual_seed(6)
     src = torch.randint(4, VOCAB, (5, 9), generator=g)
     src[1, 4:] = 0
@@ -204,3 +206,15 @@ def test_a_history_state_refuses_a_step_the_kernels_cannot_take():
     layer = packed.decoder.layers[0]
     with pytest.raises(RuntimeError, match="kept for the fused kernels"):
         layer.self_attn(torch.randn(2, 1, 24), cache=state.view("decoder.0").view("self_attn"), need_weights=True)
+
+
+def test_add_layer_norm_is_torchs_layer_norm_of_the_sum():
+    """The post-norm residual kernel (csrc/layer_norm.cpp) against torch.layer_norm in float64."""
+    g = torch.Generator().manual_seed(9)
+    x, y = torch.randn(5, 3, 40, generator=g) * 3, torch.randn(5, 3, 40, generator=g)
+    weight, bias = torch.randn(40, generator=g), torch.randn(40, generator=g)
+    got = cpu_kernels.kernels().add_layer_norm(x, y, weight, bias, 1e-5)
+    expected = F.layer_norm((x + y).double(), (40,), weight.double(), bias.double(), 1e-5)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="of x's shape"):
+        cpu_kernels.kernels().add_layer_norm(x, y[:, :2], weight, bias, 1e-5)

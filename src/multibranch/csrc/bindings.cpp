@@ -12,10 +12,13 @@ torch::Tensor memory_attention(const torch::Tensor& q, const torch::Tensor& keys
 torch::Tensor row_logsumexp(const torch::Tensor& x);
 std::vector<torch::Tensor> top_candidates(const torch::Tensor& values, const torch::Tensor& scores, int64_t n,
                                           int64_t block);
+torch::Tensor add_layer_norm(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& weight,
+                             const torch::Tensor& bias, double eps);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("history_attention", &history_attention, "one query per row over its own history (ancestor table)");
   m.def("memory_attention", &memory_attention, "one query per row over a memory row shared by `groups` rows");
   m.def("row_logsumexp", &row_logsumexp, "per row, log(sum(exp(x))) of [rows, V] (-inf entries allowed)");
+  m.def("add_layer_norm", &add_layer_norm, "LayerNorm(x + y) in one pass per row");
   m.def("top_candidates", &top_candidates, "per sentence, the n best hypothesis score + token value");
 }

@@ -12,7 +12,8 @@ decoder step (attention Q/K/V and output projections, the FFN, the output layer)
   (AVX512-BF16/AMX; elsewhere oneDNN emulates bf16, slower than fp32).
 
 Normalisation, softmax, the attention itself and the layer kinds' own extras (MUSE's convolution,
-Weighted's branch mixing, MUTE's unit attention) stay fp32. The caller's model is left untouched
+Weighted's branch mixing, MUTE's unit attention) stay fp32; modules with a `fused` flag (attention, post-norm
+residuals) use the CPU kernels of `cpu_kernels.py` for them. The caller's model is left untouched
 (training, analysis keep using it). Off the CPU (or without oneDNN), fp32 is the model itself.
 
 On CUDA, `bf16` and `fp16` decode with the model's weights cast to that type (what a Hugging Face user gets
@@ -81,6 +82,8 @@ def for_decoding(model: torch.nn.Module, precision: str = "fp32", *, in_place: b
         pack = getattr(module, "pack_linears", None)
         if pack is not None:
             pack(precision)
+        if hasattr(module, "fused"):  # modules with a CPU-kernel path (cpu_kernels.py) take it
+            module.fused = True
     return packed
 
 

@@ -229,11 +229,10 @@ class ParallelAttention(HeadGated):
             weights = {"qkv": (w, b), "q": (w[:inner], b[:inner]), "kv": (w[inner:], b[inner:])}
             self.packed = {name: pack_linear(*weights[name], kind) for name in inputs}
             self.packed["out"] = pack_linear(self.out_proj.weight * c, out_bias * c, kind)
-        self.fused = True
 
     # ---- fused decoding steps (modules/fused_attention.py) ---------------------------------------------
 
-    fused = False  # set by pack_linears: a decoding copy attends with the fused kernels where it can
+    fused = False  # set on decoding copies (inference/precision.py): attend with the fused kernels where it can
 
     def _fuses_step(self, x: Tensor, cache: StateView | None, self_padding_mask: Tensor | None,
                     need_weights: bool) -> bool:

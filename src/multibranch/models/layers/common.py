@@ -7,6 +7,7 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from multibranch import cpu_kernels
 from multibranch.models.config import ModelConfig
 from multibranch.modules.attention import ParallelAttention
 from multibranch.modules.dropout import dropout
@@ -17,7 +18,12 @@ AttentionRole = Literal["encoder_self", "decoder_self", "cross"]
 
 
 class Residual(nn.Module):
-    """One residual sublayer: post-norm LN(x + Drop(f(x))) or pre-norm x + Drop(f(LN(x)))."""
+    """One residual sublayer: post-norm LN(x + Drop(f(x))) or pre-norm x + Drop(f(LN(x))).
+
+    `fused` (set on decoding copies, inference/precision.py): in eval mode on fp32 CPU tensors the post-norm
+    LN(x + y) runs as one kernel (`cpu_kernels` add_layer_norm), equal up to summation order."""
+
+    fused = False
 
     def __init__(self, d_model: int, norm: Literal["post", "pre"], dropout: float, eps: float = 1e-5):
         super().__init__()
@@ -28,7 +34,11 @@ class Residual(nn.Module):
     def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
         if self.pre_norm:
             return x + dropout(fn(self.norm(x)), self.dropout, self.training)
-        return self.norm(x + dropout(fn(x), self.dropout, self.training))
+        y = dropout(fn(x), self.dropout, self.training)
+        if (self.fused and not self.training and x.is_contiguous() and y.is_contiguous() and x.shape == y.shape
+                and cpu_kernels.usable(x, y, self.norm.weight, self.norm.bias)):
+            return cpu_kernels.kernels().add_layer_norm(x, y, self.norm.weight, self.norm.bias, self.norm.eps)
+        return self.norm(x + y)
 
 
 def build_attention(
