@@ -11,8 +11,8 @@ kernels do a step's small parts in one call each, fp32 on the CPU:
 - `csrc/bindings.cpp`: the Python module.
 
 The extension is built (a C++ compiler and ninja; the `ninja` package is a dependency) into PyTorch's
-extension cache the first time it is needed (~40 s, once per machine and source version; a one-line note
-says so on stderr). Where it cannot be built, `kernels()` returns None after one warning and decoding
+extension cache the first time it is needed (about a minute, once per machine and source version; a
+one-line note says so on stderr). Where it cannot be built, `kernels()` returns None after one warning and decoding
 composes PyTorch operations as before; `MULTIBRANCH_CPU_KERNELS=0` turns the kernels off.
 """
 
@@ -76,7 +76,7 @@ def kernels() -> ModuleType | None:
 
         name = _build_name()
         if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):
-            print("building multibranch's CPU kernels (once per machine, ~40 s)", file=sys.stderr)
+            print("building multibranch's CPU kernels (once per machine, about a minute)", file=sys.stderr)
         return load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS + _capability_flags(),
                     extra_ldflags=["-lm"], verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means "decode without the kernels"

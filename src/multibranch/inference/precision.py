@@ -29,6 +29,7 @@ from typing import Literal
 
 import torch
 
+from multibranch import cpu_kernels
 from multibranch.config import ConfigError
 from multibranch.modules.packed_linear import bf16_supported, int8_supported, onednn_supported
 
@@ -84,6 +85,7 @@ def for_decoding(model: torch.nn.Module, precision: str = "fp32", *, in_place: b
             pack(precision)
         if hasattr(module, "fused"):  # modules with a CPU-kernel path (cpu_kernels.py) take it
             module.fused = True
+    cpu_kernels.kernels()  # built (first time on a machine) or loaded now, not inside the first timed decode
     return packed
 
 
