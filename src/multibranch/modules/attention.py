@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multibranch import cpu_kernels
 from multibranch.modules import fused_attention
 from multibranch.modules.dropout import dropout
 from multibranch.modules.init import init_blocks, init_weight
@@ -241,7 +242,7 @@ class ParallelAttention(HeadGated):
         self-attention's keys, fp32 on the CPU."""
         return (self.fused and not self.training and cache is not None and x.shape[1] == 1 and self.relative is None
                 and self_padding_mask is None and not need_weights and self.attention_probe is None
-                and fused_attention.usable(x))
+                and cpu_kernels.usable(x))
 
     def _fused_self_attention(self, q: Tensor, k: Tensor, v: Tensor, cache: StateView) -> Tensor:
         """q, k, v [B, H, 1, d_k] of this step -> heads [B, H, 1, d_k]: the query over its own history of

@@ -14,7 +14,8 @@ attention in one call each:
 Both take rows of all heads side by side ([rows, heads * head_dim], as the projections write them) and
 return a new [rows, heads * head_dim] tensor, ready for the output projection. fp32 on the CPU only; the
 results equal SDPA's up to summation order (tests/modules/test_fused_attention.py). Where the kernels are
-not built (`cpu_kernels.kernels()` None), `usable` is False and attention composes PyTorch operations.
+not built (`cpu_kernels.kernels()` None), `cpu_kernels.usable` is False and attention composes PyTorch
+operations.
 """
 
 from __future__ import annotations
@@ -23,11 +24,6 @@ import torch
 from torch import Tensor
 
 from multibranch import cpu_kernels
-
-
-def usable(*tensors: Tensor) -> bool:
-    """Whether these activations can go through the kernels (fp32 CPU tensors, the kernels built)."""
-    return cpu_kernels.usable(*tensors)
 
 
 def history_attention(q: Tensor, keys: list[Tensor], values: list[Tensor], ancestors: Tensor, heads: int) -> Tensor:
