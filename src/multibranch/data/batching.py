@@ -6,11 +6,17 @@ function of (lengths, max_tokens, seed, epoch), so a resumed run only needs the 
 of batches already consumed. `sharded_token_batches` does the same for a split stored in several
 shards, one shard at a time, so that a batch reads one shard's files. `shard_batches` splits them across
 data-parallel ranks; `collate` turns one batch of indices into model inputs.
+
+Fixed shapes (CUDA graphs): `length_buckets` picks a few padded lengths at quantiles of the data (as
+fairseq's `num_batch_buckets`), each with a row count that fills the token budget; `bucketed_token_batches`
+groups examples by bucket, and `collate(..., shape=buckets.shape(...))` pads every batch to its bucket's
+(B, L, L), filler rows included, so an epoch has at most `len(buckets.lengths)` batch shapes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -58,10 +64,7 @@ def token_batches(
     shuffled, both from a generator seeded by (seed, epoch). With `shuffle=False` the order is fixed:
     length-sorted (ties by index), shortest batches first (validation, translation).
     """
-    src = np.asarray(src_lengths, dtype=np.int64)
-    tgt = np.asarray(tgt_lengths, dtype=np.int64)
-    if src.shape != tgt.shape or src.ndim != 1:
-        raise ValueError(f"src_lengths {src.shape} and tgt_lengths {tgt.shape} must be equal 1-d arrays")
+    src, tgt = _lengths(src_lengths, tgt_lengths)
     if max_tokens < 1 or (max_sentences is not None and max_sentences < 1):
         raise ValueError(f"max_tokens={max_tokens} and max_sentences={max_sentences} must be >= 1")
     if seed < 0 or epoch < 0:
@@ -70,13 +73,7 @@ def token_batches(
     if n == 0:
         return []
     sizes = np.maximum(src, tgt) + 1  # [n] padded length of each example
-    too_big = np.flatnonzero(sizes > max_tokens)
-    if len(too_big):
-        i = int(too_big[0])
-        raise DataError(
-            f"example {i} has {int(sizes[i]) - 1} tokens (+1 for EOS) but max_tokens is {max_tokens} "
-            f"({len(too_big)} example(s) do not fit); raise max_tokens or prepare with a smaller --max-len"
-        )
+    _check_fits(sizes, max_tokens)
 
     rng = np.random.default_rng([seed, epoch]) if shuffle else None
     if rng is not None:
@@ -102,6 +99,159 @@ def token_batches(
     return batches
 
 
+def _lengths(src_lengths, tgt_lengths) -> tuple[np.ndarray, np.ndarray]:
+    src = np.asarray(src_lengths, dtype=np.int64)
+    tgt = np.asarray(tgt_lengths, dtype=np.int64)
+    if src.shape != tgt.shape or src.ndim != 1:
+        raise ValueError(f"src_lengths {src.shape} and tgt_lengths {tgt.shape} must be equal 1-d arrays")
+    return src, tgt
+
+
+def _check_fits(sizes: np.ndarray, max_tokens: int) -> None:
+    """DataError naming the first example whose padded size is over max_tokens."""
+    too_big = np.flatnonzero(sizes > max_tokens)
+    if len(too_big):
+        i = int(too_big[0])
+        raise DataError(
+            f"example {i} has {int(sizes[i]) - 1} tokens (+1 for EOS) but max_tokens is {max_tokens} "
+            f"({len(too_big)} example(s) do not fit); raise max_tokens or prepare with a smaller --max-len"
+        )
+
+
+@dataclass(frozen=True)
+class LengthBuckets:
+    """Fixed batch shapes: bucket k holds examples of padded size (max(src, tgt) + 1) <= lengths[k];
+    each of its batches is padded to rows[k] rows and lengths[k] positions (source and target alike)."""
+
+    lengths: tuple[int, ...]  # increasing
+    rows: tuple[int, ...]  # rows[k] = min(max_tokens // lengths[k], max_sentences or inf), >= 1
+
+    def __post_init__(self) -> None:
+        lengths, rows = tuple(int(x) for x in self.lengths), tuple(int(x) for x in self.rows)
+        if not lengths or len(lengths) != len(rows):
+            raise ValueError(f"LengthBuckets: lengths {lengths} and rows {rows} must be non-empty and equally long")
+        if lengths[0] < 1 or any(a >= b for a, b in zip(lengths, lengths[1:])) or min(rows) < 1:
+            raise ValueError(f"LengthBuckets: lengths {lengths} must increase from >= 1 and rows {rows} be >= 1")
+        object.__setattr__(self, "lengths", lengths)
+        object.__setattr__(self, "rows", rows)
+
+    def bucket_of(self, size: int) -> int:
+        """The smallest k with lengths[k] >= size (a padded size: tokens + 1); DataError if none."""
+        k = int(np.searchsorted(self.lengths, size, side="left"))
+        if k == len(self.lengths):
+            raise DataError(f"a sequence of {size - 1} tokens (+1 for EOS) is longer than the longest length bucket "
+                            f"({self.lengths[-1]}); build the buckets from data that includes it")
+        return k
+
+    def shape(self, src_max: int, tgt_max: int) -> tuple[int, int, int]:
+        """(B, S, T) for a batch whose longest source / target have src_max / tgt_max tokens (without the +1):
+        the bucket of max(src_max, tgt_max) + 1 -> (rows[k], lengths[k], lengths[k])."""
+        k = self.bucket_of(max(int(src_max), int(tgt_max)) + 1)
+        return self.rows[k], self.lengths[k], self.lengths[k]
+
+    @property
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """Every (B, S, T), one per bucket, shortest first."""
+        return [(b, length, length) for b, length in zip(self.rows, self.lengths)]
+
+
+def length_buckets(
+    src_lengths: Sequence[int] | np.ndarray,
+    tgt_lengths: Sequence[int] | np.ndarray,
+    max_tokens: int,
+    buckets: int,
+    *,
+    max_sentences: int | None = None,
+    multiple: int = 8,
+) -> LengthBuckets:
+    """Bucket boundaries at quantiles of the padded sizes (max(src, tgt) + 1) of the data.
+
+    Boundary k (k = 1..buckets) is the k/buckets quantile of the sizes (a size of the data, the lower one
+    as fairseq's `get_buckets`), rounded up to a multiple of `multiple` (tensor-core friendly) but never
+    above max_tokens; duplicates are merged, so `buckets` is an upper bound on their number, and the last
+    boundary is >= the longest example. rows[k] = min(max_tokens // lengths[k], max_sentences), so every
+    bucket's batch holds at most max_tokens padded positions per side. A pure function of its inputs.
+    """
+    if buckets < 1 or max_tokens < 1 or multiple < 1 or (max_sentences is not None and max_sentences < 1):
+        raise ValueError(f"buckets={buckets}, max_tokens={max_tokens}, multiple={multiple} and "
+                         f"max_sentences={max_sentences} must be >= 1")
+    src, tgt = _lengths(src_lengths, tgt_lengths)
+    if len(src) == 0:
+        raise DataError("length_buckets: no examples to take bucket lengths from")
+    sizes = np.maximum(src, tgt) + 1  # [n]
+    _check_fits(sizes, max_tokens)
+    quantiles = np.quantile(sizes, np.arange(1, buckets + 1) / buckets, method="lower")  # [buckets]
+    quantiles[-1] = sizes.max()  # exact, whatever the float arithmetic of the last quantile
+    bounds = np.minimum(-(-quantiles // multiple) * multiple, max_tokens)  # rounded up, capped at the budget
+    lengths = tuple(int(x) for x in np.unique(bounds))
+    limit = max_sentences or max_tokens
+    return LengthBuckets(lengths, tuple(min(max_tokens // length, limit) for length in lengths))
+
+
+def bucketed_token_batches(
+    src_lengths: Sequence[int] | np.ndarray,
+    tgt_lengths: Sequence[int] | np.ndarray,
+    buckets: LengthBuckets,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+) -> list[np.ndarray]:
+    """Batches whose padded shape is a bucket's (collate with `shape=buckets.shape(...)`).
+
+    Examples are grouped by bucket and each group is cut into batches of rows[k] examples (the last one
+    of a group may be shorter; collate fills it up with filler rows). With `shuffle` the order within a
+    group is random and the batches of all groups are shuffled together, from a generator seeded by
+    (seed, epoch); without, examples are length-sorted (ties by index) and the batches run shortest
+    bucket first. Every index appears in exactly one batch. A pure function like `token_batches`.
+    """
+    src, tgt = _lengths(src_lengths, tgt_lengths)
+    if seed < 0 or epoch < 0:
+        raise ValueError(f"seed={seed} and epoch={epoch} must be >= 0")
+    n = len(src)
+    if n == 0:
+        return []
+    sizes = np.maximum(src, tgt) + 1  # [n]
+    bucket = np.searchsorted(np.asarray(buckets.lengths), sizes, side="left")  # [n] smallest fitting bucket
+    too_long = np.flatnonzero(bucket == len(buckets.lengths))
+    if len(too_long):
+        i = int(too_long[0])
+        raise DataError(f"example {i} has {int(sizes[i]) - 1} tokens (+1 for EOS) but the longest length bucket "
+                        f"is {buckets.lengths[-1]} ({len(too_long)} example(s) do not fit); build the buckets "
+                        f"with length_buckets from the lengths of this data")
+    rng = np.random.default_rng([seed, epoch]) if shuffle else None
+    if rng is not None:
+        order = np.lexsort((rng.permutation(n), bucket))  # grouped by bucket, random within
+    else:
+        order = np.argsort(sizes, kind="stable")  # length-sorted, hence grouped by bucket
+    order = order.astype(index_dtype(n), copy=False)
+    counts = np.bincount(bucket, minlength=len(buckets.lengths))  # [K]
+    batches = []
+    start = 0
+    for count, rows in zip(counts.tolist(), buckets.rows):
+        batches += [order[a : min(a + rows, start + count)].copy() for a in range(start, start + count, rows)]
+        start += count
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def batch_shapes(
+    batches: Sequence[np.ndarray],
+    src_lengths: Sequence[int] | np.ndarray,
+    tgt_lengths: Sequence[int] | np.ndarray,
+    buckets: LengthBuckets | None,
+) -> Counter[tuple[int, int, int]]:
+    """How many batches have each padded shape (B, S, T): the bucket's shape, or with `buckets=None` the
+    batch's own (its size, longest source + 1, longest target + 1), as `collate` without `shape` pads it."""
+    src, tgt = _lengths(src_lengths, tgt_lengths)
+    shapes: Counter[tuple[int, int, int]] = Counter()
+    for batch in batches:
+        s, t = int(src[batch].max()), int(tgt[batch].max())
+        shapes[buckets.shape(s, t) if buckets is not None else (len(batch), s + 1, t + 1)] += 1
+    return shapes
+
+
 def index_dtype(n: int) -> type[np.integer]:
     """The smallest of int32/int64 that holds example indices below n."""
     return np.int32 if n <= np.iinfo(np.int32).max else np.int64
@@ -115,6 +265,7 @@ def sharded_token_batches(
     epoch: int,
     shuffle: bool = True,
     max_sentences: int | None = None,
+    buckets: LengthBuckets | None = None,
 ) -> list[np.ndarray]:
     """`token_batches` of a split stored in shards, given each shard's (src_lengths, tgt_lengths).
 
@@ -125,10 +276,25 @@ def sharded_token_batches(
     then shuffled together, so an epoch mixes
     the whole corpus rather than one shard after another. A pure function of (lengths, max_tokens,
     seed, epoch) like `token_batches`, which it equals for a single shard.
+
+    With `buckets` (from `length_buckets` at the same max_tokens / max_sentences), each shard is batched
+    with `bucketed_token_batches` instead (each shard then ends each bucket with its own short batch).
     """
-    if len(shards) == 1:
-        return token_batches(*shards[0], max_tokens, seed=seed, epoch=epoch, shuffle=shuffle,
+    if buckets is not None:
+        over = [shape for shape in buckets.shapes if shape[0] * shape[1] > max_tokens
+                or (max_sentences is not None and shape[0] > max_sentences)]
+        if over:
+            raise ValueError(f"buckets with shapes {over} exceed max_tokens={max_tokens} / "
+                             f"max_sentences={max_sentences}; build them with length_buckets at these values")
+
+    def batched(k: int) -> list[np.ndarray]:
+        if buckets is not None:
+            return bucketed_token_batches(*shards[k], buckets, seed=seed, epoch=epoch, shuffle=shuffle)
+        return token_batches(*shards[k], max_tokens, seed=seed, epoch=epoch, shuffle=shuffle,
                              max_sentences=max_sentences)
+
+    if len(shards) == 1:
+        return batched(0)
     starts = np.concatenate([[0], np.cumsum([len(shards[k][0]) for k in range(len(shards))])])  # [K+1]
     dtype = index_dtype(int(starts[-1]))
     rng = np.random.default_rng([seed, epoch, len(shards)])
@@ -136,9 +302,7 @@ def sharded_token_batches(
     batches = []
     for k in order:
         offset = dtype(starts[k])
-        batches += [batch.astype(dtype, copy=False) + offset
-                    for batch in token_batches(*shards[k], max_tokens, seed=seed, epoch=epoch, shuffle=shuffle,
-                                               max_sentences=max_sentences)]
+        batches += [batch.astype(dtype, copy=False) + offset for batch in batched(k)]
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
@@ -164,14 +328,17 @@ class Batch:
     src  [B, S] long: source ids + EOS
     prev [B, T] long: BOS + target ids (decoder input)
     tgt  [B, T] long: target ids + EOS (what the decoder must predict)
+
+    With a fixed shape (`collate(..., shape=...)`) the last B - len(indices) rows are fillers (src EOS,
+    prev BOS, tgt all pad): `len(batch)` is B, `len(batch.indices)` the number of real examples.
     """
 
     src: torch.Tensor
     prev: torch.Tensor
     tgt: torch.Tensor
-    indices: np.ndarray  # [B] example indices into the split
-    n_src_tokens: int  # non-pad source tokens, EOS included
-    n_tgt_tokens: int  # non-pad target tokens, EOS included
+    indices: np.ndarray  # [n <= B] example indices into the split, one per real row
+    n_src_tokens: int  # non-pad source tokens of the real rows, EOS included
+    n_tgt_tokens: int  # non-pad target tokens of the real rows, EOS included
 
     def __len__(self) -> int:
         return self.src.shape[0]
@@ -200,27 +367,44 @@ def collate(
     pad_id: int = PAD_ID,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
+    shape: tuple[int, int, int] | None = None,
 ) -> Batch:
-    """Build the padded tensors of the examples `indices` of `split` (one numpy buffer, one torch view)."""
+    """Build the padded tensors of the examples `indices` of `split` (one numpy buffer, one torch view).
+
+    Without `shape` the tensors are [n, longest source + 1] and [n, longest target + 1]. With
+    `shape=(B, S, T)` (`LengthBuckets.shape`) they are exactly [B, S] and [B, T]: the n real rows, then
+    B - n filler rows (src = EOS then pad, prev = BOS then pad, tgt = all pad), so that no attention row
+    is fully masked and the loss, which ignores pad targets, gives the fillers no weight.
+    """
     idx = np.asarray(indices, dtype=np.int64)
     if idx.ndim != 1 or len(idx) == 0:
         raise ValueError("collate needs a non-empty 1-d list of indices")
     pairs, local = split.locate(idx) if isinstance(split, ShardedPairs) else (split, idx)
-    bsz = len(idx)
-    ends = np.stack([local, local + 1], axis=1)  # [B, 2] each example's offsets entries, read together
-    src_start, src_end = np.asarray(pairs.src_offsets[ends], dtype=np.int64).T  # [B] each
-    tgt_start, tgt_end = np.asarray(pairs.tgt_offsets[ends], dtype=np.int64).T  # [B] each
-    src_len, tgt_len = src_end - src_start, tgt_end - tgt_start  # [B]
-    s_max, t_max = int(src_len.max()) + 1, int(tgt_len.max()) + 1
+    n = len(idx)
+    ends = np.stack([local, local + 1], axis=1)  # [n, 2] each example's offsets entries, read together
+    src_start, src_end = np.asarray(pairs.src_offsets[ends], dtype=np.int64).T  # [n] each
+    tgt_start, tgt_end = np.asarray(pairs.tgt_offsets[ends], dtype=np.int64).T  # [n] each
+    src_len, tgt_len = src_end - src_start, tgt_end - tgt_start  # [n]
+    s_need, t_need = int(src_len.max()) + 1, int(tgt_len.max()) + 1
+    if shape is None:
+        bsz, s_max, t_max = n, s_need, t_need
+    else:
+        bsz, s_max, t_max = (int(x) for x in shape)
+        if n > bsz:
+            raise ValueError(f"collate: {n} examples do not fit a batch shape of {bsz} rows {tuple(shape)}")
+        if s_need > s_max or t_need > t_max:
+            raise ValueError(f"collate: the longest source / target need {s_need} / {t_need} positions (+1 for "
+                             f"EOS/BOS) but the batch shape {tuple(shape)} has {s_max} / {t_max}")
     flat = np.full(bsz * s_max + 2 * bsz * t_max, pad_id, dtype=np.int64)
     src = flat[: bsz * s_max].reshape(bsz, s_max)  # [B, S]
     prev = flat[bsz * s_max : bsz * (s_max + t_max)].reshape(bsz, t_max)  # [B, T]
     tgt = flat[bsz * (s_max + t_max) :].reshape(bsz, t_max)  # [B, T]
-    rows = np.arange(bsz)
+    rows = np.arange(n)
 
     r, c, v = _gather(pairs.src_tokens, src_start, src_len)
     src[r, c] = v
     src[rows, src_len] = eos_id
+    src[n:, 0] = eos_id  # filler rows (none without shape)
     r, c, v = _gather(pairs.tgt_tokens, tgt_start, tgt_len)
     tgt[r, c] = v
     tgt[rows, tgt_len] = eos_id
@@ -235,6 +419,6 @@ def collate(
         prev=buffer[n_src : n_src + n_prev].view(bsz, t_max),
         tgt=buffer[n_src + n_prev :].view(bsz, t_max),
         indices=idx,
-        n_src_tokens=int(src_len.sum()) + bsz,
-        n_tgt_tokens=int(tgt_len.sum()) + bsz,
+        n_src_tokens=int(src_len.sum()) + n,
+        n_tgt_tokens=int(tgt_len.sum()) + n,
     )
