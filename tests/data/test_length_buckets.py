@@ -29,17 +29,58 @@ def _lists(batches):
     return [b.tolist() for b in batches]
 
 
-def test_boundaries_and_rows_by_hand():
+def test_quantile_boundaries_and_rows_by_hand():
+    def q(*args, **kwargs):
+        return length_buckets(*args, method="quantile", **kwargs)
+
     # sizes 2..11; quantiles (lower) at 1/2 -> 6, at 1 -> 11
-    assert length_buckets(SRC, TGT, 64, 2, multiple=1) == LengthBuckets((6, 11), (10, 5))
-    assert length_buckets(SRC, TGT, 64, 2, multiple=4) == LengthBuckets((8, 12), (8, 5))
-    assert length_buckets(SRC, TGT, 64, 2, multiple=4, max_sentences=6) == LengthBuckets((8, 12), (6, 5))
+    assert q(SRC, TGT, 64, 2, multiple=1) == LengthBuckets((6, 11), (10, 5))
+    assert q(SRC, TGT, 64, 2, multiple=4) == LengthBuckets((8, 12), (8, 5))
+    assert q(SRC, TGT, 64, 2, multiple=4, max_sentences=6) == LengthBuckets((8, 12), (6, 5))
     # quartiles 4, 6, 8, 11; target lengths count as much as source lengths
-    assert length_buckets(TGT, SRC, 64, 4, multiple=1) == LengthBuckets((4, 6, 8, 11), (16, 10, 8, 5))
+    assert q(TGT, SRC, 64, 4, multiple=1) == LengthBuckets((4, 6, 8, 11), (16, 10, 8, 5))
     # duplicates merged after rounding: 100 buckets asked, two lengths left
-    assert length_buckets(SRC, TGT, 64, 100) == LengthBuckets((8, 16), (8, 4))
+    assert q(SRC, TGT, 64, 100) == LengthBuckets((8, 16), (8, 4))
     # rounding never goes past the budget: size 11 would round to 16
-    assert length_buckets(SRC, TGT, 13, 1) == LengthBuckets((13,), (1,))
+    assert q(SRC, TGT, 13, 1) == LengthBuckets((13,), (1,))
+
+
+def test_least_padding_boundaries_by_hand():
+    # four examples of size 2, two of size 10, budget 20: one bucket (10) pads 3 batches * 2 * 10 = 60
+    # positions; (2, 10) pads 1 * 10 * 2 + 1 * 2 * 10 = 40; more buckets cannot do better
+    src = np.array([1, 1, 1, 1, 9, 9])
+    assert length_buckets(src, 0 * src, 20, 1, multiple=1) == LengthBuckets((10,), (2,))
+    assert length_buckets(src, 0 * src, 20, 2, multiple=1) == LengthBuckets((2, 10), (10, 2))
+    assert length_buckets(src, 0 * src, 20, 5, multiple=1) == LengthBuckets((2, 10), (10, 2))
+    # sizes 2..11 at budget 64: one bucket (11, 5 rows) pads 2 * 5 * 11 = 110; any split pads more
+    # (filler rows of two short batches), so one bucket it is, even when 4 are allowed
+    assert length_buckets(SRC, TGT, 64, 4, multiple=1) == LengthBuckets((11,), (5,))
+    # budget 13, one row a batch: sizes 2..7 rounded up to 8, 8..11 to 16 capped at 13 (6 * 8 + 4 * 13 = 100)
+    assert length_buckets(SRC, TGT, 13, 3) == LengthBuckets((8, 13), (1, 1))
+
+
+def _epoch_padding(src, tgt, buckets) -> int:
+    shapes = batch_shapes(bucketed_token_batches(src, tgt, buckets, seed=0, epoch=0), src, tgt, buckets)
+    return sum(count * b * length for (b, length, _), count in shapes.items())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=60), st.integers(41, 300), st.integers(1, 4),
+       st.integers(1, 8))
+def test_least_padding_is_optimal_by_brute_force(lengths, max_tokens, count, multiple):
+    from itertools import combinations
+
+    src = np.array(lengths)
+    tgt = np.zeros_like(src)
+    chosen = length_buckets(src, tgt, max_tokens, count, multiple=multiple)
+    assert len(chosen.lengths) <= count
+    cands = sorted({min(-(-(s + 1) // multiple) * multiple, max_tokens) for s in lengths})
+    best = min(_epoch_padding(src, tgt, LengthBuckets((*rest, cands[-1]), tuple(max_tokens // x for x in
+                                                                                  (*rest, cands[-1]))))
+               for k in range(count) for rest in combinations(cands[:-1], k))
+    assert _epoch_padding(src, tgt, chosen) == best
+    assert _epoch_padding(src, tgt, length_buckets(src, tgt, max_tokens, count, multiple=multiple,
+                                                   method="quantile")) >= best
 
 
 def test_bucket_of_shape_and_shapes():
@@ -105,11 +146,12 @@ def test_unshuffled_is_length_sorted_and_seed_independent():
 @settings(max_examples=120, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 80), st.integers(0, 80)), min_size=1, max_size=150),
        st.integers(82, 2000), st.integers(1, 20), st.one_of(st.none(), st.integers(1, 40)),
-       st.integers(1, 16), st.integers(0, 2**31 - 1))
-def test_padded_batch_within_budget(pairs, max_tokens, count, max_sentences, multiple, seed):
+       st.integers(1, 16), st.integers(0, 2**31 - 1), st.sampled_from(["padding", "quantile"]))
+def test_padded_batch_within_budget(pairs, max_tokens, count, max_sentences, multiple, seed, method):
     src = np.array([p[0] for p in pairs])
     tgt = np.array([p[1] for p in pairs])
-    buckets = length_buckets(src, tgt, max_tokens, count, max_sentences=max_sentences, multiple=multiple)
+    buckets = length_buckets(src, tgt, max_tokens, count, max_sentences=max_sentences, multiple=multiple,
+                             method=method)
     assert len(buckets.lengths) <= count
     assert buckets.lengths[-1] >= int(np.maximum(src, tgt).max()) + 1
     batches = bucketed_token_batches(src, tgt, buckets, seed=seed, epoch=0)
@@ -132,6 +174,8 @@ def test_errors():
         length_buckets(src, tgt, 128, 0)
     with pytest.raises(ValueError, match="max_tokens=0"):
         length_buckets(src, tgt, 0, 4)
+    with pytest.raises(ValueError, match="method='median'"):
+        length_buckets(src, tgt, 128, 4, method="median")
     with pytest.raises(DataError, match="example 2 has 70 tokens .* longest length bucket is 64"):
         bucketed_token_batches(src, np.zeros(4, dtype=np.int64), LengthBuckets((8, 64), (8, 1)), seed=0, epoch=0)
     assert bucketed_token_batches([], [], LengthBuckets((8,), (1,)), seed=0, epoch=0) == []

@@ -7,10 +7,11 @@ of batches already consumed. `sharded_token_batches` does the same for a split s
 shards, one shard at a time, so that a batch reads one shard's files. `shard_batches` splits them across
 data-parallel ranks; `collate` turns one batch of indices into model inputs.
 
-Fixed shapes (CUDA graphs): `length_buckets` picks a few padded lengths at quantiles of the data (as
-fairseq's `num_batch_buckets`), each with a row count that fills the token budget; `bucketed_token_batches`
-groups examples by bucket, and `collate(..., shape=buckets.shape(...))` pads every batch to its bucket's
-(B, L, L), filler rows included, so an epoch has at most `len(buckets.lengths)` batch shapes.
+Fixed shapes (CUDA graphs): `length_buckets` picks a few padded lengths for the data (those that pad
+the least, or at quantiles as fairseq's `num_batch_buckets`), each with a row count that fills the token
+budget; `bucketed_token_batches` groups examples by bucket, and `collate(..., shape=buckets.shape(...))`
+pads every batch to its bucket's (B, L, L), filler rows included, so an epoch has at most
+`len(buckets.lengths)` batch shapes.
 """
 
 from __future__ import annotations
@@ -163,29 +164,76 @@ def length_buckets(
     *,
     max_sentences: int | None = None,
     multiple: int = 8,
+    method: str = "padding",
 ) -> LengthBuckets:
-    """Bucket boundaries at quantiles of the padded sizes (max(src, tgt) + 1) of the data.
+    """At most `buckets` fixed batch shapes for the padded sizes (max(src, tgt) + 1) of the data.
 
-    Boundary k (k = 1..buckets) is the k/buckets quantile of the sizes (a size of the data, the lower one
-    as fairseq's `get_buckets`), rounded up to a multiple of `multiple` (tensor-core friendly) but never
-    above max_tokens; duplicates are merged, so `buckets` is an upper bound on their number, and the last
-    boundary is >= the longest example. rows[k] = min(max_tokens // lengths[k], max_sentences), so every
-    bucket's batch holds at most max_tokens padded positions per side. A pure function of its inputs.
+    Every boundary is a padded size of the data rounded up to a multiple of `multiple` (tensor-core
+    friendly) but never above max_tokens, the last one >= the longest example, duplicates merged (so
+    `buckets` is an upper bound on their number). rows[k] = min(max_tokens // lengths[k], max_sentences),
+    so a bucket's batch holds at most max_tokens padded positions per side. A pure function of its inputs.
+
+    method="padding" (default): the boundaries that pad an epoch of `bucketed_token_batches` the least
+    (rows[k] * lengths[k] per batch, the short last batch of each bucket included: exact, by dynamic
+    programming over the distinct rounded sizes; of equal choices, the fewest buckets).
+    method="quantile": boundary k (k = 1..buckets) at the k/buckets quantile of the sizes (the lower data
+    value, as fairseq's `get_buckets` for `num_batch_buckets`); simpler, but a long tail then shares the
+    last bucket with much shorter examples.
     """
     if buckets < 1 or max_tokens < 1 or multiple < 1 or (max_sentences is not None and max_sentences < 1):
         raise ValueError(f"buckets={buckets}, max_tokens={max_tokens}, multiple={multiple} and "
                          f"max_sentences={max_sentences} must be >= 1")
+    if method not in ("padding", "quantile"):
+        raise ValueError(f"length_buckets: method={method!r}; choose 'padding' or 'quantile'")
     src, tgt = _lengths(src_lengths, tgt_lengths)
     if len(src) == 0:
         raise DataError("length_buckets: no examples to take bucket lengths from")
     sizes = np.maximum(src, tgt) + 1  # [n]
     _check_fits(sizes, max_tokens)
-    quantiles = np.quantile(sizes, np.arange(1, buckets + 1) / buckets, method="lower")  # [buckets]
-    quantiles[-1] = sizes.max()  # exact, whatever the float arithmetic of the last quantile
-    bounds = np.minimum(-(-quantiles // multiple) * multiple, max_tokens)  # rounded up, capped at the budget
-    lengths = tuple(int(x) for x in np.unique(bounds))
     limit = max_sentences or max_tokens
-    return LengthBuckets(lengths, tuple(min(max_tokens // length, limit) for length in lengths))
+
+    def rounded(x: np.ndarray) -> np.ndarray:  # up to the multiple, capped at the budget
+        return np.minimum(-(-x // multiple) * multiple, max_tokens)
+
+    if method == "quantile":
+        quantiles = np.quantile(sizes, np.arange(1, buckets + 1) / buckets, method="lower")  # [buckets]
+        quantiles[-1] = sizes.max()  # exact, whatever the float arithmetic of the last quantile
+        lengths = [int(x) for x in np.unique(rounded(quantiles.astype(np.int64)))]
+    else:
+        lengths = _least_padding(rounded(sizes), buckets, max_tokens, limit)
+    return LengthBuckets(tuple(lengths), tuple(min(max_tokens // length, limit) for length in lengths))
+
+
+def _least_padding(sizes: np.ndarray, buckets: int, max_tokens: int, limit: int) -> list[int]:
+    """Increasing boundaries, at most `buckets` of them, all values of `sizes` (the last its maximum), that
+    minimise an epoch's padded positions: sum over buckets of ceil(n_k / rows_k) * rows_k * L_k."""
+    cands, counts = np.unique(sizes, return_counts=True)  # [V] each
+    V = len(cands)
+    before = np.concatenate([[0], np.cumsum(counts)])  # [V+1] examples below candidate p
+    rows = np.minimum(max_tokens // cands, limit)  # [V]
+    # best[p]: least cost of the examples below candidate p with the last boundary at p - 1 (p = 0: none)
+    best = np.full(V + 1, np.inf)
+    best[0] = 0.0
+    choice = []  # per round, [V+1]: the previous boundary q (bucket = candidates q..p-1), or -1 for no change
+    for _ in range(buckets):
+        new = best.copy()
+        took = np.full(V + 1, -1)
+        for p in range(1, V + 1):
+            n = before[p] - before[:p]  # [p] examples in the bucket q..p-1, for every q < p
+            cost = best[:p] + -(-n // rows[p - 1]) * rows[p - 1] * cands[p - 1]  # [p]
+            q = int(np.argmin(cost))
+            if cost[q] < new[p]:  # strictly: a tie keeps fewer buckets
+                new[p], took[p] = cost[q], q
+        best = new
+        choice.append(took)
+    lengths, p = [], V
+    for took in reversed(choice):
+        if p == 0:
+            break
+        if took[p] >= 0:
+            lengths.append(int(cands[p - 1]))
+            p = int(took[p])
+    return lengths[::-1]
 
 
 def bucketed_token_batches(
