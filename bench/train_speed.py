@@ -41,13 +41,14 @@ SIZES = {
 DATASHEET_BF16_TFLOPS = 989.4  # H100/H200 SXM, dense bf16 tensor cores
 SYSTEMS = {
     "hf-marian": [],
-    "multibranch": [],
+    "multibranch": [],  # train.graphs=auto: CUDA graphs over fixed-shape batches on a GPU, eager on the CPU
+    "multibranch-eager": ["train.graphs=off"],  # every batch its own shape, eager (the path before graphs)
     "multibranch-mat2": ["model.encoder.attention_branches=2", "model.decoder.attention_branches=2"],
 }
 
 
 def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_tokens: int | None,
-          device: str = "cpu", size: str = "tiny") -> dict:
+          device: str = "cpu", size: str = "tiny", prewarm: bool = False) -> dict:
     import torch
 
     torch.set_num_threads(threads)
@@ -78,6 +79,9 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
         sync = torch.cuda.synchronize if cuda else (lambda: None)
         for batch in batches[:warmup]:
             step(batch)
+        if prewarm:  # every timed batch's shape seen before the clock starts (twice: graphs warm up, then capture)
+            for batch in batches[warmup:] * 2:
+                step(batch)
         sync()
         start = time.perf_counter()
         for batch in batches[warmup:]:
@@ -91,10 +95,17 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
         if cuda:
             from torch.utils.flop_counter import FlopCounterMode
 
+            graphed = getattr(trainer, "graphed", None)
+            if graphed is not None:  # replays dispatch no operation to count: count the same updates eagerly
+                trainer.graphed = None
             counter = FlopCounterMode(display=False)
-            with counter:  # the model FLOPs of the timed updates (matmuls and attention; shapes only)
+            with counter:  # the model FLOPs of the timed updates (matmuls and attention; shapes only, padding too)
                 for batch in batches[warmup:]:
                     step(batch)
+            padded = sum(b.tgt.numel() for b in batches[warmup:])
+            row.update(graphs=graphed is not None and graphed.failed is None,
+                       graph_shapes=graphed.shapes if graphed is not None else 0,
+                       target_positions=padded, real_token_fraction=tokens / padded)
             row.update(model_tflop=counter.get_total_flops() / 1e12, gpu=torch.cuda.get_device_name(),
                        peak_gpu_memory_mb=torch.cuda.max_memory_allocated() / 2**20)
             row["model_tflops_per_s"] = row["model_tflop"] / seconds
@@ -142,12 +153,15 @@ def main() -> None:
                         help="the GPU's dense bf16 peak for the MFU column (default: H100/H200 SXM datasheet)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--name", help="results file name (default train_speed_<amp> / presets_speed_<amp>)")
+    parser.add_argument("--prewarm", action="store_true",
+                        help="run every timed batch twice before timing: steady state, every batch shape already "
+                             "seen (CUDA graphs captured, cuBLAS kernels chosen)")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
         max_tokens = args.max_tokens[0] if args.max_tokens else None
         print(json.dumps(child(args.child, args.steps, args.warmup, args.amp, args.threads, max_tokens, args.device,
-                               args.size)))
+                               args.size, args.prewarm)))
         return
     multi30k_data()  # prepare once, outside the timed children
     systems = [f"preset:{p}" for p in args.presets] if args.presets else args.systems
@@ -188,7 +202,8 @@ def _compare(args: argparse.Namespace, systems: list[str], max_tokens: int | Non
     for _ in range(args.rounds):
         for system in systems:
             cmd = ["bench/train_speed.py", "--child", system, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--amp", args.amp, "--threads", str(args.threads), "--device", args.device, "--size", args.size]
+                   "--amp", args.amp, "--threads", str(args.threads), "--device", args.device, "--size", args.size,
+                   *(["--prewarm"] if args.prewarm else [])]
             if max_tokens:
                 cmd += ["--max-tokens", str(max_tokens)]
             runs[system].append(run_isolated(cmd))

@@ -86,6 +86,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
                 errors.append(str(err))
         raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {args}")
     if origin is Literal:
+        if isinstance(value, bool) and value not in args and {"on", "off"} <= set(args):
+            value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
         if value not in args:
             raise ConfigError(f"{where}: {value!r} is not one of {list(args)}{_suggest(value, args)}")
         return value

@@ -13,6 +13,7 @@ SHORTCUTS = {
     "max_tokens": "train.max_tokens", "update_freq": "train.update_freq", "lr": "train.lr.lr",
     "warmup": "train.lr.warmup", "seed": "train.seed", "valid_every": "train.valid_every",
     "patience": "train.patience", "amp": "train.amp", "threads": "train.threads", "log_every": "train.log_every",
+    "graphs": "train.graphs", "length_buckets": "train.length_buckets",
 }
 
 
@@ -39,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="autocast precision; auto = bf16 where native (AMX/AVX512-BF16 CPUs, CUDA), else fp32/fp16")
     group.add_argument("--threads", type=int, help="intra-op CPU threads")
     group.add_argument("--log-every", type=int, help="write a train line to metrics.jsonl and train.log every N updates")
+    group.add_argument("--graphs", choices=["auto", "on", "off"],
+                       help="one CUDA graph per batch shape for each update (auto: on a single CUDA device where "
+                            "possible; off: eager)")
+    group.add_argument("--length-buckets", type=int, metavar="N",
+                       help="pad batches to at most N fixed shapes (default: 8 with graphs, else each batch its own)")
     group.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
     run = parser.add_argument_group("run control")
     run.add_argument("--resume", action="store_true",

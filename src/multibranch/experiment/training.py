@@ -20,6 +20,12 @@ class TrainConfig:
     `amp`: autocast precision; "auto" is bf16 where the
     hardware computes it natively (CUDA with bf16, CPUs with AVX512-BF16/AMX), else fp16 on CUDA and
     fp32 on other CPUs.
+
+    `graphs`: replay each update as one CUDA graph per batch shape ("auto": on a single CUDA device
+    where the run allows it, see train/graphs.py; "on": refuse to start where it cannot; "off": eager).
+    `length_buckets`: pad every batch to one of at most this many fixed (rows, length) shapes, the
+    loss counting pad positions with weight 0 (None: 8 when graphs are on, else batches of their own
+    shape); fixed shapes are what graphs need, and they run on any device.
     """
 
     seed: int = 1
@@ -46,6 +52,8 @@ class TrainConfig:
     amp: Literal["none", "bf16", "fp16", "auto"] = "none"
     threads: int | None = None
     deterministic: bool = False
+    graphs: Literal["auto", "on", "off"] = "auto"
+    length_buckets: int | None = None
 
     def validate(self) -> None:
         if self.seed < 0:
@@ -54,6 +62,8 @@ class TrainConfig:
             raise ConfigError("max_tokens and update_freq must be >= 1")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
+        if self.length_buckets is not None and self.length_buckets < 1:
+            raise ConfigError(f"length_buckets={self.length_buckets} must be >= 1 (or null: chosen by train.graphs)")
         if self.max_steps is None and self.max_epochs is None and self.max_minutes is None:
             raise ConfigError("set at least one of max_steps, max_epochs, max_minutes")
 
@@ -61,5 +71,5 @@ class TrainConfig:
 # Fields that may change between a run and its resumption without invalidating it.
 RESUMABLE_CHANGES = frozenset(
     {"max_steps", "max_epochs", "max_minutes", "patience", "valid_every", "valid_bleu", "valid_max_sentences",
-     "keep_last", "log_every", "threads"}
+     "keep_last", "log_every", "threads", "graphs"}
 )

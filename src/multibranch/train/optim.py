@@ -51,11 +51,39 @@ class LRScheduler:
         self.total_updates = total_updates
 
     def set_step(self, update: int) -> dict[str, float]:
-        """Learning rates for the 1-based update number `update`; returns them by group name."""
+        """Learning rates for the 1-based update number `update`; returns them by group name. A tensor
+        learning rate (capturable optimizers) is changed in place, so a captured step reads the new one."""
         rates = {}
         # look the groups up each time: optimizer.load_state_dict replaces the group dicts
         for group, (lr_cfg, width, freeze) in zip(self.optimizer.param_groups, self.plans):
             frozen = freeze and self.total_updates is not None and update > self.total_updates - freeze
-            group["lr"] = 0.0 if frozen else learning_rate_at(lr_cfg, update, width, self.total_updates)
-            rates[group["name"]] = group["lr"]
+            rate = 0.0 if frozen else learning_rate_at(lr_cfg, update, width, self.total_updates)
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(rate)
+            else:
+                group["lr"] = rate
+            rates[group["name"]] = rate
         return rates
+
+
+def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Ready AdamW for a step inside a CUDA graph: capturable groups, each learning rate a 0-d tensor on
+    `device` (set in place by LRScheduler), step counters on the device. Call again after load_state_dict."""
+    for group in optimizer.param_groups:
+        group["capturable"] = True
+        group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+    for state in optimizer.state.values():
+        if "step" in state:
+            state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(device)
+
+
+def optimizer_state_to_save(optimizer: torch.optim.Optimizer) -> dict:
+    """optimizer.state_dict() with plain-number learning rates and no capturable flag, so that a run saved
+    with graphs resumes on any device and path (make_capturable restores both)."""
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])
+        if "capturable" in group:
+            group["capturable"] = False
+    return state

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from multibranch.config import ConfigError
 from multibranch.data.meta import require_examples
 
 if TYPE_CHECKING:
@@ -116,6 +117,16 @@ class Task(ABC):
     @abstractmethod
     def collate(self, indices: np.ndarray, device: torch.device) -> Any:
         """The batch of training examples `indices`, on `device`."""
+
+    supports_fixed_shapes: ClassVar[bool] = False  # whether use_length_buckets works
+    fixed_shapes = False  # True once use_length_buckets made every training batch one of a few shapes
+
+    def use_length_buckets(self, count: int) -> list[tuple[int, ...]]:
+        """Pad every training batch to one of at most `count` fixed shapes (from the training data's lengths),
+        the loss weighting padded positions 0; returns the shapes. A task without fixed-shape batches
+        refuses (ConfigError)."""
+        raise ConfigError(f"train.length_buckets: the {self.name} task has no fixed-shape batches; "
+                          "leave it unset (and train.graphs off or auto)")
 
     @abstractmethod
     def sample_size(self, batch: Any) -> float:

@@ -54,7 +54,7 @@ from multibranch.checkpoint.format import (
     unwrap,
 )
 from multibranch.checkpoint.origin import make_origin, new_run_id, origin_of, weights_fingerprint
-from multibranch.config import config_hash
+from multibranch.config import ConfigError, config_hash
 from multibranch.data.batching import shard_batches
 from multibranch.data.directories import RUN, refuse_other_kind
 from multibranch.device import resolve_amp, resolve_device
@@ -63,8 +63,9 @@ from multibranch.experiment.training import RESUMABLE_CHANGES
 from multibranch.figures import run_plots
 from multibranch.hooks import ModuleHooks
 from multibranch.train import distributed as D
+from multibranch.train.graphs import GraphedUpdates, upload
 from multibranch.train.metrics_log import MetricsLog
-from multibranch.train.optim import LRScheduler, build_optimizer
+from multibranch.train.optim import LRScheduler, build_optimizer, make_capturable, optimizer_state_to_save
 from multibranch.train.rng import rng_state, seed_everything, set_rng_state
 from multibranch.train.task import Task
 from multibranch.train.tensorboard import TensorBoardSink, check_tensorboard
@@ -88,7 +89,8 @@ step_log = logging.getLogger("multibranch.train.steps")
 TaskFactory = Callable[[ExperimentConfig, Path], Task]
 
 # Which training settings a resume may only change with which reset flag.
-DATA_FIELDS = {"seed", "max_tokens", "max_sentences", "update_freq"}
+DATA_FIELDS = {"seed", "max_tokens", "max_sentences", "update_freq", "length_buckets"}
+DEFAULT_LENGTH_BUCKETS = 8  # with graphs: batch shapes per run (each shape one captured graph)
 SCHEDULE_FIELDS = {"lr"}
 
 
@@ -123,6 +125,7 @@ class TrainState:
     bad_validations: int = 0
     elapsed: float = 0.0
     last_valid: dict[str, Any] = field(default_factory=dict)
+    length_buckets: int | None = None  # fixed batch shapes in use (kept so a resume batches the same way)
 
 
 def _comparable_train(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -186,6 +189,8 @@ class Trainer:
             self.origin = make_origin(new_run_id(), weights_fingerprint(self.model.state_dict()),
                                       from_checkpoint=opts.init_from is not None)
         self._check_schedules()
+        self.graphs = self._use_graphs()
+        self._fix_shapes()
 
         # Everything checked: now the run directory may be created or changed.
         self._log_handler: logging.Handler | None = None
@@ -204,6 +209,16 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=self.hooks.may_skip_parameters,
             )
+        # What an update reads or reports lives on the device: no update waits for the host or makes it wait.
+        self._scale = torch.zeros((), device=self.device)  # world size / target tokens of the update
+        self._update_size = torch.zeros((), device=self.device)  # target tokens of the update, all processes
+        self._sums: dict[str, Tensor] = {}  # loss, nll, the task's counts: summed over the log window (fp64)
+        self._last: dict[str, Tensor] = {}  # grad_norm, aux_*: the last update's
+        self.graphed: GraphedUpdates | None = None
+        if self.graphs:
+            make_capturable(self.optimizer, self.device)
+            self.graphed = GraphedUpdates(lambda batch: self._update_body([batch]), self.device,
+                                          on_failure=lambda: self.optimizer.zero_grad(set_to_none=True))
 
     # ---- set-up ----------------------------------------------------------------------------------
 
@@ -289,6 +304,45 @@ class Trainer:
         """Fail before training if a rate schedule needs a number of updates nobody gave."""
         self.hooks.update_start(self.state.step, self.cfg.train.lr.warmup, self.cfg.train.max_steps)
 
+    def _graphs_blocker(self) -> str | None:
+        """Why this run cannot replay its updates as CUDA graphs (None: it can)."""
+        t = self.cfg.train
+        if self.device.type != "cuda":
+            return f"training runs on {self.device.type}, not CUDA"
+        if self.dist.enabled:
+            return "data-parallel training (several processes) is not captured yet"
+        if self.amp == "fp16":
+            return "fp16 autocast's loss scaler reads the device every update (bf16 needs none)"
+        if t.update_freq > 1:
+            return "update_freq > 1 is not captured yet"
+        if not self.task.supports_fixed_shapes:
+            return f"the {self.task.name} task has no fixed-shape batches"
+        return None
+
+    def _use_graphs(self) -> bool:
+        """train.graphs resolved: "on" refuses (ConfigError) where graphs cannot run, "auto" falls back to eager."""
+        mode = self.cfg.train.graphs
+        if mode == "off":
+            return False
+        blocker = self._graphs_blocker()
+        if blocker is not None and mode == "on":
+            raise ConfigError(f"train.graphs=on (--graphs on) cannot run here: {blocker}; use --graphs auto or off")
+        return blocker is None
+
+    def _fix_shapes(self) -> None:
+        """Fixed batch shapes: train.length_buckets, else the resumed run's, else 8 where graphs run."""
+        count = self.cfg.train.length_buckets
+        if count is None:
+            count = self.state.length_buckets if self.opts.resume else None
+        if count is None and self.graphs:
+            count = DEFAULT_LENGTH_BUCKETS
+        self.state.length_buckets = count
+        if count is None:
+            return
+        shapes = self.task.use_length_buckets(count)  # refuses data it cannot bucket, before anything is written
+        self._shapes_note = f"{len(shapes)} fixed batch shapes (rows x length): " + ", ".join(
+            "x".join(map(str, shape[:2])) for shape in shapes)
+
     def _resume(self) -> None:
         """Check that last.pt can continue with this config and data, then load it (in memory only)."""
         path = self.run_dir / "last.pt"
@@ -362,7 +416,7 @@ class Trainer:
         return shard_batches(self.task.train_batches(epoch), self.dist.rank, self.dist.world_size)
 
     def _collate(self, indices):
-        return self.task.collate(indices, self.device)
+        return upload(self.task.collate(indices, torch.device("cpu")), self.device)
 
     # ---- one update ------------------------------------------------------------------------------
 
@@ -372,63 +426,75 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16 if self.amp == "bf16" else torch.float16)
 
     def _update(self, batches: list) -> dict[str, float]:
-        """Forward/backward over the update's batches, then one optimizer step."""
+        """One update over `batches`: the host sets what changes (schedules, learning rates, the normaliser),
+        the device does the rest (`_update_body`, replayed as a CUDA graph where graphs are on).
+        Returns what the host knows without reading the device: target tokens and learning rate."""
         t = self.cfg.train
         self.train_model.train()
         self.hooks.update_start(self.state.step, t.lr.warmup, t.max_steps)
         lrs = self.scheduler.set_step(self.state.step + 1)
         local_tokens = float(sum(self.task.sample_size(b) for b in batches))
         (total_tokens,) = D.all_reduce_sum([local_tokens], self.dist, self.device)
-        # Every number logged is read back from the device once, after the optimizer step: a read per batch
-        # (loss, NLL, counts, extras, grad norm) would make the host wait for the GPU several times an update.
-        losses: list[Tensor] = []  # per batch, device scalars
-        nlls: list[Tensor] = []
-        batch_counts_list: list[dict[str, Tensor]] = []
-        extras_detached: dict[str, Tensor] = {}
+        self._update_size.fill_(total_tokens)
+        self._scale.fill_(self.dist.world_size / total_tokens)
+        if self.graphed is not None:
+            self.graphed(batches[0])  # graphs run one batch an update (update_freq 1)
+        else:
+            self._update_body(batches)
+        self.state.step += 1
+        return {"size": total_tokens, "lr": lrs["main"]}
+
+    def _update_body(self, batches: list) -> None:
+        """Forward/backward over the update's batches, clipping, one optimizer step and the modules'
+        projections: device work only (nothing here reads a value back), so it can be captured."""
+        t = self.cfg.train
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if (last or not self.dist.enabled) else self.train_model.no_sync()
             with sync:
                 with self._autocast():
                     loss, nll, batch_counts = self.task.loss(self.train_model, self.model, batch)
-                objective = loss * (self.dist.world_size / total_tokens)
+                objective = loss * self._scale
                 if i == 0:
-                    extras = self.hooks.extra_losses(update_tokens=total_tokens, world_size=self.dist.world_size)
+                    extras = self.hooks.extra_losses(update_tokens=self._update_size, world_size=self.dist.world_size)
                     for name, value in extras.items():
                         objective = objective + value
-                        extras_detached[name] = value.detach()
+                        self._keep_last(f"aux_{name}", value)
                 self.scaler.scale(objective).backward()
-            losses.append(loss.detach())
-            nlls.append(nll.detach())
-            batch_counts_list.append({name: torch.as_tensor(value).detach() for name, value in batch_counts.items()})
+            self._accumulate("loss", loss)
+            self._accumulate("nll", nll)
+            for name, value in batch_counts.items():
+                self._accumulate(name, torch.as_tensor(value))
         self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if t.clip_norm > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, t.clip_norm)
         else:
             grad_norm = total_grad_norm(params)
+        self._keep_last("grad_norm", grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.hooks.after_optimizer_step()
-        self.state.step += 1
-        flat = [*losses, *nlls, *(v for c in batch_counts_list for v in c.values()), *extras_detached.values(),
-                grad_norm]
-        values = torch.stack([v.to(self.device, torch.float64).reshape(()) for v in flat]).tolist()  # one read
-        n = len(batches)
-        loss_sum, nll_sum = sum(values[:n], 0.0), sum(values[n : 2 * n], 0.0)
-        rest = iter(values[2 * n :])
-        counts: dict[str, float] = {}
-        for batch_count in batch_counts_list:
-            for name in batch_count:
-                counts[name] = counts.get(name, 0.0) + next(rest)
-        extras_logged = {name: next(rest) for name in extras_detached}
-        grad_norm = next(rest)
-        names = sorted(counts)  # the same on every rank: the task's loss returns the same keys
-        loss_sum, nll_sum, *summed = D.all_reduce_sum([loss_sum, nll_sum, *(counts[k] for k in names)], self.dist,
-                                                      self.device)
-        return {"loss_sum": loss_sum, "nll_sum": nll_sum, "size": total_tokens, "counts": dict(zip(names, summed)),
-                "grad_norm": grad_norm, "lr": lrs["main"], **{f"aux_{k}": v for k, v in extras_logged.items()}}
+
+    def _accumulate(self, name: str, value: Tensor) -> None:
+        """Add `value` to the log window's device sum `name` (in place: a captured graph keeps adding)."""
+        if name not in self._sums:
+            self._sums[name] = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._sums[name].add_(value.detach().reshape(()).to(self._sums[name].device, torch.float64))
+
+    def _keep_last(self, name: str, value: Tensor) -> None:
+        if name not in self._last:
+            self._last[name] = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._last[name].copy_(value.detach().reshape(()))
+
+    def _read_window(self) -> dict[str, float]:
+        """The log window's sums and last values, read back from the device at once; the sums restart at 0."""
+        names = [*self._sums, *self._last]
+        values = torch.stack([*self._sums.values(), *self._last.values()]).tolist() if names else []
+        for total in self._sums.values():
+            total.zero_()
+        return dict(zip(names, values))
 
     # ---- validation ------------------------------------------------------------------------------
 
@@ -458,7 +524,7 @@ class Trainer:
             return
         base = {"config": self.cfg.to_dict(), "model": unwrap(self.model).state_dict(),
                 "tokenizer": self.tokenizer.to_state(), "meta": self._meta()}
-        training = {"state": self.state.__dict__.copy(), "optimizer": self.optimizer.state_dict(),
+        training = {"state": self.state.__dict__.copy(), "optimizer": optimizer_state_to_save(self.optimizer),
                     "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None, "rng": rngs}
         with deferred_interrupt():  # Ctrl-C: the save finishes first, then the clean "interrupted" exit
             save_checkpoint(self.run_dir / "last.pt", {**base, "training": training})  # first: resume needs it
@@ -530,7 +596,10 @@ class Trainer:
         log.info("%s model: %s, %.2fM parameters | data: %d training examples | %d process(es) on %s, "
                  "%d thread(s), autocast %s", self.task.name, self.task.describe_model(), n_params / 1e6,
                  self.task.train_size, self.dist.world_size, self.device, torch.get_num_threads(), self.amp)
+        log.info("batches: %s | CUDA graphs: %s", getattr(self, "_shapes_note", "each of its own shape"),
+                 "on (one per batch shape)" if self.graphs else f"off ({self._graphs_blocker() or 'train.graphs=off'})")
         window = self._empty_window()
+        shown: dict[str, str] = {}
         start = time.perf_counter()
         stop = self._stop_reason(start)
         with self._progress_bar() as progress:
@@ -545,16 +614,15 @@ class Trainer:
                     stats = self._update([self._collate(ix) for ix in group])
                     s.batch_in_epoch += len(group)
                     window["time"] += time.perf_counter() - tick
-                    for key, value in (("loss", stats["loss_sum"]), ("nll", stats["nll_sum"]), ("size", stats["size"]),
-                                       *stats["counts"].items()):
-                        window[key] = window.get(key, 0.0) + value
+                    window["size"] += stats["size"]
+                    if s.step % t.log_every == 0:
+                        record = self._log_train(window, stats["lr"], start)
+                        window = self._empty_window()
+                        shown = {"loss": f"{record['loss']:.3f}"}  # the bar shows the last log interval's loss
                     if progress is not None:
                         progress.update(1)
-                        progress.set_postfix(loss=f"{stats['loss_sum'] / stats['size']:.3f}", lr=f"{stats['lr']:.2e}",
+                        progress.set_postfix(**shown, lr=f"{stats['lr']:.2e}",
                                              **self._budget_left(s.elapsed + time.perf_counter() - start))
-                    if s.step % t.log_every == 0:
-                        self._log_train(window, stats, start)
-                        window = self._empty_window()
                     if s.step % t.valid_every == 0:
                         self._validate_and_save(start)
                         start = time.perf_counter()
@@ -570,10 +638,11 @@ class Trainer:
 
     @staticmethod
     def _empty_window() -> dict[str, float]:
-        """Sums over one log interval: loss, nll, size (sample_size units), the loss's counts, time."""
-        return {"loss": 0.0, "nll": 0.0, "size": 0.0, "time": 0.0}
+        """What the host sums over one log interval: size (sample_size units) and update time; the
+        loss, NLL and counts are summed on the device (`_sums`) and read at the interval's end."""
+        return {"size": 0.0, "time": 0.0}
 
-    def _log_train(self, window: dict[str, float], stats: dict[str, Any], start: float) -> None:
+    def _log_train(self, window: dict[str, float], lr: float, start: float) -> dict[str, Any]:
         """One metrics.jsonl train record and train.log line for the log interval `window`.
 
         Keys: type, step, epoch, loss, nll (per sample_size unit), the task's fields (translation:
@@ -581,13 +650,19 @@ class Trainer:
         tokens_per_s of target tokens; classification: sentences, sentences_per_s), elapsed_s, any
         aux_* loss and the modules' metrics."""
         s, task = self.state, self.task
+        tick = time.perf_counter()
+        read = self._read_window()  # the one read of the device in a log interval (waits for its updates)
+        window = {**window, "time": window["time"] + time.perf_counter() - tick}
+        summed = sorted(self._sums)  # loss, nll and the task's counts: the same names on every rank
+        totals = D.all_reduce_sum([read[k] for k in summed], self.dist, self.device)
+        window.update(zip(summed, totals))
         size = max(window["size"], 1.0)
         record = {"type": "train", "step": s.step, "epoch": s.epoch,
                   "loss": window["loss"] / size, "nll": window["nll"] / size, **task.train_fields(window),
-                  "lr": stats["lr"], "grad_norm": stats["grad_norm"], task.sample_unit: window["size"],
+                  "lr": lr, "grad_norm": read["grad_norm"], task.sample_unit: window["size"],
                   f"{task.sample_unit}_per_s": window["size"] / max(window["time"], 1e-9),
                   "elapsed_s": s.elapsed + time.perf_counter() - start}
-        record.update({k: v for k, v in stats.items() if k.startswith("aux_")})
+        record.update({k: v for k, v in read.items() if k.startswith("aux_")})
         module_metrics = self.hooks.training_metrics()
         if module_metrics:
             record["modules"] = module_metrics
@@ -596,6 +671,7 @@ class Trainer:
         step_log.info("train | step %d | epoch %d | loss %.3f | %slr %.2e | %.0f %s", s.step, s.epoch, record["loss"],
                       f"{fields} | " if fields else "", record["lr"], record[f"{task.sample_unit}_per_s"],
                       task.speed_unit)
+        return record
 
     def _budget_left(self, elapsed: float) -> dict[str, str]:
         """What the stopping limits leave: updates (max_steps / --stop-at-step) and time (max_minutes)."""

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.config import ConfigError
-from multibranch.data.batching import collate, sharded_token_batches, token_batches
+from multibranch.data.batching import LengthBuckets, collate, length_buckets, sharded_token_batches, token_batches
 from multibranch.evaluate.metrics import score_corpus
 from multibranch.models import build_model
 from multibranch.tasks.translation.dataset import PreparedData
@@ -60,14 +60,30 @@ class TranslationTask(Task):
     def describe_model(self) -> str:
         return f"{self.cfg.model.encoder.kind}/{self.cfg.model.decoder.kind} layers"
 
+    supports_fixed_shapes = True
+    buckets: LengthBuckets | None = None
+    _train_lengths: tuple[np.ndarray, np.ndarray] | None = None  # (src, tgt) [n] each, with buckets
+
+    def use_length_buckets(self, count: int) -> list[tuple[int, ...]]:
+        t, split = self.cfg.train, self.train_split
+        self._train_lengths = (np.asarray(split.src_lengths), np.asarray(split.tgt_lengths))
+        self.buckets = length_buckets(*self._train_lengths, t.max_tokens, count, max_sentences=t.max_sentences)
+        self.fixed_shapes = True
+        return self.buckets.shapes
+
     def train_batches(self, epoch: int) -> list[np.ndarray]:
         t, split = self.cfg.train, self.train_split
         return sharded_token_batches(split.shard_lengths(), t.max_tokens, seed=t.seed, epoch=epoch, shuffle=True,
-                                     max_sentences=t.max_sentences)
+                                     max_sentences=t.max_sentences, buckets=self.buckets)
 
     def collate(self, indices: np.ndarray, device: torch.device, split=None) -> Batch:
+        """A batch of `split` (default: train); training batches take their bucket's shape when buckets are on."""
         m = self.cfg.model
-        return collate(split or self.train_split, indices, m.pad_id, m.bos_id, m.eos_id).to(device)
+        shape = None
+        if split is None and self.buckets is not None:
+            src, tgt = self._train_lengths
+            shape = self.buckets.shape(int(src[indices].max()), int(tgt[indices].max()))
+        return collate(split or self.train_split, indices, m.pad_id, m.bos_id, m.eos_id, shape=shape).to(device)
 
     def sample_size(self, batch: Batch) -> float:
         return float(batch.n_tgt_tokens)
@@ -76,8 +92,14 @@ class TranslationTask(Task):
         t, m = self.cfg.train, self.cfg.model
         features = forward(batch.src, batch.prev, features_only=True)  # [B, T, d]
         keep = batch.tgt.ne(m.pad_id)  # [B, T]
-        loss, nll = output_layer_loss(features[keep], model.output_projection, model.output_bias, batch.tgt[keep],
-                                      eps=t.label_smoothing, kind=t.label_smoothing_kind, pad_id=m.pad_id)
+        if self.fixed_shapes:  # every position, pad weighted 0: no shape depends on the data
+            loss, nll = output_layer_loss(features.flatten(0, 1), model.output_projection, model.output_bias,
+                                          batch.tgt.flatten(), eps=t.label_smoothing, kind=t.label_smoothing_kind,
+                                          pad_id=m.pad_id, weights=keep.flatten())
+        else:  # the non-pad positions only: less work where shapes may vary
+            loss, nll = output_layer_loss(features[keep], model.output_projection, model.output_bias,
+                                          batch.tgt[keep], eps=t.label_smoothing, kind=t.label_smoothing_kind,
+                                          pad_id=m.pad_id)
         return loss, nll, {}
 
     def train_fields(self, sums: dict[str, float]) -> dict[str, float]:

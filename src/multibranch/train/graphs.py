@@ -1,0 +1,125 @@
+"""A training update replayed as one CUDA graph per batch shape.
+
+PyTorch's whole-network capture (`torch.cuda.graph`): the kernels of one update (forward, backward,
+gradient clipping, optimizer step, the modules' post-step projections) are recorded once per batch
+shape and then replayed with a single launch, so the GPU no longer waits for Python to launch a few
+thousand small operations. A graph reads its inputs from static device buffers that every update
+overwrites, and everything else that changes between updates must be a device tensor changed in
+place before the replay: the learning rates (capturable AdamW with tensor learning rates), the loss
+normaliser, the modules' scheduled rates. Whatever the update reports is accumulated on the device.
+The trainer keeps these rules on every path; this module only records and replays.
+
+Each shape is first run eagerly `warmup` times on a side stream (so that cuBLAS handles, workspaces
+and the optimizer's state exist before the capture), then captured and replayed. A capture that
+fails (an operation that reads the device or changes shape) switches the run to eager updates for
+good, with one warning that names the reason: never a crash mid-run. Dropout inside a graph draws
+from the CUDA generator's Philox stream at the offsets the eager kernels would use, so a run that
+changes path (warm-up, capture, fallback) keeps the same random numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger("multibranch.train")
+
+Shape = tuple[tuple[int, ...], ...]
+
+
+def batch_tensors(batch: Any) -> dict[str, Tensor]:
+    """The tensor fields of a batch dataclass, by name."""
+    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch) if isinstance(getattr(batch, f.name), Tensor)}
+
+
+def upload(batch: Any, device: torch.device) -> Any:
+    """`batch` (a dataclass of CPU tensors) on `device`: through pinned memory without blocking on CUDA."""
+    if device.type != "cuda":
+        return batch.to(device)
+    moved = {name: t.pin_memory().to(device, non_blocking=True) for name, t in batch_tensors(batch).items()}
+    return dataclasses.replace(batch, **moved)
+
+
+def shape_of(batch: Any) -> Shape:
+    return tuple(tuple(t.shape) for t in batch_tensors(batch).values())
+
+
+@dataclasses.dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    inputs: Any  # the batch whose tensors the graph reads (static device buffers)
+
+
+class GraphedUpdates:
+    """Runs `update(batch)` (one whole training update on a batch of device tensors) as a replayed CUDA
+    graph per batch shape, after `warmup` eager runs of that shape; eager for good after a failed capture."""
+
+    def __init__(self, update: Callable[[Any], None], device: torch.device, on_failure: Callable[[], None],
+                 warmup: int = 1):
+        self.update = update
+        self.device = device
+        self.on_failure = on_failure  # restores what a failed capture may have left (e.g. gradients)
+        self.warmup = warmup
+        self.graphs: dict[Shape, _Captured] = {}
+        self.eager_runs: Counter[Shape] = Counter()
+        self.failed: str | None = None
+        self.side = torch.cuda.Stream(device)
+
+    @property
+    def shapes(self) -> int:
+        return len(self.graphs)
+
+    def __call__(self, batch: Any) -> None:
+        if self.failed is not None:
+            self.update(batch)
+            return
+        key = shape_of(batch)
+        captured = self.graphs.get(key)
+        if captured is None:
+            if self.eager_runs[key] < self.warmup:
+                self.eager_runs[key] += 1
+                self._on_side_stream(lambda: self.update(batch))
+                return
+            captured = self._capture(key, batch)
+            if captured is None:  # failed: this update runs eagerly
+                self.update(batch)
+                return
+        # (right after a capture, the buffers already hold this batch: a capture records, it does not run)
+        for name, t in batch_tensors(batch).items():
+            getattr(captured.inputs, name).copy_(t, non_blocking=True)
+        captured.graph.replay()
+
+    def _on_side_stream(self, work: Callable[[], None]) -> None:
+        current = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(current)
+        with torch.cuda.stream(self.side):
+            work()
+        current.wait_stream(self.side)
+
+    def _capture(self, key: Shape, batch: Any) -> _Captured | None:
+        """Record `update` on static copies of `batch`'s tensors; None after a failure, which turns graphs
+        off for the rest of the run."""
+        inputs = dataclasses.replace(batch, **{n: t.clone() for n, t in batch_tensors(batch).items()})
+        graph = torch.cuda.CUDAGraph()
+        try:
+            torch.cuda.synchronize(self.device)
+            with torch.cuda.graph(graph, stream=self.side):
+                self.update(inputs)
+        except Exception as error:  # any capture failure: eager from now on, the run goes on
+            self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".strip()
+            log.warning("CUDA graphs turned off for this run, updates continue eagerly: capturing an update "
+                        "failed (%s)", self.failed)
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize(self.device)
+            self.on_failure()
+            return None
+        captured = _Captured(graph, inputs)
+        self.graphs[key] = captured
+        return captured

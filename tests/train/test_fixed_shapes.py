@@ -1,0 +1,196 @@
+"""Fixed-shape training: length-bucketed batches, the loss over every position with pad weighted 0, and an
+update that never reads the device (what a CUDA graph or torch.compile(fullgraph=True) needs).
+
+Checked against today's variable-shape path on the same batches (dropout off: the same losses step for
+step), exact resume on the fixed-shape path, a dispatch-mode count of host reads over whole updates for
+every layer kind, the refusals of impossible settings, and on CUDA (where present) graphs against eager.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from multibranch.checkpoint.format import CheckpointError, load_checkpoint
+from multibranch.experiment import train_config
+from multibranch.tasks import task_for_data, train
+from multibranch.train.trainer import RunOptions, Trainer
+from tests.helpers.configs import tiny_experiment
+
+def _losses(run: Path) -> dict[int, tuple[float, float]]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in records if r["type"] == "train"}
+
+
+def _no_dropout(**train):
+    cfg = tiny_experiment(**train)
+    cfg.model.dropout = 0.0
+    return cfg
+
+
+def test_fixed_shapes_give_todays_losses_on_the_same_batches(tiny_data, tmp_path, caplog):
+    """Padding a batch to its bucket's shape and weighting pad 0 changes no loss and no gradient."""
+    cfg = _no_dropout(max_steps=8, length_buckets=3, valid_every=100)
+    fixed = tmp_path / "fixed"
+    with caplog.at_level(logging.INFO, logger="multibranch.train"):
+        train(cfg, RunOptions(tiny_data, fixed, progress=False, device="cpu"))
+
+    def same_batches(cfg_, data_dir):  # today's task, fed the bucketed plan's batches, unpadded
+        task = task_for_data(cfg_, data_dir)
+        planner = task_for_data(cfg_, data_dir)
+        planner.use_length_buckets(3)
+        task.train_batches = planner.train_batches
+        return task
+
+    plain_cfg = _no_dropout(max_steps=8, valid_every=100)
+    plain = tmp_path / "plain"
+    Trainer(plain_cfg, RunOptions(tiny_data, plain, progress=False, device="cpu"), same_batches).train()
+    a, b = _losses(fixed), _losses(plain)
+    assert sorted(a) == list(range(1, 9))
+    for step in a:
+        assert a[step][0] == pytest.approx(b[step][0], rel=1e-5), step
+        assert a[step][1] == pytest.approx(b[step][1], rel=1e-4), step
+    assert any("fixed batch shapes" in m and "CUDA graphs: off (training runs on cpu" in m for m in caplog.messages)
+
+
+def test_fixed_shape_batches_have_their_buckets_shapes(tiny_data):
+    cfg = tiny_experiment(length_buckets=3)
+    task = task_for_data(cfg, tiny_data)
+    shapes = {tuple(s) for s in task.use_length_buckets(3)}
+    seen = set()
+    for indices in task.train_batches(1):
+        batch = task.collate(indices, torch.device("cpu"))
+        seen.add((batch.src.shape[0], batch.src.shape[1], batch.tgt.shape[1]))
+        assert batch.n_tgt_tokens == int(batch.tgt.ne(cfg.model.pad_id).sum())  # filler rows add no target token
+    assert seen <= shapes and 1 <= len(seen) <= 3
+
+
+def test_fixed_shape_run_resumes_exactly(tiny_data, tmp_path):
+    cfg = tiny_experiment(max_steps=10, length_buckets=3, valid_every=5)
+    straight = tmp_path / "straight"
+    train(cfg, RunOptions(tiny_data, straight, progress=False, device="cpu"))
+    paused = tmp_path / "paused"
+    train(cfg, RunOptions(tiny_data, paused, progress=False, device="cpu", stop_at_step=5))
+    with pytest.raises(CheckpointError, match=r"batching changed \(train\.length_buckets"):
+        train(tiny_experiment(max_steps=10, length_buckets=2, valid_every=5),
+              RunOptions(tiny_data, paused, progress=False, device="cpu", resume=True))
+    train(cfg, RunOptions(tiny_data, paused, progress=False, device="cpu", resume=True))
+    assert _losses(paused) == _losses(straight)
+    assert load_checkpoint(paused / "last.pt")["training"]["state"]["length_buckets"] == 3
+
+
+# ---- no host reads in an update -----------------------------------------------------------------------------
+
+HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "masked_select", "equal", "allclose",
+              "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
+
+
+class HostReads(TorchDispatchMode):
+    """Counts operations that make the host read the device (or whose output shape depends on the data),
+    except those of torch.optim: on CUDA the fused AdamW reads nothing, while the CPU's foreach AdamW
+    reads its step counters."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in HOST_READS:
+            stack = traceback.extract_stack()
+            if not any("/torch/optim/" in frame.filename for frame in stack):
+                where = next((f"{f.filename.split('/src/')[-1]}:{f.lineno}" for f in reversed(stack)
+                              if "/multibranch/" in f.filename), "?")
+                self.found.append(f"{name} at {where}")
+        return func(*args, **(kwargs or {}))
+
+
+SYSTEMS = {
+    "transformer": ("transformer-tiny", []),
+    "mat": ("mat-tiny", []),
+    "weighted": ("weighted-tiny", []),
+    "mute-bias-seq": ("mute-bias-seq-tiny", []),
+    "muse": ("muse-tiny", []),
+    "muse-simple": ("muse-simple-tiny", []),
+    "drophead": ("drophead-tiny", []),
+}
+SMALL = ["model.d_model=32", "model.ffn_dim=64", "model.encoder_layers=1", "model.decoder_layers=1",
+         "train.max_tokens=400", "train.max_steps=2000", "train.log_every=1000", "train.valid_every=1000",
+         "train.length_buckets=2"]
+
+
+@pytest.mark.parametrize("system", sorted(SYSTEMS))
+def test_an_update_reads_nothing_back(system, tiny_data, tmp_path):
+    """Three whole updates (schedules, forward, loss, backward, clipping, step, projections) read no device
+    value on the host, for every layer kind; the log interval's one read happens outside them."""
+    preset, extra = SYSTEMS[system]
+    cfg = train_config(preset, None, [*SMALL, "train.clip_norm=1.0", *extra], tmp_path / "run")
+    trainer = Trainer(cfg, RunOptions(tiny_data, tmp_path / "run", progress=False, device="cpu"), task_for_data)
+    batches = trainer._epoch_batches(1)[:3]
+    counter = HostReads()
+    with counter:
+        for indices in batches:
+            trainer._update([trainer._collate(indices)])
+    assert counter.found == []
+    read = trainer._read_window()
+    assert read["loss"] > 0 and read["grad_norm"] > 0
+
+
+# ---- refusals ----------------------------------------------------------------------------------------------
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "multibranch", "train", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--graphs", "on", "--device", "cpu"], "--graphs on) cannot run here: training runs on cpu, not CUDA"),
+    (["--length-buckets", "2", "--max-tokens", "8"], "max_tokens"),
+    (["--length-buckets", "0"], "length_buckets=0 must be >= 1"),
+])
+def test_impossible_fixed_shape_settings_are_refused_before_writing(tiny_data, tmp_path, extra, message):
+    run = tmp_path / "run"
+    result = _cli("--preset", "transformer-tiny", "--data", str(tiny_data), "--out", str(run), "--max-steps", "1",
+                  "--no-progress", *extra)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not run.exists()
+
+
+# ---- CUDA graphs (on a GPU machine) ------------------------------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_graphs_give_eagers_losses_on_cuda(tiny_data, tmp_path):
+    """The same fixed-shape batches, eager and replayed as graphs, dropout off: the same losses (to float
+    rounding: graph replays may pick other kernels than the eager warm-up)."""
+    runs = {}
+    for mode in ("off", "on"):
+        cfg = _no_dropout(max_steps=12, length_buckets=3, valid_every=6, graphs=mode)
+        runs[mode] = tmp_path / mode
+        train(cfg, RunOptions(tiny_data, runs[mode], progress=False, device="cuda"))
+    eager, graphed = _losses(runs["off"]), _losses(runs["on"])
+    assert sorted(eager) == sorted(graphed) == list(range(1, 13))
+    for step in eager:
+        assert graphed[step][0] == pytest.approx(eager[step][0], rel=1e-4), step
+    assert "CUDA graphs turned off" not in (runs["on"] / "train.log").read_text()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("system", sorted(SYSTEMS))
+def test_every_layer_kind_captures_on_cuda(system, tiny_data, tmp_path):
+    preset, extra = SYSTEMS[system]
+    run = tmp_path / "run"
+    cfg = train_config(preset, None, [*SMALL, "train.max_steps=8", "train.valid_every=8", "train.valid_bleu=false",
+                                      "train.graphs=on", "train.amp=bf16", *extra], run)
+    state = train(cfg, RunOptions(tiny_data, run, progress=False, device="cuda"))
+    assert state.step == 8
+    assert "CUDA graphs turned off" not in (run / "train.log").read_text()
