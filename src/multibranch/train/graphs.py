@@ -71,6 +71,9 @@ class GraphedUpdates:
         self.eager_runs: Counter[Shape] = Counter()
         self.failed: str | None = None
         self.side = torch.cuda.Stream(device)
+        # One memory pool for every shape's graph: they never run at the same time, and what outlives an update
+        # (weights, optimizer state, input buffers, the logged sums) is allocated outside the captures.
+        self.pool = torch.cuda.graph_pool_handle()
 
     @property
     def shapes(self) -> int:
@@ -110,7 +113,7 @@ class GraphedUpdates:
         graph = torch.cuda.CUDAGraph()
         try:
             torch.cuda.synchronize(self.device)
-            with torch.cuda.graph(graph, stream=self.side):
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.side):
                 self.update(inputs)
         except Exception as error:  # any capture failure: eager from now on, the run goes on
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".strip()

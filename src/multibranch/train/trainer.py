@@ -423,7 +423,9 @@ class Trainer:
     def _autocast(self):
         if self.amp == "none":
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16 if self.amp == "bf16" else torch.float16)
+        # a captured graph must cast the weights it reads itself: no cast copies cached from an eager update
+        return torch.autocast(self.device.type, dtype=torch.bfloat16 if self.amp == "bf16" else torch.float16,
+                              cache_enabled=not self.graphs)
 
     def _update(self, batches: list) -> dict[str, float]:
         """One update over `batches`: the host sets what changes (schedules, learning rates, the normaliser),
