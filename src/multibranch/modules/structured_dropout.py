@@ -11,7 +11,11 @@ the paths' outputs, so one fused computation serves every paper:
   then keeps all heads).
 
 Both are identity in eval mode. Their rate is a `ScheduledRate` that the trainer moves along through
-`on_update_start`.
+`on_update_start`; the forward reads its value from a 0-d device tensor (`rate_value`, a non-persistent
+buffer filled in place), never from Python, and draws and rescales without branching on any value. So a
+training forward reads nothing back from the device, and a captured CUDA graph (or a compiled graph)
+keeps seeing the current rate on every replay. A rate that is 0 at every step (config) builds no module
+or returns None; a scheduled rate that is 0 right now gives scales of exactly 1.
 """
 
 from __future__ import annotations
@@ -29,13 +33,23 @@ class _ScheduledDropout(nn.Module):
         super().__init__()
         self.paths = paths
         self.rate = ScheduledRate(rate)
+        # the rate the forward uses: a device scalar changed in place (graph replays see the new value);
+        # not in the state dict (a function of the config and the step)
+        self.register_buffer("rate_value", torch.tensor(self.rate.value, dtype=torch.float32), persistent=False)
 
     def on_update_start(self, step: int, warmup: int | None, total: int | None) -> None:
         self.rate.update(step, warmup, total)
+        with torch.no_grad():
+            self.rate_value.fill_(self.rate.value)
 
     @property
     def p(self) -> float:
+        """The current rate as a Python number (repr, metrics, tests); the forward reads `rate_value`."""
         return self.rate.value
+
+    def _inactive(self) -> bool:
+        """True in eval mode and for a rate that is 0 at every step (decided by the config, not the value)."""
+        return not self.training or not self.rate.active
 
     def extra_repr(self) -> str:
         return f"paths={self.paths}, rate={self.rate.config}"
@@ -49,10 +63,10 @@ class PathDropout(_ScheduledDropout):
         self.per_sample = per_sample
 
     def forward(self, batch_size: int, device: torch.device) -> Tensor | None:
-        """Return the path scale, [1 or B, paths] (0 or 1/(1-rho)), or None when inactive."""
-        p = self.p
-        if not self.training or p <= 0.0:
+        """Return the path scale, [1 or B, paths] (0 or 1/(1-rho); all 1 at rho = 0), or None when inactive."""
+        if self._inactive():
             return None
+        p = self.rate_value.to(device)
         rows = batch_size if self.per_sample else 1
         keep = torch.rand(rows, self.paths, device=device) >= p  # [rows, paths]
         return keep.float() / (1.0 - p)
@@ -66,17 +80,18 @@ class DropHead(_ScheduledDropout):
         self.max_redraws = max_redraws
 
     def forward(self, batch_size: int, device: torch.device) -> Tensor | None:
-        """Return the head scale, [B, heads] (0 or H/#kept per sample), or None when inactive."""
-        p = self.p
-        if not self.training or p <= 0.0:
+        """Return the head scale, [B, heads] (0 or H/#kept per sample; all 1 at p = 0), or None when inactive.
+
+        The first draw and the `max_redraws` redraws are drawn at once; each sample takes its first draw
+        that keeps a head, or every head when none does (the same distribution as redrawing in a loop,
+        without reading back whether a redraw is needed)."""
+        if self._inactive():
             return None
-        keep = torch.rand(batch_size, self.paths, device=device) >= p  # [B, H]
-        for _ in range(self.max_redraws):
-            empty = ~keep.any(dim=1)  # [B]
-            if not bool(empty.any()):
-                break
-            redraw = torch.rand(batch_size, self.paths, device=device) >= p
-            keep = torch.where(empty[:, None], redraw, keep)
-        keep = keep | ~keep.any(dim=1, keepdim=True)  # still empty after the redraws: keep all heads
+        p = self.rate_value.to(device)
+        draws = torch.rand(1 + self.max_redraws, batch_size, self.paths, device=device) >= p  # [R+1, B, H]
+        usable = draws.any(dim=2)  # [R+1, B]: the draw keeps a head
+        first = usable.to(torch.uint8).argmax(dim=0)  # [B]: first usable draw (0 when none is)
+        keep = draws.gather(0, first[None, :, None].expand(1, batch_size, self.paths))[0]  # [B, H]
+        keep = keep | ~usable.any(dim=0)[:, None]  # no usable draw: keep all heads
         keep = keep.float()
         return keep * (self.paths / keep.sum(dim=1, keepdim=True))
