@@ -40,7 +40,7 @@ from multibranch import cpu_kernels
 from multibranch.modules import fused_attention
 from multibranch.modules.dropout import dropout
 from multibranch.modules.init import init_blocks, init_weight
-from multibranch.modules.merge import merge_constant
+from multibranch.modules.merge import branch_bias, merge_constant
 from multibranch.modules.packed_linear import PackedLinear, PackKind, pack_linear
 from multibranch.modules.positions import RelativePositions
 from multibranch.modules.state import StateView
@@ -337,15 +337,21 @@ class ParallelAttention(HeadGated):
         elif head_scale is not None:  # per-sample: scale the head outputs
             B, L, _ = heads.shape
             heads = (heads.view(B, L, self.total_heads, self.head_dim) * head_scale[:, None, :, None]).view(B, L, -1)
+        # scales of 1 (a scheduled rate at 0) compute exactly what no scale does, and a row of 0 scales gives
+        # exactly 0 (see branch_bias); nothing here branches on the scales' values
+        correction = None
         if branch_scale is None:
-            bias = self.out_bias.sum(0) if self.branches > 1 else self.out_bias[0]  # [d]
-        else:
-            bias = branch_scale @ self.out_bias  # [1 or B, d]
+            bias = branch_bias(self.out_bias)  # [d]
+        elif branch_scale.shape[0] == 1:  # per-batch
+            bias = branch_bias(self.out_bias, branch_scale)[0]  # [d]
+        else:  # per-sample: the plain sum plus sum_i (s_i - 1) b_i per row, exactly 0 at scale 1
+            bias = branch_bias(self.out_bias)
+            correction = branch_bias(self.out_bias, branch_scale - 1.0)[:, None, :]  # [B, 1, d]
         if c != 1.0:
             weight, bias = weight * c, bias * c
-        if bias.dim() == 2 and bias.shape[0] > 1:  # per-sample bias
-            return F.linear(heads, weight) + bias[:, None, :]
-        return F.linear(heads, weight, bias.reshape(-1))
+            correction = correction * c if correction is not None else None
+        out = F.linear(heads, weight, bias)
+        return out if correction is None else out + correction
 
     # ---- the module ------------------------------------------------------------------------------
 
@@ -432,13 +438,7 @@ class ParallelAttention(HeadGated):
         """Attention of queries x [B, L, d] over x (self) or `memory` [B, S, d] (cross) -> [B, L, d]
         (and the attention weights if asked); arguments as in `attend_heads`."""
         B, L, _ = x.shape
-        head_scale, branch_scale = self.head_scales(B, x.device)
-        if branch_scale is not None and branch_scale.shape[0] == 1 and not bool(branch_scale.any()):
-            # every branch dropped: the sublayer outputs zero (the cache still needs this step's keys)
-            if cache is not None and memory is None:
-                self.attend_heads(x, memory, key_padding_mask, causal, cache)
-            out = x.new_zeros(B, L, self.d_model)
-            return (out, None) if need_weights else out
+        head_scale, branch_scale = self.head_scales(B, x.device)  # every branch dropped: computed, gives 0
         heads, weights = self.attend_heads(x, memory, key_padding_mask, causal, cache, need_weights)
         heads = heads.transpose(1, 2).reshape(B, L, self.inner_dim)  # [B, L, H*d_k]
         out = self.merge_heads(heads, head_scale, branch_scale)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from multibranch.modules.dropout import dropout
 from multibranch.modules.init import init_bias, init_blocks, init_weight
-from multibranch.modules.merge import merge_constant
+from multibranch.modules.merge import branch_bias, merge_constant
 from multibranch.modules.packed_linear import PackedLinear, PackKind, pack_linear
 from multibranch.modules.structured_dropout import PathDropout
 
@@ -77,22 +77,26 @@ class FeedForward(nn.Module):
             fc1, fc2 = self.packed
             return fc2(fc1(x) if self.activation is F.relu else self.activation(fc1(x)))
         scale = self.drop_branch(x.shape[0], x.device) if self.drop_branch is not None else None
-        if scale is not None and scale.shape[0] == 1 and not bool(scale.any()):
-            return torch.zeros_like(x)  # every branch dropped: the sublayer outputs zero
         h = self.activation(self.fc1(x))  # [B, L, N_f*d_h]
         if self.activation_dropout > 0:
             h = dropout(h, self.activation_dropout, self.training)
         weight, c = self.fc2.weight, self.merge_scale
+        # No branch on the mask's values (a dropped-everything mask is computed and gives 0); scales of 1 (a
+        # scheduled rate at 0) compute exactly what no drop-branch does (see branch_bias).
         if scale is None:
-            bias = self.fc2_bias[0] if self.branches == 1 else self.fc2_bias.sum(0)  # [d]
-        elif scale.shape[0] == 1:  # per-batch mask: fold into fc2's columns
+            bias = branch_bias(self.fc2_bias)  # [d]
+            correction = None
+        elif scale.shape[0] == 1:  # per-batch mask: fold into fc2's columns and the bias
             weight = weight * scale.repeat_interleave(self.hidden_dim, dim=1)
-            bias = (scale @ self.fc2_bias)[0]
-        else:  # per-sample mask: scale the hidden blocks
+            bias = branch_bias(self.fc2_bias, scale)[0]
+            correction = None
+        else:  # per-sample mask: scale the hidden blocks; the bias is the plain sum plus sum_i (s_i - 1) b_i
             B, L, _ = h.shape
             h = (h.view(B, L, self.branches, self.hidden_dim) * scale[:, None, :, None]).view(B, L, -1)
-            out = F.linear(h, weight * c if c != 1.0 else weight)
-            return out + c * (scale @ self.fc2_bias)[:, None, :]
+            bias = branch_bias(self.fc2_bias)
+            correction = branch_bias(self.fc2_bias, scale - 1.0)[:, None, :]  # [B, 1, d]; exactly 0 at scale 1
         if c != 1.0:
             weight, bias = weight * c, bias * c
-        return F.linear(h, weight, bias)
+            correction = correction * c if correction is not None else None
+        out = F.linear(h, weight, bias)
+        return out if correction is None else out + correction
