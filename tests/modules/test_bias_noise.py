@@ -147,12 +147,15 @@ def test_bias_noise_units_preserve_rows_and_use_the_mask_embedding():
 def test_eval_and_zero_switch_are_noise_free_and_switch_rate_is_per_forward():
     pad = _padding([8, 8], 8)
     n = _rows(2, 8, 4)
-    noise = BiasNoise(["identity", "swap", "disorder", "mask"], 4, switch=0.85)
+    noise = BiasNoise(["identity", "swap", "disorder", "mask"], 4, switch=0.85, mask_prob=1.0)
     assert torch.equal(noise.eval()(n, pad), n[None])
     noise.train()
     torch.manual_seed(0)
-    noisy = [noise(n, pad).shape[0] == 4 for _ in range(600)]
+    outs = [noise(n, pad) for _ in range(600)]
+    assert all(u.shape == (4, 2, 8, 4) for u in outs), "one shape whatever the coin (one graph for both)"
+    noisy = [not torch.equal(u, n[None].expand_as(u)) for u in outs]  # on: the mask unit masks every token
     assert abs(sum(noisy) / 600 - 0.85) < 0.05, "one coin per forward, probability p_beta"
+    assert all(torch.equal(u[3], n) != on for u, on in zip(outs, noisy)), "off: every unit reads n"
     off = BiasNoise(["swap"], 4, switch=0.0).train()
     assert torch.equal(off(n, pad), n[None])
 

@@ -19,6 +19,11 @@ so all units are noised with one gather and one `where` (no loop over units or p
 "Real tokens" are the non-pad positions in order (any padding layout works). A switch enables the
 noise with probability p_beta (one torch coin per layer per forward, shared by the batch); the noise
 is off in eval. p_beta is a scheduled rate (`on_update_start`), 1.0 meaning "always noise".
+
+The coin is tossed on the device and decides with `where` (the noise is always drawn; a coin that
+comes up "off" makes every unit read n itself), so a training forward reads nothing back and one
+captured graph serves both outcomes; the forward reads p_beta from a 0-d device tensor
+(`switch_value`, a non-persistent buffer filled in place by `on_update_start`).
 """
 
 from __future__ import annotations
@@ -148,6 +153,8 @@ class BiasNoise(nn.Module):
             raise ValueError(f"unknown bias module {unknown[0]!r}; known: {', '.join(BIAS_KINDS)}")
         self.kinds = list(kinds)
         self.switch = ScheduledRate(switch)
+        # p_beta as the forward reads it: a device scalar changed in place, not in the state dict
+        self.register_buffer("switch_value", torch.tensor(self.switch.value, dtype=torch.float32), persistent=False)
         self.swap_range, self.disorder_window = swap_range, disorder_window
         self.mask_mode, self.mask_prob = mask_mode, mask_prob
         self.mask_embedding = nn.Parameter(torch.empty(d_model)) if "mask" in self.kinds else None
@@ -160,6 +167,8 @@ class BiasNoise(nn.Module):
 
     def on_update_start(self, step: int, warmup: int | None, total: int | None) -> None:
         self.switch.update(step, warmup, total)
+        with torch.no_grad():
+            self.switch_value.fill_(self.switch.value)
 
     def parameter_groups(self) -> list[ParamGroupSpec]:
         """e_mask takes no weight decay."""
@@ -174,25 +183,37 @@ class BiasNoise(nn.Module):
     def sample(self, padding_mask: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
         """Draw every unit's noise: (index [I, B, S] long, masked [I, B, S] bool or None).
 
-        Units of the same kind are drawn together (one call on I_kind * B rows).
+        Units of the same kind are drawn together (one call on I_kind * B rows), then stacked back in unit
+        order (views, no index tensors built on the host).
         """
         B, S = padding_mask.shape
-        index = identity_index(padding_mask)[None].repeat(self.units, 1, 1)  # [I, B, S]
-        masked = None
+        identity = identity_index(padding_mask)  # [B, S]
+        indices: list[Tensor] = [identity] * self.units
+        hits: list[Tensor | None] = [None] * self.units
         for kind in dict.fromkeys(self.kinds):  # distinct kinds, in unit order
             units = [i for i, k in enumerate(self.kinds) if k == kind]
+            if kind == "identity":
+                continue
             rows = padding_mask.repeat(len(units), 1)  # [I_kind * B, S]
             if kind == "swap":
-                index[units] = swap_index(rows, self.swap_range, generator).view(len(units), B, S)
+                drawn = swap_index(rows, self.swap_range, generator).view(len(units), B, S)
             elif kind == "disorder":
-                index[units] = disorder_index(rows, self.disorder_window, generator).view(len(units), B, S)
-            elif kind == "mask":
+                drawn = disorder_index(rows, self.disorder_window, generator).view(len(units), B, S)
+            else:  # mask
                 if self.mask_mode == "one":
                     hit = one_token_mask(rows, generator)
                 else:
                     hit = bernoulli_mask(rows, self.mask_prob, generator)
-                masked = torch.zeros(self.units, B, S, dtype=torch.bool, device=padding_mask.device)
-                masked[units] = hit.view(len(units), B, S)
+                for j, unit in enumerate(units):
+                    hits[unit] = hit.view(len(units), B, S)[j]
+                continue
+            for j, unit in enumerate(units):
+                indices[unit] = drawn[j]
+        index = torch.stack(indices)  # [I, B, S]
+        masked = None
+        if any(h is not None for h in hits):
+            nothing = torch.zeros_like(padding_mask)
+            masked = torch.stack([nothing if h is None else h for h in hits])  # [I, B, S]
         return index, masked
 
     def apply(self, n: Tensor, index: Tensor, masked: Tensor | None) -> Tensor:
@@ -204,11 +225,15 @@ class BiasNoise(nn.Module):
         return u
 
     def forward(self, n: Tensor, padding_mask: Tensor) -> Tensor:
-        """n [B, S, d] -> [I, B, S, d] noised unit inputs, or n[None] ([1, B, S, d]) when the switch is off."""
-        p = self.switch.value
-        if not self.training or p <= 0.0 or (p < 1.0 and float(torch.rand(())) >= p):
+        """n [B, S, d] -> [I, B, S, d] noised unit inputs (every unit reads n when this forward's coin says
+        off), or n[None] ([1, B, S, d]) in eval mode or when p_beta is 0 at every step (config)."""
+        if not self.training or not self.switch.active:
             return n[None]
         index, masked = self.sample(padding_mask)
+        on = torch.rand((), device=n.device) < self.switch_value.to(n.device)  # one coin, shared by the batch
+        index = torch.where(on, index, identity_index(padding_mask))  # off: every unit reads n
+        if masked is not None:
+            masked = masked & on
         return self.apply(n, index, masked)
 
     def extra_repr(self) -> str:
