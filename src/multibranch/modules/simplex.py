@@ -75,6 +75,9 @@ class BranchWeights(nn.Module):
         self.kappa = nn.Parameter(torch.empty(branches))
         self.alpha = nn.Parameter(torch.empty(branches))
         self.frozen = False  # set by on_update_start during the final `freeze_last` updates
+        # the same switch as after_optimizer_step reads it: a device bool changed in place (a captured step
+        # projects or not by its current value), not in the state dict
+        self.register_buffer("frozen_value", torch.tensor(False), persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -103,16 +106,23 @@ class BranchWeights(nn.Module):
     def on_update_start(self, step: int, warmup: int | None, total: int | None) -> None:
         """Update `step + 1` is frozen iff the trainer's LRScheduler gives this group LR 0."""
         self.frozen = bool(self.freeze_last) and total is not None and step + 1 > total - self.freeze_last
+        with torch.no_grad():
+            self.frozen_value.fill_(self.frozen)
         if self.freeze_last and total is not None and self.freeze_last >= total:
             warnings.warn(f"{self.group}: freeze_last={self.freeze_last} >= {total} planned updates, so kappa/alpha "
                           "never train; lower freeze_last", stacklevel=2)
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
-        """Project kappa and alpha back onto the simplex (a no-op while frozen or in softmax mode)."""
-        if self.normalization != "simplex" or self.frozen:
+        """Project kappa and alpha back onto the simplex (a no-op while frozen or in softmax mode).
+
+        Frozen or not is chosen on the device (`frozen_value`), without a branch: frozen keeps the values."""
+        if self.normalization != "simplex":
             return
-        both = project_simplex(torch.stack([self.kappa, self.alpha]))  # [2, M]
+        raw = torch.stack([self.kappa, self.alpha])  # [2, M]
+        both = project_simplex(raw)
+        if self.freeze_last:  # a config constant: never frozen without it
+            both = torch.where(self.frozen_value, raw, both)
         self.kappa.copy_(both[0])
         self.alpha.copy_(both[1])
 
