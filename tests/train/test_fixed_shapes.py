@@ -8,6 +8,7 @@ every layer kind, the refusals of impossible settings, and on CUDA (where presen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -24,6 +25,7 @@ from multibranch.experiment import train_config
 from multibranch.tasks import task_for_data, train
 from multibranch.train.trainer import RunOptions, Trainer
 from tests.helpers.configs import tiny_experiment
+
 
 def _losses(run: Path) -> dict[int, tuple[float, float]]:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -142,6 +144,38 @@ def test_an_update_reads_nothing_back(system, tiny_data, tmp_path):
     assert counter.found == []
     read = trainer._read_window()
     assert read["loss"] > 0 and read["grad_norm"] > 0
+
+
+COMPILED_IN_CI = {"transformer", "mute-bias-seq"}  # the others compile too (-m slow): helpers compile slowly on 2 cores
+
+
+@pytest.mark.parametrize("system", [s if s in COMPILED_IN_CI else pytest.param(s, marks=pytest.mark.slow)
+                                    for s in sorted(SYSTEMS)])
+def test_an_updates_objective_compiles_as_one_graph(system, tiny_data, tmp_path):
+    """The objective of a fixed-shape update (forward with dropout on, the fused output loss over every
+    position, the modules' auxiliary losses, the device normaliser) compiles with fullgraph=True, i.e.
+    without a graph break, and its backward gives finite gradients to the parameters the eager backward does."""
+    preset, extra = SYSTEMS[system]
+    cfg = train_config(preset, None, [*SMALL, *extra], tmp_path / "run")
+    trainer = Trainer(cfg, RunOptions(tiny_data, tmp_path / "run", progress=False, device="cpu"), task_for_data)
+    batch = trainer._collate(trainer._epoch_batches(1)[0])
+    trainer._scale.fill_(1.0 / batch.n_tgt_tokens)
+    trainer.model.train()
+
+    def objective(src, prev, tgt):
+        loss, _, _ = trainer.task.loss(trainer.model, trainer.model, dataclasses.replace(batch, src=src, prev=prev, tgt=tgt))
+        extras = trainer.hooks.extra_losses(update_tokens=trainer._update_size, world_size=1)
+        return loss * trainer._scale + sum(extras.values(), torch.zeros(()))
+
+    compiled = torch.compile(objective, fullgraph=True, backend="aot_eager")
+    value = compiled(batch.src, batch.prev, batch.tgt)
+    value.backward()
+    assert torch.isfinite(value) and value > 0
+    reached = {n for n, p in trainer.model.named_parameters() if p.grad is not None}
+    assert all(torch.isfinite(p.grad).all() for p in trainer.model.parameters() if p.grad is not None)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    objective(batch.src, batch.prev, batch.tgt).backward()  # eager (dropped branches may differ: other draws)
+    assert reached == {n for n, p in trainer.model.named_parameters() if p.grad is not None}
 
 
 # ---- refusals ----------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ is slow enough to cost ~15% of a training update of a small Transformer. Here on
 four 16-bit uniform lanes; an element is kept when its lane is >= the threshold of p. The drop rate
 is thus p rounded to a multiple of 1/65536 (off by less than 1e-5); kept elements are scaled by
 1 / (1 - p) as usual. Draws come from torch's default generator, so runs stay seedable and resume
-exactly. On other devices it defers to `F.dropout`.
+exactly. On other devices, and inside torch.compile (whose tracer cannot draw 64-bit words), it defers
+to `F.dropout`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,6 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Same contract as F.dropout(x, p, training) (not in place)."""
     if not training or p <= 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0:
+    if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, True)
     return _Dropout.apply(x, p)

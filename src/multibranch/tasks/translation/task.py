@@ -12,7 +12,13 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.config import ConfigError
-from multibranch.data.batching import LengthBuckets, collate, length_buckets, sharded_token_batches, token_batches
+from multibranch.data.batching import (
+    LengthBuckets,
+    collate,
+    length_buckets,
+    sharded_token_batches,
+    token_batches,
+)
 from multibranch.evaluate.metrics import score_corpus
 from multibranch.models import build_model
 from multibranch.tasks.translation.dataset import PreparedData
@@ -52,6 +58,47 @@ class TranslationTask(Task):
                 "model.share_embeddings=decoder"
             )
         m.validate()
+        self._check_lengths()
+
+    def _check_lengths(self) -> None:
+        """Refuse (before the trainer creates the run directory) data that the batches or a learned position table
+        cannot hold: a training or validation example over train.max_tokens, a sentence longer than
+        model.max_positions. Reads each shard's lengths in turn, never all shards' at once."""
+        t, m = self.cfg.train, self.cfg.model
+        longest = [0, 0, 0]  # src, tgt, count of training examples over max_tokens
+        for src, tgt in self.train_split.shard_lengths():
+            if len(src):
+                sizes = np.maximum(src, tgt) + 1  # [n] padded size of each example (+ EOS / BOS)
+                longest = [max(longest[0], int(src.max())), max(longest[1], int(tgt.max())),
+                           longest[2] + int(np.count_nonzero(sizes > t.max_tokens))]
+        if longest[2]:
+            size = max(longest[:2]) + 1
+            raise ConfigError(f"train.max_tokens (--max-tokens) is {t.max_tokens}, but the longest training example "
+                              f"in {self.data_dir} needs {size} (its {size - 1} tokens + EOS; {longest[2]} example(s) "
+                              f"do not fit); raise --max-tokens to at least {size}, or prepare the data with a "
+                              f"smaller --max-len")
+        valid = self.valid_split
+        if valid is not None and len(valid):
+            sizes = np.maximum(valid.src_lengths, valid.tgt_lengths) + 1  # [n]
+            over = np.flatnonzero(sizes > t.max_tokens)
+            if len(over):
+                i = int(over[0])
+                prefix = self.data.meta["splits"].get("valid", {}).get("prefix")
+                raise ConfigError(
+                    f"train.max_tokens (--max-tokens) is {t.max_tokens}, but validation example {i + 1} (line {i + 1} "
+                    f"of {self.data_dir / 'valid.src.txt'} and valid.tgt.txt) needs {int(sizes[i])} (its "
+                    f"{int(sizes[i]) - 1} tokens + EOS; {len(over)} validation example(s) do not fit); raise --max-tokens "
+                    f"to at least {int(sizes.max())}, or shorten or remove that line of the --valid files"
+                    f"{f' ({prefix}.*)' if prefix else ''} and prepare again")
+            longest = [max(longest[0], int(valid.src_lengths.max())), max(longest[1], int(valid.tgt_lengths.max()))]
+        if m.positions == "learned":  # a learned table has no row beyond max_positions
+            needed = max(longest[:2]) + 1  # the source + EOS, BOS + the target
+            if needed > m.max_positions:
+                raise ConfigError(
+                    f"model.max_positions={m.max_positions} (learned positions) is shorter than the data in "
+                    f"{self.data_dir}: its longest source has {longest[0]} tokens and its longest target "
+                    f"{longest[1]}, which need {needed} positions (+1 for EOS/BOS); set model.max_positions to at "
+                    f"least {needed}, or prepare the data with --max-len {m.max_positions - 1}")
 
     @classmethod
     def build_model(cls, cfg: ExperimentConfig) -> nn.Module:
