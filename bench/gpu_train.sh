@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU training check, one call of about 5 minutes on a lent GPU machine (PyTorch with CUDA and transformers
+# GPU training check, one call of about 7 minutes on a lent GPU machine (PyTorch with CUDA and transformers
 # installed, nothing to download): CUDA graphs over fixed-shape batches against today's eager path.
 #
 #   1. the CUDA cases of the fixed-shape tests: graphs give eager's losses; every layer kind captures
@@ -39,7 +39,7 @@ fi
 
 if has speed; then
   stamp speed
-  timeout "${SPEED_TIMEOUT:-150}" python3 bench/train_speed.py --device "$DEVICE" --size "${SIZE:-base}" --amp bf16 \
+  timeout "${SPEED_TIMEOUT:-240}" python3 bench/train_speed.py --device "$DEVICE" --size "${SIZE:-base}" --amp bf16 \
     --systems multibranch multibranch-eager hf-marian --max-tokens 4096 16384 --steps 20 --warmup 3 --prewarm \
     --rounds 1 --threads 4 --name gpu_train_speed > "$OUT/train_speed.log" 2>&1
   echo "train_speed rc=$?" >> "$OUT/progress.log"
@@ -49,7 +49,7 @@ fi
 if has m30k; then
   stamp m30k
   rm -rf runs/gpu-m30k
-  timeout "${M30K_TIMEOUT:-100}" python3 -m multibranch train --preset transformer --data runs/bench/m30k-data-8000 \
+  timeout "${M30K_TIMEOUT:-110}" python3 -m multibranch train --preset transformer --data runs/bench/m30k-data-8000 \
     --out runs/gpu-m30k --device "$DEVICE" --amp bf16 --max-minutes "${MINUTES:-1.2}" --valid-every 100000 \
     --set train.valid_max_sentences=300 --log-every 100 --no-progress > "$OUT/train_m30k.log" 2>&1
   echo "train_m30k rc=$?" >> "$OUT/progress.log"
