@@ -9,7 +9,9 @@
 A split of one shard is a `ParallelSplit`; a split of several (a large corpus) is a `ShardedSplit`
 over one `ParallelSplit` per shard, with the same interface: example indices run over all shards, and
 `shard_lengths()` gives the per-shard lengths that `sharded_token_batches` batches shard by shard. Every
-shard named in data.json must be present and whole, or `load`/`split` refuses it by name. A loaded shard's
+shard named in data.json must be present and whole, or `load`/`split` refuses it by name; a shard's offsets must
+increase from 0 to its token count and its ids lie inside the vocabulary (`ParallelSplit.check_*`: a split of one
+shard when it is loaded, a shard of several when its lengths or tokens are first read). A loaded shard's
 arrays are `NpyFile`s: read with `pread` as batches need them, never memory-mapped, so a process's memory
 does not grow with the corpus it trains on (docs/scale.md).
 """
@@ -17,7 +19,7 @@ does not grow with the corpus it trains on (docs/scale.md).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,37 @@ class ParallelSplit(RawText):
     tgt_tokens: np.ndarray | NpyFile  # [N_tgt] int32
     tgt_offsets: np.ndarray | NpyFile  # [n+1] int64
     raw_paths: tuple[Path, Path] | None = None
+    vocab_sizes: tuple[int, int] | None = None  # (src, tgt) of a prepared shard: its ids are checked against them
+    offsets_checked: bool = field(default=False, repr=False)
+    ids_checked: bool = field(default=False, repr=False)
+
+    def check_offsets(self) -> None:
+        """DataError naming the file when an offsets array of a prepared shard does not increase (read once)."""
+        if self.offsets_checked or self.vocab_sizes is None:
+            return
+        for offsets in (self.src_offsets, self.tgt_offsets):
+            values = np.asarray(offsets)
+            falls = np.flatnonzero(np.diff(values) < 0)
+            if len(falls):
+                i = int(falls[0])
+                raise DataError(f"{_where(offsets, self.name)}: corrupted (offsets decrease: entry {i + 1} is "
+                                f"{int(values[i + 1])} after {int(values[i])}); run `multibranch prepare` again")
+        self.offsets_checked = True
+
+    def check_ids(self) -> None:
+        """DataError naming the file when a prepared shard holds a token id outside its vocabulary (read once, in
+        chunks)."""
+        if self.ids_checked or self.vocab_sizes is None:
+            return
+        for tokens, vocab in ((self.src_tokens, self.vocab_sizes[0]), (self.tgt_tokens, self.vocab_sizes[1])):
+            for start in range(0, len(tokens), ID_CHUNK):
+                chunk = np.asarray(tokens[start : start + ID_CHUNK])
+                bad = np.flatnonzero((chunk < 0) | (chunk >= vocab))
+                if len(bad):
+                    raise DataError(f"{_where(tokens, self.name)}: corrupted (token {start + int(bad[0])} has id "
+                                    f"{int(chunk[bad[0]])}, outside the vocabulary of {vocab} ids); run "
+                                    "`multibranch prepare` again")
+        self.ids_checked = True
 
     @cached_property
     def src_lengths(self) -> np.ndarray:  # [n] int64
@@ -109,6 +142,14 @@ class ParallelSplit(RawText):
         return _sequence(self.tgt_tokens, self.tgt_offsets, i)
 
 
+ID_CHUNK = 1 << 24  # token ids checked per read (64 MiB of int32)
+
+
+def _where(array: np.ndarray | NpyFile, name: str) -> str:
+    """The file of a prepared shard's array (an in-memory one: the split's name)."""
+    return str(getattr(array, "path", name))
+
+
 def _sequence(tokens: np.ndarray | NpyFile, offsets: np.ndarray | NpyFile, i: int) -> np.ndarray:
     """Sequence i: both its offsets in one read, then its tokens."""
     start, end = offsets[i : i + 2]
@@ -128,6 +169,7 @@ class ShardLengths(Sequence[tuple[np.ndarray, np.ndarray]]):
         if isinstance(k, slice):
             return [self[i] for i in range(*k.indices(len(self)))]
         shard = self.shards[k]
+        shard.check_offsets()
         return np.diff(np.asarray(shard.src_offsets)), np.diff(np.asarray(shard.tgt_offsets))
 
 
@@ -158,6 +200,7 @@ class ShardedSplit(RawText):
         if not 0 <= i < len(self):
             raise IndexError(f"example {i} of a split of {len(self)}")
         k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        self.shards[k].check_ids()
         return self.shards[k], i - int(self.starts[k])
 
     def src(self, i: int) -> np.ndarray:
@@ -174,6 +217,7 @@ class ShardedSplit(RawText):
         shard_ids = np.searchsorted(self.starts, indices, side="right") - 1  # [B]
         if (shard_ids == shard_ids[0]).all():
             k = int(shard_ids[0])
+            self.shards[k].check_ids()
             return self.shards[k], np.asarray(indices) - self.starts[k]
         picked = [int(i) for i in indices]
         copy = ParallelSplit.from_sequences([self.src(i).tolist() for i in picked],
@@ -231,6 +275,8 @@ class PreparedData:
             shards = [self._load_shard(shard["name"], shard["pairs"]) for shard in listed]
             raw = (self.directory / f"{name}.src.txt", self.directory / f"{name}.tgt.txt")
             if len(shards) == 1:
+                shards[0].check_offsets()
+                shards[0].check_ids()
                 shards[0].name, shards[0].raw_paths = name, raw
                 self._splits[name] = shards[0]
             else:
@@ -261,4 +307,6 @@ class PreparedData:
                     f"{self.directory}/{stem}.{side}.*.npy: corrupted (shape/offsets do not match data.json); "
                     "run `multibranch prepare` again"
                 )
-        return ParallelSplit(stem, **arrays)
+        sizes = self.meta["vocab_size"]
+        vocab = (sizes["src"], sizes["tgt"]) if isinstance(sizes, dict) else (int(sizes), int(sizes))
+        return ParallelSplit(stem, **arrays, vocab_sizes=vocab)
