@@ -1,0 +1,224 @@
+"""The CPU kernels' build cache (cpu_kernels.py) across processes: a build killed midway leaves nothing that
+blocks the next one, a process that finds another one building waits a bounded time and then decodes without the
+kernels, and environments that differ only in their install paths share one build.
+
+The fast tests never compile: PyTorch's compile step is replaced, in the child process, by a copy of the library
+this test session built (the `cpu_kernels_built` fixture); the `slow` ones compile for real (about a minute each)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from multibranch import cpu_kernels
+
+SRC = Path(cpu_kernels.__file__).resolve().parents[1]
+CHILD_TIMEOUT_S = 180  # generous for a loaded machine; a hang is what these tests catch
+
+# A child process: PyTorch's compile step replaced by a copy of the built library (argv[1], a directory; empty:
+# the real compile) that first sleeps argv[2] seconds; prints what kernels() gave and how many compiles ran.
+CHILD = r"""
+import json, shutil, sys, time, warnings
+from pathlib import Path
+
+import torch.utils.cpp_extension as cpp_extension
+
+built, sleep_s = sys.argv[1], float(sys.argv[2])
+compiles = []
+if built:
+    def compile_by_copy(name, build_directory, **_):
+        compiles.append(name)
+        print("compiling", file=sys.stderr, flush=True)
+        time.sleep(sleep_s)
+        shutil.copyfile(Path(built) / f"{name}.so", Path(build_directory) / f"{name}.so")
+    cpp_extension._write_ninja_file_and_build_library = compile_by_copy
+else:
+    real = cpp_extension._write_ninja_file_and_build_library
+    def counted(**kwargs):
+        compiles.append(kwargs["name"])
+        return real(**kwargs)
+    cpp_extension._write_ninja_file_and_build_library = counted
+
+from multibranch import cpu_kernels
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    module = cpu_kernels.kernels()
+print(json.dumps({"loaded": module is not None, "compiles": len(compiles),
+                  "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def _env(extensions: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (cpu_kernels.ENV_SWITCH, "MULTIBRANCH_CPU_KERNELS_WAIT")}
+    env["TORCH_EXTENSIONS_DIR"] = str(extensions)
+    env.update(extra)
+    return env
+
+
+def _start(env: dict[str, str], built: Path | None, sleep_s: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(built or ""), str(sleep_s)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(process: subprocess.Popen) -> tuple[dict, str]:
+    try:
+        out, err = process.communicate(timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"kernels() hung for {CHILD_TIMEOUT_S} s; stderr:\n{err}")
+    assert process.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+def _wait_for_line(process: subprocess.Popen, text: str) -> None:
+    """Read the child's stderr until a line holds `text` (a bounded wait)."""
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if text in line:
+            return
+        if not line and process.poll() is not None:
+            pytest.fail(f"the child exited ({process.returncode}) before printing {text!r}")
+    pytest.fail(f"no {text!r} from the child in {CHILD_TIMEOUT_S} s")
+
+
+def _end(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait(30)
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+@pytest.fixture
+def built(cpu_kernels_built) -> Path:  # noqa: ARG001
+    """The directory of this session's build of the kernels (its library is `<build name>.so`)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    name = cpu_kernels._build_name()
+    directory = Path(_get_build_directory(name, verbose=False))
+    assert (directory / f"{name}.so").is_file()
+    return directory
+
+
+@pytest.fixture
+def extensions(tmp_path) -> Path:
+    path = tmp_path / "torch_extensions"
+    path.mkdir()
+    return path
+
+
+def _build_directory(extensions: Path) -> Path:
+    return extensions / cpu_kernels._build_name()
+
+
+def test_a_lock_file_left_by_a_killed_build_does_not_block_the_next(built, extensions):
+    """PyTorch's `lock` file has no owner: one left by a killed build made every later start wait for ever."""
+    directory = _build_directory(extensions)
+    directory.mkdir()
+    (directory / "lock").touch()
+    result, err = _finish(_start(_env(extensions), built))
+    assert result == {"loaded": True, "compiles": 1, "warnings": []}
+    assert "building multibranch's CPU kernels" in err
+
+
+def test_a_build_killed_midway_by_sigkill_leaves_nothing_that_blocks(built, extensions):
+    env = _env(extensions)
+    killed = _start(env, built, sleep_s=600)
+    try:
+        _wait_for_line(killed, "compiling")
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(30)
+    finally:
+        _end(killed)
+    result, err = _finish(_start(env, built))
+    assert result == {"loaded": True, "compiles": 1, "warnings": []}
+    assert "building multibranch's CPU kernels" in err
+
+
+def test_a_process_that_finds_a_build_under_way_waits_a_bounded_time_then_decodes_without(built, extensions):
+    env = _env(extensions)
+    building = _start(env, built, sleep_s=600)
+    try:
+        _wait_for_line(building, "compiling")
+        result, err = _finish(_start({**env, "MULTIBRANCH_CPU_KERNELS_WAIT": "1"}, built))
+    finally:
+        _end(building)
+    assert not result["loaded"] and result["compiles"] == 0
+    assert len(result["warnings"]) == 1 and "still building" in result["warnings"][0]
+    assert "waiting for pid" in err and "(at most 1 s)" in err
+
+
+def test_a_process_that_waited_loads_the_build_it_waited_for(built, extensions):
+    env = _env(extensions)
+    building = _start(env, built, sleep_s=3)
+    try:
+        _wait_for_line(building, "compiling")
+        waiter = _start(env, built)
+        result, err = _finish(waiter)
+        first, _ = _finish(building)
+    finally:
+        _end(building)
+    assert first == {"loaded": True, "compiles": 1, "warnings": []}
+    assert result == {"loaded": True, "compiles": 0, "warnings": []}
+    assert "waiting for pid" in err
+
+
+def _other_environment(tmp_path: Path) -> dict[str, str]:
+    """This package and PyTorch reached through symlinks: the same versions and sources at other paths, as from
+    a second virtualenv."""
+    package = tmp_path / "other-env" / "src"
+    site = tmp_path / "other-env" / "site-packages"
+    package.parent.mkdir()
+    package.symlink_to(SRC, target_is_directory=True)
+    site.symlink_to(Path(sysconfig.get_paths()["purelib"]).resolve(), target_is_directory=True)
+    return {"PYTHONPATH": os.pathsep.join([str(package), str(site)])}
+
+
+def test_environments_at_other_paths_share_one_build(built, extensions, tmp_path):
+    env = _env(extensions)
+    first, _ = _finish(_start(env, built))
+    assert first == {"loaded": True, "compiles": 1, "warnings": []}
+    other = {**env, **_other_environment(tmp_path)}
+    probe = subprocess.run([sys.executable, "-c", "import multibranch, torch; print(multibranch.__file__, torch.__file__)"],
+                           env=other, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=True)
+    assert str(tmp_path) in probe.stdout.split()[0] and str(tmp_path) in probe.stdout.split()[1]
+    for _ in range(2):  # and back: neither environment rebuilds the other's build
+        second, err = _finish(_start(other, built))
+        assert second == {"loaded": True, "compiles": 0, "warnings": []}
+        assert "building" not in err
+        again, err = _finish(_start(env, built))
+        assert again == {"loaded": True, "compiles": 0, "warnings": []}
+        assert "building" not in err
+
+
+@pytest.mark.slow
+def test_a_real_build_killed_by_sigterm_then_rebuilt_and_shared(extensions, tmp_path):
+    """For real (a full compile, about a minute): a build killed by SIGTERM, a build that completes, and the
+    build loaded without compiling from another environment."""
+    env = _env(extensions)
+    killed = _start(env, None)
+    try:
+        _wait_for_line(killed, "building multibranch's CPU kernels")
+        time.sleep(3)  # compiling
+        killed.send_signal(signal.SIGTERM)
+        killed.wait(30)
+    finally:
+        _end(killed)
+    result, err = _finish(_start(env, None))
+    assert result == {"loaded": True, "compiles": 1, "warnings": []}, err
+    other = {**env, **_other_environment(tmp_path)}
+    result, err = _finish(_start(other, None))
+    assert result == {"loaded": True, "compiles": 0, "warnings": []}, err
+    assert "building" not in err
