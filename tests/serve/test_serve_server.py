@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import queue
 import re
 import signal
 import socket
-import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -28,6 +27,7 @@ from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import TorchEngine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
 from multibranch.tasks.translation.loading import load_translator  # noqa: E402
+from tests.helpers.serve import READY_TIMEOUT_S, ServerProcess  # noqa: E402
 from tests.helpers.translation import corpus_lines  # noqa: E402
 
 LINES = corpus_lines(6, seed=21)
@@ -40,9 +40,8 @@ def test_real_uvicorn_server_on_loopback(checkpoint):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        for _ in range(1000):
-            if server.started:
-                break
+        deadline = time.monotonic() + READY_TIMEOUT_S  # a bound a loaded machine cannot miss
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
             thread.join(0.01)
         assert server.started
         host, port = server.servers[0].sockets[0].getsockname()[:2]
@@ -165,47 +164,74 @@ def test_ct2_engine_with_broken_settings_is_one_line(settings, message, tmp_path
     assert err.startswith("multibranch serve: error:") and message in err and "\n" not in err
 
 
-def _start_serve(ckpt: Path) -> tuple[Any, queue.Queue, int]:
-    """`multibranch serve --port 0` in its own process; (process, its stderr lines, the port it bound)."""
-    process = subprocess.Popen([sys.executable, "-m", "multibranch", "serve", "--ckpt", str(ckpt), "--port", "0",
-                                "--device", "cpu", "--threads", "1"], stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [*map(lines.put, process.stderr), lines.put(None)], daemon=True).start()
-    seen = _until(lines, "Uvicorn running on")
-    return process, lines, int(re.search(r"127\.0\.0\.1:(\d+)", seen[-1]).group(1))
+@pytest.fixture
+def start_server() -> Iterator[Callable[[list[str]], ServerProcess]]:
+    """Starts server commands in their own processes; every one is ended when the test ends, however it ends."""
+    started: list[ServerProcess] = []
+
+    def start(command: list[str]) -> ServerProcess:
+        started.append(ServerProcess(command))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
 
 
-def _until(lines: queue.Queue, text: str) -> list[str]:
-    """stderr lines up to the first one containing `text` (60 s at most)."""
-    seen: list[str] = []
-    while not seen or text not in seen[-1]:
-        line = lines.get(timeout=60)
-        assert line is not None, f"the server's stderr ended before {text!r}: {''.join(seen)}"
-        seen.append(line)
-    return seen
+def _start_serve(start_server: Callable[[list[str]], ServerProcess], ckpt: Path) -> tuple[ServerProcess, int]:
+    """`multibranch serve --port 0` in its own process, ready (/health answers); (the process, the port it bound)."""
+    server = start_server([sys.executable, "-m", "multibranch", "serve", "--ckpt", str(ckpt), "--port", "0",
+                           "--device", "cpu", "--threads", "1"])
+    seen = server.until("Uvicorn running on")
+    port = int(re.search(r"127\.0\.0\.1:(\d+)", seen[-1]).group(1))
+    server.wait_healthy(port)
+    return server, port
 
 
-def _rest(process: Any, lines: queue.Queue) -> tuple[int, str]:
-    code = process.wait(60)
-    rest = []
-    while (line := lines.get(timeout=60)) is not None:  # up to the end of the pipe (the reader's None)
-        rest.append(line)
-    return code, "".join(rest)
+def test_a_server_that_never_gets_ready_fails_the_test_and_is_ended(start_server):
+    sleeper = start_server([sys.executable, "-c", "import time; time.sleep(600)"])
+    with pytest.raises(AssertionError, match="no 'Uvicorn running on' from the server in 1 s"):
+        sleeper.until("Uvicorn running on", timeout_s=1)
+    sleeper.stop()
+    assert sleeper.process.poll() is not None
 
 
-def test_ctrl_c_finishes_cleanly_and_a_second_one_stops_at_once_in_one_line(checkpoint):
+def test_a_server_that_exits_before_it_is_ready_fails_at_once(start_server):
+    started = time.monotonic()
+    crashed = start_server([sys.executable, "-c", "import sys; print('bad config', file=sys.stderr); sys.exit(2)"])
+    with pytest.raises(AssertionError, match=r"exited \(2\) before 'Uvicorn running on': bad config"):
+        crashed.until("Uvicorn running on")
+    with pytest.raises(AssertionError, match=r"exited \(2\) before /health answered"):
+        crashed.wait_healthy(9)
+    assert time.monotonic() - started < 60
+
+
+def test_a_server_that_ignores_sigterm_is_killed():
+    stubborn = ServerProcess([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); print('ready', file=sys.stderr); time.sleep(600)"])
+    try:
+        stubborn.until("ready")
+        with mock.patch("tests.helpers.serve.STOP_TIMEOUT_S", 1.0):
+            stubborn.stop()
+        assert stubborn.process.returncode == -signal.SIGKILL
+    finally:
+        stubborn.stop()
+
+
+def test_ctrl_c_finishes_cleanly_and_a_second_one_stops_at_once_in_one_line(checkpoint, start_server):
     # one Ctrl-C: graceful stop (the app's shutdown runs), then status 130 as for any interrupt
-    process, lines, port = _start_serve(checkpoint)
+    server, port = _start_serve(start_server, checkpoint)
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         assert client.post("/translate", json={"texts": LINES[:1]}).status_code == 200
-    process.send_signal(signal.SIGINT)
-    code, rest = _rest(process, lines)
+    server.process.send_signal(signal.SIGINT)
+    code, rest = server.rest()
     assert code == 130 and "Application shutdown complete" in rest
     assert "multibranch serve: interrupted" in rest and "Traceback" not in rest
 
     # a request still arriving keeps the graceful stop waiting; a second Ctrl-C then stops at once
-    process, lines, port = _start_serve(checkpoint)
+    server, port = _start_serve(start_server, checkpoint)
     with socket.create_connection(("127.0.0.1", port)) as half_sent:
         half_sent.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                           b"Content-Length: 100\r\nExpect: 100-continue\r\n\r\n")
@@ -216,10 +242,10 @@ def test_ctrl_c_finishes_cleanly_and_a_second_one_stops_at_once_in_one_line(chec
             interim += half_sent.recv(1024)
         assert interim.startswith(b"HTTP/1.1 100 "), interim
         half_sent.sendall(b"{\"texts\": ")
-        process.send_signal(signal.SIGINT)
-        _until(lines, "Waiting for connections to close")
-        process.send_signal(signal.SIGINT)
-        code, rest = _rest(process, lines)
+        server.process.send_signal(signal.SIGINT)
+        server.until("Waiting for connections to close")
+        server.process.send_signal(signal.SIGINT)
+        code, rest = server.rest()
     assert code == 130 and "Application shutdown complete" not in rest
     assert "forced stop: requests not answered yet were dropped" in rest
     assert "Traceback" not in rest and "CancelledError" not in rest
