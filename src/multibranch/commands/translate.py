@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -209,6 +210,9 @@ def _check_decoding(args: argparse.Namespace, interactive: bool) -> None:
     if given and not args.sampling:
         raise UserError(f"{', '.join(given)} only apply to --sampling")
     if args.sampling:
+        if args.temperature is not None and not math.isfinite(args.temperature):
+            raise UserError(f"--temperature {args.temperature}: must be a finite number > 0 (1: the model's "
+                            "distribution; lower: sharper, higher: flatter)")
         check_sampling(1.0 if args.temperature is None else args.temperature, args.top_k or 0,
                        1.0 if args.top_p is None else args.top_p)
         if args.beam is not None:

@@ -18,9 +18,12 @@ from one `torch.Generator`, so the output is reproducible for a given seed, batc
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from multibranch.errors import ConfigError
 from multibranch.inference.beam import (
     NEG_INF,
     Decodable,
@@ -70,6 +73,8 @@ def sample(
     prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """`n` samples for each sentence of src [B, S] (right-padded), best score first."""
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ConfigError(f"temperature={temperature} must be a finite number > 0 (1: the model's distribution)")
     cfg = model.config
     B = src.shape[0]
     device = src.device
