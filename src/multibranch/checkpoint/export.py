@@ -133,6 +133,8 @@ def load_export(directory: str | Path) -> dict[str, Any]:
             tokenizer = hf_state(paths[0].read_bytes(), ids)
         else:
             src_proto, tgt_proto = paths[0].read_bytes(), paths[1].read_bytes()
+            for path, proto in {paths[0]: src_proto, paths[1]: tgt_proto}.items():
+                _check_spm(path, proto)
             tokenizer = spm_state(src_proto, None if tgt_proto == src_proto else tgt_proto)
     return {
         "format": FORMAT,
@@ -142,6 +144,17 @@ def load_export(directory: str | Path) -> dict[str, Any]:
         "tokenizer": tokenizer,
         "meta": document.get("meta") or {},
     }
+
+
+def _check_spm(path: Path, proto: bytes) -> None:
+    """CheckpointError naming `path` unless `proto` loads as a SentencePiece model."""
+    import sentencepiece as spm
+
+    try:
+        spm.SentencePieceProcessor().LoadFromSerializedProto(proto)
+    except (RuntimeError, OSError):
+        raise CheckpointError(f"{path}: not a readable SentencePiece model (truncated or corrupted); export the "
+                              "checkpoint again") from None
 
 
 def _standalone(t: Tensor) -> Tensor:

@@ -61,10 +61,14 @@ def undo_bpe(text: str) -> str:
     return (text + " ").replace(BPE_CONTINUATION, "").strip()
 
 
-def load_processor(proto: bytes) -> spm.SentencePieceProcessor:
-    """A SentencePiece processor from a serialized model (the bytes of a .model file)."""
+def load_processor(proto: bytes, where: str | Path = "a SentencePiece model") -> spm.SentencePieceProcessor:
+    """A SentencePiece processor from a serialized model (the bytes of a .model file); DataError naming
+    `where` (its file) when the bytes are not one (truncated or corrupted)."""
     processor = spm.SentencePieceProcessor()
-    processor.LoadFromSerializedProto(proto)
+    try:
+        processor.LoadFromSerializedProto(proto)
+    except (RuntimeError, OSError):
+        raise DataError(f"{where}: not a readable SentencePiece model (truncated or corrupted)") from None
     return processor
 
 
@@ -84,7 +88,14 @@ class Tokenizer:
     @classmethod
     def from_files(cls, src_model: str | Path, tgt_model: str | Path | None = None) -> Tokenizer:
         src = Path(src_model).read_bytes()
-        return cls(src, Path(tgt_model).read_bytes() if tgt_model else src)
+        tgt = Path(tgt_model).read_bytes() if tgt_model else src
+        try:
+            return cls(src, tgt)
+        except DataError:
+            for path, proto in ((src_model, src), (tgt_model, tgt)):
+                if path is not None:
+                    load_processor(proto, path)  # names the file that does not load
+            raise
 
     @property
     def joint(self) -> bool:

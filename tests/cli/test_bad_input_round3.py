@@ -1,0 +1,182 @@
+"""Bad input met at a train start or while loading a model: one line on stderr, exit code 2, nothing on disk.
+
+A refused `train` start leaves no run directory (and the corrected rerun needs no --force): batches too
+small for the longest training or validation example, a learned position table shorter than the data,
+corrupted shards. `translate --sampling` refuses a temperature it cannot divide by; an exported model or
+CTranslate2 directory with a truncated SentencePiece model is refused by name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from multibranch.tasks.translation.dataset import PreparedData
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIBRANCH_CPU_KERNELS": "0"}
+TINY = ["--set", "model.d_model=32", "--set", "model.ffn_dim=64", "--set", "model.heads=4",
+        "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1"]
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "multibranch", *map(str, args)], env=ENV, capture_output=True,
+                          text=True, timeout=300)
+
+
+def refused(done: subprocess.CompletedProcess) -> str:
+    """The one error line of a refused command."""
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def train(data: Path, run: Path, *extra: str) -> subprocess.CompletedProcess:
+    return cli("train", "--data", data, "--out", run, "--preset", "transformer-tiny", *TINY, "--max-steps", "1",
+               "--valid-every", "1", "--no-progress", "--device", "cpu", *extra)
+
+
+def longest(data: Path, split: str) -> tuple[int, int]:
+    part = PreparedData.load(data).split(split)
+    return int(part.src_lengths.max()), int(part.tgt_lengths.max())
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ---- A: a refused train start leaves no run directory -------------------------------------------------------
+
+
+def test_max_tokens_below_the_longest_training_example_is_refused_before_the_run_directory(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    size = max(longest(tiny_data, "train")) + 1
+    line = refused(train(tiny_data, run, "--max-tokens", "20"))
+    assert "max_tokens" in line and str(size) in line, line
+    assert not run.exists()
+    assert train(tiny_data, run, "--max-tokens", str(max(size, 600))).returncode == 0  # no --force needed
+
+
+def test_learned_positions_shorter_than_the_data_are_refused_with_both_numbers(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    needed = max(max(longest(tiny_data, name)) for name in ("train", "valid")) + 1
+    line = refused(train(tiny_data, run, "--set", "model.positions=learned", "--set", "model.max_positions=40"))
+    assert "max_positions" in line and "40" in line and str(needed) in line, line
+    assert not run.exists()
+
+
+@pytest.fixture(scope="module")
+def long_valid_data(tmp_path_factory) -> Path:
+    """Prepared data whose validation split ends with a line far longer than any training line."""
+    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.synthetic import generate_synthetic_task
+
+    root = tmp_path_factory.mktemp("long_valid")
+    generate_synthetic_task(root / "raw", seed=3, n_train=400, n_valid=6, n_test=4)
+    for side in ("src", "tgt"):
+        lines = (root / "raw" / f"train.{side}").read_text().splitlines()
+        with open(root / "raw" / f"valid.{side}", "a") as handle:
+            handle.write(" ".join(sorted(lines, key=len)[-3:]) + "\n")
+    prepare(PrepareConfig(src_lang="src", tgt_lang="tgt", train=str(root / "raw" / "train"),
+                          valid=str(root / "raw" / "valid"), test=[str(root / "raw" / "test")],
+                          out=str(root / "data"), vocab_size=200))
+    return root / "data"
+
+
+def test_a_validation_example_over_max_tokens_is_refused_at_the_start_with_its_line(long_valid_data, tmp_path):
+    run = tmp_path / "run"
+    train_size = max(longest(long_valid_data, "train")) + 1
+    valid_size = max(longest(long_valid_data, "valid")) + 1
+    assert train_size < valid_size
+    line = refused(train(long_valid_data, run, "--max-tokens", str(train_size)))
+    assert "valid" in line and "line 7" in line and str(valid_size) in line and "--max-len" not in line, line
+    assert not run.exists()
+
+
+def corrupt(tiny_data: Path, tmp_path: Path, how: str) -> Path:
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    if how == "offsets":  # two offsets swapped in place: first 0, last the token count, but not increasing
+        offsets = np.load(data / "train.src.offsets.npy", mmap_mode="r+")
+        offsets[5], offsets[6] = int(offsets[6]), int(offsets[5])
+        offsets.flush()
+    elif how == "ids":  # an id beyond the vocabulary
+        tokens = np.load(data / "train.tgt.tokens.npy", mmap_mode="r+")
+        tokens[3] = 5000
+        tokens.flush()
+    elif how == "truncated":  # the token file cut short, header and all
+        path = data / "train.src.tokens.npy"
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif how == "shortened":  # a shorter array saved over it: the offsets point past its end
+        tokens = np.load(data / "train.src.tokens.npy")
+        np.save(data / "train.src.tokens.npy", tokens[: len(tokens) // 2])
+    return data
+
+
+@pytest.mark.parametrize("how, words", [("offsets", "offsets"), ("ids", "vocabulary"), ("truncated", "truncated"),
+                                        ("shortened", "corrupted")])
+def test_corrupted_shards_are_refused_by_name_before_the_run_directory(tiny_data, tmp_path, how, words):
+    data, run = corrupt(tiny_data, tmp_path, how), tmp_path / "run"
+    before = snapshot(data)
+    line = refused(train(data, run))
+    assert words in line and str(data) in line and "prepare" in line, line
+    assert not run.exists()
+    assert snapshot(data) == before
+
+
+# ---- B: one line instead of a traceback ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", ["inf", "nan", "0", "-1"])
+def test_sampling_temperature_that_cannot_scale_is_one_line(tiny_checkpoint, tmp_path, temperature):
+    source = tmp_path / "in.txt"
+    source.write_text("sagun nivnikib rapzubfo\n")
+    out = tmp_path / "out.txt"
+    line = refused(cli("translate", "--ckpt", tiny_checkpoint, "-i", source, "-o", out,
+                       "--sampling", "--temperature", temperature, "--device", "cpu"))
+    assert "--temperature" in line or "temperature" in line, line
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_checkpoint, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "model"
+    done = cli("convert", "export", "--ckpt", tiny_checkpoint, "--out", out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_export_with_a_truncated_sentencepiece_model_is_refused_by_name(exported, tmp_path):
+    broken = tmp_path / "model"
+    shutil.copytree(exported, broken)
+    spm = next(p for p in broken.iterdir() if p.suffix == ".model")
+    spm.write_bytes(spm.read_bytes()[:100])
+    source = tmp_path / "in.txt"
+    source.write_text("sagun nivnikib rapzubfo\n")
+    before = snapshot(broken)
+    line = refused(cli("translate", "--ckpt", broken, "-i", source, "-o", tmp_path / "out.txt",
+                       "--device", "cpu"))
+    assert spm.name in line, line
+    assert snapshot(broken) == before and not (tmp_path / "out.txt").exists()
+
+
+def test_ct2_directory_with_a_truncated_sentencepiece_model_is_refused_by_name(tiny_checkpoint, tmp_path):
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'multibranch[ct2]')")
+    directory = tmp_path / "ct2"
+    done = cli("convert", "ct2", "--ckpt", tiny_checkpoint, "--out", directory)
+    assert done.returncode == 0, done.stderr
+    spm = next(p for p in directory.iterdir() if p.suffix == ".model")
+    spm.write_bytes(spm.read_bytes()[:100])
+    source = tmp_path / "in.txt"
+    source.write_text("sagun nivnikib rapzubfo\n")
+    before = snapshot(directory)
+    line = refused(cli("translate", "--ckpt", directory, "-i", source, "-o", tmp_path / "out.txt", "--device", "cpu"))
+    assert spm.name in line and str(directory) in line, line
+    assert snapshot(directory) == before and not (tmp_path / "out.txt").exists()
