@@ -64,9 +64,11 @@ def _env(extensions: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _start(env: dict[str, str], built: Path | None, sleep_s: float = 0.0) -> subprocess.Popen:
+def _start(env: dict[str, str], built: Path | None, sleep_s: float = 0.0, group: bool = False) -> subprocess.Popen:
+    """The child; `group`: in a process group of its own (with the compilers it starts), as a command run by
+    `timeout` or from a terminal."""
     return subprocess.Popen([sys.executable, "-c", CHILD, str(built or ""), str(sleep_s)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group)
 
 
 def _finish(process: subprocess.Popen) -> tuple[dict, str]:
@@ -208,11 +210,11 @@ def test_a_real_build_killed_by_sigterm_then_rebuilt_and_shared(extensions, tmp_
     """For real (a full compile, about a minute): a build killed by SIGTERM, a build that completes, and the
     build loaded without compiling from another environment."""
     env = _env(extensions)
-    killed = _start(env, None)
+    killed = _start(env, None, group=True)
     try:
         _wait_for_line(killed, "building multibranch's CPU kernels")
         time.sleep(3)  # compiling
-        killed.send_signal(signal.SIGTERM)
+        os.killpg(killed.pid, signal.SIGTERM)  # as `timeout -s TERM` or a terminal's Ctrl-C: the whole group
         killed.wait(30)
     finally:
         _end(killed)
