@@ -1,0 +1,259 @@
+"""`load` and `Model`: a checkpoint, an ensemble or a CTranslate2 directory, used as the CLI's translate,
+`translate --score-reference` and classify commands use it, returning Python values."""
+
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multibranch.device import resolve_device
+from multibranch.errors import CheckpointError, ConfigError, UserError
+from multibranch.experiment import ExperimentConfig
+from multibranch.experiment.decoding import DecodeConfig
+from multibranch.inference.precision import check_precision, for_decoding
+from multibranch.tasks.classification.inference import (
+    check_examples,
+    classify_lines,
+    is_pair_model,
+    label_names,
+)
+from multibranch.tasks.loading import LoadedModel, load_model
+from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
+from multibranch.tasks.translation.loading import load_ensemble
+from multibranch.tasks.translation.translator import ForcedScore, Translator
+
+__all__ = ["ExistingFileError", "ForcedScore", "MissingFileError", "Model", "WrongTaskError", "load", "user_errors"]
+
+# the CLI's decoding flag names that differ from DecodeConfig's fields (translate --lenpen ...)
+DECODE_ALIASES = {"lenpen": "length_penalty", "lenpen_kind": "length_penalty_kind"}
+DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
+TRANSLATION_TASKS = ("translation", "code")
+
+
+class WrongTaskError(CheckpointError):
+    """A model asked for what its task does not do (a classifier asked to translate, and the reverse)."""
+
+
+class MissingFileError(UserError, FileNotFoundError):
+    """A file or directory the call needs does not exist (`multibranch` reports it as a user error too)."""
+
+
+class ExistingFileError(UserError, FileExistsError):
+    """A file or directory is in the way: a run directory without resume/force, a file where one is made."""
+
+
+@contextmanager
+def user_errors(rename: Mapping[str, str] | None = None) -> Iterator[None]:
+    """FileNotFoundError / FileExistsError raised inside, as the UserError subclasses above (still the same
+    OSError types); `rename` replaces the CLI's flag names in their messages with the API's arguments."""
+    try:
+        yield
+    except (FileNotFoundError, FileExistsError) as err:
+        if isinstance(err, UserError):
+            raise
+        message = str(err)
+        for flag, argument in (rename or {}).items():
+            message = message.replace(flag, argument)
+        kind = MissingFileError if isinstance(err, FileNotFoundError) else ExistingFileError
+        raise kind(message) from None
+
+
+def _decode_fields(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Decode overrides under DecodeConfig's field names; ConfigError naming an unknown one."""
+    out = {}
+    for name, value in overrides.items():
+        field = DECODE_ALIASES.get(name, name)
+        if field not in DECODE_FIELDS:
+            raise ConfigError(f"unknown decoding option {name!r}; known: {', '.join(DECODE_FIELDS)}")
+        out[field] = value
+    return out
+
+
+def _as_list(texts: str | Sequence[Any], what: str) -> tuple[list[Any], bool]:
+    """(the items, whether one item was given on its own); TypeError-free: a UserError for another type."""
+    if isinstance(texts, str):
+        return [texts], True
+    if isinstance(texts, Sequence):
+        return list(texts), False
+    raise UserError(f"{what}: give a str or a list of str, not {type(texts).__name__}")
+
+
+class Model:
+    """A loaded model (one checkpoint, an ensemble, or a CTranslate2 directory); made by `load`.
+
+    `task` is "translation", "code" or "classification"; `config` the ExperimentConfig it was trained with
+    (None for a CTranslate2 directory, which keeps only its decode settings: `decode`); `parameters_count`
+    the number of weights (all members of an ensemble together; None for a CTranslate2 directory).
+    """
+
+    def __init__(self, paths: list[str], device: torch.device, precision: str, decode: dict[str, Any],
+                 ensemble_mean: str = "prob"):
+        self.paths = paths
+        self.device = device
+        self.precision = precision
+        self._name = " ".join(paths)
+        self._ct2: Ct2Translator | None = None
+        self._translator: Translator | None = None
+        self._members: list[LoadedModel] = []
+        if is_ct2_directory(paths[0]):
+            if len(paths) > 1:
+                raise UserError(f"{paths[0]} is a CTranslate2 directory, which cannot be an ensemble member; an "
+                                "ensemble takes checkpoints or `convert export` directories")
+            if precision != "fp32":
+                raise UserError(f"precision {precision!r}: {paths[0]} is a CTranslate2 directory, which decodes "
+                                "with the quantization it was converted with (`multibranch convert ct2 "
+                                "--quantization int8`)")
+            self._ct2 = Ct2Translator(paths[0], device, **decode)
+            self.config: ExperimentConfig | None = None
+            self.task = "translation"
+            self.parameters_count: int | None = None
+            return
+        check_precision(precision, device)
+        first = load_model(paths[0], device)
+        self.config, self.task = first.config, first.config.task
+        if self.task in TRANSLATION_TASKS:
+            del first  # the ensemble loader reads every member, the first included, with the same checks
+            loaded = load_ensemble(paths, device, task=TRANSLATION_TASKS, mean=ensemble_mean)
+            if loaded.tokenizer is None:
+                raise CheckpointError(f"{self._name} has no tokenizer, so it cannot translate raw text")
+            cfg = dataclasses.replace(loaded.config.decode, **decode)
+            cfg.validate()
+            model = for_decoding(loaded.model, precision, in_place=True)
+            self._translator = Translator(model, loaded.tokenizer, cfg, device)
+            self.parameters_count = sum(p.numel() for p in loaded.model.parameters())
+        else:
+            if decode:
+                raise UserError(f"decoding options {sorted(decode)}: {self._name} is a {self.task} model, which "
+                                "decodes nothing")
+            if precision != "fp32":
+                raise UserError(f"precision {precision!r}: classifiers are labelled in fp32")
+            self._members = [first] + [load_model(path, device, task=self.task) for path in paths[1:]]
+            for path, member in zip(paths, self._members, strict=True):
+                if member.tokenizer is None:
+                    raise CheckpointError(f"{path} has no tokenizer, so it cannot label raw text")
+                if label_names(member.config) != self.labels:
+                    raise CheckpointError(f"{path} has the labels {label_names(member.config)}, {paths[0]} has "
+                                          f"{self.labels}: an ensemble needs the same labels in the same order")
+                if is_pair_model(member.model) != is_pair_model(first.model):
+                    raise CheckpointError(f"{path} and {paths[0]}: one classifies sentence pairs, the other "
+                                          "single texts")
+            self.parameters_count = sum(p.numel() for m in self._members for p in m.model.parameters())
+
+    def __repr__(self) -> str:
+        return f"Model({self._name!r}, task={self.task!r}, device={str(self.device)!r})"
+
+    # ---- translation -------------------------------------------------------------------------------
+
+    @property
+    def decode(self) -> DecodeConfig:
+        """The decode config `translate` uses when called without options (a copy)."""
+        return dataclasses.replace(self._decoder(None).cfg)
+
+    def _decoder(self, method: str | None) -> Translator | Ct2Translator:
+        decoder = self._ct2 or self._translator
+        if decoder is None:
+            raise WrongTaskError(f"{method or 'decode'}: {self._name} is a {self.task} model, not a translation "
+                                 f"model; use {'classify()' if self.task == 'classification' else 'translate()'}")
+        return decoder
+
+    def _with(self, method: str, options: Mapping[str, Any]) -> Translator | Ct2Translator:
+        """The decoder, or (per-call options given) one with those decode fields replaced."""
+        decoder = self._decoder(method)
+        fields = {k: v for k, v in _decode_fields(options).items() if v is not None}
+        if not fields:
+            return decoder
+        if isinstance(decoder, Ct2Translator):
+            return Ct2Translator(self.paths[0], self.device, **{**self._ct2_fields(), **fields})
+        cfg = dataclasses.replace(decoder.cfg, **fields)
+        cfg.validate()
+        return Translator(decoder.model, decoder.tokenizer, cfg, self.device)
+
+    def _ct2_fields(self) -> dict[str, Any]:
+        assert self._ct2 is not None
+        return dataclasses.asdict(self._ct2.cfg)
+
+    def translate(self, texts: str | Sequence[str], beam: int | None = None, nbest: int = 1,
+                  **options: Any) -> Any:
+        """Translate one text (-> its translation) or a list (-> one translation each, in order).
+
+        `beam`: the beam size (None: the model's decode config); `nbest` > 1 gives each text a list of its
+        `nbest` best translations instead (at most `beam`). `options`: any other decoding field, named as
+        in DecodeConfig or as `multibranch translate`'s flags (lenpen=0.6, max_len_a=1.5, sampling=True,
+        temperature=0.7, seed=1, ...). An empty text translates to "".
+        """
+        lines, single = _as_list(texts, "translate")
+        decoder = self._with("translate", {"beam": beam, "nbest": nbest, **options})
+        if nbest == 1 and not decoder.cfg.sampling:
+            out: list[Any] = decoder.translate(lines)
+        else:
+            out = [[text for text, _ in entries] for entries in decoder.translate_nbest(lines, nbest)]
+        return out[0] if single else out
+
+    def score(self, texts: str | Sequence[str], references: str | Sequence[str], **options: Any) -> Any:
+        """Forced decoding, as `translate --score-reference`: how likely the model finds `references[i]` as
+        the translation of `texts[i]`. Per pair a ForcedScore (score = log_prob / length penalty, log_prob
+        = natural-log probability of the reference tokens with EOS, tokens = their count), None for an empty
+        text; one pair of strings gives one result."""
+        lines, single = _as_list(texts, "score")
+        refs, _ = _as_list(references, "score")
+        decoder = self._with("score", options)
+        out = decoder.score(lines, refs)
+        return out[0] if single else out
+
+    # ---- classification ----------------------------------------------------------------------------
+
+    @property
+    def labels(self) -> list[str]:
+        """A classifier's label names, in the order of its probabilities."""
+        if self.task != "classification" or self.config is None:
+            raise WrongTaskError(f"labels: {self._name} is a {self.task} model, not a classifier")
+        return label_names(self.config)
+
+    def classify(self, texts: str | tuple[str, str] | Sequence[str | tuple[str, str]], probs: bool = False,
+                 batch_size: int = 64) -> Any:
+        """Label one text (or one (a, b) pair for a sentence-pair classifier) or a list of them, as
+        `multibranch classify`: the label of each (an ensemble: argmax of the members' mean probabilities),
+        or with `probs` a {label: probability} dict; None for an empty text."""
+        if not self._members:
+            raise WrongTaskError(f"classify: {self._name} is a {self.task} model, not a classifier; use translate()")
+        if batch_size < 1:
+            raise UserError(f"batch_size {batch_size}: must be >= 1")
+        single = isinstance(texts, (str, tuple))
+        examples = [texts] if single else list(texts)  # type: ignore[list-item]
+        keep = [i for i, x in enumerate(examples) if not (isinstance(x, str) and not x.strip())]
+        total = None
+        for member in self._members:
+            check_examples(member.model, [examples[i] for i in keep], self._name)
+            p = classify_lines(member.model, member.tokenizer, [examples[i] for i in keep], self.device, batch_size)
+            total = p if total is None else total + p
+        labels = self.labels
+        out: list[Any] = [None] * len(examples)
+        if total is not None:
+            for row, i in enumerate(keep):
+                values = (total[row] / len(self._members)).tolist()
+                out[i] = (dict(zip(labels, values, strict=True)) if probs
+                          else labels[max(range(len(values)), key=values.__getitem__)])
+        return out[0] if single else out
+
+
+def load(path_or_paths: str | Path | Sequence[str | Path], device: str | torch.device = "cpu",
+         precision: str = "fp32", ensemble_mean: str = "prob", **decode: Any) -> Model:
+    """Load a checkpoint, a `convert export` directory or a `convert ct2` directory; several paths form an
+    ensemble (translation: the mean of the members' per-step distributions, `ensemble_mean` "prob" or
+    "log-prob"; classification: the mean of their probabilities). `device`: "cpu", "cuda", "cuda:N" or
+    "auto"; `precision`: "fp32", "int8", "bf16" or "fp16" as `translate --precision`; `decode`: fields of
+    the decode config to replace for every call (beam=4, lenpen=0.6, ...)."""
+    paths = [str(path_or_paths)] if isinstance(path_or_paths, (str, Path)) else [str(p) for p in path_or_paths]
+    if not paths:
+        raise UserError("load: give a checkpoint path (or several for an ensemble)")
+    if ensemble_mean not in ("prob", "log-prob"):
+        raise UserError(f"ensemble_mean {ensemble_mean!r}: choose 'prob' or 'log-prob'")
+    resolved = resolve_device(device) if isinstance(device, str) else device
+    with user_errors():
+        return Model(paths, resolved, precision, _decode_fields(decode), ensemble_mean)

@@ -1,0 +1,80 @@
+"""`fit` and `presets`: `multibranch train` and `multibranch info --list` for Python callers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from multibranch.api.model import user_errors
+from multibranch.commands.train import SHORTCUTS
+from multibranch.errors import ConfigError, UserError
+from multibranch.experiment import ExperimentConfig, list_presets, resolve_config, train_config
+from multibranch.tasks import train as run_training
+from multibranch.train.trainer import RunOptions
+
+__all__ = ["TrainResult", "fit", "presets"]
+
+
+def presets() -> list[str]:
+    """The named presets (`multibranch info --list`), for `fit`."""
+    return list_presets()
+
+
+@dataclass
+class TrainResult:
+    """What a `train` run leaves: its directory, checkpoints (None when not written), the last update and
+    the metrics of the last validation (loss, and bleu where measured)."""
+
+    run_dir: Path
+    best_checkpoint: Path | None
+    last_checkpoint: Path | None
+    step: int
+    valid: dict[str, Any]
+
+
+def _overrides(overrides: Mapping[str, Any]) -> list[str]:
+    """`key=value` override texts of dotted keys ("train.max_steps") and of the CLI's shortcuts (max_steps,
+    lr, warmup, ...: `multibranch train --max-steps`); ConfigError naming any other key."""
+    out = []
+    for name, value in overrides.items():
+        key = name if "." in name else SHORTCUTS.get(name)
+        if key is None:
+            raise ConfigError(f"unknown override {name!r}: give a dotted config key (train.max_steps=20, "
+                              f"model.encoder.branches=3) or a shortcut of `multibranch train`: "
+                              f"{', '.join(SHORTCUTS)}")
+        text = json.dumps(value) if isinstance(value, (bool, str, list, dict)) or value is None else str(value)
+        out.append(f"{key}={text}")
+    return out
+
+
+def fit(preset_or_config: str | Path | ExperimentConfig | None = None, data: str | Path | None = None,
+          out: str | Path | None = None, resume: bool = False, force: bool = False, device: str = "auto",
+          init_from: str | Path | None = None, stop_at_step: int | None = None, progress: bool = False,
+          **overrides: Any) -> TrainResult:
+    """Train a model as `multibranch train` does: a preset name, a YAML config file or an ExperimentConfig (None
+    with `resume`: the run's config.yaml), on the prepared data directory `data`, writing the run
+    directory `out`. An existing run is refused unless `force` (start over) or `resume` (continue exactly
+    from out/last.pt). `overrides`: dotted config keys (`**{"train.max_steps": 20}`) or the CLI's
+    shortcuts as keywords (max_steps=20, lr=5e-4, valid_every=100, seed=1, ...)."""
+    if data is None or out is None:
+        raise UserError("train: give data= (a directory made by `multibranch prepare`) and out= (the run directory)")
+    texts = _overrides(overrides)
+    if isinstance(preset_or_config, ExperimentConfig):
+        cfg = resolve_config(overrides=texts, base=preset_or_config.to_dict())
+    else:
+        name = None if preset_or_config is None else str(preset_or_config)
+        is_file = name is not None and Path(name).suffix in (".yaml", ".yml")
+        cfg = train_config(None if is_file else name, name if is_file else None, texts, out, resume=resume,
+                           init_from=init_from)
+    run_dir = Path(out)
+    opts = RunOptions(data_dir=Path(data), run_dir=run_dir, resume=resume, force=force,
+                      init_from=None if init_from is None else Path(init_from), device=device, progress=progress,
+                      stop_at_step=stop_at_step)
+    with user_errors({"--resume": "resume=True", "--force": "force=True"}):
+        state = run_training(cfg, opts)
+    best, last = run_dir / "best.pt", run_dir / "last.pt"
+    return TrainResult(run_dir, best if best.is_file() else None, last if last.is_file() else None, state.step,
+                       dict(state.last_valid))

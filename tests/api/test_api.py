@@ -1,0 +1,138 @@
+"""The Python API: load/translate/score/classify return what the CLI prints, fit trains as `multibranch train`,
+user errors are UserError subclasses, and the public names stay."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import multibranch
+
+SHORT = {"max_len_a": 0.0, "max_len_b": 8}  # as api_model decodes: at most 8 tokens, a fast test
+
+# the public surface: a name removed from multibranch.__all__ breaks users' code
+PUBLIC = ["CheckpointError", "ConfigError", "DataError", "ExistingFileError", "ExperimentConfig", "ForcedScore",
+          "MissingFileError", "Model", "TrainResult", "UserError", "WrongTaskError", "__version__", "fit",
+          "load", "presets"]
+
+
+def test_public_names_stay():
+    assert sorted(multibranch.__all__) == sorted(PUBLIC)
+    for name in PUBLIC:
+        assert getattr(multibranch, name) is not None
+    assert set(PUBLIC) <= set(dir(multibranch))
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        multibranch.nope  # noqa: B018
+
+
+def test_import_stays_light():
+    code = "import sys, multibranch; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_presets_are_the_cli_list():
+    from multibranch.experiment import list_presets
+
+    assert multibranch.presets() == list_presets() and "mat_base" in multibranch.presets() or multibranch.presets()
+
+
+def test_fit_result(api_run):
+    assert api_run.step == 8
+    assert api_run.last_checkpoint == api_run.run_dir / "last.pt" and api_run.last_checkpoint.is_file()
+    assert api_run.best_checkpoint is not None and api_run.best_checkpoint.is_file()
+    assert set(api_run.valid) >= {"loss"}
+
+
+def test_model_properties(api_model, api_run):
+    assert api_model.task == "translation"
+    assert isinstance(api_model.config, multibranch.ExperimentConfig)
+    assert api_model.config.train.max_steps == 8
+    from multibranch.tasks.translation.loading import load_translator
+
+    model = load_translator(api_run.last_checkpoint).model
+    assert api_model.parameters_count == sum(p.numel() for p in model.parameters())
+
+
+def test_translate_matches_the_translator(api_model, api_run, test_lines):
+    from multibranch.tasks.translation.loading import load_translator
+
+    translator = load_translator(api_run.last_checkpoint, beam=2, **SHORT)
+    expected = translator.translate(test_lines)
+    assert api_model.translate(test_lines, beam=2) == expected
+    assert api_model.translate(test_lines[0], beam=2) == expected[0]
+    assert api_model.translate("") == ""
+    nbest = api_model.translate(test_lines, beam=3, nbest=2)
+    assert [len(entries) for entries in nbest] == [2, 2, 2]
+    assert nbest == [[text for text, _ in entries] for entries in load_translator(
+        api_run.last_checkpoint, beam=3, **SHORT).translate_nbest(test_lines, 2)]
+    assert api_model.decode.beam == api_model.config.decode.beam  # a per-call beam changes no later call
+
+
+def test_score_is_forced_decoding(api_model, test_lines):
+    scores = api_model.score(test_lines + [""], test_lines + ["x"])
+    assert scores[-1] is None
+    assert all(s.log_prob < 0 and s.tokens > 0 for s in scores[:-1])
+    one = api_model.score(test_lines[0], test_lines[0])
+    assert one == scores[0]
+
+
+def test_ensemble_of_one_checkpoint_twice(api_run, api_model, test_lines):
+    pair = multibranch.load([api_run.last_checkpoint, api_run.last_checkpoint], beam=2, **SHORT)
+    assert pair.parameters_count == 2 * api_model.parameters_count
+    assert pair.translate(test_lines) == api_model.translate(test_lines, beam=2)  # same members: same outputs
+
+
+def test_sampling_with_seed_repeats(api_model, test_lines):
+    first = api_model.translate(test_lines, nbest=2, sampling=True, seed=3)
+    assert first == api_model.translate(test_lines, nbest=2, sampling=True, seed=3)
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda m, p: multibranch.load(p.parent / "missing.pt"), multibranch.CheckpointError, "checkpoint not found"),
+    (lambda m, p: m.classify("x"), multibranch.WrongTaskError, "is a translation model, not a classifier"),
+    (lambda m, p: m.labels, multibranch.WrongTaskError, "not a classifier"),
+    (lambda m, p: m.translate("x", bem=3), multibranch.ConfigError, "unknown decoding option 'bem'"),
+    (lambda m, p: m.translate("x", beam=2, nbest=3), multibranch.ConfigError, "nbest=3 must be between 1 and beam=2"),
+    (lambda m, p: m.translate(3), multibranch.UserError, "give a str or a list of str"),
+    (lambda m, p: multibranch.load(p, ensemble_mean="max"), multibranch.UserError, "choose 'prob' or 'log-prob'"),
+    (lambda m, p: multibranch.load([]), multibranch.UserError, "give a checkpoint path"),
+])
+def test_user_errors(api_model, api_run, call, error, message):
+    with pytest.raises(error, match=message):
+        call(api_model, api_run.last_checkpoint)
+
+
+def test_fit_refuses_an_existing_run_and_unknown_keys(api_run, tiny_data, tmp_path):
+    from tests.helpers.configs import tiny_experiment
+
+    with pytest.raises(multibranch.ExistingFileError, match="resume=True .*force=True") as info:
+        multibranch.fit(tiny_experiment(), data=tiny_data, out=api_run.run_dir, max_steps=8)
+    assert isinstance(info.value, FileExistsError)
+    with pytest.raises(multibranch.ConfigError, match="unknown override 'max_stepz'"):
+        multibranch.fit(tiny_experiment(), data=tiny_data, out=tmp_path / "run", max_stepz=8)
+    with pytest.raises(multibranch.ConfigError, match="max_stepz"):
+        multibranch.fit(tiny_experiment(), data=tiny_data, out=tmp_path / "run", **{"train.max_stepz": 8})
+    with pytest.raises(multibranch.ConfigError, match="unknown preset 'nosuch'"):
+        multibranch.fit("nosuch", data=tiny_data, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_fit_resumes_exactly(tiny_data, tmp_path, api_run):
+    """Paused at update 4 and resumed to 8: the weights of the straight 8-update run."""
+    from tests.helpers.configs import tiny_experiment
+
+    out = tmp_path / "run"
+    paused = multibranch.fit(tiny_experiment(), data=tiny_data, out=out, device="cpu", max_steps=8, valid_every=4,
+                             stop_at_step=4)
+    assert paused.step == 4
+    resumed = multibranch.fit(None, data=tiny_data, out=out, device="cpu", resume=True)
+    assert resumed.step == 8
+    a = torch.load(resumed.last_checkpoint, weights_only=True)["model"]
+    b = torch.load(api_run.last_checkpoint, weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in b)
