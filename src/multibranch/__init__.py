@@ -28,7 +28,7 @@ _EXPORTS = {
     "UserError": "multibranch.errors", "ConfigError": "multibranch.errors", "DataError": "multibranch.errors",
     "CheckpointError": "multibranch.errors",
 }
-_SUBMODULES: tuple[str, ...] = ()
+_SUBMODULES = ("layers",)
 
 __all__ = ["__version__", *sorted(_EXPORTS), *_SUBMODULES]
 

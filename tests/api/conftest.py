@@ -31,3 +31,11 @@ def test_lines(tiny_data) -> list[str]:
     """Three source lines of the synthetic test set."""
     raw = Path(tiny_data).parent / "raw" / "test.src"
     return raw.read_text(encoding="utf-8").splitlines()[:3]
+
+
+@pytest.fixture(scope="session")
+def api_classifier(tmp_path_factory) -> Path:
+    """best.pt of a tiny keyword classifier (labels colour / number / place)."""
+    from tests.helpers.classification import train_classifier
+
+    return train_classifier(tmp_path_factory.mktemp("api_classifier"))

@@ -15,7 +15,7 @@ SHORT = {"max_len_a": 0.0, "max_len_b": 8}  # as api_model decodes: at most 8 to
 
 # the public surface: a name removed from multibranch.__all__ breaks users' code
 PUBLIC = ["CheckpointError", "ConfigError", "DataError", "ExistingFileError", "ExperimentConfig", "ForcedScore",
-          "MissingFileError", "Model", "TrainResult", "UserError", "WrongTaskError", "__version__", "fit",
+          "MissingFileError", "Model", "TrainResult", "UserError", "WrongTaskError", "__version__", "fit", "layers",
           "load", "presets"]
 
 
@@ -136,3 +136,29 @@ def test_fit_resumes_exactly(tiny_data, tmp_path, api_run):
     a = torch.load(resumed.last_checkpoint, weights_only=True)["model"]
     b = torch.load(api_run.last_checkpoint, weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_classify_as_the_cli(api_classifier):
+    from multibranch.tasks.classification.inference import classify_text_lines
+    from tests.helpers.classification import TEXTS
+
+    model = multibranch.load(api_classifier)
+    assert model.task == "classification" and model.labels == ["colour", "number", "place"]
+    labels, probs = classify_text_lines([str(api_classifier)], TEXTS + [""])
+    expected = [None if p is None else labels[max(range(len(p)), key=p.__getitem__)] for p in probs]
+    assert model.classify(TEXTS + [""]) == expected
+    assert model.classify(TEXTS[0]) == expected[0]
+    with_probs = model.classify(TEXTS, probs=True)
+    flat = [p for d in with_probs for p in d.values()]
+    assert flat == pytest.approx([p for row in probs[:-1] for p in row])
+    assert all(list(d) == labels for d in with_probs)
+    pair = multibranch.load([api_classifier, api_classifier])  # an ensemble: the mean of equal members
+    assert [p for d in pair.classify(TEXTS, probs=True) for p in d.values()] == pytest.approx(flat)
+    with pytest.raises(multibranch.WrongTaskError, match="is a classification model, not a translation model"):
+        model.translate("red")
+    with pytest.raises(multibranch.WrongTaskError, match="not a translation model"):
+        model.score("red", "x")
+    with pytest.raises(multibranch.DataError, match="classifies single texts, not sentence pairs"):
+        model.classify([("red", "seven")])
+    with pytest.raises(multibranch.UserError, match="decodes nothing"):
+        multibranch.load(api_classifier, beam=3)
