@@ -5,7 +5,7 @@ The Python API (docs/python-api.md):
     import multibranch
     model = multibranch.load("run/best.pt")
     model.translate("ein Haus")
-    multibranch.fit("mat_base", data="data", out="run", max_steps=20)
+    multibranch.fit("mat-tiny", data="data", out="run", max_steps=20)
     from multibranch.layers import DropHead
 
 The names below are imported on first use: `import multibranch` (and so the CLI, which starts here) stays

@@ -39,7 +39,7 @@ def test_import_stays_light():
 def test_presets_are_the_cli_list():
     from multibranch.experiment import list_presets
 
-    assert multibranch.presets() == list_presets() and "mat_base" in multibranch.presets() or multibranch.presets()
+    assert multibranch.presets() == list_presets() and "mat-tiny" in multibranch.presets()
 
 
 def test_fit_result(api_run):

@@ -5,7 +5,7 @@
     model.translate("ein Haus")                           # -> "a house"
     model.translate(["a", "b"], beam=4, nbest=2)          # -> [["..", ".."], ["..", ".."]]
     model.score(["ein Haus"], ["a house"])                # forced decoding, as translate --score-reference
-    multibranch.fit("mat_base", data="data", out="run", max_steps=20)
+    multibranch.fit("mat-tiny", data="data", out="run", max_steps=20)
 
 A thin layer over the library: loading is `tasks.translation.loading` / `tasks.loading`, decoding the
 `Translator` (or `Ct2Translator`), labelling `tasks.classification.inference`, training `tasks.train` with
