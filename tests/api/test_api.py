@@ -91,6 +91,8 @@ def test_ensemble_of_one_checkpoint_twice(api_run, api_model, test_lines):
 def test_sampling_with_seed_repeats(api_model, test_lines):
     first = api_model.translate(test_lines, nbest=2, sampling=True, seed=3)
     assert first == api_model.translate(test_lines, nbest=2, sampling=True, seed=3)
+    assert [len(samples) for samples in first] == [2, 2, 2]
+    assert isinstance(api_model.translate(test_lines[0], sampling=True, seed=3), str)  # nbest 1: the text itself
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [
@@ -162,3 +164,27 @@ def test_classify_as_the_cli(api_classifier):
         model.classify([("red", "seven")])
     with pytest.raises(multibranch.UserError, match="decodes nothing"):
         multibranch.load(api_classifier, beam=3)
+
+
+def test_export_and_ctranslate2_directories(api_run, api_model, test_lines, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from multibranch.checkpoint.export import export
+    from multibranch.checkpoint.format import load_checkpoint
+    from multibranch.convert.ct2 import export_ct2
+    from multibranch.tasks.translation.ct2 import Ct2Translator
+
+    payload = load_checkpoint(api_run.last_checkpoint)
+    export(payload, tmp_path / "export")
+    exported = multibranch.load(tmp_path / "export", max_len_a=0.0, max_len_b=8)
+    assert exported.translate(test_lines) == api_model.translate(test_lines)
+    ct2 = multibranch.load(export_ct2(payload, tmp_path / "ct2"), max_len_a=0.0, max_len_b=8)
+    assert ct2.task == "translation" and ct2.config is None and ct2.parameters_count is None
+    direct = Ct2Translator(tmp_path / "ct2", beam=2, **SHORT)  # what `translate --ckpt DIR` decodes with
+    assert ct2.translate(test_lines, beam=2) == direct.translate(test_lines)
+    assert ct2.translate(test_lines[0], beam=2, nbest=2) == [text for text, _ in direct.translate_nbest(test_lines, 2)[0]]
+    assert ct2.score(test_lines[0], test_lines[1]).log_prob == pytest.approx(
+        api_model.score(test_lines[0], test_lines[1]).log_prob, abs=1e-3)
+    with pytest.raises(multibranch.UserError, match="CTranslate2 directory, which cannot be an ensemble member"):
+        multibranch.load([tmp_path / "ct2", api_run.last_checkpoint])
+    with pytest.raises(multibranch.UserError, match="decodes with the quantization it was converted with"):
+        multibranch.load(tmp_path / "ct2", precision="int8")

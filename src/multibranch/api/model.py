@@ -109,7 +109,7 @@ class Model:
                 raise UserError(f"precision {precision!r}: {paths[0]} is a CTranslate2 directory, which decodes "
                                 "with the quantization it was converted with (`multibranch convert ct2 "
                                 "--quantization int8`)")
-            self._ct2 = Ct2Translator(paths[0], device, **decode)
+            self._ct2 = Ct2Translator(paths[0], device, threads=0, **decode)  # 0: CTranslate2's choice
             self.config: ExperimentConfig | None = None
             self.task = "translation"
             self.parameters_count: int | None = None
@@ -169,7 +169,7 @@ class Model:
         if not fields:
             return decoder
         if isinstance(decoder, Ct2Translator):
-            return Ct2Translator(self.paths[0], self.device, **{**self._ct2_fields(), **fields})
+            return Ct2Translator(self.paths[0], self.device, threads=0, **{**self._ct2_fields(), **fields})
         cfg = dataclasses.replace(decoder.cfg, **fields)
         cfg.validate()
         return Translator(decoder.model, decoder.tokenizer, cfg, self.device)
@@ -189,7 +189,7 @@ class Model:
         """
         lines, single = _as_list(texts, "translate")
         decoder = self._with("translate", {"beam": beam, "nbest": nbest, **options})
-        if nbest == 1 and not decoder.cfg.sampling:
+        if nbest == 1:
             out: list[Any] = decoder.translate(lines)
         else:
             out = [[text for text, _ in entries] for entries in decoder.translate_nbest(lines, nbest)]
