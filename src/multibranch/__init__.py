@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "load": "multibranch.api", "Model": "multibranch.api", "ForcedScore": "multibranch.api",
-    "fit": "multibranch.api", "TrainResult": "multibranch.api", "presets": "multibranch.api",
+    "fit": "multibranch.api", "TrainResult": "multibranch.api", "presets": "multibranch.api", "prepare": "multibranch.api",
     "WrongTaskError": "multibranch.api", "MissingFileError": "multibranch.api", "ExistingFileError": "multibranch.api",
     "ExperimentConfig": "multibranch.experiment",
     "UserError": "multibranch.errors", "ConfigError": "multibranch.errors", "DataError": "multibranch.errors",

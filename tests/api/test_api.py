@@ -16,7 +16,7 @@ SHORT = {"max_len_a": 0.0, "max_len_b": 8}  # as api_model decodes: at most 8 to
 # the public surface: a name removed from multibranch.__all__ breaks users' code
 PUBLIC = ["CheckpointError", "ConfigError", "DataError", "ExistingFileError", "ExperimentConfig", "ForcedScore",
           "MissingFileError", "Model", "TrainResult", "UserError", "WrongTaskError", "__version__", "fit", "layers",
-          "load", "presets"]
+          "load", "prepare", "presets"]
 
 
 def test_public_names_stay():
@@ -188,3 +188,21 @@ def test_export_and_ctranslate2_directories(api_run, api_model, test_lines, tmp_
         multibranch.load([tmp_path / "ct2", api_run.last_checkpoint])
     with pytest.raises(multibranch.UserError, match="decodes with the quantization it was converted with"):
         multibranch.load(tmp_path / "ct2", precision="int8")
+
+
+def test_prepare_as_the_command(tiny_data, tmp_path):
+    import json
+
+    raw = tiny_data.parent / "raw"
+    meta = multibranch.prepare(raw / "train", tmp_path / "data", src="src", tgt="tgt", valid=raw / "valid",
+                               test=[raw / "test"], vocab_size=200)
+    expected = json.loads((tiny_data / "data.json").read_text(encoding="utf-8"))  # made by the library directly
+    assert meta["splits"] == expected["splits"] and meta["vocab_size"] == expected["vocab_size"]
+    with pytest.raises(multibranch.DataError, match="exists and is not empty; pass force=True to replace it"):
+        multibranch.prepare(raw / "train", tmp_path / "data", src="src", tgt="tgt", valid=raw / "valid")
+    with pytest.raises(multibranch.ConfigError, match="unknown option 'vocab'"):
+        multibranch.prepare(raw / "train", tmp_path / "other", vocab=200)
+    with pytest.raises(multibranch.ConfigError, match="invalid choice: 'spell'"):
+        multibranch.prepare(raw / "train", tmp_path / "other", task="spell")
+    with pytest.raises(multibranch.UserError, match="required: --src, --tgt, --valid"):
+        multibranch.prepare(raw / "train", tmp_path / "other")

@@ -5,14 +5,17 @@
     model.translate("ein Haus")                           # -> "a house"
     model.translate(["a", "b"], beam=4, nbest=2)          # -> [["..", ".."], ["..", ".."]]
     model.score(["ein Haus"], ["a house"])                # forced decoding, as translate --score-reference
+    multibranch.prepare("raw/train", "data", src="de", tgt="en", valid="raw/valid")
     multibranch.fit("mat-tiny", data="data", out="run", max_steps=20)
 
 A thin layer over the library: loading is `tasks.translation.loading` / `tasks.loading`, decoding the
 `Translator` (or `Ct2Translator`), labelling `tasks.classification.inference`, training `tasks.train` with
 the config `experiment.train_config` builds. Whatever a user can get wrong raises a `UserError` subclass
-with the CLI's message. docs/python-api.md shows it in use.
+with the CLI's message. Training is `fit`, not `train`: `multibranch.train` is the trainer's package.
+docs/python-api.md shows it in use.
 """
 
+from multibranch.api.data import prepare
 from multibranch.api.model import (
            ExistingFileError,
            ForcedScore,
@@ -24,4 +27,4 @@ from multibranch.api.model import (
 from multibranch.api.training import TrainResult, fit, presets
 
 __all__ = ["ExistingFileError", "ForcedScore", "MissingFileError", "Model", "TrainResult", "WrongTaskError", "fit",
-           "load", "presets"]
+           "load", "prepare", "presets"]

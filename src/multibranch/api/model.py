@@ -51,15 +51,18 @@ class ExistingFileError(UserError, FileExistsError):
 @contextmanager
 def user_errors(rename: Mapping[str, str] | None = None) -> Iterator[None]:
     """FileNotFoundError / FileExistsError raised inside, as the UserError subclasses above (still the same
-    OSError types); `rename` replaces the CLI's flag names in their messages with the API's arguments."""
+    OSError types); `rename` replaces the CLI's flag names in their messages (and in UserErrors') with the
+    API's arguments."""
     try:
         yield
-    except (FileNotFoundError, FileExistsError) as err:
-        if isinstance(err, UserError):
-            raise
+    except (UserError, FileNotFoundError, FileExistsError) as err:
         message = str(err)
         for flag, argument in (rename or {}).items():
             message = message.replace(flag, argument)
+        if isinstance(err, UserError):
+            if message == str(err):
+                raise
+            raise type(err)(message) from None
         kind = MissingFileError if isinstance(err, FileNotFoundError) else ExistingFileError
         raise kind(message) from None
 
