@@ -206,3 +206,25 @@ def test_prepare_as_the_command(tiny_data, tmp_path):
         multibranch.prepare(raw / "train", tmp_path / "other", task="spell")
     with pytest.raises(multibranch.UserError, match="required: --src, --tgt, --valid"):
         multibranch.prepare(raw / "train", tmp_path / "other")
+
+
+def test_a_sentence_pair_classifier_prepared_trained_and_used_through_the_api(tmp_path):
+    from multibranch.tasks.classification.inference import classify_text_lines
+    from tests.helpers.classification import classifier_experiment, synthetic_lines
+
+    rows = [line.rstrip("\n").split("\t") for line in synthetic_lines(90, seed=4)]
+    (tmp_path / "pairs.tsv").write_text("".join(f"{label}\t{text}\tand {text}\n" for label, text in rows),
+                                        encoding="utf-8")
+    meta = multibranch.prepare(tmp_path / "pairs.tsv", tmp_path / "data", task="classification", holdout=0.2,
+                               text_column=["1", "2"], header="no", vocab_size=60)
+    assert meta["labels"] == ["colour", "number", "place"]
+    run = multibranch.fit(classifier_experiment(), data=tmp_path / "data", out=tmp_path / "run", max_steps=2,
+                          valid_every=2, device="cpu")
+    model = multibranch.load(run.last_checkpoint)
+    examples = [("red of it", "and red of it"), ("seven a", "and seven a")]
+    _, probs = classify_text_lines([str(run.last_checkpoint)], [f"{a}\t{b}" for a, b in examples])
+    got = model.classify(examples, probs=True)
+    assert [p for d in got for p in d.values()] == pytest.approx([p for row in probs for p in row])
+    assert model.classify(examples[0]) == model.classify([list(examples[0])])[0]  # one pair; a pair as a list
+    with pytest.raises(multibranch.DataError, match="classifies sentence pairs"):
+        model.classify("red of it")

@@ -121,8 +121,11 @@ class Model:
         first = load_model(paths[0], device)
         self.config, self.task = first.config, first.config.task
         if self.task in TRANSLATION_TASKS:
-            del first  # the ensemble loader reads every member, the first included, with the same checks
-            loaded = load_ensemble(paths, device, task=TRANSLATION_TASKS, mean=ensemble_mean)
+            if len(paths) == 1:
+                loaded = first  # what the ensemble loader gives for one path
+            else:  # it reads every member, the first again, and checks they fit together
+                del first
+                loaded = load_ensemble(paths, device, task=TRANSLATION_TASKS, mean=ensemble_mean)
             if loaded.tokenizer is None:
                 raise CheckpointError(f"{self._name} has no tokenizer, so it cannot translate raw text")
             cfg = dataclasses.replace(loaded.config.decode, **decode)
@@ -227,8 +230,10 @@ class Model:
             raise WrongTaskError(f"classify: {self._name} is a {self.task} model, not a classifier; use translate()")
         if batch_size < 1:
             raise UserError(f"batch_size {batch_size}: must be >= 1")
-        single = isinstance(texts, (str, tuple))
-        examples = [texts] if single else list(texts)  # type: ignore[list-item]
+        single = isinstance(texts, str) or (isinstance(texts, tuple) and len(texts) == 2
+                                            and all(isinstance(t, str) for t in texts))
+        items = [texts] if single else list(texts)  # type: ignore[list-item]
+        examples = [tuple(x) if isinstance(x, list) else x for x in items]  # a pair as a list too
         keep = [i for i, x in enumerate(examples) if not (isinstance(x, str) and not x.strip())]
         total = None
         for member in self._members:
