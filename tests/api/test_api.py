@@ -88,6 +88,17 @@ def test_ensemble_of_one_checkpoint_twice(api_run, api_model, test_lines):
     assert pair.translate(test_lines) == api_model.translate(test_lines, beam=2)  # same members: same outputs
 
 
+def test_int8_keeps_the_count_and_options_equal_to_the_config_reuse_the_decoder(api_run, api_model, test_lines):
+    from multibranch.modules.packed_linear import int8_supported
+
+    if not int8_supported():
+        pytest.skip("this CPU's PyTorch has no int8 linear layers")
+    int8 = multibranch.load(api_run.last_checkpoint, precision="int8", max_len_a=0.0, max_len_b=8)
+    assert int8.parameters_count == api_model.parameters_count
+    assert len(int8.translate(test_lines)) == 3
+    assert api_model._with("translate", {"nbest": 1, "beam": api_model.decode.beam}) is api_model._translator
+
+
 def test_sampling_with_seed_repeats(api_model, test_lines):
     first = api_model.translate(test_lines, nbest=2, sampling=True, seed=3)
     assert first == api_model.translate(test_lines, nbest=2, sampling=True, seed=3)

@@ -130,9 +130,9 @@ class Model:
                 raise CheckpointError(f"{self._name} has no tokenizer, so it cannot translate raw text")
             cfg = dataclasses.replace(loaded.config.decode, **decode)
             cfg.validate()
+            self.parameters_count = sum(p.numel() for p in loaded.model.parameters())  # as trained, any precision
             model = for_decoding(loaded.model, precision, in_place=True)
             self._translator = Translator(model, loaded.tokenizer, cfg, device)
-            self.parameters_count = sum(p.numel() for p in loaded.model.parameters())
         else:
             if decode:
                 raise UserError(f"decoding options {sorted(decode)}: {self._name} is a {self.task} model, which "
@@ -171,7 +171,7 @@ class Model:
     def _with(self, method: str, options: Mapping[str, Any]) -> Translator | Ct2Translator:
         """The decoder, or (per-call options given) one with those decode fields replaced."""
         decoder = self._decoder(method)
-        fields = {k: v for k, v in _decode_fields(options).items() if v is not None}
+        fields = {k: v for k, v in _decode_fields(options).items() if v is not None and v != getattr(decoder.cfg, k)}
         if not fields:
             return decoder
         if isinstance(decoder, Ct2Translator):
