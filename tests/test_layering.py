@@ -25,13 +25,14 @@ FLOORS = [
     "__init__",  # the version
     "errors", "atomic", "json_file", "config", "device", "schedules", "hooks", "cpu_kernels",
     "checkpoint", "data", "evaluate", "modules", "models", "experiment", "figures",
-    "inference", "train", "tasks", "convert", "analysis", "serve",
-    "arguments", "commands", "cli", "__main__",
+    "inference", "train", "tasks", "convert", "analysis", "serve", "layers",
+    "arguments", "commands", "api", "cli", "__main__",
 ]
 # optional extras and slow imports, imported where they are used
 LAZY_ALLOWED = ("transformers", "ctranslate2", "fastapi", "uvicorn", "starlette", "prometheus_client",
                 "matplotlib", "tensorboard", "torch.utils.tensorboard", "tokenizers", "scipy",
-                "torch.utils.cpp_extension")  # the last imports setuptools (0.1 s), needed only to build/load cpu_kernels
+                "torch.utils.cpp_extension",  # imports setuptools (0.1 s), needed only to build/load cpu_kernels
+                "fcntl")  # POSIX only: cpu_kernels builds without its lock where it is missing
 LAZY_EXEMPT_ROOMS = ("commands", "cli")
 
 

@@ -167,7 +167,7 @@ def _import_built(name: str, directory: Path) -> ModuleType:
 
 def _build(name: str, directory: Path) -> ModuleType:
     """Compile the library into `directory` (the caller holds the build lock) and mark it complete."""
-    from torch.utils import cpp_extension
+    import torch.utils.cpp_extension as cpp_extension
 
     # PyTorch's own lock file, without an owner: under our lock, one found here was left by a killed build and
     # would make PyTorch wait for ever

@@ -69,8 +69,11 @@ class ServerProcess:
         import queue
         import subprocess
 
+        # Ctrl-C restored to its default in the server: a test run started in the background (`cmd &` without
+        # job control) ignores SIGINT, and its children would inherit that
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                        env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"})
+                                        env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
+                                        preexec_fn=_default_sigint)
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -138,3 +141,9 @@ class ServerProcess:
                 self.process.kill()
                 self.process.wait(STOP_TIMEOUT_S)
         self.reader.join(STOP_TIMEOUT_S)  # the pipe ends with the process (or with a child that kept it open)
+
+
+def _default_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

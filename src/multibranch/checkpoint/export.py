@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import sentencepiece as spm
 from safetensors.torch import load_file, save
 from torch import Tensor
 
@@ -148,8 +149,6 @@ def load_export(directory: str | Path) -> dict[str, Any]:
 
 def _check_spm(path: Path, proto: bytes) -> None:
     """CheckpointError naming `path` unless `proto` loads as a SentencePiece model."""
-    import sentencepiece as spm
-
     try:
         spm.SentencePieceProcessor().LoadFromSerializedProto(proto)
     except (RuntimeError, OSError):
