@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import signal
 import stat
@@ -30,6 +31,11 @@ from multibranch.errors import UserError
 
 TMP_SUFFIX = ".tmp"
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, `timeout`, systemd, docker, SLURM) while the CLI runs: a KeyboardInterrupt, so
+    every cleanup that a Ctrl-C runs runs for it too; the CLI ends it with exit status 143 (128 + 15)."""
 
 
 class DiskFullError(UserError):
@@ -56,16 +62,17 @@ def full_disk_error(path: str | Path, cause: OSError) -> DiskFullError:
                          "location) and run again")
 
 
-def _interrupted_by(error: BaseException) -> bool:
-    """True if a KeyboardInterrupt is `error` or hides in its chain (torch.save wraps it in a RuntimeError)."""
+def _interrupted_by(error: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (or Terminated) that is `error` or hides in its chain (torch.save wraps it in a
+    RuntimeError); None if there is none."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, KeyboardInterrupt):
-            return True
+            return current
         current = current.__cause__ or current.__context__
-    return False
+    return None
 
 
 @contextlib.contextmanager
@@ -84,30 +91,45 @@ def reporting_full_disk(path: str | Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def deferred_interrupt() -> Iterator[None]:
-    """Hold back Ctrl-C (SIGINT) until the block is done, then raise KeyboardInterrupt: a save that has
-    started finishes (and stays whole) before the program stops. A second Ctrl-C inside the block
+    """Hold back Ctrl-C (SIGINT), and SIGTERM where a handler for it is set (the CLI sets one), until the
+    block is done, then let the signal act (KeyboardInterrupt, or the CLI's Terminated): a save that has
+    started finishes (and stays whole) before the program stops. A second signal inside the block
     interrupts at once (`atomic_write` then removes its temporary, so the target stays as it was).
     Outside the main thread (where signal handlers cannot be set) the block runs unprotected."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list[int] = []
+    previous: dict[int, Any] = {}
 
     def hold(signum: int, frame: Any) -> None:
         if pending:
-            raise KeyboardInterrupt
+            _deliver(signum, previous.get(signum))
         pending.append(signum)
 
     try:
-        previous = signal.signal(signal.SIGINT, hold)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(signum)
+            if callable(handler):  # a default or ignored signal stays so
+                previous[signum] = handler
+                signal.signal(signum, hold)
     except ValueError:  # not the main interpreter
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if pending:
+        _deliver(pending[0], previous.get(pending[0]))
+
+
+def _deliver(signum: int, handler: Any) -> None:
+    """Run the handler that a held signal would have run (Python's SIGINT handler raises KeyboardInterrupt)."""
+    if callable(handler):
+        handler(signum, None)
+    else:
         raise KeyboardInterrupt
 
 
@@ -171,8 +193,9 @@ def _raise_plain(error: BaseException, path: Path) -> None:
     """Re-raise a wrapped KeyboardInterrupt as itself and a full disk as a DiskFullError; else return."""
     if isinstance(error, (KeyboardInterrupt, DiskFullError)):
         return
-    if _interrupted_by(error):
-        raise KeyboardInterrupt from None
+    interrupt = _interrupted_by(error)
+    if interrupt is not None:
+        raise type(interrupt)(*interrupt.args) from None
     cause = full_disk_cause(error)
     if cause is not None:
         raise full_disk_error(path, cause) from error
@@ -205,6 +228,39 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
     for path in stale_temporaries(directory):
         path.unlink(missing_ok=True)
         removed.append(path)
+    return removed
+
+
+def _temporary_names(name: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The names of this module's temporaries for an output called `name`: the files of `atomic_write`
+    (`.NAME.<random>.tmp`) and the directories of `atomic_directory` (`.NAME.tmp-<random>`); and the
+    directory that holds a replaced output until the new one is in place (`.NAME.old-<random>`)."""
+    random = "[a-z0-9_]{8}"  # what tempfile puts in a name
+    escaped = re.escape(name)
+    return (re.compile(rf"\.{escaped}\.(?:{random}{re.escape(TMP_SUFFIX)}|tmp-{random})"),
+            re.compile(rf"\.{escaped}\.old-{random}"))
+
+
+def remove_stale_output_temporaries(out: str | Path) -> list[Path]:
+    """Delete what a killed writer of `out` left beside it: the temporaries that `atomic_write` and
+    `atomic_directory` name after `out` (nothing else), and a replaced output's `.old-` directory once `out`
+    is in place again (without `out`, that directory may hold the only copy and stays). Returns what was
+    removed. Only call this where no other process is writing `out` at the same time.
+    """
+    out = Path(out)
+    temporary, old = _temporary_names(out.name)
+    try:
+        siblings = sorted(out.parent.iterdir()) if out.name else []
+    except OSError:  # no such directory (yet), or not readable: nothing of ours there
+        return []
+    removed = []
+    for path in siblings:
+        if temporary.fullmatch(path.name) or (old.fullmatch(path.name) and out.exists()):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
     return removed
 
 

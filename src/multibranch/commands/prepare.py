@@ -119,9 +119,23 @@ DEFAULTS = {"holdout": None, "format": "auto", "header": "auto", "label_column":
             "spm_model": None, "spm_model_tgt": None, "pretokenized": False, "dict": None, "dict_tgt": None}
 
 
+def remove_stale_temporaries(out: str) -> None:
+    """Remove what a killed `prepare` left beside OUT (`.OUT.tmp-*`, see `atomic_directory`), with one log line."""
+    import logging
+
+    from multibranch.atomic import remove_stale_output_temporaries
+
+    removed = remove_stale_output_temporaries(out)
+    if removed:
+        logging.getLogger("multibranch.prepare").warning(
+            "removed %d temporary file(s) or folder(s) left by an interrupted run: %s", len(removed),
+            ", ".join(str(p) for p in removed))
+
+
 def run(args: argparse.Namespace) -> int:
     from multibranch.errors import UserError
 
+    remove_stale_temporaries(args.out)
     if args.task == "classify":
         wrong = _given(args, TRANSLATION_ONLY + CODE_ONLY + TRANSLATION_SCALE, DEFAULTS)
         if wrong:

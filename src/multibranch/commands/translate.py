@@ -268,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
     interactive = _is_interactive(args)
     _check_arguments(args, interactive)
     pairs = _check_output(args, interactive)
+    if args.output != "-":
+        _remove_stale_temporaries(args.output)
     device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -292,6 +294,17 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--alignment-layer: {err}") from None
     with loaded_objects_frozen():
         return _translate(args, translator, render, interactive, pairs)
+
+
+def _remove_stale_temporaries(output: str) -> None:
+    """Remove the temporaries a killed run left beside the -o FILE (`.FILE.<random>.tmp`), with one log line."""
+    from multibranch.atomic import remove_stale_output_temporaries
+
+    removed = remove_stale_output_temporaries(output)
+    if removed:
+        logger.warning(
+            "removed %d temporary file(s) left by an interrupted run: %s", len(removed),
+            ", ".join(str(p) for p in removed))
 
 
 def _translate(args: argparse.Namespace, translator, render, interactive: bool,  # noqa: ANN001

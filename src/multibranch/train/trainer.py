@@ -528,7 +528,8 @@ class Trainer:
                 "tokenizer": self.tokenizer.to_state(), "meta": self._meta()}
         training = {"state": self.state.__dict__.copy(), "optimizer": optimizer_state_to_save(self.optimizer),
                     "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None, "rng": rngs}
-        with deferred_interrupt():  # Ctrl-C: the save finishes first, then the clean "interrupted" exit
+        self._saving = True  # stays set if a signal stops the save: `_stop_on_interrupt` then saves nothing more
+        with deferred_interrupt():  # Ctrl-C/SIGTERM: the save finishes first, then the clean "interrupted" exit
             save_checkpoint(self.run_dir / "last.pt", {**base, "training": training})  # first: resume needs it
             save_checkpoint(self.run_dir / "checkpoints" / f"step_{self.state.step:08d}.pt", base)
             if improved:
@@ -536,6 +537,7 @@ class Trainer:
             kept = sorted((self.run_dir / "checkpoints").glob("step_*.pt"))
             for old in kept[: max(len(kept) - self.cfg.train.keep_last, 0)]:
                 old.unlink()
+        self._saving = False
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -604,39 +606,64 @@ class Trainer:
         shown: dict[str, str] = {}
         start = time.perf_counter()
         stop = self._stop_reason(start)
-        with self._progress_bar() as progress:
-            while stop is None:
-                if t.max_epochs is not None and s.epoch > t.max_epochs:
-                    stop = f"reached max_epochs={t.max_epochs}"
-                    break
-                batches = self._epoch_batches(s.epoch)
-                while s.batch_in_epoch < len(batches) and stop is None:
-                    group = batches[s.batch_in_epoch : s.batch_in_epoch + t.update_freq]
-                    tick = time.perf_counter()
-                    stats = self._update([self._collate(ix) for ix in group])
-                    s.batch_in_epoch += len(group)
-                    window["time"] += time.perf_counter() - tick
-                    window["size"] += stats["size"]
-                    if s.step % t.log_every == 0:
-                        record = self._log_train(window, stats["lr"], start)
-                        window = self._empty_window()
-                        shown = {"loss": f"{record['loss']:.3f}"}  # the bar shows the last log interval's loss
-                    if progress is not None:
-                        progress.update(1)
-                        progress.set_postfix(**shown, lr=f"{stats['lr']:.2e}",
-                                             **self._budget_left(s.elapsed + time.perf_counter() - start))
-                    if s.step % t.valid_every == 0:
-                        self._validate_and_save(start)
-                        start = time.perf_counter()
-                    stop = self._stop_reason(start)
-                if s.batch_in_epoch >= len(batches):
-                    s.epoch += 1
-                    s.batch_in_epoch = 0
-        if self._saved_at != s.step:
-            self._validate_and_save(start)
+        self._saving = self._mid_update = False
+        try:
+            with self._progress_bar() as progress:
+                while stop is None:
+                    if t.max_epochs is not None and s.epoch > t.max_epochs:
+                        stop = f"reached max_epochs={t.max_epochs}"
+                        break
+                    batches = self._epoch_batches(s.epoch)
+                    while s.batch_in_epoch < len(batches) and stop is None:
+                        group = batches[s.batch_in_epoch : s.batch_in_epoch + t.update_freq]
+                        tick = time.perf_counter()
+                        self._mid_update = True
+                        with deferred_interrupt():  # Ctrl-C/SIGTERM: the update (and its log) finishes, then
+                            stats = self._update([self._collate(ix) for ix in group])  # last.pt is saved
+                            s.batch_in_epoch += len(group)
+                            window["time"] += time.perf_counter() - tick
+                            window["size"] += stats["size"]
+                            if s.step % t.log_every == 0:
+                                record = self._log_train(window, stats["lr"], start)
+                                window = self._empty_window()
+                                shown = {"loss": f"{record['loss']:.3f}"}  # the bar shows the last interval's loss
+                            self._mid_update = False
+                        if progress is not None:
+                            progress.update(1)
+                            progress.set_postfix(**shown, lr=f"{stats['lr']:.2e}",
+                                                 **self._budget_left(s.elapsed + time.perf_counter() - start))
+                        if s.step % t.valid_every == 0:
+                            self._validate_and_save(start)
+                            start = time.perf_counter()
+                        stop = self._stop_reason(start)
+                    if s.batch_in_epoch >= len(batches):
+                        s.epoch += 1
+                        s.batch_in_epoch = 0
+            if self._saved_at != s.step:
+                self._validate_and_save(start)
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM from the CLI (Terminated)
+            self._stop_on_interrupt(interrupt, start)
+            raise
         log.info("training stopped at update %d: %s", s.step, stop)
         D.shutdown(self.dist)
         return s
+
+    def _stop_on_interrupt(self, interrupt: KeyboardInterrupt, start: float) -> None:
+        """Ctrl-C or SIGTERM between updates: save last.pt (unless it is current) and raise the interrupt
+        again, saying where to resume. Nothing is saved where the state is not whole (a second signal
+        during an update, or one that stopped a save or a validation: the previous last.pt stays) nor with several
+        processes (each would have to stop at the same update to save together)."""
+        s = self.state
+        if self._mid_update or self._saving or self.dist.world_size > 1:
+            return
+        if s.step % self.cfg.train.valid_every == 0 and self._saved_at != s.step:
+            return  # stopped before this update's validation was recorded: an exact resume goes back to last.pt
+        if self._saved_at != s.step:
+            s.elapsed += time.perf_counter() - start
+            self.save(improved=False)
+            self._saved_at = s.step
+        log.info("training interrupted at update %d; last.pt saved", s.step)
+        raise type(interrupt)(f"interrupted at update {s.step}; continue with --resume") from None
 
     @staticmethod
     def _empty_window() -> dict[str, float]:
