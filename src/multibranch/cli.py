@@ -7,8 +7,8 @@ The CLI only parses and reports; the work is done by library functions.
 from __future__ import annotations
 
 import argparse
-import importlib
 import contextlib
+import importlib
 import logging
 import os
 import signal
