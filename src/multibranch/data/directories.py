@@ -100,17 +100,17 @@ def output_kind(path: str | Path) -> str | None:
     return OTHER_FILE if path.exists() or path.is_symlink() else None
 
 
-def _refusal(path: str | Path, found: str, kind: str, option: str, error: type[UserError] = UserError) -> UserError:
-    return error(f"{option} {path} is a {found}, not a {kind}; --force replaces only output of its own kind; "
+def _refusal(path: str | Path, found: str, kind: str, option: str) -> UserError:
+    return UserError(f"{option} {path} is a {found}, not a {kind}; --force replaces only output of its own kind; "
                      f"choose another {option}")
 
 
-def refuse_replacing(path: str | Path, kind: str, option: str = "--out", error: type[UserError] = UserError) -> None:
-    """`error` (a UserError: one CLI line) unless `path` is absent, an empty directory, or recognisably of
-    `kind` (with or without --force: what `--force` may then replace is only output of its own kind)."""
+def refuse_replacing(path: str | Path, kind: str, option: str = "--out") -> None:
+    """UserError (one line) unless `path` is absent, an empty directory, or recognisably of `kind`
+    (with or without --force: what `--force` may then replace is only output of its own kind)."""
     found = output_kind(path)
     if found is not None and found not in (EMPTY, kind):
-        raise _refusal(path, found, kind, option, error)
+        raise _refusal(path, found, kind, option)
 
 
 def refuse_other_kind(path: str | Path, kind: str, option: str = "--out") -> None:

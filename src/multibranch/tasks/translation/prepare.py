@@ -307,7 +307,10 @@ def _prefixes_in(directory: Path, cfg: PrepareConfig) -> str:
 def check_out_dir(cfg: PrepareConfig, out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a directory; choose another --out")
-    if cfg.force and out.is_dir() and any(out.iterdir()):
+    refuse_replacing(out, DATA)
+    if out.is_dir() and any(out.iterdir()):
+        if not cfg.force:
+            raise DataError(f"{out}: output directory exists and is not empty; pass --force to replace it")
         resolved = out.resolve()
         for _, prefix in cfg.splits():
             for path in cfg.input_files(prefix):
@@ -315,9 +318,6 @@ def check_out_dir(cfg: PrepareConfig, out: Path) -> None:
                     raise DataError(
                         f"{out}: refusing --force because input {path} is inside it; choose another --out"
                     )
-    refuse_replacing(out, DATA, error=DataError)  # --force replaces only prepared data
-    if out.is_dir() and any(out.iterdir()) and not cfg.force:
-        raise DataError(f"{out}: output directory exists and is not empty; pass --force to replace it")
 
 
 def require_valid_pairs(cfg: PrepareConfig, valid: Split | int) -> None:
