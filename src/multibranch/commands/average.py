@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import save_checkpoint
     from multibranch.convert.average import average_checkpoints, select_checkpoints
     from multibranch.convert.payload import refuse_overwrite
-    from multibranch.data.directories import CHECKPOINT, is_run_checkpoint, refuse_replacing
+    from multibranch.data.directories import is_run_checkpoint
     from multibranch.data.text import check_output_file
     from multibranch.errors import UserError
 
@@ -46,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
     if is_run_checkpoint(args.out) or is_run_checkpoint(Path(args.out).resolve()):
         raise UserError(f"--out {args.out}: is the last.pt of a training run, which --resume continues from; "
                         "write the average to another file")
-    refuse_replacing(args.out, CHECKPOINT)
     refuse_overwrite(args.out, args.force)
     if args.ckpts:
         paths = select_checkpoints(paths=args.ckpts)

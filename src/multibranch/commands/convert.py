@@ -103,10 +103,8 @@ def _proximal(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
     from multibranch.convert.payload import refuse_overwrite
     from multibranch.convert.proximal import proximal_init
-    from multibranch.data.directories import CHECKPOINT, refuse_replacing
     from multibranch.data.text import check_output_file
 
-    refuse_replacing(args.out, CHECKPOINT)
     refuse_overwrite(args.out, args.force)
     check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     layer: dict[str, object] = {}
@@ -134,10 +132,8 @@ def _fold(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
     from multibranch.convert.fold import fold_mat
     from multibranch.convert.payload import refuse_overwrite
-    from multibranch.data.directories import CHECKPOINT, refuse_replacing
     from multibranch.data.text import check_output_file
 
-    refuse_replacing(args.out, CHECKPOINT)
     refuse_overwrite(args.out, args.force)
     check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     payload = fold_mat(load_checkpoint(args.ckpt), source=str(args.ckpt))
@@ -152,9 +148,7 @@ def _from_hf(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import save_checkpoint
     from multibranch.convert.hf_marian import import_marian
     from multibranch.convert.payload import refuse_overwrite
-    from multibranch.data.directories import CHECKPOINT, refuse_replacing
 
-    refuse_replacing(args.out, CHECKPOINT)
     refuse_overwrite(args.out, args.force)
     payload = import_marian(args.model_dir, use_tokenizer=not args.no_tokenizer)
     save_checkpoint(args.out, payload)
@@ -167,10 +161,8 @@ def _from_hf_bert(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import save_checkpoint
     from multibranch.convert.hf_bert import import_bert
     from multibranch.convert.payload import refuse_overwrite
-    from multibranch.data.directories import CHECKPOINT, refuse_replacing
     from multibranch.data.text import check_output_file
 
-    refuse_replacing(args.out, CHECKPOINT)
     refuse_overwrite(args.out, args.force)
     check_output_file(args.out, [], parent_must_exist=False)
     labels = [name.strip() for name in args.labels.split(",")] if args.labels is not None else None

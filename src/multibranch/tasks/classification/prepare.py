@@ -53,7 +53,7 @@ import sentencepiece
 from multibranch import __version__
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
-from multibranch.data.directories import DATA, refuse_replacing
+from multibranch.data.directories import DATA, refuse_other_kind
 from multibranch.data.text import write_lines
 from multibranch.data.tokenizer import HFTokenizer, Tokenizer
 from multibranch.errors import DataError
@@ -214,7 +214,7 @@ def _check_paths(cfg: ClassifyPrepareConfig, out: Path) -> None:
         raise DataError(f"input file(s) not found: {', '.join(missing)}")
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a directory; choose another --out")
-    refuse_replacing(out, DATA)
+    refuse_other_kind(out, DATA)
     if out.is_dir() and any(out.iterdir()):
         if not cfg.force:
             raise DataError(f"{out}: output directory exists and is not empty; pass --force to replace it")
