@@ -8,14 +8,17 @@ data/tokenizer.py builds tokenizers from these; export directories store the sam
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a tensor is made: a worker that only encodes text stays light
+    import torch
 
 HF_ID_NAMES = ("vocab_size", "pad", "bos", "eos", "unk")
 
 
 def _bytes_tensor(data: bytes) -> torch.Tensor:
+    import torch
+
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
@@ -37,6 +40,8 @@ def hf_ids_valid(ids: dict[str, Any]) -> bool:
 
 def hf_state(tokenizer_json: bytes, ids: dict[str, int]) -> dict[str, torch.Tensor]:
     """A Hugging Face tokenizer.json with its model's special ids (HF_ID_NAMES; unk -1: none)."""
+    import torch
+
     return {"hf_json": _bytes_tensor(tokenizer_json),
             "hf_ids": torch.tensor([ids[name] for name in HF_ID_NAMES], dtype=torch.int64)}
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sentencepiece as spm
-import torch
 
 from multibranch.checkpoint.tokenizer_state import (
     HF_ID_NAMES,
@@ -32,6 +31,9 @@ from multibranch.checkpoint.tokenizer_state import (
     spm_state,
 )
 from multibranch.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 # The model_prefix of a vocabulary over pre-tokenised BPE text (data/vocabulary.py): decoding joins `@@ `.

@@ -11,7 +11,7 @@ the corpus: two passes stream the files.
 2. The vocabulary: SentencePiece trained on that sample (default), an existing SentencePiece model
    (`--spm-model`, data/vocabulary.py keeps its ids), or the words of pre-tokenised BPE text
    (`--pretokenized`, from a fairseq `dict.txt` or counted).
-3. Encode: chunk by chunk in `workers` processes (tasks/translation/encoding.py); training pairs
+3. Encode: chunk by chunk in `workers` processes (data/encoding.py); training pairs
    longer than `max_len` subword tokens, or whose lengths differ by more than `max_len_ratio` (plus a
    small allowance for short sentences), are dropped. Validation and test pairs are references and are
    never length-filtered. Every drop is counted by reason in `data.json` and `report.md`.
@@ -60,7 +60,7 @@ from multibranch.data.text import ParallelChunk, ParallelText, count_lines, iter
 from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from multibranch.data.vocabulary import adapt_spm_model, count_words, ranked_words, read_dict, word_model
 from multibranch.errors import DataError
-from multibranch.tasks.translation.encoding import ChunkEncoder, LengthFilter
+from multibranch.data.encoding import ChunkEncoder, LengthFilter
 from multibranch.tasks.translation.shards import SIDES, SplitWriter, shard_files
 
 FORMAT = "multibranch-data"

@@ -110,6 +110,18 @@ def _encode_in_worker(src: list[str], tgt: list[str], filters: LengthFilter | No
     return encode_chunk(_WORKER["tokenizer"], src, tgt, filters)
 
 
+def _worker_context() -> Any:
+    """Workers start from a fork server: a single-threaded process that has imported this module once.
+    Forking the caller itself is unsafe once it runs threads (a server's engine, a progress bar's monitor):
+    a child can inherit a lock held by a thread it does not have and hang before its first chunk, where a
+    Python signal handler never runs and `Pool.terminate` then waits for it forever."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
 class ChunkEncoder:
     """`encode_chunk` over a stream of chunks in `workers` processes (a context manager).
 
@@ -126,9 +138,7 @@ class ChunkEncoder:
 
     def __enter__(self) -> ChunkEncoder:
         if self.workers > 1:
-            methods = multiprocessing.get_all_start_methods()
-            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            self.pool = context.Pool(self.workers, initializer=_start_worker,
+            self.pool = _worker_context().Pool(self.workers, initializer=_start_worker,
                                      initargs=(self.tokenizer.src_proto, self.tokenizer.tgt_proto))
         return self
 

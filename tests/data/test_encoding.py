@@ -1,0 +1,54 @@
+"""The encoding workers of `prepare`: started from a fork server, so a caller running threads (a server's
+engine, a progress bar's monitor) cannot hand a worker a lock that no thread of the worker will release;
+and the module they import stays free of torch, so starting them costs a fraction of a second."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import sentencepiece as spm
+
+from multibranch.data.encoding import ChunkEncoder, LengthFilter, encode_chunk
+from multibranch.data.text import ParallelChunk
+from multibranch.data.tokenizer import Tokenizer
+
+
+def _tokenizer(tmp_path) -> Tokenizer:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"a house number {i} stands by the river\n" for i in range(200)), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "spm"), vocab_size=40,
+                                   pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
+    proto = (tmp_path / "spm.model").read_bytes()
+    return Tokenizer(proto, proto)
+
+
+def test_workers_are_not_forked_from_a_caller_that_holds_a_lock(tmp_path):
+    tokenizer = _tokenizer(tmp_path)
+    held, release = threading.Lock(), threading.Event()
+    holder = threading.Thread(target=lambda: (held.acquire(), release.wait(), held.release()))
+    holder.start()
+    try:
+        chunks = [ParallelChunk(src=[f"house {i}", ""], tgt=[f"river {i}", "x"], first_line=2 * i + 1)
+                  for i in range(6)]
+        filters = LengthFilter(max_len=50, max_len_ratio=None, ratio_allowance=0)
+        with ChunkEncoder(tokenizer, workers=2) as encoder:
+            parents = {encoder.pool.apply(os.getppid) for _ in range(4)}
+            results = list(encoder.map(chunks, filters))
+    finally:
+        release.set()
+        holder.join()
+    assert os.getpid() not in parents  # the workers' parent is the fork server, not this process
+    for chunk, encoded in results:  # in order, and what one process computes
+        alone = encode_chunk(tokenizer, chunk.src, chunk.tgt, filters)
+        assert encoded.keep.tolist() == alone.keep.tolist() == [True, False]
+        for side in ("src", "tgt"):
+            assert [a.tolist() for a in encoded.encoded[side]] == [a.tolist() for a in alone.encoded[side]]
+
+
+def test_the_worker_module_imports_without_torch():
+    probe = "import sys, multibranch.data.encoding; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
