@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import save_checkpoint
     from multibranch.convert.average import average_checkpoints, select_checkpoints
     from multibranch.convert.payload import refuse_overwrite
-    from multibranch.data.directories import is_run_checkpoint
+    from multibranch.data.directories import CHECKPOINT, is_run_checkpoint, refuse_replacing
     from multibranch.data.text import check_output_file
     from multibranch.errors import UserError
 
@@ -46,12 +46,13 @@ def run(args: argparse.Namespace) -> int:
     if is_run_checkpoint(args.out) or is_run_checkpoint(Path(args.out).resolve()):
         raise UserError(f"--out {args.out}: is the last.pt of a training run, which --resume continues from; "
                         "write the average to another file")
-    refuse_overwrite(args.out, args.force)
     if args.ckpts:
         paths = select_checkpoints(paths=args.ckpts)
     else:
         paths = select_checkpoints(args.run, last=args.last, best=args.best, upper_bound=args.upper_bound)
     check_output_file(args.out, [str(p) for p in paths], parent_must_exist=False)
+    refuse_replacing(args.out, CHECKPOINT)
+    refuse_overwrite(args.out, args.force)
     payload = average_checkpoints(paths, force=args.force)
     save_checkpoint(args.out, payload)
     print(f"wrote {args.out}: average of {len(paths)} checkpoints: {', '.join(str(p) for p in paths)}")

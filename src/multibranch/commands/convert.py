@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="standard or MAT checkpoint (or exported directory)")
     p.add_argument("--out", required=True, help="output directory (written beside it, then swapped in)")
     p.add_argument("--quantization", default="float32", metavar="TYPE",
-                   help="CTranslate2 weight type: float32 (default), int8, int8_float32, int16, float16, ... "
+                   help="CTranslate2 weight type: float32, int8, int8_float32, int16, float16, ... "
                         "(checked against the list in multibranch.convert.ct2)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.set_defaults(convert_run=_ct2)
@@ -103,8 +103,10 @@ def _proximal(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
     from multibranch.convert.payload import refuse_overwrite
     from multibranch.convert.proximal import proximal_init
+    from multibranch.data.directories import CHECKPOINT, refuse_replacing
     from multibranch.data.text import check_output_file
 
+    refuse_replacing(args.out, CHECKPOINT)
     refuse_overwrite(args.out, args.force)
     check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     layer: dict[str, object] = {}
@@ -132,10 +134,12 @@ def _fold(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
     from multibranch.convert.fold import fold_mat
     from multibranch.convert.payload import refuse_overwrite
+    from multibranch.data.directories import CHECKPOINT, refuse_replacing
     from multibranch.data.text import check_output_file
 
-    refuse_overwrite(args.out, args.force)
     check_output_file(args.out, [args.ckpt], parent_must_exist=False)
+    refuse_replacing(args.out, CHECKPOINT)
+    refuse_overwrite(args.out, args.force)
     payload = fold_mat(load_checkpoint(args.ckpt), source=str(args.ckpt))
     save_checkpoint(args.out, payload)
     conv = payload["meta"]["conversion"]
@@ -148,7 +152,9 @@ def _from_hf(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import save_checkpoint
     from multibranch.convert.hf_marian import import_marian
     from multibranch.convert.payload import refuse_overwrite
+    from multibranch.data.directories import CHECKPOINT, refuse_replacing
 
+    refuse_replacing(args.out, CHECKPOINT)
     refuse_overwrite(args.out, args.force)
     payload = import_marian(args.model_dir, use_tokenizer=not args.no_tokenizer)
     save_checkpoint(args.out, payload)
@@ -161,10 +167,12 @@ def _from_hf_bert(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import save_checkpoint
     from multibranch.convert.hf_bert import import_bert
     from multibranch.convert.payload import refuse_overwrite
+    from multibranch.data.directories import CHECKPOINT, refuse_replacing
     from multibranch.data.text import check_output_file
 
-    refuse_overwrite(args.out, args.force)
     check_output_file(args.out, [], parent_must_exist=False)
+    refuse_replacing(args.out, CHECKPOINT)
+    refuse_overwrite(args.out, args.force)
     labels = [name.strip() for name in args.labels.split(",")] if args.labels is not None else None
     payload = import_bert(args.model_dir, labels=labels, num_labels=args.num_labels, seed=args.seed)
     save_checkpoint(args.out, payload)

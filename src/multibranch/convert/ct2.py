@@ -52,6 +52,7 @@ from multibranch.checkpoint.format import CT2_SETTINGS_FILE, CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat, fold_output
 from multibranch.convert.payload import check_out_dir, experiment_config, token_strings
+from multibranch.data.directories import CT2
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.modules.merge import merge_constant
 from multibranch.modules.positions import sinusoidal_table
@@ -104,7 +105,7 @@ def export_ct2(
     swapped in whole, so a failure leaves any previous `out_dir` as it was."""
     where = source or "checkpoint"
     out = Path(out_dir)
-    check_out_dir(out, force, source)
+    check_out_dir(out, force, source, CT2)
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     cfg = experiment_config(payload)

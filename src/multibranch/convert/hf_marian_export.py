@@ -37,6 +37,7 @@ from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_output
 from multibranch.convert.payload import check_out_dir, experiment_config, token_strings
+from multibranch.data.directories import HF
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.models import ModelConfig
 from multibranch.modules.merge import merge_constant
@@ -59,7 +60,7 @@ def export_marian(payload: dict[str, Any], out_dir: str | Path, *, force: bool =
     validated before the disk is touched; the folder is built beside `out_dir` and swapped in whole."""
     where = source or "checkpoint"
     out = Path(out_dir)
-    check_out_dir(out, force, source)
+    check_out_dir(out, force, source, HF)
     cfg = experiment_config(payload)
     if cfg.task != "translation":
         raise ConfigError(f"{where} is a {TASK_NAMES.get(cfg.task, cfg.task)} model; `convert to-hf` writes "

@@ -1,48 +1,124 @@
-"""What an existing output directory holds, so that `--force` replaces only a directory of its own kind.
+"""What an existing output holds, so that `--force` replaces only output of its own kind.
 
-    prepared data       data.json                         (`prepare`)
-    training run        config.yaml, last.pt, best.pt, checkpoints/   (`train`)
-    analysis report     index.md                          (`analyze ...`, `plot`)
+Directories, recognised by their marker files:
+    prepared data         data.json of a prepared format                 (`prepare`)
+    training run          config.yaml, last.pt, best.pt, checkpoints/    (`train`)
+    analysis report       index.md                                       (`analyze ...`, `plot`)
+    CTranslate2 model     model.bin + config.json                        (`convert ct2`)
+    release export        config.json of format multibranch-export       (`convert export`)
+    Hugging Face model    config.json with a model_type                  (`convert to-hf`)
+Files:
+    multibranch checkpoint  a torch.save archive of format multibranch-checkpoint (`average`, `convert ...`)
 
-`--force` lets `prepare` replace a data directory, `train` start over in a run directory and `analyze`
-write into a report folder (or into a directory of none of these kinds, e.g. a few notes); it never lets
-one command destroy or litter another's output: `prepare --out RUN --force` would delete a run's
-checkpoints, `train --out DATA --force` would write a run into prepared data.
+The one rule (`refuse_replacing`): an existing output may be replaced (with --force) only when it is
+an empty directory or recognisably of the kind the command writes; anything else (another command's
+output, a folder of notes, a text file) is refused with one line naming what it is, and nothing is
+changed. `refuse_other_kind` is the looser check of commands that write into a directory without
+deleting what is there (`analyze` into a folder of notes): it refuses only another recognised kind.
 """
 
 from __future__ import annotations
 
+import json
+import zipfile
 from pathlib import Path
 
-from multibranch.checkpoint.format import RUN_DIR_MARKERS
+from multibranch.checkpoint.export import CONFIG_FILE, EXPORT_FORMAT
+from multibranch.checkpoint.format import CT2_SETTINGS_FILE, RUN_DIR_MARKERS
+from multibranch.checkpoint.payload import FORMAT as CHECKPOINT_FORMAT
 from multibranch.data.meta import META_FILE
 from multibranch.errors import UserError
 
 REPORT_INDEX = "index.md"
 RUN_CONFIG = "config.yaml"
+CT2_WEIGHTS = "model.bin"
+DATA_FORMATS = ("multibranch-data", "multibranch-classification-data")  # translation/code, classification
 
 DATA, RUN, REPORT = "prepared data directory", "training run directory", "analysis report folder"
-_MARKERS = {DATA: (META_FILE,), RUN: (RUN_CONFIG, *RUN_DIR_MARKERS), REPORT: (REPORT_INDEX,)}
-_MAKERS = {DATA: "multibranch prepare", RUN: "multibranch train", REPORT: "multibranch analyze"}
+CT2, EXPORT, HF = "CTranslate2 model directory", "release export directory", "Hugging Face model folder"
+CHECKPOINT = "multibranch checkpoint"
+OTHER_DIRECTORY, OTHER_FILE = "directory of other files", "file that is not a multibranch checkpoint"
+EMPTY = "empty directory"
+DIRECTORY_KINDS = (DATA, RUN, REPORT, CT2, EXPORT, HF)
+_JSON_LIMIT = 1 << 20  # marker JSON files are small; a larger one is not a marker
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in `path`, or {} when it is missing, too large or not a JSON object."""
+    try:
+        if not path.is_file() or path.stat().st_size > _JSON_LIMIT:
+            return {}
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def directory_kind(path: str | Path) -> str | None:
-    """DATA, RUN or REPORT for a directory holding that kind's marker file; None otherwise."""
+    """One of DIRECTORY_KINDS for a directory holding that kind's marker files; None otherwise."""
     path = Path(path)
     if not path.is_dir():
         return None
-    for kind, markers in _MARKERS.items():
-        if any((path / name).exists() for name in markers):
-            return kind
+    if _json_object(path / META_FILE).get("format") in DATA_FORMATS:
+        return DATA
+    if any((path / name).exists() for name in (RUN_CONFIG, *RUN_DIR_MARKERS)):
+        return RUN
+    if (path / REPORT_INDEX).exists():
+        return REPORT
+    config = path / CONFIG_FILE
+    if ((path / CT2_WEIGHTS).is_file() and config.is_file()) or (path / CT2_SETTINGS_FILE).is_file():
+        return CT2
+    meta = _json_object(config)
+    if meta.get("format") == EXPORT_FORMAT:
+        return EXPORT
+    if isinstance(meta.get("model_type"), str):
+        return HF
     return None
 
 
+def is_checkpoint_file(path: str | Path) -> bool:
+    """True for a file written by `save_checkpoint`: a torch.save zip archive whose pickle names the
+    multibranch checkpoint format (read without unpickling or loading any tensor)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [name for name in archive.namelist() if name.endswith("/data.pkl") or name == "data.pkl"]
+            return bool(pickles) and CHECKPOINT_FORMAT.encode() in archive.read(pickles[0])
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError):
+        return False
+
+
+def output_kind(path: str | Path) -> str | None:
+    """What `path` is: None when it does not exist, EMPTY for an empty directory, one of DIRECTORY_KINDS,
+    CHECKPOINT, or OTHER_DIRECTORY / OTHER_FILE for anything unrecognised."""
+    path = Path(path)
+    if path.is_dir():
+        if not any(path.iterdir()):
+            return EMPTY
+        return directory_kind(path) or OTHER_DIRECTORY
+    if path.is_file():
+        return CHECKPOINT if is_checkpoint_file(path) else OTHER_FILE
+    return OTHER_FILE if path.exists() or path.is_symlink() else None
+
+
+def _refusal(path: str | Path, found: str, kind: str, option: str, error: type[UserError] = UserError) -> UserError:
+    return error(f"{option} {path} is a {found}, not a {kind}; --force replaces only output of its own kind; "
+                     f"choose another {option}")
+
+
+def refuse_replacing(path: str | Path, kind: str, option: str = "--out", error: type[UserError] = UserError) -> None:
+    """`error` (a UserError: one CLI line) unless `path` is absent, an empty directory, or recognisably of
+    `kind` (with or without --force: what `--force` may then replace is only output of its own kind)."""
+    found = output_kind(path)
+    if found is not None and found not in (EMPTY, kind):
+        raise _refusal(path, found, kind, option, error)
+
+
 def refuse_other_kind(path: str | Path, kind: str, option: str = "--out") -> None:
-    """UserError if `path` is an existing directory of another kind than `kind` (with or without --force)."""
+    """UserError if `path` is an existing directory of another recognised kind than `kind` (with or without
+    --force); a directory of none of the kinds passes (for commands that only add files to it)."""
     found = directory_kind(path)
     if found is not None and found != kind:
-        raise UserError(f"{option} {path}: is a {found} (made by `{_MAKERS[found]}`), not a {kind}; "
-                        "--force replaces only its own kind of output; choose another directory")
+        raise _refusal(path, found, kind, option)
 
 
 def is_run_checkpoint(path: str | Path, name: str = "last.pt") -> bool:

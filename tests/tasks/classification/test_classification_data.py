@@ -284,11 +284,16 @@ def test_refuses_to_overwrite_without_force(tmp_path, raw):
     out = tmp_path / "data"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
+    for force in (False, True):  # a directory of other files is never replaced
+        with pytest.raises(DataError, match="is a directory of other files, not a prepared data directory"):
+            prepare_classification(_cfg(tmp_path, force=force))
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    prepare_classification(_cfg(tmp_path))
     with pytest.raises(DataError, match="exists and is not empty; pass --force"):
         prepare_classification(_cfg(tmp_path))
-    assert (out / "keep.txt").read_text() == "mine"
     prepare_classification(_cfg(tmp_path, force=True))
-    assert not (out / "keep.txt").exists() and (out / "data.json").is_file()
+    assert (out / "data.json").is_file()
     inside = out / "train.tsv"
     inside.write_bytes((tmp_path / "train.tsv").read_bytes())
     with pytest.raises(DataError, match="refusing --force because input"):

@@ -155,12 +155,17 @@ def test_docstring_errors_flag_is_code_only(corpus, capsys):
     assert "--docstring-errors: not for --task translate" in _error(capsys)
 
 
-def test_existing_output_needs_force(corpus, capsys):
+def test_existing_output_needs_force_and_other_files_are_kept(corpus, capsys):
     (corpus / "data").mkdir()
     (corpus / "data" / "keep.txt").write_text("x")
-    assert main(prepare_args(corpus)) == 2
+    assert main(prepare_args(corpus, "--holdout", "5", "--force")) == 2
+    assert "is a directory of other files, not a prepared data directory" in _error(capsys)
+    assert [p.name for p in (corpus / "data").iterdir()] == ["keep.txt"]
+    (corpus / "data" / "keep.txt").unlink()
+    assert main(prepare_args(corpus, "--holdout", "5")) == 0
+    assert main(prepare_args(corpus, "--holdout", "5")) == 2
     assert "pass --force" in _error(capsys)
-    assert (corpus / "data" / "keep.txt").exists()
+    assert main(prepare_args(corpus, "--holdout", "5", "--force")) == 0
 
 
 def test_source_line_folds_whitespace():

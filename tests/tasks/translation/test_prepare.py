@@ -196,28 +196,39 @@ def test_unequal_line_counts_and_missing_files(tmp_path, corpus):
 
 def test_existing_out_dir_refused_then_replaced_with_force(tmp_path, corpus):
     out = tmp_path / "data"
+    prepare(_cfg(tmp_path))
+    first = (out / "data.json").read_text()
+    with pytest.raises(DataError, match="pass --force"):
+        prepare(_cfg(tmp_path))
+    assert (out / "data.json").read_text() == first
+    prepare(_cfg(tmp_path, force=True, vocab_size=90))
+    assert (out / "data.json").read_text() != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "raw"]
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_directory_of_other_files_is_never_replaced(tmp_path, corpus, force):
+    out = tmp_path / "data"
     out.mkdir()
     (out / "old.txt").write_text("old")
-    with pytest.raises(DataError, match="--force"):
-        prepare(_cfg(tmp_path))
-    assert (out / "old.txt").exists()
-    prepare(_cfg(tmp_path, force=True))
-    assert not (out / "old.txt").exists() and (out / "data.json").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "raw"]
+    with pytest.raises(DataError, match="is a directory of other files, not a prepared data directory; "
+                                        "--force replaces only output of its own kind"):
+        prepare(_cfg(tmp_path, force=force))
+    assert [p.name for p in out.iterdir()] == ["old.txt"]
 
 
 def test_failure_with_force_keeps_old_dir_and_leaves_no_partial_dir(tmp_path, corpus, monkeypatch):
     out = tmp_path / "data"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
+    prepare(_cfg(tmp_path))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(prepare_module, "_report", boom)
     with pytest.raises(RuntimeError, match="disk full"):
-        prepare(_cfg(tmp_path, force=True))
-    assert [p.name for p in out.iterdir()] == ["old.txt"]
+        prepare(_cfg(tmp_path, force=True, vocab_size=90))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "raw"]
 
 

@@ -53,7 +53,7 @@ import sentencepiece
 from multibranch import __version__
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
-from multibranch.data.directories import DATA, refuse_other_kind
+from multibranch.data.directories import DATA, refuse_replacing
 from multibranch.data.text import write_lines
 from multibranch.data.tokenizer import HFTokenizer, Tokenizer
 from multibranch.errors import DataError
@@ -214,13 +214,13 @@ def _check_paths(cfg: ClassifyPrepareConfig, out: Path) -> None:
         raise DataError(f"input file(s) not found: {', '.join(missing)}")
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a directory; choose another --out")
-    refuse_other_kind(out, DATA)
-    if out.is_dir() and any(out.iterdir()):
-        if not cfg.force:
-            raise DataError(f"{out}: output directory exists and is not empty; pass --force to replace it")
+    if cfg.force and out.is_dir() and any(out.iterdir()):
         for _, path in cfg.input_files():
             if path.resolve().is_relative_to(out):
                 raise DataError(f"{out}: refusing --force because input {path} is inside it; choose another --out")
+    refuse_replacing(out, DATA, error=DataError)  # --force replaces only prepared data
+    if out.is_dir() and any(out.iterdir()) and not cfg.force:
+        raise DataError(f"{out}: output directory exists and is not empty; pass --force to replace it")
 
 
 def _from_file(name: str, read: LabeledText) -> _Split:

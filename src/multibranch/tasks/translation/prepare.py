@@ -55,7 +55,7 @@ from tqdm import tqdm
 from multibranch import __version__
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
-from multibranch.data.directories import DATA, refuse_other_kind
+from multibranch.data.directories import DATA, refuse_replacing
 from multibranch.data.text import ParallelChunk, ParallelText, count_lines, iter_parallel
 from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from multibranch.data.vocabulary import adapt_spm_model, count_words, ranked_words, read_dict, word_model
@@ -307,10 +307,7 @@ def _prefixes_in(directory: Path, cfg: PrepareConfig) -> str:
 def check_out_dir(cfg: PrepareConfig, out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a directory; choose another --out")
-    refuse_other_kind(out, DATA)
-    if out.is_dir() and any(out.iterdir()):
-        if not cfg.force:
-            raise DataError(f"{out}: output directory exists and is not empty; pass --force to replace it")
+    if cfg.force and out.is_dir() and any(out.iterdir()):
         resolved = out.resolve()
         for _, prefix in cfg.splits():
             for path in cfg.input_files(prefix):
@@ -318,6 +315,9 @@ def check_out_dir(cfg: PrepareConfig, out: Path) -> None:
                     raise DataError(
                         f"{out}: refusing --force because input {path} is inside it; choose another --out"
                     )
+    refuse_replacing(out, DATA, error=DataError)  # --force replaces only prepared data
+    if out.is_dir() and any(out.iterdir()) and not cfg.force:
+        raise DataError(f"{out}: output directory exists and is not empty; pass --force to replace it")
 
 
 def require_valid_pairs(cfg: PrepareConfig, valid: Split | int) -> None:
