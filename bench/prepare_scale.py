@@ -53,8 +53,12 @@ def peak_rss_mb() -> float:
 
 
 def worker_peak_rss_mb() -> float:
-    """The largest peak RSS of this process's finished children (prepare's encoding workers). They are
-    forked copies, so most of their pages (the interpreter, torch) are shared with the parent's."""
+    """The largest peak RSS among prepare's finished encoding workers. They are children of the
+    multiprocessing fork server (a small process that imported only the encoding module), so they count
+    in this process's RUSAGE_CHILDREN once the server has been stopped and waited for."""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()  # no public way to stop it; the next pool starts a new one
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
 
 
