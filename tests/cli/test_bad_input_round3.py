@@ -153,11 +153,12 @@ def exported(tiny_checkpoint, tmp_path_factory) -> Path:
     return out
 
 
-def test_export_with_a_truncated_sentencepiece_model_is_refused_by_name(exported, tmp_path):
+@pytest.mark.parametrize("cut", [100, 2000, -50])  # some cuts still parse as a (smaller) SentencePiece model
+def test_export_with_a_truncated_sentencepiece_model_is_refused_by_name(exported, tmp_path, cut):
     broken = tmp_path / "model"
     shutil.copytree(exported, broken)
     spm = next(p for p in broken.iterdir() if p.suffix == ".model")
-    spm.write_bytes(spm.read_bytes()[:100])
+    spm.write_bytes(spm.read_bytes()[:cut])
     source = tmp_path / "in.txt"
     source.write_text("sagun nivnikib rapzubfo\n")
     before = snapshot(broken)
@@ -167,13 +168,14 @@ def test_export_with_a_truncated_sentencepiece_model_is_refused_by_name(exported
     assert snapshot(broken) == before and not (tmp_path / "out.txt").exists()
 
 
-def test_ct2_directory_with_a_truncated_sentencepiece_model_is_refused_by_name(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("cut", [100, 2000, -50])
+def test_ct2_directory_with_a_truncated_sentencepiece_model_is_refused_by_name(tiny_checkpoint, tmp_path, cut):
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'multibranch[ct2]')")
     directory = tmp_path / "ct2"
     done = cli("convert", "ct2", "--ckpt", tiny_checkpoint, "--out", directory)
     assert done.returncode == 0, done.stderr
     spm = next(p for p in directory.iterdir() if p.suffix == ".model")
-    spm.write_bytes(spm.read_bytes()[:100])
+    spm.write_bytes(spm.read_bytes()[:cut])
     source = tmp_path / "in.txt"
     source.write_text("sagun nivnikib rapzubfo\n")
     before = snapshot(directory)

@@ -3,7 +3,7 @@
     OUT/model.safetensors     the state dict; a tensor shared by several keys (tied embeddings) is
                               stored once, the other keys are listed in config.json "tied_weights"
     OUT/config.json           format + version, the resolved ExperimentConfig, tied weights, key
-                              order, tokenizer file names, meta (step, validation scores, ...)
+                              order, tokenizer file names and their sha256, meta (step, validation scores, ...)
     OUT/sentencepiece.model   joint vocabulary, or OUT/source.model + OUT/target.model, or
     OUT/tokenizer.json        a Hugging Face tokenizer (imported BERT/RoBERTa; its ids in config.json)
 
@@ -14,6 +14,7 @@ config is written as given: convert/export.py validates it first (this layer kno
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,8 @@ def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False)
                 written.append(_write_bytes(out / SOURCE_SPM, src_proto))
                 written.append(_write_bytes(out / TARGET_SPM, tgt_proto))
 
+    if tokenizer_files is not None:  # checked on loading: a truncated or changed vocabulary is named, not decoded
+        tokenizer_files["sha256"] = recorded_sha256(written[1:])
     document = {
         "format": EXPORT_FORMAT,
         "format_version": EXPORT_VERSION,
@@ -126,6 +129,7 @@ def load_export(directory: str | Path) -> dict[str, Any]:
         for path in paths:
             if not path.is_file():
                 raise CheckpointError(f"{directory} is incomplete: missing {path.name}")
+            check_recorded_sha256(path, files.get("sha256") or {})
         if "hf" in files:
             ids = files.get("ids") or {}
             if not hf_ids_valid(ids):
@@ -145,6 +149,20 @@ def load_export(directory: str | Path) -> dict[str, Any]:
         "tokenizer": tokenizer,
         "meta": document.get("meta") or {},
     }
+
+
+def recorded_sha256(paths: list[Path]) -> dict[str, str]:
+    """{file name: sha256 of its bytes}: what an export or CTranslate2 directory records of its vocabulary."""
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in paths}
+
+
+def check_recorded_sha256(path: Path, recorded: dict[str, str]) -> None:
+    """CheckpointError naming `path` when its bytes differ from the checksum its directory recorded
+    (directories written before checksums were recorded have none, and pass)."""
+    expected = recorded.get(path.name)
+    if expected is not None and recorded_sha256([path])[path.name] != expected:
+        raise CheckpointError(f"{path}: differs from the file this directory was exported with (truncated or "
+                              "changed); export the checkpoint again")
 
 
 def _check_spm(path: Path, proto: bytes) -> None:

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from multibranch.atomic import atomic_directory
-from multibranch.checkpoint.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM
+from multibranch.checkpoint.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM, recorded_sha256
 from multibranch.checkpoint.format import CT2_SETTINGS_FILE, CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat, fold_output
@@ -136,7 +136,8 @@ def export_ct2(
             "quantization": quantization,
             "model_kind": "MAT, folded into N_a*M heads" if folded else "standard transformer",
             "decode": asdict(cfg.decode),
-            "tokenizer": _tokenizer_files(tokenizer),
+            "tokenizer": {**_tokenizer_files(tokenizer),
+                          "sha256": recorded_sha256(sorted({tmp / name for name in _tokenizer_files(tokenizer).values()}))},
             "max_positions": None if cfg.model.relative_positions > 0 else cfg.model.max_positions,
             "note": "pass translate_options(decode) from multibranch.tasks.translation.ct2 to translate_batch to "
                     "reproduce multibranch's beam search (return_end_token=True: the length penalty counts EOS, as "

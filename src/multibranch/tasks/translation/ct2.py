@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from multibranch.checkpoint.export import check_recorded_sha256
 from multibranch.checkpoint.format import CT2_SETTINGS_FILE
 from multibranch.config import ConfigError
 from multibranch.data.tokenizer import Tokenizer
@@ -130,6 +131,8 @@ class Ct2Translator:
             raise CheckpointError(f"{settings_path}: incomplete or foreign settings ({type(err).__name__}: {err}); "
                                   "convert the checkpoint again") from None
         check_ct2_directory(self.root, [src_file.name, tgt_file.name])
+        for path in {src_file, tgt_file}:
+            check_recorded_sha256(path, files.get("sha256") or {})
         self.cfg = dataclasses.replace(stored, **overrides)
         self.cfg.validate()
         self.options = translate_options(self.cfg)  # ConfigError now for what CT2 cannot do
