@@ -53,9 +53,9 @@ def peak_rss_mb() -> float:
 
 
 def worker_peak_rss_mb() -> float:
-    """The largest peak RSS among prepare's finished encoding workers. They are children of the
-    multiprocessing fork server (a small process that imported only the encoding module), so they count
-    in this process's RUSAGE_CHILDREN once the server has been stopped and waited for."""
+    """The largest peak RSS among prepare's finished encoding workers: forked children of this process, or
+    (where it ran other threads) of the multiprocessing fork server, which count in this process's
+    RUSAGE_CHILDREN once the server has been stopped and waited for."""
     from multiprocessing import forkserver
 
     forkserver._forkserver._stop()  # no public way to stop it; the next pool starts a new one

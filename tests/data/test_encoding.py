@@ -1,12 +1,14 @@
-"""The encoding workers of `prepare`: started from a fork server, so a caller running threads (a server's
-engine, a progress bar's monitor) cannot hand a worker a lock that no thread of the worker will release;
-and the module they import stays free of torch, so starting them costs a fraction of a second."""
+"""The encoding workers of `prepare`: forked from a single-threaded caller (a script without a main guard
+works), started from a fork server while the caller runs threads (a server's engine, a progress bar's
+monitor), so no worker inherits a lock that no thread of the worker will release; and the module they
+import stays free of torch, so a fork server starts in a fraction of a second."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 
 import sentencepiece as spm
@@ -46,6 +48,27 @@ def test_workers_are_not_forked_from_a_caller_that_holds_a_lock(tmp_path):
         assert encoded.keep.tolist() == alone.keep.tolist() == [True, False]
         for side in ("src", "tgt"):
             assert [a.tolist() for a in encoded.encoded[side]] == [a.tolist() for a in alone.encoded[side]]
+
+
+def test_a_script_without_a_main_guard_prepares_with_workers(tmp_path):
+    """Single-threaded: forked workers, which do not run the caller's script again (a spawned or fork-server
+    worker would, and a script without `if __name__ == "__main__":` would then prepare in every worker)."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(f"""
+        from pathlib import Path
+        from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+        from multibranch.tasks.translation.synthetic import generate_synthetic_task
+        root = Path({str(tmp_path)!r})
+        generate_synthetic_task(root / "raw", seed=1, n_train=300, n_valid=20, n_test=20)
+        meta = prepare(PrepareConfig(src_lang="src", tgt_lang="tgt", train=str(root / "raw" / "train"),
+                                     valid=str(root / "raw" / "valid"), out=str(root / "data"), vocab_size=120,
+                                     workers=2, chunk_lines=50, progress=True))
+        print(meta["splits"]["train"]["pairs"])
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.strip()) > 250
 
 
 def test_the_worker_module_imports_without_torch():

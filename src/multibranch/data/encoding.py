@@ -13,6 +13,7 @@ import collections
 import itertools
 import multiprocessing
 import signal
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -111,11 +112,15 @@ def _encode_in_worker(src: list[str], tgt: list[str], filters: LengthFilter | No
 
 
 def _worker_context() -> Any:
-    """Workers start from a fork server: a single-threaded process that has imported this module once.
-    Forking the caller itself is unsafe once it runs threads (a server's engine, a progress bar's monitor):
-    a child can inherit a lock held by a thread it does not have and hang before its first chunk, where a
-    Python signal handler never runs and `Pool.terminate` then waits for it forever."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
+    """How the workers start: forked from the caller while it runs one thread (fast, and what a script without
+    an `if __name__ == "__main__":` guard needs); from a fork server once it runs others (a server's engine,
+    a progress bar's monitor), because a forked child can inherit a lock held by a thread it does not have,
+    hang before its first chunk where no Python signal handler runs, and leave `Pool.terminate` waiting for
+    it forever. The fork server is a single-threaded process that imported this module once."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    if "forkserver" not in methods:
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
