@@ -88,3 +88,16 @@ def test_analyze_lengths_bad_flags(two_checkpoints, tiny_data, tmp_path, capsys)
     err = capsys.readouterr().err
     assert "--buckets" in err and "--label" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_analyze_lengths_takes_several_checkpoints_after_one_ckpt_as_translate_does():
+    from multibranch.cli import build_parser
+
+    parser = build_parser()
+    rest = ["--data", "D", "--out", "R"]
+    together = parser.parse_args(["analyze", "lengths", "--ckpt", "a.pt", "b.pt", "--label", "A", "B", *rest])
+    repeated = parser.parse_args(["analyze", "lengths", "--ckpt", "a.pt", "--label", "A", "--ckpt", "b.pt",
+                                  "--label", "B", *rest])
+    translate = parser.parse_args(["translate", "--ckpt", "a.pt", "b.pt"])
+    assert together.ckpt == repeated.ckpt == translate.ckpt == ["a.pt", "b.pt"]
+    assert together.label == repeated.label == ["A", "B"]

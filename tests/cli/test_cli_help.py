@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -48,3 +49,32 @@ def test_help_text_shows_defaults(command, capsys):
         assert "(default: auto)" in text and "SCORE<TAB>LOGPROB<TAB>TOKENS" in text
     if command == ["prepare"]:
         assert "(default: 8000)" in text and text.count("(default: 8000)") == 1
+
+
+def _entries(help_text: str) -> list[str]:
+    """The option and positional entries of one `--help` text, each as one line of words."""
+    entries: list[str] = []
+    for line in help_text.splitlines():
+        if line.startswith("  ") and not line.startswith("    ") and line.strip():
+            entries.append(line.strip())
+        elif line.startswith("    ") and entries:
+            entries[-1] += " " + line.strip()
+        elif not line.strip() or not line.startswith(" "):
+            entries.append("")  # a heading or a blank line ends the entry
+    return [entry for entry in entries if entry]
+
+
+def test_no_help_prints_a_default_twice(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    twice = []
+    for path, parser in all_parsers(build_parser()):
+        for entry in _entries(parser.format_help()):
+            if len(re.findall(r"\bdefault\b", entry, flags=re.IGNORECASE)) > 1:
+                twice.append(f"{' '.join(path)}: {entry}")
+    assert twice == []
+
+
+def test_no_help_cites_a_document_the_user_does_not_have():
+    cited = [" ".join(path) for path, parser in all_parsers(build_parser())
+             if "SEEDS-SPEC" in parser.format_help() or "§" in parser.format_help()]
+    assert cited == []

@@ -44,7 +44,7 @@ def test_serve_torch_engine_on_a_ct2_directory_says_so(checkpoint, tmp_path, cap
     ct2_dir = tmp_path / "ct2"
     assert main(["convert", "ct2", "--ckpt", str(checkpoint), "--out", str(ct2_dir)]) == 0
     capsys.readouterr()
-    assert main(["serve", "--ckpt", str(ct2_dir), "--port", "0", "--device", "cpu"]) == 2
+    assert main(["serve", "--ckpt", str(ct2_dir), "--engine", "torch", "--port", "0", "--device", "cpu"]) == 2
     err = one_error_line(capsys)
     assert f"{ct2_dir} is a CTranslate2 model directory" in err and "--engine ct2" in err
     assert "no such checkpoint file" not in err
@@ -111,3 +111,58 @@ def test_classification_preset_on_classification_data_does_not_warn(classify_dat
                  "--set", "model.d_model=32", "--set", "model.ffn_dim=64", "--set", "model.encoder_layers=1",
                  "--max-steps", "1", "--no-progress"]) == 0
     assert not [r for r in caplog.records if "not a classification one" in r.getMessage()]
+
+
+def test_prepare_spm_sample_names_the_option_and_its_range(tmp_path, capsys):
+    from multibranch.tasks.translation.synthetic import generate_synthetic_task
+
+    generate_synthetic_task(tmp_path / "raw", seed=3, n_train=40, n_valid=4, n_test=4)
+    raw = tmp_path / "raw"
+    for option in ("--spm-sample", "--shard-pairs"):
+        out = tmp_path / "data"
+        assert main(["prepare", "--src", "src", "--tgt", "tgt", "--train", str(raw / "train"), "--valid",
+                     str(raw / "valid"), "--out", str(out), option, "0"]) == 2
+        err = one_error_line(capsys)
+        assert f"{option} 0: must be >= 1" in err
+        assert "spm_max_sentences" not in err and "ratio_allowance" not in err and "shard_pairs" not in err
+        assert not out.exists()
+
+
+def test_a_validation_example_over_the_learned_positions_names_the_split_and_the_remedy(tmp_path, capsys):
+    from multibranch.tasks.translation.synthetic import generate_synthetic_task
+
+    raw = tmp_path / "raw"
+    generate_synthetic_task(raw, seed=3, n_train=60, n_valid=4, n_test=4)
+    long_line = " ".join(["zork"] * 80)  # far beyond the training sentences, which --max-len would filter
+    for side in ("src", "tgt"):
+        with (raw / f"valid.{side}").open("a", encoding="utf-8") as f:
+            f.write(long_line + "\n")
+    data = tmp_path / "data"
+    assert main(["prepare", "--src", "src", "--tgt", "tgt", "--train", str(raw / "train"), "--valid",
+                 str(raw / "valid"), "--out", str(data), "--vocab-size", "100", "--max-len", "40"]) == 0
+    capsys.readouterr()
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(run), "--preset", "transformer-tiny", *TINY_MODEL,
+                 "--set", "model.positions=learned", "--set", "model.max_positions=48", "--max-steps", "1",
+                 "--no-progress"]) == 2
+    err = one_error_line(capsys)
+    assert "validation example" in err and "valid.src.txt" in err
+    assert "set model.max_positions to at least" in err and "shorten or remove that line of the --valid files" in err
+    assert "prepare the data with --max-len" not in err
+    assert not run.exists()
+
+
+def test_translate_ct2_refusals_name_the_option_as_typed(checkpoint, tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    ct2_dir = tmp_path / "ct2"
+    assert main(["convert", "ct2", "--ckpt", str(checkpoint), "--out", str(ct2_dir)]) == 0
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n", encoding="utf-8")
+    cases = [(["--sampling"], "--sampling: not with a CTranslate2 directory"),
+             (["--print-alignment"], "--print-alignment: not with a CTranslate2 directory"),
+             (["--lenpen-kind", "gnmt"], "--lenpen-kind gnmt: not with a CTranslate2 directory")]
+    for extra, message in cases:
+        capsys.readouterr()
+        assert main(["translate", "--ckpt", str(ct2_dir), "-i", str(source), "--device", "cpu", *extra]) == 2
+        err = one_error_line(capsys)
+        assert message in err and "True" not in err

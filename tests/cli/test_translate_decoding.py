@@ -94,6 +94,23 @@ def test_ensemble_members_of_another_vocabulary_are_refused(checkpoint, source, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize("kind", ["checkpoint", "ct2"])
+def test_ensemble_mean_without_an_ensemble_is_refused(checkpoint, source, tmp_path, capsys, kind):
+    from multibranch.tasks.translation.ct2 import CT2_SETTINGS_FILE
+
+    model = checkpoint
+    if kind == "ct2":  # the settings file is what marks a `convert ct2` directory; refused before loading
+        model = tmp_path / "ct2"
+        model.mkdir()
+        (model / CT2_SETTINGS_FILE).write_text("{}", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    code = translate("--ckpt", str(model), "--ensemble-mean", "log-prob", "-i", str(source), "-o", str(out))
+    assert code == 2
+    err = one_error_line(capsys)
+    assert "--ensemble-mean log-prob" in err and ("ensemble" in err.split(":", 2)[-1])
+    assert not out.exists()
+
+
 def test_sampling_is_reproducible_for_a_seed_and_gives_n_samples(checkpoint, source, tmp_path):
     base = ["--ckpt", str(checkpoint), "-i", str(source), "--sampling", "--nbest", "4", "--top-k", "10"]
     first = run(tmp_path, "s1", *base, "--seed", "5")
@@ -108,7 +125,8 @@ def test_sampling_is_reproducible_for_a_seed_and_gives_n_samples(checkpoint, sou
 @pytest.mark.parametrize("args,message", [
     (["--sampling", "--top-p", "0"], "top_p=0.0 must be in (0, 1]"),
     (["--sampling", "--temperature", "-1"], "temperature=-1.0 must be > 0"),
-    (["--top-k", "5"], "--top-k only apply to --sampling"),
+    (["--top-k", "5"], "--top-k applies only to --sampling; add --sampling or drop it"),
+    (["--top-k", "5", "--seed", "1"], "--top-k, --seed apply only to --sampling; add --sampling or drop them"),
     (["--sampling", "--beam", "4"], "drop --beam"),
 ])
 def test_bad_sampling_options_are_one_line_exit_2_nothing_written(checkpoint, source, tmp_path, capsys, args,

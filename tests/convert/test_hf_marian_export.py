@@ -18,6 +18,7 @@ from multibranch.cli import main  # noqa: E402
 from multibranch.convert.hf_marian import import_marian  # noqa: E402
 from multibranch.convert.hf_marian_export import export_marian  # noqa: E402
 from multibranch.data.tokenizer import Tokenizer  # noqa: E402
+from multibranch.data.vocabulary import word_model  # noqa: E402
 from multibranch.experiment import ExperimentConfig  # noqa: E402
 from multibranch.models import build_model  # noqa: E402
 from tests.helpers.configs import tiny_model_dict  # noqa: E402
@@ -115,6 +116,22 @@ def test_separate_vocabularies(tmp_path):
     lines = corpus_lines(4, seed=5)
     assert hf_tok(lines)["input_ids"] == [ids + [3] for ids in tok.encode_src(lines)]
     assert hf_tok(text_target=lines)["input_ids"] == [ids + [3] for ids in tok.encode_tgt(lines)]
+
+
+def test_pretokenized_bpe_decodes_as_our_translate(tmp_path):
+    from transformers import AutoTokenizer
+
+    words = ["Sch@@", "utz@@", "helmen", "tragen", "die", "Arbei@@", "ter", "@@@", "-@@", "@"]
+    proto = word_model(words)
+    tok = Tokenizer(proto, proto)
+    directory = export_marian(random_payload(tok), tmp_path / "hf")
+    hf_tok = AutoTokenizer.from_pretrained(str(directory))
+    ids = [[4 + words.index(w) for w in line.split()] for line in
+           ("die Arbei@@ ter tragen Sch@@ utz@@ helmen", "Sch@@ utz@@ helmen", "die @@@ -@@ @ Arbei@@ ter")]
+    ours = tok.decode_tgt(ids)
+    assert ours[1] == "Schutzhelmen"
+    assert hf_tok.batch_decode([line + [3] for line in ids], skip_special_tokens=True) == ours
+    assert hf_tok(["die Arbei@@ ter"])["input_ids"] == [tok.encode_src(["die Arbei@@ ter"])[0] + [3]]
 
 
 def test_mat_with_ffn_branches_is_folded(tokenizer, tmp_path):

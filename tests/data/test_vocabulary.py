@@ -68,6 +68,19 @@ def test_bad_dict_lines_name_file_and_line(tmp_path, text, line):
         read_dict(path)
 
 
+def test_dict_txt_overwrite_flag_repeats_a_word_as_fairseq_does(tmp_path):
+    path = tmp_path / "dict.txt"
+    path.write_text("the 120\nne@@ 40\nws 39\nthe 30 #fairseq:overwrite\n, 20\n", encoding="utf-8")
+    words = read_dict(path)
+    assert words == ["the", "ne@@", "ws", "the", ","]
+    tok = Tokenizer(word_model(words), word_model(words))
+    # fairseq: "the" takes the new id 7 (4 + its line), the ids after it stay fairseq's, id 4 stays taken
+    assert tok.encode_src(["the ne@@ ws , the"]) == [[7, 5, 6, 8, 7]]
+    assert tok.src.encode("the ne@@ ws , the") == [7, 5, 6, 8, 7]
+    assert tok.src_vocab_size == 9
+    assert tok.decode_tgt([[7, 5, 6, 8, 4]]) == ["the news ,"]
+
+
 def test_counted_words_rank_by_count_then_alphabet():
     assert ranked_words(Counter({"b": 2, "a": 2, "c": 5, "<unk>": 9})) == ["c", "a", "b"]
 

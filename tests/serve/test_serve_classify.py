@@ -5,6 +5,7 @@ the command's one-line refusal of translation-only flags."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,37 @@ def test_translation_engine_loader_refuses_a_classifier_and_serve_refuses_beam(c
     assert main(["serve", "--ckpt", str(classifier_ckpt), "--beam", "3", "--port", "0", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is a classifier: decode settings (beam) apply to translation models" in err[0]
+
+
+class _PairStub:
+    """A sentence-pair classifier that is never reached (the requests are refused before the queue)."""
+
+    task = "classification"
+    pairs = True
+    labels = ["no", "yes"]
+
+    def count_tokens(self, texts: list[Any]) -> list[int]:
+        return [1 for _ in texts]
+
+    def classify(self, texts: list[Any]) -> list[list[float] | None]:
+        raise AssertionError("refused requests must not reach the engine")
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": "stub"}
+
+
+@pytest.mark.parametrize(("pairs", "status", "message"), [
+    ([["a", "b"], ["c", "d"], ["e", "f" * 11]], 413, "pairs[2][1] has 11 characters: at most 10 per text"),
+    ([["a", "b"], ["\ud800", "d"]], 400, "pairs[1][0] is not valid Unicode"),
+])
+def test_a_pair_over_the_limits_is_named_by_its_place_in_pairs(pairs, status, message):
+    app = create_app(_PairStub(), ServeLimits(max_chars=10))
+
+    async def go():
+        async with serving(app) as client:
+            return await client.post("/classify", content=json.dumps({"pairs": pairs}),  # a lone surrogate escaped
+                                     headers={"content-type": "application/json"})
+
+    reply = run(go())
+    assert reply.status_code == status
+    assert message in reply.json()["detail"] and "texts[" not in reply.json()["detail"]

@@ -4,7 +4,7 @@
     multibranch analyze heads --ckpt X.pt --data PREPARED_DIR --out REPORT_DIR [--split valid]
         [--max-examples N] [--no-normalize] [--bleu-split test] [--bleu-max-sentences N] [--beam K]
         [--step 0.1] [--recompute] [--keep-one] [--no-curve] [--no-dominant] [--force]
-    multibranch analyze lengths --ckpt A.pt [--ckpt B.pt] [--label A --label B] --data PREPARED_DIR
+    multibranch analyze lengths --ckpt A.pt [B.pt ...] [--label A B ...] --data PREPARED_DIR
         --out REPORT_DIR [--split test] [--buckets 15,30,45,60,75,90,105] [--max-sentences N] [--beam K] [--force]
     multibranch analyze gates --ckpt X.pt --out REPORT_DIR [--ratio 3,15] [--force]
     multibranch analyze attention --ckpt X.pt --out REPORT_DIR (--sentences 0,5 --data PREPARED_DIR [--split valid]
@@ -48,8 +48,9 @@ def _beam(p: argparse.ArgumentParser, help_text: str = "beam size (default: the 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
-    about = ("head importance (Michel et al.), attention entropy, pruning curve, dominant heads (SEEDS-SPEC §5.5); "
-             "translation models (BLEU) and classifiers (accuracy)")
+    about = ("head importance (Michel et al., 2019: how much the loss depends on each head), attention entropy, "
+             "pruning curve (the score as the least important heads are masked), dominant heads (the score change "
+             "when each single head is masked); translation models (BLEU) and classifiers (accuracy)")
     p = sub.add_parser("heads", help=about, description=about)
     p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
     _examples(p, "importance and entropy set")
@@ -71,10 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="no progress bars (shown on stderr only when it is a terminal)")
     p.set_defaults(analysis_run=_heads)
 
-    about = "BLEU and sentence counts by source-length bucket, one or more checkpoints (SEEDS-SPEC §4.7)"
+    about = ("BLEU and sentence counts by source-length bucket (as in MUSE, Zhao et al., 2019, Fig. 3), one or "
+             "more checkpoints")
     p = sub.add_parser("lengths", help=about, description=about)
-    p.add_argument("--ckpt", required=True, action="append", help="checkpoint (repeat to compare several)")
-    p.add_argument("--label", action="append", default=None, help="plot label per --ckpt (default: file names)")
+    p.add_argument("--ckpt", required=True, action="extend", nargs="+", metavar="PATH",
+                   help="checkpoint; several compare them (--ckpt A B, as translate takes them; --ckpt A --ckpt B "
+                        "works too)")
+    p.add_argument("--label", action="extend", nargs="+", default=None,
+                   help="plot label per --ckpt, in their order (default: file names)")
     p.add_argument("--data", required=True, help="the prepared data directory the models were trained on")
     _report_folder(p)
     p.add_argument("--split", default="test", help="split to translate")
@@ -86,14 +91,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _device(p)
     p.set_defaults(analysis_run=_lengths)
 
-    about = "learned mixing weights: MUSE kernel-gate ratio, Weighted kappa/alpha, MUTE unit weights (§4.7, §2.5, §3.7)"
+    about = ("learned mixing weights: the MUSE kernel-gate ratio (Zhao et al., 2019), the Weighted Transformer's "
+             "kappa/alpha (Ahmed et al., 2017), MUTE unit weights (Yan et al., 2020)")
     p = sub.add_parser("gates", help=about, description=about)
     p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
     _report_folder(p)
     p.add_argument("--ratio", default="3,15", help="kernel sizes SMALL,LARGE of the gate ratio")
     p.set_defaults(analysis_run=_gates)
 
-    about = "MUTE unit diversity (eq. 21: Att Pos., Att Sub., FFN Sub.) per encoder layer and unit weights (§3.7)"
+    about = ("MUTE unit diversity (Yan et al., 2020: Att Pos., Att Sub., FFN Sub.) per encoder layer, and the unit "
+             "weights")
     p = sub.add_parser("diversity", help=about, description=about)
     p.add_argument("--ckpt", required=True, help="MUTE checkpoint to analyse")
     _examples(p, "split scored (eval mode)")

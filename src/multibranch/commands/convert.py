@@ -106,9 +106,9 @@ def _proximal(args: argparse.Namespace) -> int:
     from multibranch.data.directories import CHECKPOINT, refuse_replacing
     from multibranch.data.text import check_output_file
 
+    check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     refuse_replacing(args.out, CHECKPOINT)
     refuse_overwrite(args.out, args.force)
-    check_output_file(args.out, [args.ckpt], parent_must_exist=False)
     layer: dict[str, object] = {}
     if args.drop_branch is not None:
         layer["drop_branch"] = args.drop_branch

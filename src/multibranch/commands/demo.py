@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("multibranch-demo"),
                         help="working directory")
     parser.add_argument("--updates", type=int, default=UPDATES,
-                        help=f"training budget in updates (default {UPDATES}: about {UPDATES_MINUTES:g} minutes on 2 "
+                        help=f"training budget in updates ({UPDATES}: about {UPDATES_MINUTES:g} minutes on 2 "
                              "CPU cores; the same model on any machine)")
     parser.add_argument("--preset", default="demo", help="model preset (demo: a small MAT)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the task generator, SentencePiece and training")

@@ -48,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="TSV/CSV text column: 0-based index or header name (default 1); give it twice for "
                                "sentence pairs (--text-column A --text-column B)")
     classify.add_argument("--label-key", default="label", metavar="KEY", help="JSONL label key")
-    classify.add_argument("--text-key", default="text", metavar="KEY", help="JSONL text key")
+    classify.add_argument("--text-key", action="append", metavar="KEY",
+                          help="JSONL text key (default text); JSONL gives one text per example (sentence pairs: "
+                               "TSV/CSV with --text-column twice)")
     classify.add_argument("--fine-labels", action="store_true", help="TREC: use the fine labels (COARSE:fine)")
     classify.add_argument("--empty-text", choices=["error", "drop"], default="error",
                           help="an example with empty text: stop with file:line, or drop it (counted)")
@@ -64,12 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "or keep the text between its quotes (raw; counted in the report)")
     scale = parser.add_argument_group("large corpora and reused preprocessing (--task translate)")
     scale.add_argument("--workers", type=int, default=0, metavar="N",
-                       help="encoding processes (default 0: one per core; 1: in this process); the output does not "
+                       help="encoding processes (0: one per core; 1: in this process); the output does not "
                             "depend on it")
     scale.add_argument("--spm-sample", type=int, default=1_000_000, metavar="N",
-                       help="train SentencePiece on a seeded sample of N training sentences (default 1000000)")
+                       help="train SentencePiece on a seeded sample of N training sentences (N >= 1)")
     scale.add_argument("--shard-pairs", type=int, default=500_000, metavar="N",
-                       help="training pairs per shard file (default 500000); memory while preparing holds one shard")
+                       help="training pairs per shard file (N >= 1); memory while preparing holds one shard")
     scale.add_argument("--spm-model", "--spm-model-src", dest="spm_model", metavar="FILE",
                        help="apply this existing SentencePiece model and its vocabulary instead of training one "
                             "(joint; with --spm-model-tgt: the source model)")
@@ -112,7 +114,7 @@ def _given(args: argparse.Namespace, names: tuple[str, ...], parser_defaults: di
 
 
 DEFAULTS = {"holdout": None, "format": "auto", "header": "auto", "label_column": "0", "text_column": None,
-            "label_key": "label", "text_key": "text", "fine_labels": False, "empty_text": "error",
+            "label_key": "label", "text_key": None, "fine_labels": False, "empty_text": "error",
             "too_long": "truncate", "src": None, "tgt": None, "hf_tokenizer": None, "vocab_size": 8000,
             "model_type": "bpe", "character_coverage": 1.0, "docstring_errors": "strict", "max_len_ratio": 3.0,
             "separate_vocab": False, "workers": 0, "spm_sample": 1_000_000, "shard_pairs": 500_000,
@@ -153,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("src", "tgt", "valid") if getattr(args, n) is None]
     if missing:
         raise UserError(f"the following arguments are required: {', '.join(missing)}")
+    _check_scale(args)
     if args.spm_model or args.pretokenized:
         wrong = _given(args, REUSED_VOCABULARY, DEFAULTS)
         if wrong:
@@ -190,11 +193,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_scale(args: argparse.Namespace) -> None:
+    """The options of large corpora, checked as the user typed them (before the config names them otherwise)."""
+    from multibranch.errors import UserError
+
+    if args.spm_sample < 1:
+        raise UserError(f"--spm-sample {args.spm_sample}: must be >= 1 (the number of training sentences "
+                        "SentencePiece is trained on)")
+    if args.shard_pairs < 1:
+        raise UserError(f"--shard-pairs {args.shard_pairs}: must be >= 1 (training pairs per shard file)")
+    if args.workers < 0:
+        raise UserError(f"--workers {args.workers}: must be >= 0 (0: one per core)")
+
+
 def run_classify(args: argparse.Namespace) -> int:
     from multibranch.errors import UserError
     from multibranch.tasks.classification.prepare import ClassifyPrepareConfig, prepare_classification
     from multibranch.tasks.classification.readers import ReadOptions
 
+    if args.text_key is not None and len(args.text_key) > 1:
+        raise UserError(f"--text-key given {len(args.text_key)} times ({', '.join(args.text_key)}): JSONL reads one "
+                        "text per example; sentence pairs are read from TSV/CSV with --text-column A --text-column B")
     if (args.valid is None) == (args.holdout is None):
         raise UserError("--task classify needs exactly one of --valid FILE and --holdout N")
     if args.hf_tokenizer is not None:
@@ -202,7 +221,8 @@ def run_classify(args: argparse.Namespace) -> int:
         if wrong:
             raise UserError(f"{', '.join(wrong)}: SentencePiece settings, not used with --hf-tokenizer")
     read = ReadOptions(format=args.format, header=args.header, label_column=args.label_column,
-                       text_column=args.text_column or ["1"], label_key=args.label_key, text_key=args.text_key,
+                       text_column=args.text_column or ["1"], label_key=args.label_key,
+                       text_key=(args.text_key or ["text"])[0],
                        fine_labels=args.fine_labels, empty_text=args.empty_text,
                        encoding_errors=args.encoding_errors)
     cfg = ClassifyPrepareConfig(train=args.train, out=args.out, valid=args.valid, holdout=args.holdout,

@@ -1,7 +1,10 @@
-"""`multibranch serve`: an HTTP server (FastAPI + uvicorn) over one loaded translation model or classifier.
+"""`multibranch serve`: an HTTP server (FastAPI + uvicorn) over one loaded translation model (or an ensemble of
+several, as `translate --ckpt A B` decodes it) or classifier; a `convert ct2` directory is detected as
+`translate` detects it.
 
-API: POST /translate {"texts": [...], "beam": N?, "nbest": N?} -> {"translations": [...]} (translation
-models); POST /classify {"texts": [...], "probs": bool?} -> {"labels": [...], "probabilities": ...}
+API: POST /translate {"texts": [...], "beam": N?, "nbest": N?, "sampling": bool?, "temperature", "top_k",
+"top_p", "seed", "prefix": [...]?} -> {"translations": [...]} (translation models; sampling and prefixes as
+`translate --sampling` / `--prefix` decode them); POST /classify {"texts": [...], "probs": bool?} -> {"labels": [...], "probabilities": ...}
 (classifiers; a sentence-pair classifier takes {"pairs": [[a, b], ...]} instead of "texts"); POST /attention (one attention map of one sentence, torch engine, translation models);
 GET /health, /info, /metrics (Prometheus); a web page at / (translation, n-best, attention heat map;
 labels and probabilities). Concurrent requests are micro-batched by one worker.
@@ -26,9 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from multibranch.serve.limits import ServeLimits
 
     d = ServeLimits()
-    parser.add_argument("--ckpt", required=True, metavar="PATH",
-                        help="checkpoint file or `convert export` directory (--engine torch), or directory from `convert ct2` (--engine ct2)")
-    parser.add_argument("--engine", choices=["torch", "ct2"], default="torch", help="decoder to run")
+    parser.add_argument("--ckpt", required=True, nargs="+", metavar="PATH",
+                        help="checkpoint file or `convert export` directory; several: an ensemble of translation "
+                             "models that decodes with the mean of the members' per-step probabilities, as "
+                             "`translate` does (one vocabulary required); or one `convert ct2` directory "
+                             "(decoded by CTranslate2)")
+    parser.add_argument("--engine", choices=["torch", "ct2"],
+                        help="decoder to run (unset: ct2 for a `convert ct2` directory, as `translate` detects it, "
+                             "else torch)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it to the network)")
     parser.add_argument("--port", type=int, default=8080, help="TCP port (0: any free port)")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto", help="where to run the model")
@@ -63,10 +71,21 @@ def limits_from_args(args: argparse.Namespace):  # noqa: ANN201
     return limits
 
 
+def engine_of(ckpt: list[str], engine: str | None) -> str:
+    """The engine asked for, or (unset) the one the first --ckpt needs: ct2 for a `convert ct2` directory,
+    detected as `translate` detects it, else torch."""
+    from multibranch.tasks.translation.ct2 import is_ct2_directory
+
+    if engine is not None:
+        return engine
+    return "ct2" if is_ct2_directory(ckpt[0]) else "torch"
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from multibranch.errors import UserError
+    from multibranch.tasks.translation.ct2 import is_ct2_directory
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: must be between 0 and 65535")
@@ -74,22 +93,30 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise UserError(f"--threads {args.threads}: must be >= 1")
     if args.beam is not None and args.beam < 1:
         raise UserError(f"--beam {args.beam}: must be >= 1")
-    path = Path(args.ckpt)
-    if args.engine == "ct2" and not path.is_dir():
-        raise UserError(f"--ckpt {args.ckpt}: --engine ct2 needs a directory written by `multibranch convert ct2`")
-    if args.engine == "torch" and not path.exists():  # a directory: the loader says what it holds
-        raise FileNotFoundError(f"--ckpt {args.ckpt}: no such checkpoint file")
+    args.engine = engine_of(args.ckpt, args.engine)
+    ct2 = [path for path in args.ckpt if is_ct2_directory(path)]
+    if ct2 and len(args.ckpt) > 1:
+        raise UserError(f"--ckpt: {ct2[0]} is a CTranslate2 directory, which cannot be an ensemble member; an "
+                        "ensemble takes checkpoints or `convert export` directories")
+    if args.engine == "ct2" and len(args.ckpt) > 1:
+        raise UserError("--engine ct2 serves one `convert ct2` directory; an ensemble of several --ckpt needs the "
+                        "torch engine")
+    if args.engine == "ct2" and not Path(args.ckpt[0]).is_dir():
+        raise UserError(f"--ckpt {args.ckpt[0]}: --engine ct2 needs a directory written by `multibranch convert ct2`")
+    for path in args.ckpt if args.engine == "torch" else []:
+        if not Path(path).exists():  # a directory: the loader says what it holds
+            raise FileNotFoundError(f"--ckpt {path}: no such checkpoint file")
     if args.engine == "ct2" and args.precision != "fp32":
-        raise UserError("--precision is for --engine torch; a CT2 directory has the quantization it was "
-                        "converted with (`multibranch convert ct2 --quantization int8`)")
+        raise UserError(f"--precision {args.precision}: not with a CTranslate2 directory ({args.ckpt[0]}): it has "
+                        "the quantization it was converted with (`multibranch convert ct2 --quantization int8`)")
     if args.engine == "torch":
         from multibranch.device import resolve_device
         from multibranch.inference.precision import check_precision
 
         check_precision(args.precision, resolve_device(args.device))
     if args.engine == "ct2" and args.beam is not None:
-        raise UserError("--beam is for --engine torch; the CT2 directory's decode settings are used "
-                        "(requests may still ask for a beam)")
+        raise UserError(f"--beam {args.beam}: not with a CTranslate2 directory ({args.ckpt[0]}): its decode "
+                        "settings are used (requests may still ask for a beam)")
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
@@ -107,8 +134,8 @@ def build_server(args: argparse.Namespace):  # noqa: ANN201
     limits = limits_from_args(args)
     from multibranch.serve.server import create_server, load_engine
 
-    engine = load_engine(args.engine, args.ckpt, args.device, threads=args.threads, precision=args.precision,
-                         beam=args.beam)
+    engine = load_engine(args.engine, args.ckpt if len(args.ckpt) > 1 else args.ckpt[0], args.device,
+                         threads=args.threads, precision=args.precision, beam=args.beam)
     return create_server(engine, limits, args.host, args.port)
 
 
@@ -117,10 +144,11 @@ def run(args: argparse.Namespace) -> int:
 
     keep_freed_memory()  # decoding reuses its freed step buffers instead of page-faulting them in again
     server = build_server(args)
+    served = args.ckpt if isinstance(args.ckpt, str) else " ".join(args.ckpt)
     if args.port:
-        logger.info("serving %s (%s engine) on http://%s:%d", args.ckpt, args.engine, args.host, args.port)
+        logger.info("serving %s (%s engine) on http://%s:%d", served, args.engine, args.host, args.port)
     else:  # the port is chosen when uvicorn binds; it logs the address it got
-        logger.info("serving %s (%s engine) on a free port of %s", args.ckpt, args.engine, args.host)
+        logger.info("serving %s (%s engine) on a free port of %s", served, args.engine, args.host)
     with loaded_objects_frozen():  # the loaded engine is never garbage: the collector need not walk it again
         server.run()
     return 130 if server.force_exit else 0  # 130: stopped by a second Ctrl-C, as a shell reports it

@@ -44,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the mean of the members' per-step distributions (one vocabulary required); or one "
                              "`convert ct2` directory (decoded by CTranslate2 with the options equal to our beam "
                              "search)")
-    parser.add_argument("--ensemble-mean", choices=["prob", "log-prob"], default="prob",
-                        help="how an ensemble combines its members: log of the mean probability (prob, fairseq's "
-                             "EnsembleModel) or mean of the log-probabilities (log-prob)")
+    parser.add_argument("--ensemble-mean", choices=["prob", "log-prob"],
+                        help="how an ensemble (several --ckpt) combines its members: log of the mean probability "
+                             "(prob, the default; fairseq's EnsembleModel) or mean of the log-probabilities "
+                             "(log-prob)")
     parser.add_argument("-i", "--input", default="-", metavar="FILE", help="input text ('-' = stdin)")
     parser.add_argument("-o", "--output", default="-", metavar="FILE",
                         help="output text ('-' = stdout); a file is replaced only when translation succeeds")
@@ -133,6 +134,7 @@ def _alignment_layer(args: argparse.Namespace) -> int | None:
 
 # What a `convert ct2` directory cannot honour: argument -> (the values it can, why not the others).
 CT2_REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
+    "ensemble_mean": ((None,), "a CTranslate2 directory is one model, not an ensemble"),
     "precision": (("fp32",), "a CTranslate2 directory decodes with the quantization it was converted with "
                              "(`multibranch convert ct2 --quantization int8`)"),
     "lenpen_kind": ((None, "fairseq"), "CTranslate2 only has the score / len^alpha (fairseq) length penalty"),
@@ -144,6 +146,12 @@ CT2_REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
 }
 
 
+def typed_option(name: str, value: object) -> str:
+    """An option as the user typed it: `--sampling` for a flag, `--precision int8` for a value."""
+    option = f"--{name.replace('_', '-')}"
+    return option if isinstance(value, bool) else f"{option} {value}"
+
+
 def _check_ct2_arguments(args: argparse.Namespace) -> None:
     """One line for the first option set that a `convert ct2` directory cannot honour."""
     from multibranch.errors import UserError
@@ -151,8 +159,7 @@ def _check_ct2_arguments(args: argparse.Namespace) -> None:
     for name, (allowed, why) in CT2_REFUSED.items():
         value = getattr(args, name, None)
         if value not in allowed:
-            raise UserError(f"--{name.replace('_', '-')} {value}: not with a CTranslate2 directory ({args.ckpt[0]}): "
-                            f"{why}")
+            raise UserError(f"{typed_option(name, value)}: not with a CTranslate2 directory ({args.ckpt[0]}): {why}")
 
 
 def _is_interactive(args: argparse.Namespace) -> bool:
@@ -176,6 +183,9 @@ def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
                         "ensemble takes checkpoints or `convert export` directories")
     if ct2:
         _check_ct2_arguments(args)
+    if args.ensemble_mean is not None and len(args.ckpt) == 1:
+        raise UserError(f"--ensemble-mean {args.ensemble_mean}: combines the members of an ensemble (several "
+                        f"--ckpt); {args.ckpt[0]} is one model")
     check_precision(args.precision, resolve_device(args.device))  # ConfigError: unusable device/precision
     _check_decoding(args, interactive)
     if args.threads is not None and args.threads < 1:
@@ -208,7 +218,8 @@ def _check_decoding(args: argparse.Namespace, interactive: bool) -> None:
     given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p", "seed")
              if getattr(args, name) is not None]
     if given and not args.sampling:
-        raise UserError(f"{', '.join(given)} only apply to --sampling")
+        raise UserError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to --sampling; add "
+                        f"--sampling or drop {'it' if len(given) == 1 else 'them'}")
     if args.sampling:
         if args.temperature is not None and not math.isfinite(args.temperature):
             raise UserError(f"--temperature {args.temperature}: must be a finite number > 0 (1: the model's "
@@ -277,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     if is_ct2_directory(args.ckpt[0]):  # the only --ckpt: checked above
         translator = Ct2Translator(args.ckpt[0], device, threads=args.threads or 0, **_decode_overrides(args))
         return _translate(args, translator, one_line, interactive, pairs)
-    loaded = load_ensemble(args.ckpt, device, task=("translation", "code"), mean=args.ensemble_mean)
+    loaded = load_ensemble(args.ckpt, device, task=("translation", "code"), mean=args.ensemble_mean or "prob")
     ckpt = " ".join(args.ckpt)
     if loaded.tokenizer is None:
         raise CheckpointError(f"{ckpt} has no tokenizer, so it cannot translate raw text")

@@ -16,6 +16,13 @@ export does); attention branches cannot be: a folded MAT attends with N_a * d_mo
 Marian's q/k/v projections are d_model -> d_model. MUSE, MUTE and Weighted layers have no Marian
 counterpart. Each refusal is one ConfigError line naming why.
 
+Pre-tokenised BPE data (`prepare --pretokenized`): our decoding joins the `@@ ` continuations
+(data/tokenizer.py `undo_bpe`). MarianTokenizer decodes with the SentencePiece models, so source.spm and
+target.spm get a SentencePiece denormalizer that deletes `@@ ` from decoded text (decoding only; the
+ids and the encoding are unchanged): `decode`/`batch_decode` then give our translations. One
+difference remains: a text whose last token is a continuation (`... Sch@@`, a hypothesis cut at the
+length limit) keeps that final `@@` in Hugging Face's output.
+
 Special tokens: pad_token_id = our pad, eos_token_id = our EOS, decoder_start_token_id = our bos
 (`<s>`, where our decoder starts); generation_config.json holds the beam size and length penalty and
 bans pad and `<s>` (`bad_words_ids`), which our search never generates. HF applies that ban after
@@ -25,11 +32,15 @@ equal (the test compares them).
 
 from __future__ import annotations
 
+import io
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import sentencepiece as spm
 import torch
+from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from torch import Tensor
 
 from multibranch.atomic import atomic_directory
@@ -38,7 +49,7 @@ from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_output
 from multibranch.convert.payload import check_out_dir, experiment_config, token_strings
 from multibranch.data.directories import HF
-from multibranch.data.tokenizer import Tokenizer
+from multibranch.data.tokenizer import BPE_CONTINUATION, Tokenizer, is_pretokenized
 from multibranch.models import ModelConfig
 from multibranch.modules.merge import merge_constant
 
@@ -210,8 +221,8 @@ def _vocabularies(model: ModelConfig, tok: Tokenizer, where: str) -> tuple[list[
 
 def _write_tokenizer(directory: Path, tok: Tokenizer, src: list[str], tgt: list[str], model: ModelConfig) -> None:
     separate = not tok.joint
-    (directory / "source.spm").write_bytes(tok.src_proto)
-    (directory / "target.spm").write_bytes(tok.tgt_proto)
+    (directory / "source.spm").write_bytes(marian_spm(tok.src_proto))
+    (directory / "target.spm").write_bytes(marian_spm(tok.tgt_proto))
     _write_json(directory / "vocab.json", {piece: i for i, piece in enumerate(src)})
     if separate:
         _write_json(directory / "target_vocab.json", {piece: i for i, piece in enumerate(tgt)})
@@ -220,6 +231,33 @@ def _write_tokenizer(directory: Path, tok: Tokenizer, src: list[str], tgt: list[
         "unk_token": tgt[tok.tgt.unk_id()], "eos_token": tgt[model.eos_id], "pad_token": tgt[model.pad_id],
         **({"target_vocab_file": "target_vocab.json"} if separate else {}),
     })
+
+
+def marian_spm(proto: bytes) -> bytes:
+    """The SentencePiece model MarianTokenizer gets: `proto` itself, or, for a vocabulary of pre-tokenised
+    BPE text, `proto` with a denormalizer that deletes the `@@ ` continuations when decoding."""
+    if not is_pretokenized(proto):
+        return proto
+    model = model_pb2.ModelProto()
+    model.ParseFromString(proto)
+    model.denormalizer_spec.CopyFrom(_bpe_joining_denormalizer())
+    return model.SerializeToString()
+
+
+def _bpe_joining_denormalizer() -> Any:
+    """A SentencePiece NormalizerSpec that rewrites `@@ ` to nothing. Its compiled rule table is made by
+    SentencePiece's own trainer (the only public builder), on a throwaway model of one sentence."""
+    rule = " ".join(f"{ord(c):x}" for c in BPE_CONTINUATION) + "\t\n"  # source code points -> nothing
+    with tempfile.TemporaryDirectory() as tmp:
+        rules = Path(tmp) / "denormalize.tsv"
+        rules.write_text(rule, encoding="utf-8")
+        writer = io.BytesIO()
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b"]), model_writer=writer, model_type="word",
+                                       vocab_size=8, hard_vocab_limit=False, normalization_rule_name="identity",
+                                       denormalization_rule_tsv=str(rules), minloglevel=3)
+    model = model_pb2.ModelProto()
+    model.ParseFromString(writer.getvalue())
+    return model.denormalizer_spec
 
 
 def _write_json(path: Path, value: Any) -> None:

@@ -95,7 +95,7 @@ def proximal_init(
     if "mean_sq" in merges.values():
         log.warning(
             "branch_merge='mean_sq' does not preserve the source function: attention outputs are divided by N_a "
-            "(SEEDS-SPEC §1.1); use 'mean' for a function-preserving proximal init"
+            "(as in the released MAT code); use 'mean' for a function-preserving proximal init"
         )
     src_meta = payload.get("meta") or {}
     meta = {
@@ -172,6 +172,6 @@ def _require_same_widths(old: dict[str, Any], new: dict[str, Any]) -> None:
             diffs.append(f"model.{name}: source {value!r}, requested {new.get(name)!r}")
     if diffs:
         raise ConfigError(
-            "proximal init copies tensors and cannot change the architecture (SEEDS-SPEC §1.5: train the standard "
+            "proximal init copies tensors and cannot change the architecture (train the standard "
             "model with the MAT's widths): " + "; ".join(diffs)
         )

@@ -115,7 +115,8 @@ def _check_fits(sizes: np.ndarray, max_tokens: int) -> None:
         i = int(too_big[0])
         raise DataError(
             f"example {i} has {int(sizes[i]) - 1} tokens (+1 for EOS) but max_tokens is {max_tokens} "
-            f"({len(too_big)} example(s) do not fit); raise max_tokens or prepare with a smaller --max-len"
+            f"({len(too_big)} example(s) do not fit); raise max_tokens (--max-tokens) to at least "
+            f"{int(sizes.max())}, or shorten or remove the longer examples"
         )
 
 

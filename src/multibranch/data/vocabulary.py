@@ -9,7 +9,10 @@ handles them like a model `prepare` trained:
 - `word_model`: a WORD model whose pieces are the words of a fairseq `dict.txt` (or counted from the
   training text) after pad=0, unk=1, bos=2, eos=3, in the dictionary's order. Encoding splits on
   whitespace, an unknown word is `<unk>`; the model is marked (`PRETOKENIZED_MARK`) so that decoding
-  joins `@@ ` continuations and does no detokenisation (data/tokenizer.py).
+  joins `@@ ` continuations and does no detokenisation (data/tokenizer.py). As in fairseq's
+  `Dictionary.add_from_file`, a line `WORD COUNT #fairseq:overwrite` may repeat a word: the word gets
+  the new line's id, and the earlier id stays taken (an unused control piece) so that the ids after it
+  remain fairseq's.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from multibranch.errors import DataError
 
 SPECIALS = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 WORD_BOUNDARY = "\u2581"  # SentencePiece's whitespace symbol
+OVERWRITE_FLAG = "#fairseq:overwrite"
 Piece = model_pb2.ModelProto.SentencePiece
 
 
@@ -60,19 +64,22 @@ def adapt_spm_model(path: str | Path) -> bytes:
 
 
 def read_dict(path: str | Path) -> list[str]:
-    """The words of a fairseq `dict.txt` (`WORD COUNT [#fairseq:overwrite]` per line), in order."""
+    """The words of a fairseq `dict.txt` (`WORD COUNT [#fairseq:overwrite]` per line), in order; a word
+    repeated with the overwrite flag appears again at its new position (see `word_model`)."""
     path = Path(path)
     words: list[str] = []
     seen: dict[str, int] = {}
     for number, line in enumerate(read_lines(path).lines, start=1):
         fields = line.rstrip().split(" ")
+        overwrite = fields[-1] == OVERWRITE_FLAG
         if fields[-1].startswith("#fairseq:"):
             fields = fields[:-1]
         if len(fields) < 2 or not fields[-1].lstrip("-").isdigit() or not fields[0]:
             raise DataError(f"{path}:{number}: expected 'WORD COUNT' (a fairseq dict.txt line), got {line[:60]!r}")
         word = " ".join(fields[:-1])
-        if word in seen:
-            raise DataError(f"{path}:{number}: {word!r} repeats line {seen[word]}")
+        if word in seen and not overwrite:
+            raise DataError(f"{path}:{number}: {word!r} repeats line {seen[word]} (a repeated word needs the "
+                            f"{OVERWRITE_FLAG} flag)")
         if word in SPECIALS.values():
             continue  # fairseq writes its own specials first; ours come from the model
         if any(c.isspace() for c in word):
@@ -99,7 +106,9 @@ def ranked_words(counts: Counter[str]) -> list[str]:
 
 
 def word_model(words: list[str]) -> bytes:
-    """A SentencePiece WORD model over `words` (ids 4, 5, ... in order) marked as pre-tokenised BPE text."""
+    """A SentencePiece WORD model over `words` (ids 4, 5, ... in order) marked as pre-tokenised BPE text.
+    A word listed again (fairseq's overwrite) has the id of its last position; each earlier position
+    becomes a control piece that encoding never produces and decoding drops."""
     model = model_pb2.ModelProto()
     spec = model.trainer_spec
     spec.model_type = model_pb2.TrainerSpec.WORD
@@ -118,6 +127,11 @@ def word_model(words: list[str]) -> bytes:
         name = next(n for n in SPECIALS if getattr(spec, f"{n}_id") == piece_id)
         kind = Piece.UNKNOWN if name == "unk" else Piece.CONTROL
         model.pieces.append(Piece(piece=SPECIALS[name], score=0.0, type=kind))
-    for word in words:
-        model.pieces.append(Piece(piece=WORD_BOUNDARY + word, score=0.0, type=Piece.NORMAL))
+    last = {word: i for i, word in enumerate(words)}
+    for i, word in enumerate(words):
+        if last[word] == i:
+            model.pieces.append(Piece(piece=WORD_BOUNDARY + word, score=0.0, type=Piece.NORMAL))
+        else:
+            model.pieces.append(Piece(piece=f"<overwritten:{word}:{len(model.pieces)}>", score=0.0,
+                                      type=Piece.CONTROL))
     return model.SerializeToString()

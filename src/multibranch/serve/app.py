@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -36,9 +37,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from multibranch.analysis.attention_maps import SelectionError
+from multibranch.errors import ConfigError, DataError
+from multibranch.experiment.decoding import check_sampling
 from multibranch.serve.attention import check_selection
 from multibranch.serve.batcher import MicroBatcher, QueueFull, ShuttingDown
-from multibranch.serve.engine import Engine
+from multibranch.serve.engine import DecodeOptions, Engine
 from multibranch.serve.limits import ServeLimits
 from multibranch.serve.metrics import ServeMetrics
 
@@ -52,13 +55,21 @@ class TranslateRequest(BaseModel):
     """texts: the sentences; beam: beam size (unset: the model's); nbest: hypotheses per text (unset:
     plain strings; set: a list of {text, score} per text, best first, nbest <= beam); alignment: also
     return `alignments`, per translation its attention-based 'i-j ...' pairs between source and
-    output SentencePiece pieces (last decoder layer, docs/decoding.md)."""
+    output SentencePiece pieces (last decoder layer, docs/decoding.md). As `multibranch translate`
+    (docs/decoding.md): sampling draws nbest samples per text instead of searching (temperature, top_k,
+    top_p, seed); prefix holds per text the target text its translation must start with ("": none)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     texts: list[str]
     beam: int | None = Field(default=None, ge=1)
     nbest: int | None = Field(default=None, ge=1)
     alignment: bool = False
+    sampling: bool = False
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    prefix: list[str] | None = None
 
 
 class Hypothesis(BaseModel):
@@ -140,11 +151,15 @@ def _printable(value: Any) -> Any:
     return value
 
 
-def _check_attention(body: AttentionRequest, limits: ServeLimits, choices: dict[str, Any] | None, task: str) -> None:
+def _check_attention(body: AttentionRequest, limits: ServeLimits, choices: dict[str, Any] | None, task: str,
+                     ensemble: bool = False) -> None:
     """400 when the engine draws no maps or for a text that is not valid Unicode, 413 for too much
     text, 422 for choices out of range."""
     if task != "translation":
         raise HTTPException(400, f"attention maps are drawn for translation models; this server holds a {task} model")
+    if choices is None and ensemble:
+        raise HTTPException(400, "attention maps are drawn from one model; this server holds an ensemble (serve one "
+                                 "--ckpt to draw them)")
     if choices is None:
         raise HTTPException(400, "attention maps need the PyTorch engine (multibranch serve --engine torch)")
     for name in ("text", "target"):
@@ -163,14 +178,16 @@ def _check_attention(body: AttentionRequest, limits: ServeLimits, choices: dict[
         raise HTTPException(422, str(err)) from None
 
 
-def _check_texts(texts: list[str], limits: ServeLimits) -> None:
-    """413 for too many texts or characters, 400 for a text that is not valid Unicode."""
+def _check_texts(texts: list[str], limits: ServeLimits, names: list[str] | None = None) -> None:
+    """413 for too many texts or characters, 400 for a text that is not valid Unicode; `names` are the
+    texts' places in the request, for the messages (unset: texts[i])."""
+    names = names if names is not None else [f"texts[{i}]" for i in range(len(texts))]
     if len(texts) > limits.max_items:
         raise HTTPException(413, f"{len(texts)} texts: at most {limits.max_items} per request")
-    for i, text in enumerate(texts):
-        _check_unicode(f"texts[{i}]", text)
+    for name, text in zip(names, texts, strict=True):
+        _check_unicode(name, text)
         if len(text) > limits.max_chars:
-            raise HTTPException(413, f"texts[{i}] has {len(text)} characters: at most {limits.max_chars} per text")
+            raise HTTPException(413, f"{name} has {len(text)} characters: at most {limits.max_chars} per text")
     total = sum(len(text) for text in texts)
     if total > limits.max_total_chars:
         raise HTTPException(413, f"{total} characters in all: at most {limits.max_total_chars} per request")
@@ -192,20 +209,73 @@ def _classify_examples(body: ClassifyRequest, pairs: bool, limits: ServeLimits) 
     assert body.pairs is not None
     if len(body.pairs) > limits.max_items:
         raise HTTPException(413, f"{len(body.pairs)} pairs: at most {limits.max_items} per request")
-    _check_texts([text for pair in body.pairs for text in pair], limits)
+    _check_texts([text for pair in body.pairs for text in pair], limits,
+                 [f"pairs[{i}][{j}]" for i in range(len(body.pairs)) for j in range(2)])
     for i, (a, b) in enumerate(body.pairs):
         if bool(a.strip()) != bool(b.strip()):
             raise HTTPException(422, f"pairs[{i}]: empty {'first' if not a.strip() else 'second'} text")
     return [(a, b) for a, b in body.pairs]
 
 
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
+
+
 def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> None:
     """413 for too much text, 422 for settings out of range."""
     _check_texts(body.texts, limits)
+    if body.prefix is not None:
+        if len(body.prefix) != len(body.texts):
+            raise HTTPException(422, f"prefix has {len(body.prefix)} entries for {len(body.texts)} texts: give one "
+                                     'per text ("": no prefix)')
+        _check_texts(body.prefix, limits, [f"prefix[{i}]" for i in range(len(body.prefix))])
+    if body.sampling:
+        _check_sampling(body, limits)
+        return
+    given = [f'"{name}"' for name in SAMPLING_FIELDS if getattr(body, name) is not None]
+    if given:
+        raise HTTPException(422, f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to sampling: "
+                                 f'add "sampling": true or drop {"it" if len(given) == 1 else "them"}')
     if beam > limits.max_beam:
         raise HTTPException(422, f"beam={beam}: at most {limits.max_beam}")
     if body.nbest is not None and body.nbest > beam:
         raise HTTPException(422, f"nbest={body.nbest} must be <= beam={beam}")
+
+
+def _check_sampling(body: TranslateRequest, limits: ServeLimits) -> None:
+    """422 for sampling settings that `multibranch translate --sampling` refuses."""
+    if body.beam is not None:
+        raise HTTPException(422, "sampling draws nbest samples per text instead of a beam search; drop beam")
+    if body.nbest is not None and body.nbest > limits.max_beam:
+        raise HTTPException(422, f"nbest={body.nbest}: at most {limits.max_beam} samples per text")
+    temperature = 1.0 if body.temperature is None else body.temperature
+    if not math.isfinite(temperature):
+        raise HTTPException(422, f"temperature={temperature}: must be a finite number > 0")
+    try:
+        check_sampling(temperature, 0 if body.top_k is None else body.top_k, 1.0 if body.top_p is None else body.top_p)
+    except ConfigError as err:
+        raise HTTPException(422, str(err)) from None
+
+
+def _decode_options(body: TranslateRequest, beam: int) -> DecodeOptions:
+    """The request's DecodeOptions (checked by `_check_limits`)."""
+    return DecodeOptions(beam=beam, nbest=body.nbest or 1, sampling=body.sampling,
+                         temperature=1.0 if body.temperature is None else body.temperature,
+                         top_k=body.top_k or 0, top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed,
+                         prefixed=body.prefix is not None, aligned=body.alignment)
+
+
+def _translations(results: list[list[tuple[str, float, str | None]]], nbest: int | None, alignment: bool
+                  ) -> dict[str, Any]:
+    """The answer of /translate from (text, score, alignment) hypotheses per text."""
+    if nbest is None:
+        out: dict[str, Any] = {"translations": [entries[0][0] for entries in results]}
+        if alignment:
+            out["alignments"] = [entries[0][2] or "" for entries in results]
+        return out
+    out = {"translations": [[{"text": t, "score": s} for t, s, _ in entries] for entries in results]}
+    if alignment:
+        out["alignments"] = [[a or "" for _, _, a in entries] for entries in results]
+    return out
 
 
 class _Answered:
@@ -315,6 +385,8 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
             if not body.texts:
                 return {"translations": []}
             tokens = sum(engine.count_tokens(body.texts))
+            if body.sampling or body.prefix is not None:
+                return await options_call(body, beam, tokens)
             if body.alignment:
                 if not hasattr(engine, "translate_aligned"):
                     raise HTTPException(422, "alignment: this engine has no attention to align with (use the "
@@ -332,6 +404,25 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
             return {"translations": [[{"text": t, "score": s} for t, s in entries] for entries in results]}
 
         return await queued(handle)
+
+    async def options_call(body: TranslateRequest, beam: int, tokens: int) -> Any:
+        """Sampling or prefixes: the engine's `translate_with`, as `multibranch translate` decodes them."""
+        asked = "sampling" if body.sampling else "prefix"
+        if not hasattr(engine, "translate_with"):
+            raise HTTPException(422, f"{asked}: not with a CTranslate2 directory ({asked} is not mapped onto "
+                                     "CTranslate2's options yet); serve the checkpoint with the PyTorch engine")
+        options = _decode_options(body, beam)
+        items: list[Any] = list(body.texts)
+        if body.prefix is not None:
+            try:
+                engine.check_prefixes(body.texts, body.prefix)  # type: ignore[attr-defined]
+            except DataError as err:
+                raise HTTPException(422, str(err)) from None
+            items = list(zip(body.texts, body.prefix, strict=True))
+        weight = options.nbest if options.sampling else beam
+        results = await batcher.submit_call(items, tokens, ("translate_with", options), weight=weight,
+                                            alone=options.seed is not None)
+        return _translations(results, body.nbest, body.alignment)
 
     @app.post("/classify", response_model=ClassifyResponse)
     async def classify(body: ClassifyRequest) -> Any:
@@ -351,7 +442,7 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
 
     @app.post("/attention")
     async def attention(body: AttentionRequest) -> Any:
-        _check_attention(body, limits, choices, task)
+        _check_attention(body, limits, choices, task, getattr(engine, "ensemble", False))
         try:
             return await batcher.run_exclusive(engine.attention, body.text, body.kind, body.layer, body.head,  # type: ignore[attr-defined]
                                                body.branch, body.beam, body.target)

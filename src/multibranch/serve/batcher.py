@@ -49,6 +49,7 @@ class Job:
     key: tuple[Any, ...]
     weight: int
     future: asyncio.Future[list[Any]] = field(repr=False)
+    alone: bool = False  # decoded in an engine call of its own (a seeded sample: the same samples every time)
 
 
 class MicroBatcher:
@@ -76,15 +77,16 @@ class MicroBatcher:
         """Queue one translation request and wait for its n-best lists (see `submit_call`)."""
         return await self.submit_call(texts, tokens, ("translate", beam, nbest), weight=beam)
 
-    async def submit_call(self, texts: list[str], tokens: int, key: tuple[Any, ...], weight: int = 1) -> list[Any]:
+    async def submit_call(self, texts: list[Any], tokens: int, key: tuple[Any, ...], weight: int = 1,
+                          alone: bool = False) -> list[Any]:
         """Queue one request for the engine call `key` (`engine.<key[0]>(texts, *key[1:])`, one result
-        per text) and wait for its results (raises QueueFull, ShuttingDown, TimeoutError after
-        limits.timeout_s; a timed-out request is dropped from the queue)."""
+        per text; `alone`: never merged with other requests) and wait for its results (raises QueueFull,
+        ShuttingDown, TimeoutError after limits.timeout_s; a timed-out request is dropped from the queue)."""
         if self._closing or self._wakeup is None:
             raise ShuttingDown
         if self.depth >= self.limits.max_queue:
             raise QueueFull
-        job = Job(texts, tokens, key, weight, asyncio.get_running_loop().create_future())
+        job = Job(texts, tokens, key, weight, asyncio.get_running_loop().create_future(), alone)
         self._pending.append(job)
         self.metrics.queue_depth.set(self.depth)
         self._wakeup.set()
@@ -176,7 +178,8 @@ class MicroBatcher:
                 if job.future.done():
                     self._pending.remove(job)
                     continue
-                if batch and (job.key != batch[0].key or (tokens + job.tokens) * job.weight > budget):
+                if batch and (job.key != batch[0].key or job.alone or batch[0].alone
+                              or (tokens + job.tokens) * job.weight > budget):
                     continue
                 self._pending.remove(job)
                 batch.append(job)
@@ -185,7 +188,8 @@ class MicroBatcher:
                     break
             self.metrics.queue_depth.set(self.depth)
             remaining = deadline - time.monotonic()
-            if not batch or tokens * batch[0].weight >= self.limits.batch_tokens or remaining <= 0 or self._closing:
+            if (not batch or batch[0].alone or tokens * batch[0].weight >= self.limits.batch_tokens or remaining <= 0
+                    or self._closing):
                 return batch
             self._wakeup.clear()
             try:

@@ -20,15 +20,34 @@ from multibranch.analysis.attention_maps import SelectionError
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.device import resolve_device
 from multibranch.errors import UserError
+from multibranch.inference.ensemble import Ensemble
 from multibranch.inference.precision import check_precision, for_decoding
 from multibranch.modules.simplex import BranchWeights
 from multibranch.serve.attention import attention_choices, sentence_map
 from multibranch.tasks.classification.inference import Example, classify_lines, encode_examples, label_names
 from multibranch.tasks.loading import load_model
 from multibranch.tasks.translation.ct2 import Ct2Translator
+from multibranch.tasks.translation.loading import load_ensemble
 from multibranch.tasks.translation.translator import Translator
 
 Hypotheses = list[tuple[str, float]]  # (text, normalised score), best first
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """A request's decode settings beyond beam and n-best, as `multibranch translate` takes them: sampling
+    (temperature, top-k, top-p, seed), target prefixes (the items are then (text, prefix) pairs) and
+    attention-based alignments. One engine call decodes requests of equal options together."""
+
+    beam: int
+    nbest: int = 1
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    prefixed: bool = False
+    aligned: bool = False
 
 
 class Engine(Protocol):
@@ -59,16 +78,23 @@ def branch_weights(model: Any) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def load_torch_engine(path: str, device: str = "cpu", precision: str = "fp32",
+def load_torch_engine(path: str | list[str], device: str = "cpu", precision: str = "fp32",
                       **overrides: Any) -> TorchEngine | ClassifierEngine:
     """The engine of a checkpoint, chosen by its task: TorchEngine for a translation model,
-    ClassifierEngine for a classifier. `overrides` are decode settings (translation only). The one
-    place the server imports the checkpoint loader; one model copy in `precision`
+    ClassifierEngine for a classifier. Several paths: an ensemble of translation models, loaded as
+    `multibranch translate` loads one (`load_ensemble`). `overrides` are decode settings (translation
+    only). The one place the server imports the checkpoint loader; one model copy in `precision`
     (inference/precision.py) serves every request."""
 
     resolved = resolve_device(device)
     check_precision(precision, resolved)
-    loaded = load_model(path, resolved, task=("translation", "classification"))
+    paths = [path] if isinstance(path, str) else list(path)
+    if len(paths) > 1:
+        loaded = load_ensemble(paths, resolved, task="translation")
+        path = " ".join(paths)
+    else:
+        path = paths[0]
+        loaded = load_model(path, resolved, task=("translation", "classification"))
     if loaded.tokenizer is None:
         raise CheckpointError(f"{path} has no tokenizer, so it cannot serve raw text")
     model = for_decoding(loaded.model, precision, in_place=True)  # loaded only to serve
@@ -79,8 +105,11 @@ def load_torch_engine(path: str, device: str = "cpu", precision: str = "fp32",
         return ClassifierEngine(model, loaded.tokenizer, loaded.config, resolved, precision)
     decode = dataclasses.replace(loaded.config.decode, **overrides)
     decode.validate()
+    summary = model_summary(loaded.config.model)
+    if len(paths) > 1:
+        summary["ensemble"] = paths
     return TorchEngine(model, loaded.tokenizer, decode, resolved, kind=loaded.config.model.encoder.kind,
-                       summary=model_summary(loaded.config.model), precision=precision)
+                       summary=summary, precision=precision)
 
 
 def model_summary(model_cfg: Any) -> dict[str, Any]:
@@ -100,7 +129,7 @@ class TorchEngine:
         self.model, self.tokenizer, self.decode, self.kind = model, tokenizer, decode, kind
         self.precision = precision  # the model is already the one to decode with (for_decoding)
         self.default_beam = decode.beam
-        self._translators: dict[int, Any] = {}
+        self._translators: dict[Any, Any] = {}
         self._base = Translator(model, tokenizer, decode, device)
         self._translators[decode.beam] = self._base
         self.summary = summary or {}
@@ -124,19 +153,57 @@ class TorchEngine:
                                                 alignment_layer=-1 if aligned else None)
         return self._translators[key]
 
+    @property
+    def ensemble(self) -> bool:
+        """Whether the model is an ensemble of several checkpoints."""
+        return isinstance(self.model, Ensemble)
+
     def count_tokens(self, texts: list[str]) -> list[int]:
         return [len(ids) + 1 for ids in self.tokenizer.encode_src(texts)]  # + EOS
 
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
         return self._translator(beam).translate_nbest(texts, nbest)
 
+    def decode_options(self, options: DecodeOptions) -> Any:
+        """The DecodeConfig of `options`: this engine's, with the request's beam or sampling settings (checked
+        as `multibranch translate` checks them: ConfigError)."""
+        if options.sampling:
+            cfg = dataclasses.replace(self.decode, nbest=1, sampling=True, temperature=options.temperature,
+                                      top_k=options.top_k, top_p=options.top_p, seed=options.seed)
+        else:
+            cfg = dataclasses.replace(self.decode, beam=options.beam, nbest=1, sampling=False)
+        cfg.validate()
+        return cfg
+
+    def translate_with(self, items: list[Any], options: DecodeOptions) -> list[list[tuple[str, float, str | None]]]:
+        """Per item (a text, or a (text, prefix) pair when `options.prefixed`) up to `options.nbest`
+        (text, score, alignment) hypotheses, best first: the Translator of `multibranch translate`, with
+        sampling and prefixes as it decodes them. A seeded request gets a Translator of its own, whose
+        generator starts from the seed (the samples of `translate --seed` on the same texts)."""
+        key = ("options", options)
+        translator = None if options.seed is not None else self._translators.get(key)
+        if translator is None:
+            translator = Translator(self.model, self.tokenizer, self.decode_options(options), self._base.device,
+                                    alignment_layer=-1 if options.aligned else None)
+            if options.seed is None:
+                self._translators[key] = translator
+        texts = [item[0] for item in items] if options.prefixed else list(items)
+        prefixes = [item[1] for item in items] if options.prefixed else None
+        return [[(t.text, t.score, t.alignment) for t in entries]
+                for entries in translator.translate_full(texts, options.nbest, prefixes=prefixes)]
+
+    def check_prefixes(self, texts: list[str], prefixes: list[str]) -> None:
+        """DataError when a prefix is longer than its text's translation may be (before it is queued)."""
+        self._base.encode_prefixes(texts, prefixes)
+
     def translate_aligned(self, texts: list[str], beam: int, nbest: int) -> list[list[tuple[str, float, str]]]:
         """`translate` with each hypothesis' Pharaoh alignment (inference/alignment.py: attention-based)."""
         return [[(t.text, t.score, t.alignment or "") for t in entries]
                 for entries in self._translator(beam, aligned=True).translate_full(texts, nbest)]
 
-    def attention_choices(self) -> dict[str, dict[str, Any]]:
-        return attention_choices(self.model)
+    def attention_choices(self) -> dict[str, dict[str, Any]] | None:
+        """The maps `attention` draws; None for an ensemble (a map is of one model's attention)."""
+        return None if self.ensemble else attention_choices(self.model)
 
     def attention(self, text: str, kind: str, layer: int, head: int | None = None, branch: int | None = None,
                   beam: int | None = None, target: str | None = None) -> dict[str, Any]:

@@ -114,6 +114,19 @@ def test_bad_pair_input_is_one_clear_line(tmp_path, capsys):
     assert meta["splits"]["train"]["examples"] == len(FIRSTS) - 1
 
 
+def test_jsonl_with_two_text_keys_is_refused_not_read_as_single_texts(tmp_path, capsys):
+    train = tmp_path / "pairs.jsonl"
+    train.write_text("".join(json.dumps({"label": y, "premise": a, "hypothesis": b}) + "\n"
+                             for a, b, y in zip(FIRSTS, SECONDS, LABELS)), encoding="utf-8")
+    assert main(["prepare", "--task", "classify", "--train", str(train), "--holdout", "2", "--text-key", "premise",
+                 "--text-key", "hypothesis", "--vocab-size", "60", "--out", str(tmp_path / "data")]) == 2
+    err = one_error_line(capsys)
+    assert "--text-key given 2 times (premise, hypothesis)" in err and "--text-column A --text-column B" in err
+    assert not (tmp_path / "data").exists()
+    assert main(["prepare", "--task", "classify", "--train", str(train), "--holdout", "2", "--text-key", "premise",
+                 "--vocab-size", "60", "--out", str(tmp_path / "data")]) == 0  # one key: single texts, as before
+
+
 def _head(path, rows: int, out) -> None:
     """The first `rows` lines of a corpus file (bytes, BOM included) into a temporary file."""
     with open(path, "rb") as handle:

@@ -72,6 +72,30 @@ def test_pretokenized_with_dict_and_counted(tmp_path):
     assert counted.decode_tgt(counted.encode_src(["a ne@@ w tag"])) == ["a new tag"]
 
 
+def test_report_describes_the_vocabulary_actually_used(tmp_path):
+    src, tgt = corpus_lines(200, 1), corpus_lines(200, 2)
+    writer = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(src + tgt), model_writer=writer, vocab_size=40,
+                                   model_type="unigram", minloglevel=2)
+    model = tmp_path / "given.model"
+    model.write_bytes(writer.getvalue())
+    assert _prepare(_corpus(tmp_path / "raw", src, tgt), tmp_path / "spm", "--spm-model", str(model)) == 0
+    report = (tmp_path / "spm" / "report.md").read_text(encoding="utf-8")
+    assert f"given model {model} (unigram, 41 pieces)" in report  # 40 + the appended pad
+    assert "requested" not in report and "bpe" not in report
+
+    bpe = ["the ne@@ ws is here", "a ne@@ w day", "the day"] * 10
+    prefixes = _corpus(tmp_path / "bpe", bpe, bpe)
+    dictionary = tmp_path / "dict.txt"
+    dictionary.write_text("".join(f"{w} 9\n" for w in ["the", "ne@@", "ws", "a", "w", "day"]), encoding="utf-8")
+    assert _prepare(prefixes, tmp_path / "dict", "--pretokenized", "--dict", str(dictionary)) == 0
+    report = (tmp_path / "dict" / "report.md").read_text(encoding="utf-8")
+    assert f"pre-tokenised BPE text (fairseq dict {dictionary}), joint, src 10 / tgt 10 ids" in report
+    assert "requested" not in report and "SentencePiece: bpe" not in report
+    assert _prepare(prefixes, tmp_path / "counted", "--pretokenized") == 0
+    assert "(counted from train)" in (tmp_path / "counted" / "report.md").read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (["--pretokenized", "--vocab-size", "100"], "--vocab-size"),
     (["--dict", "x.txt"], "--pretokenized"),

@@ -83,14 +83,15 @@ class MuteLayerConfig(LayerConfig):
         if model.decoder is self:
             self.build_decoder_layer(model, 0)
         if model.norm != "pre":
-            raise ConfigError("the mute layer is pre-norm (SEEDS-SPEC §3.2): set model.norm=pre")
+            raise ConfigError("the mute layer is pre-norm, as in MUTE (Yan et al., 2020): set model.norm=pre")
 
     def build_encoder_layer(self, model: ModelConfig, index: int) -> nn.Module:
         return MuteEncoderLayer(model, self)
 
     def build_decoder_layer(self, model: ModelConfig, index: int) -> nn.Module:
         raise ConfigError(
-            "layer kind 'mute' is encoder-only (SEEDS-SPEC §3.1): use decoder: {kind: transformer} with model.norm=pre"
+            "layer kind 'mute' is encoder-only, as in MUTE (Yan et al., 2020): use decoder: {kind: transformer} "
+            "with model.norm=pre"
         )
 
 

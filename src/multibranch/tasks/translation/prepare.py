@@ -50,17 +50,18 @@ from typing import Any, Literal
 import numpy as np
 import sentencepiece
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from tqdm import tqdm
 
 from multibranch import __version__
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
 from multibranch.data.directories import DATA, refuse_replacing
+from multibranch.data.encoding import ChunkEncoder, LengthFilter
 from multibranch.data.text import ParallelChunk, ParallelText, count_lines, iter_parallel
 from multibranch.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from multibranch.data.vocabulary import adapt_spm_model, count_words, ranked_words, read_dict, word_model
 from multibranch.errors import DataError
-from multibranch.data.encoding import ChunkEncoder, LengthFilter
 from multibranch.tasks.translation.shards import SIDES, SplitWriter, shard_files
 
 FORMAT = "multibranch-data"
@@ -348,10 +349,17 @@ def _non_empty(chunk: ParallelChunk) -> tuple[list[str], list[str]]:
     return [s for s, _ in kept], [t for _, t in kept]
 
 
+class _Bar(tqdm):
+    """tqdm without its monitor thread: `prepare` stays single-threaded, so its encoding workers can be forked
+    (data/encoding.py)."""
+
+    monitor_interval = 0
+
+
 def _progress(cfg: PrepareConfig, total: int, desc: str) -> tqdm:
     """A bar with an ETA on stderr, shown on a terminal (or when cfg.progress says so)."""
     enabled = sys.stderr.isatty() if cfg.progress is None else cfg.progress
-    return tqdm(total=total, disable=not enabled, unit=" lines", unit_scale=True, desc=desc, dynamic_ncols=True,
+    return _Bar(total=total, disable=not enabled, unit=" lines", unit_scale=True, desc=desc, dynamic_ncols=True,
                 leave=False, file=sys.stderr)
 
 
@@ -466,8 +474,8 @@ def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[S
     split_meta: dict[str, Any] = {}
     stats: dict[str, Any] = {}
     non_empty: dict[str, int] = {}
-    with _progress(cfg, total_lines, "prepare: encoding") as bar, \
-            ChunkEncoder(tokenizer, cfg.encoding_workers()) as encoder:
+    with ChunkEncoder(tokenizer, cfg.encoding_workers()) as encoder, \
+            _progress(cfg, total_lines, "prepare: encoding") as bar:
         for name, prefix, chunks, lines in streams:
             entry, stats[name], non_empty[name] = _write_split(cfg, name, chunks, encoder, out, bar,
                                                                (dropped_before or {}).get(name))
@@ -495,7 +503,7 @@ def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[S
         "config": {k: v for k, v in to_dict(cfg).items() if k != "progress"},
     }
     (out / "data.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(_report(meta, stats), encoding="utf-8")
+    (out / "report.md").write_text(_report(meta, stats, _vocabulary_line(meta, protos)), encoding="utf-8")
     return meta
 
 
@@ -579,15 +587,36 @@ def fingerprint(directory: Path, spm_files: dict[str, str], shards: list[str]) -
 # ---------------------------------------------------------------------------------------- report
 
 
-def _report(meta: dict[str, Any], stats: dict[str, Any]) -> str:
-    """Human-readable summary of a prepared directory (Markdown)."""
+def _vocabulary_line(meta: dict[str, Any], protos: dict[str, bytes]) -> str:
+    """The report's line on the vocabulary actually used: the trained SentencePiece model (requested and
+    got), the given model(s) (type and size) or the words of pre-tokenised text (dict.txt or counted)."""
+    cfg = meta["config"]
+    sharing = "joint" if meta["joint"] else "separate"
+    sizes = f"src {meta['vocab_size']['src']} / tgt {meta['vocab_size']['tgt']}"
+    files = ", ".join(sorted(set(meta["spm"].values())))
+    if cfg["pretokenized"]:
+        given = [path for path in (cfg["dict"], cfg["dict_tgt"]) if path]
+        source = f"fairseq dict {' / '.join(given)}" if given else "counted from train"
+        return f"- Vocabulary: words of pre-tokenised BPE text ({source}), {sharing}, {sizes} ids ({files})"
+    if cfg["spm_model"]:
+        models = []
+        for side, path in (("src", cfg["spm_model"]), ("tgt", cfg["spm_model_tgt"])):
+            if path:
+                spec = model_pb2.ModelProto.FromString(protos[side]).trainer_spec
+                kind = model_pb2.TrainerSpec.ModelType.Name(spec.model_type).lower()
+                models.append(f"{path} ({kind}, {meta['vocab_size'][side]} pieces)")
+        return f"- SentencePiece: given model {' / '.join(models)}, {sharing} vocabulary ({files})"
+    return (f"- SentencePiece: {cfg['model_type']}, {sharing} vocabulary, requested {cfg['vocab_size']}, "
+            f"got {sizes} ({files})")
+
+
+def _report(meta: dict[str, Any], stats: dict[str, Any], vocabulary: str) -> str:
+    """Human-readable summary of a prepared directory (Markdown); `vocabulary` is its vocabulary line."""
     cfg = meta["config"]
     lines = [
         f"# Prepared data: {meta['src_lang']} -> {meta['tgt_lang']}",
         "",
-        f"- SentencePiece: {cfg['model_type']}, {'joint' if meta['joint'] else 'separate'} vocabulary, "
-        f"requested {cfg['vocab_size']}, got src {meta['vocab_size']['src']} / tgt {meta['vocab_size']['tgt']} "
-        f"({', '.join(sorted(set(meta['spm'].values())))})",
+        vocabulary,
         "- Special ids: " + " ".join(f"{name}={i}" for name, i in meta["special_ids"].items()),
         f"- Vocabulary: {meta['vocabulary']}; shards per split: "
         + ", ".join(f"{name} {len(entry['shards'])}" for name, entry in meta["splits"].items()),

@@ -90,15 +90,32 @@ class TranslationTask(Task):
                     f"{int(sizes[i]) - 1} tokens + EOS; {len(over)} validation example(s) do not fit); raise --max-tokens "
                     f"to at least {int(sizes.max())}, or shorten or remove that line of the --valid files"
                     f"{f' ({prefix}.*)' if prefix else ''} and prepare again")
-            longest = [max(longest[0], int(valid.src_lengths.max())), max(longest[1], int(valid.tgt_lengths.max()))]
         if m.positions == "learned":  # a learned table has no row beyond max_positions
             needed = max(longest[:2]) + 1  # the source + EOS, BOS + the target
             if needed > m.max_positions:
                 raise ConfigError(
-                    f"model.max_positions={m.max_positions} (learned positions) is shorter than the data in "
-                    f"{self.data_dir}: its longest source has {longest[0]} tokens and its longest target "
+                    f"model.max_positions={m.max_positions} (learned positions) is shorter than the training data "
+                    f"in {self.data_dir}: its longest source has {longest[0]} tokens and its longest target "
                     f"{longest[1]}, which need {needed} positions (+1 for EOS/BOS); set model.max_positions to at "
                     f"least {needed}, or prepare the data with --max-len {m.max_positions - 1}")
+            if valid is not None and len(valid):
+                self._check_valid_positions(valid, m.max_positions)
+
+    def _check_valid_positions(self, valid: Any, max_positions: int) -> None:
+        """Refuse a validation example longer than a learned position table holds, naming its line: prepare's
+        --max-len filters only the training pairs, so the remedy is the model's positions or the line itself."""
+        sizes = np.maximum(valid.src_lengths, valid.tgt_lengths) + 1  # [n] the source + EOS, BOS + the target
+        over = np.flatnonzero(sizes > max_positions)
+        if len(over):
+            i = int(over[0])
+            prefix = self.data.meta["splits"].get("valid", {}).get("prefix")
+            raise ConfigError(
+                f"model.max_positions={max_positions} (learned positions) is shorter than validation example "
+                f"{i + 1} (line {i + 1} of {self.data_dir / 'valid.src.txt'} and valid.tgt.txt), which needs "
+                f"{int(sizes[i])} positions ({len(over)} validation example(s) do not fit; --max-len in prepare "
+                f"filters only the training pairs); set model.max_positions to at least {int(sizes.max())} "
+                f"(--set model.max_positions=N), or shorten or remove that line of the --valid files"
+                f"{f' ({prefix}.*)' if prefix else ''} and prepare again")
 
     @classmethod
     def build_model(cls, cfg: ExperimentConfig) -> nn.Module:
