@@ -36,6 +36,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+from bench.common import environment, preset_amp  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "bad_input_sweep.json"
 TEMPORARY = re.compile(r"^\..*(\.tmp|\.tmp-.*|\.tmp\..*)$")
 
@@ -295,7 +299,8 @@ def main() -> int:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
     failed = [r["case"] for r in rows if not r["ok"]]
-    summary = {"cases": len(rows), "failed": failed, "rows": rows}
+    summary = {"environment": environment(amp=preset_amp("transformer-tiny")), "cases": len(rows),
+               "failed": failed, "rows": rows}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     partial = args.results.with_name(f".{args.results.name}.tmp")
     partial.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
