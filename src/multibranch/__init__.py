@@ -24,6 +24,7 @@ _EXPORTS = {
     "load": "multibranch.api", "Model": "multibranch.api", "ForcedScore": "multibranch.api",
     "fit": "multibranch.api", "TrainResult": "multibranch.api", "presets": "multibranch.api", "prepare": "multibranch.api",
     "WrongTaskError": "multibranch.api", "MissingFileError": "multibranch.api", "ExistingFileError": "multibranch.api",
+    "UnsupportedError": "multibranch.api", "AlignedTranslation": "multibranch.api", "AttentionMaps": "multibranch.api",
     "ExperimentConfig": "multibranch.experiment",
     "UserError": "multibranch.errors", "ConfigError": "multibranch.errors", "DataError": "multibranch.errors",
     "CheckpointError": "multibranch.errors",

@@ -14,9 +14,9 @@ import multibranch
 SHORT = {"max_len_a": 0.0, "max_len_b": 8}  # as api_model decodes: at most 8 tokens, a fast test
 
 # the public surface: a name removed from multibranch.__all__ breaks users' code
-PUBLIC = ["CheckpointError", "ConfigError", "DataError", "ExistingFileError", "ExperimentConfig", "ForcedScore",
-          "MissingFileError", "Model", "TrainResult", "UserError", "WrongTaskError", "__version__", "fit", "layers",
-          "load", "prepare", "presets"]
+PUBLIC = ["AlignedTranslation", "AttentionMaps", "CheckpointError", "ConfigError", "DataError", "ExistingFileError",
+          "ExperimentConfig", "ForcedScore", "MissingFileError", "Model", "TrainResult", "UnsupportedError", "UserError",
+          "WrongTaskError", "__version__", "fit", "layers", "load", "prepare", "presets"]
 
 
 def test_public_names_stay():

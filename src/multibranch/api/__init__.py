@@ -5,12 +5,15 @@
     model.translate("ein Haus")                           # -> "a house"
     model.translate(["a", "b"], beam=4, nbest=2)          # -> [["..", ".."], ["..", ".."]]
     model.score(["ein Haus"], ["a house"])                # forced decoding, as translate --score-reference
+    model.translate("ein Haus", prefixes="a", alignment=True)   # translate --prefix / --print-alignment
+    model.attention("ein Haus").map("cross", layer=-1, head=0)  # serve's POST /attention: [T, S]
     multibranch.prepare("raw/train", "data", src="de", tgt="en", valid="raw/valid")
     multibranch.fit("mat-tiny", data="data", out="run", max_steps=20)
 
 A thin layer over the library: loading is `tasks.translation.loading` / `tasks.loading`, decoding the
-`Translator` (or `Ct2Translator`), labelling `tasks.classification.inference`, training `tasks.train` with
-the config `experiment.train_config` builds. Whatever a user can get wrong raises a `UserError` subclass
+`Translator` (or `Ct2Translator`; prefixes and alignments as `translate --prefix/--print-alignment`),
+attention maps `serve.attention` (serve's POST /attention), labelling `tasks.classification.inference`,
+training `tasks.train` with the config `experiment.train_config` builds. Whatever a user can get wrong raises a `UserError` subclass
 with the CLI's message. Training is `fit`, not `train`: `multibranch.train` is the trainer's package.
 docs/python-api.md shows it in use.
 """
@@ -21,10 +24,12 @@ from multibranch.api.model import (
            ForcedScore,
            MissingFileError,
            Model,
+           UnsupportedError,
            WrongTaskError,
            load,
 )
+from multibranch.api.results import AlignedTranslation, AttentionMaps
 from multibranch.api.training import TrainResult, fit, presets
 
-__all__ = ["ExistingFileError", "ForcedScore", "MissingFileError", "Model", "TrainResult", "WrongTaskError", "fit",
-           "load", "prepare", "presets"]
+__all__ = ["AlignedTranslation", "AttentionMaps", "ExistingFileError", "ForcedScore", "MissingFileError", "Model",
+           "TrainResult", "UnsupportedError", "WrongTaskError", "fit", "load", "prepare", "presets"]

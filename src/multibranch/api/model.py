@@ -1,5 +1,6 @@
-"""`load` and `Model`: a checkpoint, an ensemble or a CTranslate2 directory, used as the CLI's translate,
-`translate --score-reference` and classify commands use it, returning Python values."""
+"""`load` and `Model`: a checkpoint, an ensemble or a CTranslate2 directory, used as the CLI's translate
+(with --prefix and --print-alignment), `translate --score-reference`, classify and serve's POST /attention
+use it, returning Python values."""
 
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ from typing import Any
 
 import torch
 
+from multibranch.analysis.attention_maps import SelectionError
+from multibranch.api.results import AlignedTranslation, AttentionMaps
+from multibranch.commands.translate import CT2_REFUSED
 from multibranch.device import resolve_device
-from multibranch.errors import CheckpointError, ConfigError, UserError
+from multibranch.errors import CheckpointError, ConfigError, DataError, UserError
 from multibranch.experiment import ExperimentConfig
 from multibranch.experiment.decoding import DecodeConfig
+from multibranch.inference.ensemble import Ensemble
 from multibranch.inference.precision import check_precision, for_decoding
+from multibranch.serve.attention import sentence_ids, sentence_maps
 from multibranch.tasks.classification.inference import (
     check_examples,
     classify_lines,
@@ -28,16 +34,25 @@ from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
 from multibranch.tasks.translation.loading import load_ensemble
 from multibranch.tasks.translation.translator import ForcedScore, Translator
 
-__all__ = ["ExistingFileError", "ForcedScore", "MissingFileError", "Model", "WrongTaskError", "load", "user_errors"]
+__all__ = ["AlignedTranslation", "AttentionMaps", "ExistingFileError", "ForcedScore", "MissingFileError", "Model",
+           "UnsupportedError", "WrongTaskError", "load", "user_errors"]
 
 # the CLI's decoding flag names that differ from DecodeConfig's fields (translate --lenpen ...)
 DECODE_ALIASES = {"lenpen": "length_penalty", "lenpen_kind": "length_penalty_kind"}
 DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 TRANSLATION_TASKS = ("translation", "code")
+# the CLI's names in the library's messages -> the API's arguments
+DECODE_RENAMES = {"--max-len-a/--max-len-b": "max_len_a/max_len_b", "--alignment-layer": "alignment_layer",
+                  "--print-alignment": "alignment=True"}
 
 
 class WrongTaskError(CheckpointError):
     """A model asked for what its task does not do (a classifier asked to translate, and the reverse)."""
+
+
+class UnsupportedError(UserError):
+    """What this kind of loaded model cannot do: attention maps of an ensemble or a CTranslate2 directory,
+    prefixes or alignments with a CTranslate2 directory (the CLI and serve refuse the same)."""
 
 
 class MissingFileError(UserError, FileNotFoundError):
@@ -168,38 +183,91 @@ class Model:
                                  f"model; use {'classify()' if self.task == 'classification' else 'translate()'}")
         return decoder
 
-    def _with(self, method: str, options: Mapping[str, Any]) -> Translator | Ct2Translator:
-        """The decoder, or (per-call options given) one with those decode fields replaced."""
+    def _with(self, method: str, options: Mapping[str, Any], alignment_layer: int | None = None
+              ) -> Translator | Ct2Translator:
+        """The decoder, or (per-call options given, or an alignment layer) one with those decode fields
+        replaced that aligns with decoder layer `alignment_layer` (UserError when there is no such layer)."""
         decoder = self._decoder(method)
         fields = {k: v for k, v in _decode_fields(options).items() if v is not None and v != getattr(decoder.cfg, k)}
-        if not fields:
+        if not fields and alignment_layer is None:
             return decoder
         if isinstance(decoder, Ct2Translator):
             return Ct2Translator(self.paths[0], self.device, threads=0, **{**self._ct2_fields(), **fields})
         cfg = dataclasses.replace(decoder.cfg, **fields)
         cfg.validate()
-        return Translator(decoder.model, decoder.tokenizer, cfg, self.device)
+        try:
+            return Translator(decoder.model, decoder.tokenizer, cfg, self.device, alignment_layer=alignment_layer)
+        except ValueError as err:  # an alignment layer the decoder lacks (the CLI's message)
+            raise UserError(f"alignment_layer: {err}") from None
 
     def _ct2_fields(self) -> dict[str, Any]:
         assert self._ct2 is not None
         return dataclasses.asdict(self._ct2.cfg)
 
-    def translate(self, texts: str | Sequence[str], beam: int | None = None, nbest: int = 1,
-                  **options: Any) -> Any:
+    def translate(self, texts: str | Sequence[str], beam: int | None = None, nbest: int = 1, *,
+                  prefixes: str | Sequence[str | None] | None = None, alignment: bool = False,
+                  alignment_layer: int | None = None, **options: Any) -> Any:
         """Translate one text (-> its translation) or a list (-> one translation each, in order).
 
         `beam`: the beam size (None: the model's decode config); `nbest` > 1 gives each text a list of its
         `nbest` best translations instead (at most `beam`). `options`: any other decoding field, named as
         in DecodeConfig or as `multibranch translate`'s flags (lenpen=0.6, max_len_a=1.5, sampling=True,
         temperature=0.7, seed=1, ...). An empty text translates to "".
+
+        `prefixes` (`translate --prefix FILE`): per text the target text its translation must start with
+        (None or "": no prefix), as many as texts (one text: a str, or a list of one); the search goes on
+        after it. A prefix longer than the text's output limit (`max_len_a`, `max_len_b`, the model's
+        positions) is a DataError before anything is decoded.
+
+        `alignment=True` (`translate --print-alignment`): each translation is an AlignedTranslation
+        (text, score and the (source i, target j) pairs the CLI prints) instead of a str;
+        `alignment_layer` (default -1, the last; `--alignment-layer`): the decoder layer whose
+        cross-attention, mean over heads, aligns. Neither works with a CTranslate2 directory
+        (UnsupportedError).
         """
+        self._decoder("translate")  # a classifier: WrongTaskError before anything else
         lines, single = _as_list(texts, "translate")
-        decoder = self._with("translate", {"beam": beam, "nbest": nbest, **options})
-        if nbest == 1:
-            out: list[Any] = decoder.translate(lines)
-        else:
-            out = [[text for text, _ in entries] for entries in decoder.translate_nbest(lines, nbest)]
+        wanted = self._prefixes(prefixes, lines, single)
+        if alignment_layer is not None and not alignment:
+            raise UserError("alignment_layer chooses the layer of alignment=True; add alignment=True")
+        if self._ct2 is not None:
+            for given, option, argument in ((wanted is not None, "prefix", "prefixes"),
+                                            (alignment, "print_alignment", "alignment=True")):
+                if given:
+                    raise UnsupportedError(f"{argument}: not with a CTranslate2 directory ({self.paths[0]}): "
+                                           f"{CT2_REFUSED[option][1]}")
+        layer = (-1 if alignment_layer is None else alignment_layer) if alignment else None
+        with user_errors(DECODE_RENAMES):
+            decoder = self._with("translate", {"beam": beam, "nbest": nbest, **options}, layer)
+            if not alignment and wanted is None:  # CTranslate2 too
+                out: list[Any] = (decoder.translate(lines) if nbest == 1 else
+                                  [[text for text, _ in entries] for entries in decoder.translate_nbest(lines, nbest)])
+            else:
+                assert isinstance(decoder, Translator)
+                results = decoder.translate_full(lines, nbest, prefixes=wanted)
+                if alignment:
+                    out = [[AlignedTranslation.from_pharaoh(t.text, t.alignment, t.score) for t in entries]
+                           for entries in results]
+                else:
+                    out = [[t.text for t in entries] for entries in results]
+                if nbest == 1:
+                    out = [entries[0] for entries in out]
         return out[0] if single else out
+
+    @staticmethod
+    def _prefixes(prefixes: str | Sequence[str | None] | None, lines: list[str], single: bool) -> list[str] | None:
+        """The prefix of each line ("" for none), or None when no prefixes were given."""
+        if prefixes is None:
+            return None
+        if isinstance(prefixes, str):
+            if not single:
+                raise UserError("prefixes: give a list of one prefix per text (None or \"\": no prefix), not a str")
+            prefixes = [prefixes]
+        if not isinstance(prefixes, Sequence) or not all(p is None or isinstance(p, str) for p in prefixes):
+            raise UserError("prefixes: give a list of one str (or None) per text")
+        if len(prefixes) != len(lines):  # the library's message (`translate --prefix`)
+            raise DataError(f"line counts differ: {len(lines)} input lines but {len(prefixes)} prefixes")
+        return ["" if p is None else p for p in prefixes]
 
     def score(self, texts: str | Sequence[str], references: str | Sequence[str], **options: Any) -> Any:
         """Forced decoding, as `translate --score-reference`: how likely the model finds `references[i]` as
@@ -211,6 +279,38 @@ class Model:
         decoder = self._with("score", options)
         out = decoder.score(lines, refs)
         return out[0] if single else out
+
+    # ---- attention maps ----------------------------------------------------------------------------
+
+    def attention(self, text: str, translation: str | None = None, beam: int | None = None,
+                  **options: Any) -> AttentionMaps:
+        """Every attention map of `text` with `translation` as its translation (None: the model's 1-best
+        with `beam` and `options`, as `translate` gives it), as `serve`'s POST /attention draws them (one
+        of them per request) and `analyze attention` writes them: an AttentionMaps with the source and
+        target tokens and per attention type and layer the maps of every head [H, rows, columns] and
+        branch [B, rows, columns]; `.map(kind, layer, head=, branch=)` picks one.
+
+        The source is encoded and truncated as for translation. DataError for an empty text or a
+        `translation` longer than the model's learned positions allow; UnsupportedError for an ensemble
+        (a map is of one model's attention) or a CTranslate2 directory (no attention weights);
+        WrongTaskError for a classifier.
+        """
+        if not isinstance(text, str) or not (translation is None or isinstance(translation, str)):
+            raise UserError("attention: give one text (a str) and optionally its translation (a str)")
+        if self._ct2 is not None:
+            raise UnsupportedError(f"attention: {self.paths[0]} is a CTranslate2 directory, which gives no attention "
+                                   "weights; load the checkpoint or its `convert export` directory")
+        decoder = self._with("attention", {"beam": beam, **options})
+        assert isinstance(decoder, Translator)
+        if isinstance(decoder.model, Ensemble):
+            raise UnsupportedError(f"attention: maps are drawn from one model; this is an ensemble of "
+                                   f"{len(self.paths)} ({self._name}): load one checkpoint to draw them")
+        try:
+            translated, src_ids, tgt_ids = sentence_ids(decoder, text, translation)
+        except SelectionError as err:
+            raise DataError(f"attention: {err}") from None
+        entry = sentence_maps(decoder.model, decoder.tokenizer, src_ids, tgt_ids)
+        return AttentionMaps.from_sentence(text, translated, entry)
 
     # ---- classification ----------------------------------------------------------------------------
 

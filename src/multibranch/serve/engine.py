@@ -16,14 +16,13 @@ from typing import Any, Protocol
 
 import torch
 
-from multibranch.analysis.attention_maps import SelectionError
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.device import resolve_device
 from multibranch.errors import UserError
 from multibranch.inference.ensemble import Ensemble
 from multibranch.inference.precision import check_precision, for_decoding
 from multibranch.modules.simplex import BranchWeights
-from multibranch.serve.attention import attention_choices, sentence_map
+from multibranch.serve.attention import attention_choices, sentence_ids, sentence_map
 from multibranch.tasks.classification.inference import Example, classify_lines, encode_examples, label_names
 from multibranch.tasks.loading import load_model
 from multibranch.tasks.translation.ct2 import Ct2Translator
@@ -211,19 +210,8 @@ class TorchEngine:
         with `beam`, as POST /translate gives it): the source is encoded and truncated as for
         translation; a target longer than learned positions allow raises SelectionError."""
 
-        translator = self._translator(beam or self.default_beam)
-        keep, sources, _ = translator.encode([text])
-        if not keep:
-            raise SelectionError("the text is empty")
-        translation = translator.translate([text])[0] if target is None else target
-        tgt_ids = self.tokenizer.encode_tgt([translation])[0]
-        cfg = self.model.config
-        if getattr(cfg, "positions", None) == "learned" and len(tgt_ids) + 1 > cfg.max_positions:
-            if target is not None:
-                raise SelectionError(f"the target has {len(tgt_ids)} tokens; the model's learned positions allow "
-                                     f"at most {cfg.max_positions - 1}")
-            tgt_ids = tgt_ids[: cfg.max_positions - 1]
-        entry = sentence_map(self.model, self.tokenizer, sources[0][:-1], tgt_ids, kind, layer, head, branch)
+        translation, src_ids, tgt_ids = sentence_ids(self._translator(beam or self.default_beam), text, target)
+        entry = sentence_map(self.model, self.tokenizer, src_ids, tgt_ids, kind, layer, head, branch)
         return {"text": text, "translation": translation, "kind": kind, "layer": layer, "head": head,
                 "branch": branch, **entry}
 
