@@ -1,4 +1,5 @@
-"""Every analysis of issue 9's results section on the trained Multi30k checkpoints, as report folders.
+"""Every analysis of the papers' results sections (head importance and pruning, MUTE diversity, MUSE gates,
+BLEU by length) on the trained Multi30k checkpoints, as report folders.
 
     python bench/analysis_multi30k.py [--runs DIR] [--data DIR] [--out DIR] [--threads 1]
         [--importance-examples 500] [--score-sentences 200] [--length-sentences 1000] [--length-buckets 8,12,16,20,25] [--beam K] [--step 0.1]

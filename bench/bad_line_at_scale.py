@@ -1,5 +1,5 @@
 """A malformed line deep in a large corpus: `multibranch prepare` must name file:line within seconds of reaching
-it and leave nothing behind (issue 21: "a malformed line at line 7,000,001").
+it and leave nothing behind (the case measured: a malformed line at line 7,000,001).
 
 A synthetic corpus (never committed) of `--line - 1` good pairs, then one target line with an invalid UTF-8 byte,
 then 1,000 more good pairs, is prepared twice as a user would, with the CLI in a fresh process:
@@ -12,7 +12,7 @@ then 1,000 more good pairs, is prepared twice as a user would, with the CLI in a
 
 Each run: exit status, wall seconds, the error line, and whether the output directory exists afterwards.
 
-    python bench/bad_line_at_scale.py --line 7000001          # the issue's case (about 10 minutes on 2 cores)
+    python bench/bad_line_at_scale.py --line 7000001          # the case measured (about 10 minutes on 2 cores)
     python bench/bad_line_at_scale.py --line 20001 --name bad_line_smoke
 """
 

@@ -18,7 +18,7 @@ no TAB). The prepared directory is reused by every later call (delete it to re-s
 
 Systems, all trained on the same train split and scored on the same test split:
   - `tfidf-lr`: scikit-learn TF-IDF (word 1-2-grams + char 2-5-grams, sublinear tf) + logistic
-    regression, C chosen on the validation split (the issue's baseline; issue #8 puts it at about 88.2%
+    regression, C chosen on the validation split (the baseline to beat, reported at about 88.2%
     TREC-6 and 82.9% SST-2 on the standard test sets, which are not in the shared data and not measured here);
   - the presets (`<data>-tiny`, `-drophead`, `-mat`): `multibranch train` in its own process for each
     seed, then `multibranch classify` of the test texts with best.pt (best valid accuracy);
@@ -35,7 +35,7 @@ Systems, all trained on the same train split and scored on the same test split:
 Reported per system: accuracy, macro-F1, the positive class's F1 (MRPC's metric, label 1) and Matthews
 correlation (mean ± sd over seeds) on the test split, and for every
 training run the process CPU seconds (user + system, from the child's rusage) and wall seconds: the
-issue's budget is 15 CPU minutes on 2 cores per run. Every run makes its preset's `train.max_steps`
+budget is 15 CPU minutes on 2 cores per run. Every run makes its preset's `train.max_steps`
 updates: the presets' wall-clock limit (`max_minutes`) is lifted, because on a shared machine it
 would stop runs at a load-dependent point; the measured times show whether the budget holds.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issues 21 and 22 in one run, for a lent GPU machine with PyTorch (CUDA) and transformers
+# The GPU checks in one run, for a lent GPU machine with PyTorch (CUDA) and transformers
 # installed and nothing to download: training speed at transformer-base size against Hugging Face Marian (bf16,
 # same batches, MFU), a transformer trained on Multi30k on the GPU, beam-search speed of that model against HF
 # `generate` and CTranslate2 (bf16, fp16, CTranslate2's int8_float16; batches of 32 and 128), and the test suite

@@ -21,7 +21,7 @@ runs in a fresh process that reports its wall time and its own peak RSS:
     train-long     the same for `--train-updates` updates (default 300; 0 skips it): peak RSS once many
                    batches have been read from all over the corpus, not just at the start
 
-Goals checked (issue 21): peak RSS of `prepare` at the largest size within 1.2x of the smallest and under
+Goals checked (memory flat in corpus size, speed near SentencePiece's encoder, a fast train start): peak RSS of `prepare` at the largest size within 1.2x of the smallest and under
 2 GB; prepare-reuse pairs/s >= 0.8x spm-encode; train done in < 30 s at the largest size, and train-long's
 peak RSS (train's without it) within 1.2x of the smallest size's. Results go to
 bench/results/NAME.json with the environment block.

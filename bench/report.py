@@ -1,11 +1,20 @@
 """Markdown tables from bench/results/*.json, for docs/benchmarks.md (numbers are never typed by hand).
 
-    python bench/report.py            # every table whose results file exists
+    python bench/report.py                      # a table per results file, with its command
+    python bench/report.py --doc-tables         # every table of docs/benchmarks.md, between its markers
+    python bench/report.py --doc-table NAME     # one of them (names: --list)
+    python bench/report.py --update-doc docs/benchmarks.md   # rewrite the doc's marked tables in place
+
+docs/benchmarks.md holds each doc table between `<!-- table: NAME -->` and `<!-- /table -->`;
+tests/bench/test_benchmarks_doc.py fails when the text there differs from what `doc_table(NAME)` prints.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -220,26 +229,343 @@ def classify_speed(name: str) -> list[str]:
     return lines + [""]
 
 
-def main() -> None:
+# --- the tables of docs/benchmarks.md: one per question, each with the files, commands and machines behind it ---
+
+def where(name: str) -> str:
+    """The machine a results file records: GPU, CPU model (or only the architecture), torch, autocast."""
+    result = load(name)
+    env = result["environment"]
+    rows = result.get("rows") if isinstance(result.get("rows"), list) else []
+    gpu = env.get("gpu") or result.get("gpu") or next((r["gpu"] for r in rows if r.get("gpu")), None)
+    parts = [gpu] if gpu else []
+    if env.get("cpu_model"):
+        parts.append(f"CPU {env['cpu_model']}")
+    elif env.get("host_cores"):
+        parts.append(f"{env['host_cores']} host cores, CPU model not recorded")
+    elif not gpu:
+        parts.append(f"CPU {env.get('cpu', '?')}, model not recorded")
+    parts.append(f"torch {env['torch']}")
+    amp = env.get("amp")
+    if isinstance(amp, dict):
+        settings = set(amp.values())
+        amp = settings.pop() if len(settings) == 1 else "; ".join(f"{k} {v}" for k, v in amp.items())
+    if amp:
+        parts.append(f"autocast {amp}")
+    return ", ".join(parts)
+
+
+def sources(*names: str) -> list[str]:
+    """One line per results file: its path, the exact command that wrote it, its commit and machine."""
+    lines = []
+    for name in names:
+        env = load(name)["environment"]
+        lines.append(f"- `bench/results/{name}.json`: `{env['command']}` (commit {env['commit']}; {where(name)})")
+    return lines + [""]
+
+
+def table(columns: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)]
+
+
+def doc_cpu_train() -> list[str]:
+    names = ("train_speed_none", "train_speed_bf16")
+    rows = []
+    for name in names:
+        by = rows_by_system(load(name))
+        ours, hf = by["multibranch"], by["hf-marian"]
+        for row in by.values():
+            rows.append([row["amp"], row["system"], f"{row['parameters'] / 1e6:.2f}M", f"{row['tokens_per_s']:.0f}",
+                         f"{row['ms_per_update']:.0f}", f"{row['peak_rss_mb']:.0f}",
+                         f"{row['tokens_per_s'] / hf['tokens_per_s']:.2f}x",
+                         f"{row['peak_rss_mb'] / hf['peak_rss_mb']:.2f}x",
+                         f"{row['ms_per_update'] / ours['ms_per_update']:.2f}x"])
+    return sources(*names) + table(["autocast", "system", "parameters", "target tokens/s (median round)", "ms/update",
+                                    "peak RSS MB", "tokens/s vs HF", "peak RSS vs HF", "step time vs multibranch"], rows)
+
+
+def doc_cpu_train_presets() -> list[str]:
+    rows_speed = rows_by_system(load("presets_speed_bf16"))
+    flops = rows_by_system(load("presets_flops"))
+    base, base_flops = rows_speed["transformer-tiny"], flops["transformer-tiny"]["gflops_per_update"]
+    rows = []
+    for row in rows_speed.values():
+        step = row["ms_per_update"] / base["ms_per_update"]
+        flop = flops[row["system"]]["gflops_per_update"] / base_flops
+        rows.append([row["system"], f"{row['parameters'] / 1e6:.2f}M", f"{row['ms_per_update']:.0f}",
+                     f"{row['tokens_per_s']:.0f}", f"{row['peak_rss_mb']:.0f}", f"{step:.2f}x",
+                     f"{flops[row['system']]['gflops_per_update']:.1f}", f"{flop:.2f}x", f"{step / flop:.2f}"])
+    return sources("presets_speed_bf16", "presets_flops") + table(
+        ["preset", "parameters", "ms/update", "target tokens/s", "peak RSS MB", "step time vs transformer-tiny",
+         "GFLOP/update", "FLOPs vs transformer-tiny", "step-time ratio / FLOP ratio"], rows)
+
+
+def round_ratios(names: tuple[str, ...], ours: str, peer: str) -> list[float]:
+    """Speed of ours / peer in every round of the named ct2_decode files (each round times both)."""
+    ratios = []
+    for name in names:
+        seconds = {row["engine"]: row["round_seconds"] for row in load(name)["rows"]}
+        ratios += [p / o for o, p in zip(seconds[ours], seconds[peer])]
+    return ratios
+
+
+def doc_cpu_decode_ct2() -> list[str]:
+    names = ("ct2_decode_converged_v5", "ct2_decode_converged_v5_7rounds")
+    first = load(names[0])
+    rows = [[r["engine"], f"{r['sentences_per_s']:.1f}",
+             f"{r['ratio_median']:.2f}x ({r['ratio_min']:.2f}–{r['ratio_max']:.2f})", f"{r['bleu']:.2f}",
+             f"{r['bleu'] - first['rows'][0]['bleu']:+.2f}"] for r in first["rows"]]
+    lines = sources(*names) + table(
+        ["engine", "sentences/s (best round)", "vs multibranch-fp32 (median of rounds, min–max)", "BLEU",
+         "BLEU - multibranch-fp32"], rows) + [""]
+    pooled = []
+    for ours, peer in (("multibranch-fp32", "ct2-float32"), ("multibranch-int8", "ct2-int8")):
+        ratios = round_ratios(names, ours, peer)
+        pooled.append([ours, peer, len(ratios), f"{statistics.median(ratios):.2f}x",
+                       f"{min(ratios):.2f}–{max(ratios):.2f}", sum(r >= 1 for r in ratios)])
+    return lines + table(["ours", "peer", "rounds (both files)", "speed of ours / peer, median", "min–max",
+                          "rounds ≥ 1"], pooled)
+
+
+def doc_cpu_decode_hf() -> list[str]:
+    result = load("decode_speed")
+    rows = [[r["system"], f"{r['sentences_per_s']:.1f}", f"{r['words_per_s']:.0f}", f"{r['bleu']:.2f}",
+             f"{r['sentences_per_s'] / result['rows'][-1]['sentences_per_s']:.2f}x"] for r in result["rows"]]
+    return sources("decode_speed") + table(["system", "sentences/s", "output words/s", "BLEU (300 valid sentences)",
+                                           "sentences/s vs hf-generate"], rows)
+
+
+def doc_cpu_decode_presets() -> list[str]:
+    result = load("decode_presets_fixed_kernels")
+    rows = {(r["system"], r["precision"]): r for r in result["rows"]}
+    base = rows[("transformer-tiny", "fp32")]["sentences_per_s"]
+    out = []
+    for (system, precision), row in rows.items():
+        if precision != "fp32":
+            continue
+        composed = rows[(system, "fp32-composed")]["sentences_per_s"]
+        out.append([system, f"{row['parameters'] / 1e6:.2f}M", f"{row['sentences_per_s']:.1f}",
+                    f"{row['sentences_per_s'] / base:.2f}x", f"{composed:.1f}",
+                    f"{row['sentences_per_s'] / composed:.2f}x"])
+    return sources("decode_presets_fixed_kernels") + table(
+        ["preset", "parameters", "sentences/s (fp32)", "vs transformer-tiny", "sentences/s (fp32-composed)",
+         "fp32 / fp32-composed"], out)
+
+
+def doc_gpu_train() -> list[str]:
+    result = load("gpu_train_speed")
+    peak = result["peak_tflops"]
+    hf = {r["max_tokens"]: r for r in result["rows"] if r["system"] == "hf-marian"}
+    rows = []
+    for r in result["rows"]:
+        peer = hf.get(r["max_tokens"])
+        rows.append([r["max_tokens"], r["system"], "yes" if r.get("graphs") else "no", f"{r['tokens_per_s']:,.0f}",
+                     f"{r['ms_per_update']:.1f}", f"{r['model_tflops_per_s']:.1f}",
+                     f"{100 * r['model_tflops_per_s'] / peak:.1f}%", f"{r['peak_gpu_memory_mb']:,.0f}",
+                     f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer else "not measured"])
+    m30k = load("gpu_train_m30k")
+    return sources("gpu_train_speed", "gpu_train_m30k") + table(
+        ["max tokens", "system", "CUDA graphs", "target tokens/s", "ms/update", "model TFLOP/s",
+         f"MFU (of {peak:.0f})", "peak GPU MB", "tokens/s vs hf-marian"], rows) + [
+        "", f"`gpu_train_m30k`: {m30k['updates']:,} updates in {m30k['train_minutes']:g} training minutes "
+        f"({m30k['updates_per_s']:.0f} updates/s), {m30k['shapes']}."]
+
+
+def doc_gpu_decode() -> list[str]:
+    result = load("decode_gpu")
+    rows = [[r["engine"], r["batch"], f"{r['sentences_per_s']:.1f}", f"{r['bleu']:.2f}"] for r in result["rows"]]
+    lines = sources("decode_gpu") + table(["engine", "batch", "sentences/s (best round)", "BLEU"], rows) + [""]
+    best = {(r["engine"], r["batch"]): r["sentences_per_s"] for r in result["rows"]}
+    pairs = [[p["ours"], p["peer"], p["batch"], f"{best[(p['ours'], p['batch'])] / best[(p['peer'], p['batch'])]:.2f}x",
+              f"{p['speed_median']:.2f}x ({p['speed_min']:.2f}–{p['speed_max']:.2f})"] for p in result["pairs"]]
+    return lines + table(["ours", "peer", "batch", "speed of ours / peer, best rounds",
+                          "median of rounds (min–max)"], pairs)
+
+
+def doc_quality() -> list[str]:
+    rows = []
+    for name in ("quality", "quality_presets"):
+        for row in load(name)["rows"]:
+            avg = row.get("avg_last3", {}).get("bleu")
+            rows.append([f"{row['minutes_budget']:g}", row["system"], f"{row['parameters'] / 1e6:.2f}M", row["updates"],
+                         f"{row['tokens_per_s']:.0f}", f"{row['best']['bleu']:.2f}",
+                         "–" if avg is None else f"{avg:.2f}", f"{row['best']['chrf']:.2f}"])
+    signatures = {row["best"]["signature"] for name in ("quality", "quality_presets") for row in load(name)["rows"]}
+    return sources("quality", "quality_presets") + table(
+        ["training minutes", "system", "parameters", "updates", "target tokens/s", "test BLEU (best by valid loss)",
+         "test BLEU (average of last 3)", "chrF (best)"], rows) + [
+        "", f"sacreBLEU signature: `{' / '.join(sorted(signatures))}`"]
+
+
+def summary_row(dataset: str, system: str, runs: list[dict], params: int | None) -> list:
+    accuracy = [100 * r["accuracy"] for r in runs]
+    f1 = [100 * r["macro_f1"] for r in runs]
+    sd = (lambda values: statistics.stdev(values) if len(values) > 1 else 0.0)
+    seeds = len(runs) if runs[0]["seed"] is not None else "–"
+    return [dataset, system, f"{params / 1e6:.2f}M" if params else "–", seeds,
+            f"{statistics.mean(accuracy):.2f} ± {sd(accuracy):.2f}", f"{statistics.mean(f1):.2f} ± {sd(f1):.2f}",
+            f"{max(r['cpu_s'] for r in runs) / 60:.1f}"]
+
+
+CLASSIFY_COLUMNS = ["dataset", "system", "parameters", "seeds", "test accuracy %", "test macro-F1 %",
+                    "CPU min / run (max)"]
+
+
+def doc_classify() -> list[str]:
+    result = load("classify_quality")
+    rows = sorted(result["rows"], key=lambda r: (r["dataset"] != "trec6", r["system"] != "tfidf-lr",
+                                                  "minilm" not in r["system"]))
+    lines = [summary_row({"trec6": "TREC-6", "sst2": "SST-2"}[r["dataset"]], r["system"], r["runs"],
+                         r.get("parameters")) for r in rows]
+    commands = dict.fromkeys((r.get("command", "(not recorded)"), r.get("commit", "?")) for r in result["rows"])
+    return sources("classify_quality") + [
+        "Rows merged into it, with their commands:", "",
+        *(f"- `{command}` (commit {commit})" for command, commit in commands), ""] + table(CLASSIFY_COLUMNS, lines)
+
+
+def doc_classify_pairs() -> list[str]:
+    # RTE's seed 1 of our presets is in cq_pairs_seed1, seeds 2 and 3 in cq_pairs_rte; MRPC's three in cq_pairs_mrpc
+    # (read first: its seed 1 is the run the three-seed row is of)
+    names = ("cq_pairs_mrpc", "cq_pairs_rte", "cq_pairs_seed1", "cq_pairs_hf_rte", "cq_pairs_hf_mrpc",
+             "cq_rte_clip1", "cq_mrpc_clip1")
+    merged: dict[tuple[str, str], dict] = {}
+    for name in names:
+        clipped = " (clip_norm=1.0)" if "clip" in name else ""
+        for row in load(name)["rows"]:
+            key = (row["dataset"], row["system"] + clipped)
+            entry = merged.setdefault(key, {"runs": {}, "parameters": row.get("parameters")})
+            for run in row["runs"]:
+                entry["runs"].setdefault(run["seed"], run)
+    rows = [summary_row(dataset.upper(), system, list(entry["runs"].values()), entry["parameters"])
+            for (dataset, system), entry in sorted(merged.items(), key=lambda kv: kv[0][0] != "rte")]
+    return sources(*names) + table(CLASSIFY_COLUMNS, rows)
+
+
+def doc_classify_speed() -> list[str]:
+    names = ("classify_speed_none", "classify_speed_minilm_none", "classify_speed_minilm_bf16")
+    rows = []
+    for name in names:
+        by = rows_by_system(load(name))
+        hf = by["hf-bert"]
+        for row in by.values():
+            rows.append([row["preset"], row["amp"], row["system"], f"{row['parameters'] / 1e6:.2f}M",
+                         f"{row['sentences_per_s']:.0f}", f"{row['ms_per_update']:.0f}", f"{row['peak_rss_mb']:.0f}",
+                         f"{row['sentences_per_s'] / hf['sentences_per_s']:.2f}x",
+                         f"{row['peak_rss_mb'] / hf['peak_rss_mb']:.2f}x"])
+    return sources(*names) + table(["architecture", "autocast", "system", "parameters", "sentences/s (median round)",
+                                    "ms/update", "peak RSS MB", "sentences/s vs HF", "peak RSS vs HF"], rows)
+
+
+def doc_prepare_scale() -> list[str]:
+    result = load("prepare_scale_pread")
+    rows = []
+    for size in result["sizes"]:
+        rows.append([f"{size['pairs']:,}", f"{size['prepare']['seconds']:.0f}", f"{size['prepare']['pairs_per_s']:,.0f}",
+                     f"{size['prepare']['peak_rss_mb']:.0f}", f"{size['prepare']['worker_peak_rss_mb']:.0f}",
+                     f"{size['prepare_reuse']['pairs_per_s']:,.0f}", f"{size['spm_encode']['pairs_per_s']:,.0f}",
+                     f"{size['train']['seconds']:.1f}", f"{size['train_long']['peak_rss_mb']:.0f}"])
+    goals = [[goal, f"{value['value']:.2f}", value["goal"], "yes" if value["met"] else "no"]
+             for goal, value in result["goals"].items()]
+    return sources("prepare_scale_pread") + table(
+        ["pairs", "prepare s", "prepare pairs/s", "peak RSS MB", "worker peak RSS MB",
+         "pairs/s with the vocabulary reused", "SentencePiece's own encoder, pairs/s", "train start s",
+         f"train peak RSS MB ({result['settings']['train_updates']} updates)"], rows) + [""] + table(
+        ["goal", "measured", "goal", "met"], goals)
+
+
+def doc_serve_load() -> list[str]:
+    result = load("serve_load")
+    rows = [[label, phase["clients"], phase["requests_sent"], f"{phase['sentences_per_s']:.1f}",
+             f"{phase['latency_p50_ms']:.0f}", f"{phase['latency_p99_ms']:.0f}", phase["5xx_other_than_503"],
+             phase["accepted_unanswered"]]
+            for label, phase in (("one at a time", result["sequential"]), ("concurrent", result["concurrent"]))]
+    return sources("serve_load") + table(["phase", "clients", "requests", "sentences/s", "p50 ms", "p99 ms",
+                                          "5xx other than 503", "accepted, unanswered"], rows) + [
+        "", f"Throughput of the concurrent phase over one-at-a-time requests: {result['speedup']:.1f}x."]
+
+
+DOC_TABLES = {
+    "cpu-train": doc_cpu_train,
+    "cpu-train-presets": doc_cpu_train_presets,
+    "cpu-decode-ct2": doc_cpu_decode_ct2,
+    "cpu-decode-hf": doc_cpu_decode_hf,
+    "cpu-decode-presets": doc_cpu_decode_presets,
+    "gpu-train": doc_gpu_train,
+    "gpu-decode": doc_gpu_decode,
+    "quality-multi30k": doc_quality,
+    "classify": doc_classify,
+    "classify-pairs": doc_classify_pairs,
+    "classify-speed": doc_classify_speed,
+    "prepare-scale": doc_prepare_scale,
+    "serve-load": doc_serve_load,
+}
+
+
+def doc_table(name: str) -> str:
+    """The text docs/benchmarks.md holds between `<!-- table: NAME -->` and `<!-- /table -->`."""
+    return "\n".join(DOC_TABLES[name]()).strip("\n")
+
+
+MARKER = re.compile(r"<!-- table: (?P<name>[\w-]+) -->\n(?P<body>.*?)\n?<!-- /table -->", re.S)
+
+
+def doc_markers(text: str) -> dict[str, str]:
+    """NAME -> the text between `<!-- table: NAME -->` and `<!-- /table -->` in a doc."""
+    return {match["name"]: match["body"].strip("\n") for match in MARKER.finditer(text)}
+
+
+def update_doc(path: Path) -> None:
+    """Rewrite every marked table of a doc with what doc_table prints now."""
+    text = MARKER.sub(lambda m: f"<!-- table: {m['name']} -->\n{doc_table(m['name'])}\n<!-- /table -->",
+                      path.read_text())
+    with path.open("w", encoding="utf-8") as doc:  # a doc, not a results file
+        doc.write(text)
+
+
+def doc_tables() -> str:
+    return "\n\n".join(f"<!-- table: {name} -->\n{doc_table(name)}\n<!-- /table -->" for name in DOC_TABLES)
+
+
+def all_files() -> str:
     sections = [
         *train_speed("train_speed_none"),
         *train_speed("train_speed_bf16"),
         *presets_speed("presets_speed_bf16"),
-        *gpu_train_speed("train_speed_gpu"),
         *decode_speed("decode_speed", "Beam search vs HF generate"),
-        *decode_speed("decode_presets", "Beam search per preset"),
-        *ct2_decode("ct2_decode"),
-        *(line for name in ("ct2_decode_converged", "ct2_decode_converged_v2", "ct2_decode_converged_v3")
-          for line in ct2_decode(name)),
+        *ct2_decode("ct2_decode_converged_v5"),
+        *ct2_decode("ct2_decode_converged_v5_7rounds"),
+        *ct2_decode("decode_gpu"),
         *quality("quality", "Multi30k quality: standard, MAT, HF Marian"),
         *quality("quality_presets", "Multi30k quality: every preset against the standard model"),
         *classify_quality("classify_quality"),
         *(line for name in ("cq_pairs_seed1", "cq_pairs_rte", "cq_pairs_hf_rte", "cq_pairs_mrpc", "cq_pairs_hf_mrpc")
           for line in classify_quality(name)),
         *classify_speed("classify_speed_none"),
-        *classify_speed("classify_speed_bf16"),
+        *classify_speed("classify_speed_minilm_none"),
+        *classify_speed("classify_speed_minilm_bf16"),
     ]
-    print("\n".join(sections))
+    return "\n".join(sections)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--doc-tables", action="store_true", help="every table of docs/benchmarks.md, with its markers")
+    group.add_argument("--doc-table", metavar="NAME", choices=sorted(DOC_TABLES), help="one table of docs/benchmarks.md")
+    group.add_argument("--list", action="store_true", help="the names of the doc tables")
+    group.add_argument("--update-doc", metavar="PATH", type=Path,
+                       help="rewrite the marked tables of a doc (docs/benchmarks.md) in place")
+    args = parser.parse_args(argv)
+    if args.update_doc:
+        update_doc(args.update_doc)
+    elif args.list:
+        print("\n".join(DOC_TABLES))
+    elif args.doc_table:
+        print(doc_table(args.doc_table))
+    elif args.doc_tables:
+        print(doc_tables())
+    else:
+        print(all_files())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""Issue 24: the five papers' effects on Multi30k En->De, converged, several seeds, one command.
+"""The five papers' effects on Multi30k En->De, converged, several seeds, one command.
 
 Trains the standard Transformer and every seed system at the papers' IWSLT shape (fairseq
-transformer_iwslt_de_en: 6+6 layers, d=512, FFN 1024, 4 heads, dropout 0.3; SEEDS-SPEC 1.7) until
+transformer_iwslt_de_en: 6+6 layers, d=512, FFN 1024, 4 heads, dropout 0.3; docs/papers.md#mat-headline-settings-and-preset) until
 validation BLEU stops improving (`train --patience`, `best_metric: bleu`) or an update cap
 (`--max-updates`), averages the last checkpoints (`average --last`), translates test_2016_flickr and
 scores it with sacreBLEU (signatures kept), and compares every system to the standard model of the
@@ -14,7 +14,7 @@ Systems (--systems; each a model delta on the standard recipe, written to the ru
                   from the converged standard model of the same seed (its best.pt), rho from --rho-grid
   standard-narrow the MAT paper's IWSLT width for MAT: half d, twice the FFN (1/256/2048), rho = 0
   mat2-narrow, mat3-narrow   the MAT paper's IWSLT setting N_a/256/2048, proximal from standard-narrow
-                  (SEEDS-SPEC 1.5: the source has the MAT's width), compared with `standard` as the paper does
+                  (MAT §3.3, docs/papers.md#mat-proximal-initialisation: the source has the MAT's width), compared with `standard` as the paper does
   weighted        Weighted Transformer (M = 4 branches = heads, split FFNs: equal parameters), kappa/alpha
                   frozen for the last sixth of --max-updates (the paper's 10k of 60k)
   mute, mute-bias, mute-bias-seq   MUTE (4 encoder units), + bias modules, + AutoShuffle sequential fusion
@@ -66,30 +66,30 @@ MAT_SYSTEMS = {"mat2": ("standard", 2), "mat3": ("standard", 3), "mat2-narrow": 
 SOURCES = ("standard", "standard-narrow")
 BASE_PRESET = "transformer"  # fairseq transformer_iwslt_de_en: 6+6, d=512, FFN 1024, 4 heads, dropout 0.3
 
-# The papers' own results (their data sets and shapes, not Multi30k; SEEDS-SPEC 1.8, 2.4, 3.6, 4.6, 5.4), for
+# The papers' own results (their data sets and shapes, not Multi30k; the headline sections of docs/papers.md), for
 # the column beside ours: BLEU gained over their standard Transformer where they give one.
 PAPER_CLAIMS: dict[str, dict[str, Any]] = {
     "mat2": {"delta_bleu": None, "claim": "none at this width: the paper's MAT results are at d=256 (see mat2-narrow)"},
     "mat3": {"delta_bleu": None, "claim": "none at this width: the paper's +1.27 is 3/256/2048 (see mat3-narrow)"},
     "standard-narrow": {"delta_bleu": None, "claim": "none: the source model of proximal initialisation (1/256/2048)"},
     "mat2-narrow": {"delta_bleu": None, "claim": "MAT 2/256/2048, rho=0.2: +1.25 to +1.90 BLEU over the 1/512/1024 "
-                    "baseline on IWSLT Es<->En and Fr<->En (no proximal init; SEEDS-SPEC 1.8)"},
+                    "baseline on IWSLT Es<->En and Fr<->En (no proximal init; MAT Table 3)"},
     "mat3-narrow": {"delta_bleu": 1.27, "claim": "MAT 3/256/2048, rho=0.3, proximal init: 34.95 (1/512/1024) -> 36.22 "
-                    "BLEU, IWSLT14 De->En (SEEDS-SPEC 1.8)"},
+                    "BLEU, IWSLT14 De->En (MAT Table 1, §4.3)"},
     "weighted": {"delta_bleu": 1.1, "claim": "Transformer small 27.3 -> Weighted 28.4 BLEU, WMT14 En-De "
-                 "newstest2014 (large 28.4 -> 28.9; SEEDS-SPEC 2.4)"},
-    "mute": {"delta_bleu": 1.12, "claim": "+1.12 BLEU over Transformer-Base, NIST Zh-En average (SEEDS-SPEC 3.6)"},
-    "mute-bias": {"delta_bleu": 1.44, "claim": "+1.44 BLEU over Transformer-Base, NIST Zh-En average (SEEDS-SPEC 3.6)"},
+                 "newstest2014 (large 28.4 -> 28.9; Weighted Transformer Table 1)"},
+    "mute": {"delta_bleu": 1.12, "claim": "+1.12 BLEU over Transformer-Base, NIST Zh-En average (MUTE Table 1)"},
+    "mute-bias": {"delta_bleu": 1.44, "claim": "+1.44 BLEU over Transformer-Base, NIST Zh-En average (MUTE Table 1)"},
     "mute-bias-seq": {"delta_bleu": 1.52, "claim": "+1.52 BLEU over Transformer-Base, NIST Zh-En average "
-                      "(SEEDS-SPEC 3.6)"},
+                      "(MUTE Table 1)"},
     "muse": {"delta_bleu": None, "claim": "MUSE 36.3 BLEU, IWSLT14 De->En, its own 12+12 d=384 shape "
-             "(SEEDS-SPEC 4.6)"},
-    "muse-simple": {"delta_bleu": None, "claim": "MUSE-simple 35.8 BLEU, IWSLT14 De->En (SEEDS-SPEC 4.6)"},
+             "(MUSE Table 2)"},
+    "muse-simple": {"delta_bleu": None, "claim": "MUSE-simple 35.8 BLEU, IWSLT14 De->En (MUSE Table 2)"},
     "drophead": {"delta_bleu": 0.7, "claim": "transformer-big 28.7 -> Scheduled DropHead 29.4 BLEU, WMT14 En-De, "
-                 "and a flatter pruning curve (SEEDS-SPEC 5.4)"},
+                 "and a flatter pruning curve (Scheduled DropHead Table 1, §4.3)"},
 }
 
-# the papers' drop-branch grid for MAT (SEEDS-SPEC 1.7: rho in {0, .1, .2, .3}; recommended 0.2-0.3)
+# the papers' drop-branch grid for MAT (MAT Table 1: rho in {0, .1, .2, .3}; recommended 0.2-0.3)
 DEFAULT_RHO_GRID = (0.1, 0.2, 0.3)
 
 # --tiny: the same pipeline at a size that trains in seconds on one CPU thread
@@ -641,7 +641,7 @@ class Harness:
                          "lr": a.lr, "overrides": a.overrides, "budget_minutes": a.budget,
                          "segment_updates": a.segment_updates, "jobs": a.jobs, "work": str(self.work),
                          "data": self.data_summary(), "bootstrap_samples": a.bootstrap},
-            "bleu_signatures": signatures, "paper_claims_source": "../shared/design/SEEDS-SPEC.md", "rows": rows, "runs": list(records.values()),
+            "bleu_signatures": signatures, "paper_claims_source": "docs/papers.md", "rows": rows, "runs": list(records.values()),
             "this_call": {"actions": list(self.actions), "wall_minutes": (time.monotonic() - self.start) / 60},
         }
         path = a.out / f"{a.name}.json"

@@ -1,6 +1,6 @@
 """Training throughput and peak memory, side by side on the same Multi30k batches.
 
-Default (issue 2): multibranch vs Hugging Face MarianMTModel at equal architecture (d=256, 3+3
+Default: multibranch vs Hugging Face MarianMTModel at equal architecture (d=256, 3+3
 layers, 4 heads, FFN 1024, shared 8k SentencePiece vocabulary, dropout 0.1, label smoothing 0.1,
 AdamW), plus MAT with N_a=2 at the same d, all on the *same* batches of ~4096 tokens (our
 length-bucketed token batches of epoch 1). With --presets: every named preset (its own model and

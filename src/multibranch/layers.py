@@ -10,7 +10,7 @@ Shapes: B batch, L query length, S key/memory length, d = d_model, H heads. A pa
 the scheduled ones (PathDropout, DropHead, and every module holding them) take the training step through
 `on_update_start(step, warmup, total)`, as the trainer calls it before each update.
 
-Attention and feed-forward (MAT, SEEDS-SPEC §1)
+Attention and feed-forward (MAT, docs/papers.md#mat)
     MultiBranchAttention (= ParallelAttention)(d_model, heads, branches=1, head_dim=None, dropout=0.0,
         merge="mean", drop_branch=None, head_drop=False, drophead=None, relative=None)
         forward(x [B, L, d], memory [B, S, d] | None, key_padding_mask [B, S] | None, causal=False,
@@ -26,20 +26,20 @@ Structured dropout (MAT drop-branch; Scheduled DropHead)
     `rate`: a float (constant) or a RateConfig (schedules "constant", "linear", "v", "curriculum",
     "anti_curriculum"); RateConfig / ScheduledRate / rate_at compute it, LRConfig / learning_rate_at
     the learning rate.
-Weighted Transformer (SEEDS-SPEC §2)
+Weighted Transformer (docs/papers.md#weighted-transformer)
     BranchWeights(branches, normalization="simplex", top_k=None): kappa [M] and alpha [M];
         project_simplex(v [..., M]) -> the Euclidean projection onto the simplex.
     BranchedAttention(cfg: ModelConfig, layer: WeightedLayerConfig, role, weights: BranchWeights);
     WeightedEncoderLayer / WeightedDecoderLayer(cfg, layer).
-MUTE (SEEDS-SPEC §3): MuteEncoderLayer(cfg, MuteLayerConfig) (units, bias modules, fusion),
+MUTE (docs/papers.md#mute): MuteEncoderLayer(cfg, MuteLayerConfig) (units, bias modules, fusion),
     UnitSelfAttention, UnitFeedForward.
-MUSE (SEEDS-SPEC §4): DynamicConv(d_model, heads, kernel_sizes, causal, ...): v [B, L, d] -> [B, L, d];
+MUSE (docs/papers.md#muse): DynamicConv(d_model, heads, kernel_sizes, causal, ...): v [B, L, d] -> [B, L, d];
     MultiScaleSelfAttention(attn: MultiBranchAttention, conv: DynamicConv | None);
     MuseEncoderLayer / MuseDecoderLayer(cfg, MuseLayerConfig, index).
 Standard and MAT layers: TransformerEncoderLayer / TransformerDecoderLayer(cfg, TransformerLayerConfig,
     index=0); encoder layers map (x [B, L, d], padding_mask [B, L] | None) -> [B, L, d].
 Positions: SinusoidalPositions, LearnedPositions, RelativePositions.
-Proximal initialisation (MAT §1.5): proximal_init(payload, attention_branches, ffn_branches=1, ...) turns a
+Proximal initialisation (MAT §3.3): proximal_init(payload, attention_branches, ffn_branches=1, ...) turns a
     standard checkpoint's payload into a MAT one whose outputs equal it (`multibranch convert proximal`).
 
 The layer classes take the model-wide `ModelConfig` and their layer kind's config, as the models build

@@ -2,8 +2,8 @@
 
 Two families live here:
 - regularisation *rates* (DropHead, drop-branch, MUTE's bias switch): `rate_at(config, t, ...)`,
-  with `t` = number of updates already done (0 for the first update), SEEDS-SPEC §5.2;
-- *learning rates*: `learning_rate_at(config, t, ...)`, with `t` = 1-based update number, §0.2.
+  with `t` = number of updates already done (0 for the first update), docs/papers.md#drophead-rate-schedules;
+- *learning rates*: `learning_rate_at(config, t, ...)`, with `t` = 1-based update number, docs/papers.md#shared-learning-rate-schedules.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class ScheduledRate:
 
 @dataclass
 class LRConfig:
-    """Learning-rate schedule (SEEDS-SPEC §0.2); `t` is the 1-based update number.
+    """Learning-rate schedule (docs/papers.md#shared-learning-rate-schedules); `t` is the 1-based update number.
 
     - inverse_sqrt: lr0 + t (lr - lr0) / W for t < W, then lr * sqrt(W / t)
     - noam:         factor * d_model^-0.5 * min(t^-0.5, t W^-1.5)   (`lr` unused)

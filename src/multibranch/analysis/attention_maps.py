@@ -1,4 +1,4 @@
-"""Attention maps of chosen sentences (SEEDS-SPEC §4.7 "attention dumper"): the probabilities every
+"""Attention maps of chosen sentences (the attention dispersion of MUSE §1, Fig. 1): the probabilities every
 attention module sees, captured with its `attention_probe` during one teacher-forced forward.
 
 A sentence is (source ids, target ids): a split example with its reference, or raw source text with

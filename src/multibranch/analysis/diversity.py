@@ -1,4 +1,4 @@
-"""MUTE unit diversity over a data split (SEEDS-SPEC §3.7, eq. 21) and the unit weights, as a report folder.
+"""MUTE unit diversity over a data split (MUTE eq. 21, docs/papers.md#mute-diversity) and the unit weights, as a report folder.
 
 Per MUTE encoder layer and batch, `MuteEncoderLayer.diversity` (models/layers/mute.py) scores the three
 variants (att_pos: head-averaged attention distributions; att_sub: attention outputs before the residual;

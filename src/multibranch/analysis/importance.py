@@ -1,4 +1,4 @@
-"""Head importance (Michel et al., 2019; SEEDS-SPEC §5.5): how much the loss depends on each head's gate.
+"""Head importance (Michel et al., 2019; docs/papers.md#drophead-head-importance): how much the loss depends on each head's gate.
 
 For every head h of every attention module, with all gates at 1 (or at a given mask):
 

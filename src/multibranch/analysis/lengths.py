@@ -1,4 +1,4 @@
-"""BLEU and sentence counts by source-length bucket (SEEDS-SPEC §4.7, MUSE Fig. 3).
+"""BLEU and sentence counts by source-length bucket (MUSE Fig. 3, docs/papers.md#muse-length-buckets-and-gate-ratios).
 
 Length = the sentence's subword tokens as the model reads them (the prepared split's ids; the appended
 EOS is not counted). Buckets are given by their inclusive upper edges: edges (15, 30) mean 1-15, 16-30,

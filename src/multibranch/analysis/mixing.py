@@ -1,6 +1,7 @@
 """The learned mixing weights of a model, read from its parameters: MUSE kernel gates softmax(g) and
-their k=3 / k=15 ratio per layer (SEEDS-SPEC §4.7, [J] Fig. 8), Weighted Transformer kappa/alpha per
-module (§2.5) and MUTE unit weights w_j per encoder layer (§3.7, Fig. 3).
+their k=3 / k=15 ratio per layer (MUSE journal version, Fig. 8;
+docs/papers.md#muse-length-buckets-and-gate-ratios), Weighted Transformer kappa/alpha per module (its Fig. 3)
+and MUTE unit weights w_j per encoder layer (MUTE Fig. 3).
 
     kernel_gates(model)   -> [{"name", "side", "layer", "kernel_sizes", "weights", "ratio"}]
     branch_weights(model) -> [{"name", "side", "layer", "kappa", "alpha"}]

@@ -1,4 +1,4 @@
-"""Head pruning by masking (SEEDS-SPEC §5.5): the pruning curve and the dominant-head table.
+"""Head pruning by masking (docs/papers.md#drophead-pruning-curve-and-dominant-heads): the pruning curve and the dominant-head table.
 
 Pruning curve: rank every head of every attention module globally by ascending importance and mask
 the lowest 10%, 20%, ... of the total head count (cumulative; each step adds round(step * total)

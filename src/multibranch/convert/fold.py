@@ -1,4 +1,4 @@
-"""Folding a MAT (SEEDS-SPEC §1.6): N_a branches of M heads become one attention of N_a*M heads.
+"""Folding a MAT (docs/papers.md#mat-folding): N_a branches of M heads become one attention of N_a*M heads.
 
 In eval, c * sum_i MHA_i(x) is one multi-head attention whose heads are all the branches' heads:
 the Q/K/V rows are already stacked branch-major (`modules/attention.py`), so only the output side

@@ -1,4 +1,4 @@
-"""Proximal initialisation (SEEDS-SPEC §1.5): a MAT checkpoint from a trained standard Transformer.
+"""Proximal initialisation (MAT §3.3, docs/papers.md#mat-proximal-initialisation): a MAT checkpoint from a trained standard Transformer.
 
 Every attention module (encoder self, decoder self, decoder cross) is copied verbatim into each of
 the N_a branches; with N_f > 1 the FFN is copied into each FFN branch; embeddings, layer norms and

@@ -1,4 +1,4 @@
-"""Physical head pruning (SEEDS-SPEC §5.5): remove attention heads from a standard or MAT checkpoint
+"""Physical head pruning (docs/papers.md#drophead-pruning-curve-and-dominant-heads): remove attention heads from a standard or MAT checkpoint
 (a translation model, or a classifier: its encoder's self-attentions).
 
 For an attention with heads h = 0..H-1 of width d_k (modules/attention.py layout), keeping the heads K:

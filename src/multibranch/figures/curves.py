@@ -3,8 +3,8 @@ RUN/metrics.jsonl, and the rate schedules of RUN/config.yaml evaluated over the 
 
     records = read_metrics(run / "metrics.jsonl")
     run_curves(records)                    -> {"train": {key: series}, "valid": {key: series}}
-    module_curves(records, window=10)      -> {metric: series + "smoothed"}   (SEEDS-SPEC §2.5)
-    schedule_curves(config, points=200)    -> {path: {"schedule", "step", "value"}}   (§5.2)
+    module_curves(records, window=10)      -> {metric: series + "smoothed"}   (docs/papers.md#weighted-kappa-and-alpha-trajectories)
+    schedule_curves(config, points=200)    -> {path: {"schedule", "step", "value"}}   (docs/papers.md#drophead-rate-schedules)
 A series is {"step": [...], "value": [...]}.
 """
 

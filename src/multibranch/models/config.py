@@ -34,7 +34,7 @@ class LayerConfig(Tagged):
 
 @dataclass
 class DropHeadConfig:
-    """Scheduled DropHead (SEEDS-SPEC §5): whole-head dropout on the chosen attention modules."""
+    """Scheduled DropHead (docs/papers.md#scheduled-drophead): whole-head dropout on the chosen attention modules."""
 
     rate: RateConfig = field(default_factory=RateConfig)
     encoder_self: bool = True

@@ -1,4 +1,5 @@
-"""AutoShuffle (Lyu et al., 2019) and MUTE's sequential fusion of unit outputs (SEEDS-SPEC §3.5).
+"""AutoShuffle (Lyu et al., 2019) and MUTE's sequential fusion of unit outputs (MUTE §3.3, eq. 13-20;
+docs/papers.md#mute-autoshuffle-normalisation).
 
 A learned near-permutation M^p [I, I] orders the unit outputs F_1..F_I before a cumulative fusion:
 
@@ -9,7 +10,8 @@ A learned near-permutation M^p [I, I] orders the unit outputs F_1..F_I before a 
 which is a linear combination of the F_i, F(x) = sum_i c_i F_i with c = M (U (w / j)), U_kj = [k <= j]:
 `fusion_coefficients` computes c ([I], cheap), `sequential_fusion` is the explicit reference form.
 
-Normalisation (projection-like, no gradient; reference order rows -> columns, §7.10):
+Normalisation (projection-like, no gradient; reference order rows -> columns,
+docs/papers.md#mute-autoshuffle-normalisation):
     M <- max(M, 0);  M <- M / row sums;  M <- M / column sums       (columns sum to 1 exactly)
 applied at construction, after every optimizer step and after loading an un-normalised state.
 

@@ -1,4 +1,4 @@
-"""MUTE bias modules (SEEDS-SPEC §3.3): per-unit noise on the unit axis of a multi-unit layer.
+"""MUTE bias modules (MUTE §3.2, eq. 11; docs/papers.md#mute-swap-and-disorder): per-unit noise on the unit axis of a multi-unit layer.
 
 Each unit i of a MUTE encoder layer reads `Bias_i(n)`, a noised copy of the layer-normalised input
 n [B, S, d] (paper eq. 11). Every noise is expressed as a source-position map plus a mask:

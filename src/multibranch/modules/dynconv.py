@@ -1,4 +1,5 @@
-"""Dynamic depthwise convolution with several gated kernel sizes (MUSE, SEEDS-SPEC §4.3).
+"""Dynamic depthwise convolution with several gated kernel sizes (MUSE eq. 5-7,
+docs/papers.md#muse-kernel-prediction).
 
 For the conv input V [B, L, d] (in MUSE: the attention's value projection), channels split into H
 contiguous groups of R = d / H channels; every group shares one kernel per position and kernel size:
@@ -68,7 +69,7 @@ class DynamicConv(nn.Module):
         causal: decoder convolution (window t-K+1 .. t) instead of centred.
         weight_dropout: DropConnect rate p on the normalised kernels.
         kernel_mix: "gate" (softmax(g)-weighted sum) or "concat" (outputs side by side).
-        mask_padding: zero padded positions of V before convolving (encoder; SEEDS-SPEC §4.3 [D]).
+        mask_padding: zero padded positions of V before convolving (encoder; docs/papers.md#muse-padding-in-the-encoder-convolution).
         band_max_len: use the band-matrix contraction up to this length, the unfold one beyond.
         kernel_init: "xavier" (the spec) or "torch" (nn.Linear's default, which the reference's
             reset_parameters() actually leaves in place).
@@ -108,7 +109,7 @@ class DynamicConv(nn.Module):
 
     def reset_parameters(self, scheme: str | None = None) -> None:
         """Kernel predictor: one Xavier block per kernel size (fans d, H*K) or nn.Linear's default;
-        gate 1/|K|. The model-wide `scheme` does not apply (§4.5: the predictor is Xavier under both)."""
+        gate 1/|K|. The model-wide `scheme` does not apply (docs/papers.md#muse-initialisation: the predictor is Xavier under both)."""
         with torch.no_grad():
             init_blocks(self.kernel_proj.weight, [self.heads * k for k in self.kernel_sizes], 0, self.kernel_init)
             if self.gate is not None:
@@ -211,14 +212,14 @@ class DynamicConv(nn.Module):
     # ---- trainer hooks ---------------------------------------------------------------------------
 
     def training_metrics(self) -> dict[str, float]:
-        """The kernel gate softmax(g) per kernel size (for the §4.7 gate-ratio analysis)."""
+        """The kernel gate softmax(g) per kernel size (for the gate-ratio analysis, docs/papers.md#muse-length-buckets-and-gate-ratios)."""
         if self.gate is None:
             return {}
         probs = torch.softmax(self.gate.detach().float(), dim=0).tolist()
         return {f"gate.k{k}": p for k, p in zip(self.kernel_sizes, probs, strict=True)}
 
     def parameter_groups(self) -> list[ParamGroupSpec]:
-        """Kernel gates are excluded from weight decay (SEEDS-SPEC §6)."""
+        """Kernel gates are excluded from weight decay (docs/papers.md#muse-kernel-gate)."""
         if self.gate is None:
             return []
         return [ParamGroupSpec("kernel_gates", [self.gate], weight_decay=0.0)]

@@ -1,4 +1,4 @@
-"""Position-wise feed-forward network, optionally as N_f parallel branches (MAT §1.4).
+"""Position-wise feed-forward network, optionally as N_f parallel branches (MAT §7.1, eq. 8).
 
 N_f branches see the same input, so they are one wide FFN: fc1 stacks the branches' W_1 ([N_f*d_h, d]);
 fc2 stacks their W_2 ([d, N_f*d_h]); each branch keeps its own output bias. The branch average and

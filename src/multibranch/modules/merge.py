@@ -1,4 +1,5 @@
-"""The branch merge constant of a multi-branch sublayer (MAT, SEEDS-SPEC §1.5-1.6) and its summed biases."""
+"""The branch merge constant of a multi-branch sublayer (MAT eq. 4, 6 and 8;
+docs/papers.md#mat-merge-constant) and its summed biases."""
 
 from __future__ import annotations
 

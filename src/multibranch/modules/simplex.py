@@ -1,4 +1,5 @@
-"""Simplex-constrained branch weights: the kappa/alpha of the Weighted Transformer (SEEDS-SPEC §2.2-2.3).
+"""Simplex-constrained branch weights: the kappa/alpha of the Weighted Transformer (eq. 6-7;
+docs/papers.md#weighted-kappa-and-alpha-on-the-simplex).
 
 `project_simplex(v)` is the exact Euclidean projection onto {x : x >= 0, sum(x) = 1} (sort-based,
 vectorised over leading dimensions):
@@ -9,7 +10,7 @@ vectorised over leading dimensions):
 `BranchWeights` holds kappa, alpha in R^M for one BranchedAttention module and talks to the trainer
 through the module hooks (hooks.py): projection after every optimizer step, its own parameter
 group (noam schedule, no weight decay, frozen for the last `freeze_last` updates) and kappa/alpha
-values for metrics.jsonl. Ablations (§2.3, marked as such): softmax ("mixture-of-experts")
+values for metrics.jsonl. Ablations (paper §3, §4.4-4.5, marked as such): softmax ("mixture-of-experts")
 normalisation, top-k gating of alpha, and test-time replacement by uniform or random weights.
 """
 
@@ -81,7 +82,7 @@ class BranchWeights(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Unif(0, 1) draws normalised onto the simplex (§2.2 [D]); softmax mode stores their logs."""
+        """Unif(0, 1) draws normalised onto the simplex (docs/papers.md#weighted-kappa-and-alpha-on-the-simplex); softmax mode stores their logs."""
         with torch.no_grad():
             for p in (self.kappa, self.alpha):
                 p.uniform_(0.0, 1.0)
@@ -159,7 +160,7 @@ class BranchWeights(nn.Module):
 
 
 def replace_branch_weights(model: nn.Module, mode: Literal["uniform", "random"], seed: int = 0) -> int:
-    """Test-time ablation (SEEDS-SPEC §2.3): replace every module's kappa/alpha in `model`.
+    """Test-time ablation (Weighted Transformer Table 3, docs/papers.md#weighted-ablations): replace every module's kappa/alpha in `model`.
 
     "random" draws one Dirichlet(1) point per vector (kappa and alpha of every module, in module
     order) from a generator seeded with `seed`. Returns the number of modules changed.

@@ -3,10 +3,10 @@
 Both modules return a *scale* tensor (or None when they do nothing) that the owner multiplies into
 the paths' outputs, so one fused computation serves every paper:
 
-- `PathDropout` (MAT drop-branch, SEEDS-SPEC §1.2-1.4): path kept iff U >= rho, kept paths scaled by
+- `PathDropout` (MAT drop-branch, eq. 5-10, docs/papers.md#mat-drop-branch): path kept iff U >= rho, kept paths scaled by
   1/(1-rho); one mask per call shared by the batch (default) or one per sample. If every path drops,
   the sublayer output is zero and the residual passes through (by design).
-- `DropHead` (Scheduled DropHead, §5.1): per-sample head mask xi ~ Bernoulli(1-p), kept heads scaled
+- `DropHead` (Scheduled DropHead eq. 3 / Algorithm 1, docs/papers.md#drophead-granularity): per-sample head mask xi ~ Bernoulli(1-p), kept heads scaled
   by H/#kept of that sample; a sample that loses every head is redrawn (at most `max_redraws` times,
   then keeps all heads).
 

@@ -1,6 +1,6 @@
 """Label-smoothed cross-entropy fused with the output projection.
 
-Target distribution q for a gold token g (SEEDS-SPEC §0.2):
+Target distribution q for a gold token g (docs/papers.md#shared-label-smoothing):
 - "fairseq": q = (1-eps) * onehot(g) + eps / V on every token  ->  (1-eps) NLL + eps * mean_v(-log p_v)
 - "onmt":    q = (1-eps) on g, eps / (V-2) on every token except g and pad (OpenNMT / MUTE)
 loss = -sum_v q_v log p_v (the onmt KL differs by a constant, so gradients are identical).

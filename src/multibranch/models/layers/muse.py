@@ -1,4 +1,5 @@
-"""Layer kind 'muse': MUSE and MUSE-simple, parallel multi-scale attention (seed 003, SEEDS-SPEC §4).
+"""Layer kind 'muse': MUSE and MUSE-simple, parallel multi-scale attention (Zhao et al., 2019;
+docs/papers.md#muse).
 
 Every branch reads the same layer input; one residual and one LayerNorm per layer (post-norm):
 
@@ -7,7 +8,7 @@ Every branch reads the same layer input; one residual and one LayerNorm per laye
 
 (pre-norm: X + sum of Drop(branch(LN X)), with the stack's final LN.) MUSE-simple has no conv
 (`conv: false`). Attention and convolution share the value projection and one output projection,
-    SelfAttn(X) + Conv(X) = [A ; C] W_out + b,   A = heads(Q, K, V),  C = DynConv(V)   (§4.2),
+    SelfAttn(X) + Conv(X) = [A ; C] W_out + b,   A = heads(Q, K, V),  C = DynConv(V)   (docs/papers.md#muse-shared-projection),
 stored as the attention's own W_O, b_O plus a bias-free `conv_out` (the two column blocks of W_out).
 Like the reference, attention and conv pass through one residual dropout (they are one output).
 Input dropout acts on the self-attention/conv input only.

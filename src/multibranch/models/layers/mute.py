@@ -1,9 +1,9 @@
-"""Layer kind 'mute': the Multi-Unit Transformer encoder layer (Yan et al., 2020; SEEDS-SPEC §3).
+"""Layer kind 'mute': the Multi-Unit Transformer encoder layer (Yan et al., 2020; docs/papers.md#mute).
 
 Pre-norm, I units, each with its own self-attention SA_i and FFN_i (with its own inner LN_f^i):
 
     n    = LN_a(x)                                   one shared LayerNorm
-    n_i  = Bias_i(n) with probability p_beta, else n (training only; §3.3, eq. 11)
+    n_i  = Bias_i(n) with probability p_beta, else n (training only; §3.2, eq. 11)
     s_i  = x + Drop(SA_i(n_i))                       eq. 8 - the residual uses the clean x
     F_i  = s_i + Drop(FFN_i(s_i))                    eq. 9, FFN_i = W_2 Drop(ReLU(W_1 LN_f^i(s_i)))
     out  = sum_i w_i F_i                             fusion "weighted" (eq. 10/12), w init 1/I, free
@@ -41,18 +41,18 @@ from multibranch.modules.structured_dropout import DropHead
 @LayerConfig.register("mute")
 @dataclass
 class MuteLayerConfig(LayerConfig):
-    """MUTE encoder layer (SEEDS-SPEC §3); pair it with a `transformer` decoder and model.norm=pre.
+    """MUTE encoder layer (docs/papers.md#mute); pair it with a `transformer` decoder and model.norm=pre.
 
     units: I. bias_modules: each unit's bias module in unit order (None: all identity = plain MUTE;
       the paper's biased model: [identity, swap, mask, disorder]).
     bias_switch: p_beta, the probability of enabling the bias modules (one coin per layer and
       forward); a rate schedule, 1.0 = always noise.
-    swap_range / disorder_window / mask_mode / mask_prob: §3.3 ("bernoulli" 0.1 = reference,
+    swap_range / disorder_window / mask_mode / mask_prob: §3.2, docs/papers.md#mute-mask ("bernoulli" 0.1 = reference,
       "one" = one token per sentence, the paper's text).
-    fusion: "weighted" (sum_i w_i F_i) or "sequential" (AutoShuffle + cumulative mean, §3.5).
+    fusion: "weighted" (sum_i w_i F_i) or "sequential" (AutoShuffle + cumulative mean, §3.3).
     autoshuffle_penalty: lambda; penalty_reduction: "mean" (lambda relative to the mean token loss)
       or "per_token_sum" (the reference's formula, lambda = 1.0 there).
-    shared_attention / shared_ffn: the §3.7 ablations "1 Self + I FFN" / "I Self + 1 FFN".
+    shared_attention / shared_ffn: the §5.6 (Table 6) ablations "1 Self + I FFN" / "I Self + 1 FFN".
     """
 
     kind: str = "mute"

@@ -1,7 +1,7 @@
 """Standard Transformer layer and MAT (Multi-branch Attentive Transformer, seed 000).
 
 MAT is the standard layer with N_a attention branches (and optionally N_f FFN branches), averaged,
-with drop-branch (SEEDS-SPEC §1). With attention_branches = ffn_branches = 1 and drop_branch = 0 it
+with drop-branch (MAT eq. 4-8, docs/papers.md#mat). With attention_branches = ffn_branches = 1 and drop_branch = 0 it
 *is* the standard Transformer layer (same parameters, same computation).
 
 Encoder layer:  x -> Residual(self-attention) -> Residual(FFN)
@@ -31,13 +31,15 @@ class TransformerLayerConfig(LayerConfig):
     """Standard / MAT layer.
 
     attention_branches: N_a (1 = standard multi-head attention).
-    ffn_branches: N_f parallel FFNs of width model.ffn_dim each (§1.4).
-    drop_branch: rho for attention branches; ffn_drop_branch defaults to the same rate (§1.2).
+    ffn_branches: N_f parallel FFNs of width model.ffn_dim each (MAT §7.1).
+    drop_branch: rho for attention branches; ffn_drop_branch defaults to the same rate (eq. 7).
     drop_branch_granularity: "batch" (one mask per call, the released code) or "sample".
-    branch_merge: "mean" (1/N, the paper) or "mean_sq" (1/N^2, the released code), §7.1.
-    head_drop: §1.3 variant - drop individual heads of every branch with rate rho instead of branches.
+    branch_merge: "mean" (1/N, the paper) or "mean_sq" (1/N^2, the released code),
+      docs/papers.md#mat-merge-constant.
+    head_drop: MAT §7.2 variant (docs/papers.md#mat-head-drop-variant) - drop individual heads of every
+      branch with rate rho instead of branches.
     heads / head_dim: per-branch head count and head width (default model.heads, d_model / heads);
-      a folded MAT (§1.6) is one branch of N_a*M heads of width d/M.
+      a folded MAT (docs/papers.md#mat-folding) is one branch of N_a*M heads of width d/M.
     layer_heads: head counts after physical pruning (`multibranch prune`), one list per layer of this
       stack with one count per attention in layer order (encoder: [self]; decoder: [self, cross]);
       overrides `heads`, keeps the head width; needs attention_branches = 1.

@@ -1,7 +1,7 @@
-"""Layer kind "weighted": the Weighted Transformer (seed 001, SEEDS-SPEC §2).
+"""Layer kind "weighted": the Weighted Transformer (Ahmed et al., 2017; docs/papers.md#weighted-transformer).
 
 BranchedAttention over a query stream q [B, L, d] and a key/value stream kv [B, S, d], M = heads
-branches (§2.1):
+branches (§3, eq. 5-7):
 
     head_i = Attn(q W_i^Q, kv W_i^K, kv W_i^V)                     [B, L, d_v]       eq. 5
     b_i    = kappa_i * head_i W^{O_i} + b_O                        [B, L, d]         eq. 6
@@ -49,15 +49,19 @@ __all__ = ["BranchedAttention", "WeightedLayerConfig", "replace_branch_weights"]
 class WeightedLayerConfig(LayerConfig):
     """Weighted Transformer layer (M = model.heads branches).
 
-    ffn_mode: "split" (M FFNs of width d_ff/M, the default) or "shared" (one FFN of width d_ff, §7.5).
-    branch_residual: r_i = b_i + c_i (default) or the literal eq. 7 r_i = c_i (§2.1.4).
+    ffn_mode: "split" (M FFNs of width d_ff/M, the default) or "shared" (one FFN of width d_ff;
+      docs/papers.md#weighted-ffn-width).
+    branch_residual: r_i = b_i + c_i (default) or the literal eq. 7 r_i = c_i
+      (docs/papers.md#weighted-branch-residual).
     branch_norm: one LayerNorm shared by the branches on r_i (post-norm) or on the FFN input
-      (pre-norm); restores the baseline's exact parameter count (§7.6; off by default).
-    decoder_branched: which decoder attention is branched, "cross" (default) or "self" (§2.1, §7.6).
-    normalization: "simplex" (paper) or "softmax" (ablation, §2.3).
+      (pre-norm); restores the baseline's exact parameter count (off by default).
+    decoder_branched: which decoder attention is branched, "cross" (default) or "self"
+      (docs/papers.md#weighted-decoder-layout).
+    normalization: "simplex" (paper) or "softmax" (ablation, paper §3).
     top_k: ablation, hard top-k gating of alpha (None = off).
-    kappa_alpha_lr: schedule of the kappa/alpha group (§2.2: noam with warm-up 400);
-    kappa_alpha_lr_scale: its width d' in d'^-0.5 (None: d_model / N, N = layers of this stack, §7.7).
+    kappa_alpha_lr: schedule of the kappa/alpha group (paper §4.1: noam with warm-up 400);
+    kappa_alpha_lr_scale: its width d' in d'^-0.5 (None: d_model / N, N = layers of this stack,
+      docs/papers.md#weighted-learning-rate-of-kappa-and-alpha).
     freeze_last: kappa/alpha get LR 0 for the last `freeze_last` updates (needs train.max_steps).
     """
 

@@ -19,7 +19,7 @@
   scored by sacreBLEU with `tokenize="none"` (sacreBLEU splits on whitespace, so the words of a
   string constant count one by one).
 - **Sentence BLEU** is sacreBLEU's sentence score with exponential smoothing (`smooth_method="exp"`,
-  effective order), averaged over the hypotheses (SEEDS-SPEC section 1.9); **corpus BLEU** is
+  effective order), averaged over the hypotheses (docs/papers.md#mat-code-generation-pov); **corpus BLEU** is
   `multibranch.evaluate.metrics.score_corpus` on the same token streams.
 
 By default hypotheses and references are in the corpus's one-line escaped form (`DCNL`/`DCSP`, what

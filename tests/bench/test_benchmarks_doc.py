@@ -1,0 +1,53 @@
+"""docs/benchmarks.md holds every table between `<!-- table: NAME -->` and `<!-- /table -->`; each must be exactly
+what `python bench/report.py --doc-table NAME` prints from bench/results/*.json now, so a number on the page cannot
+drift from its results file (regenerate with `python bench/report.py --update-doc docs/benchmarks.md`)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import report
+
+ROOT = Path(report.__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
+
+
+def test_every_doc_table_has_markers_and_every_marker_a_table():
+    text = DOC.read_text()
+    in_doc = report.doc_markers(text)
+    assert sorted(in_doc) == sorted(report.DOC_TABLES)
+    assert text.count("<!-- table:") == text.count("<!-- /table -->") == len(report.DOC_TABLES)
+
+
+@pytest.mark.parametrize("name", sorted(report.DOC_TABLES))
+def test_doc_table_is_what_report_prints(name):
+    in_doc = report.doc_markers(DOC.read_text())[name]
+    assert in_doc == report.doc_table(name), (
+        f"docs/benchmarks.md's table {name!r} differs from its results files: "
+        "run `python bench/report.py --update-doc docs/benchmarks.md`")
+
+
+def test_doc_tables_name_only_results_files_that_exist():
+    text = DOC.read_text()
+    for name in re.findall(r"bench/results/([\w.-]+)\.json", text):
+        assert (ROOT / "bench" / "results" / f"{name}.json").is_file(), name
+
+
+def test_the_command_line_prints_the_same_tables():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "report.py"), "--doc-tables"], capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout
+    assert report.doc_markers(out) == {name: report.doc_table(name) for name in report.DOC_TABLES}
+
+
+def test_update_doc_rewrites_a_stale_table(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n\n<!-- table: serve-load -->\n| stale | 1.00x |\n<!-- /table -->\n\nafter\n")
+    report.update_doc(doc)
+    text = doc.read_text()
+    assert report.doc_markers(text) == {"serve-load": report.doc_table("serve-load")}
+    assert text.startswith("before\n\n") and text.endswith("\n\nafter\n") and "stale" not in text
