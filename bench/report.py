@@ -397,13 +397,17 @@ def doc_quality() -> list[str]:
         "", f"sacreBLEU signature: `{' / '.join(sorted(signatures))}`"]
 
 
+
+def _stdev(values: list[float]) -> float:
+    """The sample standard deviation (0 for a single run)."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
 def summary_row(dataset: str, system: str, runs: list[dict], params: int | None) -> list:
     accuracy = [100 * r["accuracy"] for r in runs]
     f1 = [100 * r["macro_f1"] for r in runs]
-    sd = (lambda values: statistics.stdev(values) if len(values) > 1 else 0.0)
     seeds = len(runs) if runs[0]["seed"] is not None else "–"
     return [dataset, system, f"{params / 1e6:.2f}M" if params else "–", seeds,
-            f"{statistics.mean(accuracy):.2f} ± {sd(accuracy):.2f}", f"{statistics.mean(f1):.2f} ± {sd(f1):.2f}",
+            f"{statistics.mean(accuracy):.2f} ± {_stdev(accuracy):.2f}", f"{statistics.mean(f1):.2f} ± {_stdev(f1):.2f}",
             f"{max(r['cpu_s'] for r in runs) / 60:.1f}"]
 
 
