@@ -1,6 +1,6 @@
 """`multibranch convert ct2`: a CTranslate2 export decodes exactly like our beam search.
 
-Reference: our own `inference.beam.search` on the same weights. The CT2 side is CTranslate2's own
+Reference: our own `inference.search.search` on the same weights. The CT2 side is CTranslate2's own
 `Translator.translate_batch` on the exported directory, fed SentencePiece pieces read back from it.
 """
 
@@ -23,7 +23,7 @@ from multibranch.convert.ct2 import export_ct2, max_decoding_length, translate_o
 from multibranch.data.tokenizer import Tokenizer  # noqa: E402
 from multibranch.experiment import ExperimentConfig  # noqa: E402
 from multibranch.experiment.decoding import DecodeConfig  # noqa: E402
-from multibranch.inference.beam import search  # noqa: E402
+from multibranch.inference.search import search  # noqa: E402
 from multibranch.models import build_model  # noqa: E402
 from tests.helpers.configs import tiny_experiment, tiny_model_dict  # noqa: E402
 

@@ -192,7 +192,7 @@ def test_hf_greedy_generate_equals_our_greedy_search(tokenizer, tmp_path):
     EOS, HF's forced_eos_token_id does the same with max_new_tokens = that limit + 1. Two EOS biases:
     one where every line runs to the limit, one where some end on their own."""
     from multibranch.experiment.decoding import DecodeConfig
-    from multibranch.inference.beam import search
+    from multibranch.inference.search import search
 
     lines = corpus_lines(20, seed=13)
     decode = DecodeConfig(beam=1, max_len_a=1.0, max_len_b=5, min_len=0)

@@ -26,8 +26,8 @@ from multibranch.inference.beam import (
     block_repeated_ngrams,
     greedy_search,
     length_penalty,
-    search,
 )
+from multibranch.inference.search import search
 from multibranch.models import ModelConfig, build_model
 from multibranch.models.seq2seq import EncoderOut
 from multibranch.modules.state import DecoderState

@@ -13,11 +13,8 @@
 
 from __future__ import annotations
 
-import traceback
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from multibranch.config import from_dict
 from multibranch.hooks import ModuleHooks
@@ -25,6 +22,7 @@ from multibranch.models import ModelConfig, build_model
 from multibranch.modules.bias_noise import BiasNoise
 from multibranch.modules.simplex import BranchWeights
 from multibranch.modules.structured_dropout import DropHead, PathDropout
+from tests.helpers.host_reads import HostReads
 
 VOCAB, PAD = 40, 0
 BIASED = ["identity", "swap", "mask", "disorder"]
@@ -112,41 +110,6 @@ def _loss(model: torch.nn.Module, hooks: ModuleHooks, src: torch.Tensor, prev: t
 
 
 # ---- no host reads -------------------------------------------------------------------------------------------
-
-HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "masked_select", "equal", "allclose",
-              "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
-
-
-def _reads_the_host(func, args, kwargs) -> bool:
-    """Whether an ATen call reads a device value on the host or returns a shape that depends on the data."""
-    if func.overloadpacket.__name__ in HOST_READS or torch.Tag.data_dependent_output in func.tags:
-        return True
-    if torch.Tag.dynamic_output_shape not in func.tags:
-        return False
-    name = func.overloadpacket.__name__
-    if name in ("index", "_unsafe_index", "index_put", "index_put_", "_index_put_impl_"):  # shape from bool masks only
-        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1] if i is not None)
-    if name == "repeat_interleave":  # a tensor of repeats without output_size
-        return kwargs.get("output_size") is None
-    return True
-
-
-class HostReads(TorchDispatchMode):
-    """Collects every ATen call that makes the host read the device (where in multibranch it came from)."""
-
-    def __init__(self):
-        super().__init__()
-        self.found: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _reads_the_host(func, args, kwargs):
-            stack = traceback.extract_stack()
-            where = next((f"{f.filename.split('/src/')[-1]}:{f.lineno}" for f in reversed(stack)
-                          if "/multibranch/" in f.filename and "/tests/" not in f.filename), "?")
-            self.found.append(f"{func.overloadpacket.__name__} at {where}")
-        return func(*args, **kwargs)
-
 
 def test_the_counter_sees_host_reads():
     x = torch.tensor([0.0, 1.0, 2.0])

@@ -13,18 +13,17 @@ import json
 import logging
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from multibranch.checkpoint.format import CheckpointError, load_checkpoint
 from multibranch.experiment import train_config
 from multibranch.tasks import task_for_data, train
 from multibranch.train.trainer import RunOptions, Trainer
 from tests.helpers.configs import tiny_experiment
+from tests.helpers.host_reads import HostReads
 
 
 def _losses(run: Path) -> dict[int, tuple[float, float]]:
@@ -91,30 +90,6 @@ def test_fixed_shape_run_resumes_exactly(tiny_data, tmp_path):
 
 # ---- no host reads in an update -----------------------------------------------------------------------------
 
-HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "masked_select", "equal", "allclose",
-              "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
-
-
-class HostReads(TorchDispatchMode):
-    """Counts operations that make the host read the device (or whose output shape depends on the data),
-    except those of torch.optim: on CUDA the fused AdamW reads nothing, while the CPU's foreach AdamW
-    reads its step counters."""
-
-    def __init__(self):
-        super().__init__()
-        self.found: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name in HOST_READS:
-            stack = traceback.extract_stack()
-            if not any("/torch/optim/" in frame.filename for frame in stack):
-                where = next((f"{f.filename.split('/src/')[-1]}:{f.lineno}" for f in reversed(stack)
-                              if "/multibranch/" in f.filename), "?")
-                self.found.append(f"{name} at {where}")
-        return func(*args, **(kwargs or {}))
-
-
 SYSTEMS = {
     "transformer": ("transformer-tiny", []),
     "mat": ("mat-tiny", []),
@@ -137,7 +112,7 @@ def test_an_update_reads_nothing_back(system, tiny_data, tmp_path):
     cfg = train_config(preset, None, [*SMALL, "train.clip_norm=1.0", *extra], tmp_path / "run")
     trainer = Trainer(cfg, RunOptions(tiny_data, tmp_path / "run", progress=False, device="cpu"), task_for_data)
     batches = trainer._epoch_batches(1)[:3]
-    counter = HostReads()
+    counter = HostReads(ignore=("/torch/optim/",))
     with counter:
         for indices in batches:
             trainer._update([trainer._collate(indices)])

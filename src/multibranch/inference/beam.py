@@ -50,7 +50,6 @@ from multibranch.inference.candidates import top_candidates
 from multibranch.modules.state import DecoderState
 
 if TYPE_CHECKING:
-    from multibranch.experiment.decoding import DecodeConfig
     from multibranch.models.seq2seq import EncoderOut
 
 LengthPenaltyKind = Literal["fairseq", "gnmt"]
@@ -262,7 +261,8 @@ def _finish(
             hyps[sent].append(Hypothesis(toks, raw / divisor, pos))
 
 
-def _sorted(hyps: list[list[Hypothesis]], nbest: int | None) -> list[list[Hypothesis]]:
+def best_first(hyps: list[list[Hypothesis]], nbest: int | None) -> list[list[Hypothesis]]:
+    """Each sentence's hypotheses, best score first (ties keep the order they were found in), at most `nbest`."""
     return [sorted(h, key=lambda x: x.score, reverse=True)[:nbest] for h in hyps]
 
 
@@ -342,7 +342,7 @@ def beam_search(
                    max_len_b=max_len_b, min_len=min_len, no_repeat_ngram_size=no_repeat_ngram_size, prefix=prefix)
     if beam == 1:
         return greedy_search(model, src, **options)
-    return _sorted(_beam_search(model, src, beam, **options), nbest)
+    return best_first(_beam_search(model, src, beam, **options), nbest)
 
 
 @torch.inference_mode()
@@ -440,22 +440,3 @@ def _beam_search(
         positional[:, step] = new_lprob.reshape(-1)
         scores = new_scores
     return hyps
-
-
-def search(model: Decodable, src: Tensor, cfg: DecodeConfig, nbest: int | None = None,
-           prefix: Tensor | None = None) -> list[list[Hypothesis]]:
-    """Decode src [B, S] with a DecodeConfig (greedy when beam == 1); `nbest` overrides cfg.nbest;
-    `prefix` [B, P] (pad_id-padded) forces each sentence's first output tokens."""
-    return beam_search(
-        model,
-        src,
-        cfg.beam,
-        length_penalty=cfg.length_penalty,
-        length_penalty_kind=cfg.length_penalty_kind,
-        max_len_a=cfg.max_len_a,
-        max_len_b=cfg.max_len_b,
-        min_len=cfg.min_len,
-        nbest=cfg.nbest if nbest is None else nbest,
-        no_repeat_ngram_size=cfg.no_repeat_ngram_size,
-        prefix=prefix,
-    )

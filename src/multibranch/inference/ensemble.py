@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 
 from multibranch.errors import CheckpointError
 from multibranch.inference.beam import normalized_log_probs
-from multibranch.modules.state import DecoderState
+from multibranch.modules.state import DecoderState, StaticDecoderState
 
 EnsembleMean = Literal["prob", "log-prob"]
 ENSEMBLE_MEANS: tuple[EnsembleMean, ...] = ("prob", "log-prob")
@@ -44,9 +45,9 @@ class EnsembleEncoderOut:
 class EnsembleState(DecoderState):
     """One DecoderState per member; `step` and reordering apply to all of them."""
 
-    def __init__(self, members: int):
+    def __init__(self, members: int, make: Callable[[], DecoderState] = DecoderState):
         super().__init__()
-        self.members = [DecoderState() for _ in range(members)]
+        self.members = [make() for _ in range(members)]
 
     def reorder(self, order: Tensor, sources: Tensor | None = None) -> None:
         for state in self.members:
@@ -101,6 +102,10 @@ class Ensemble(nn.Module):
 
     def new_state(self) -> EnsembleState:
         return EnsembleState(len(self.members))
+
+    def new_static_state(self, capacity: int, device: torch.device) -> EnsembleState:
+        """One StaticDecoderState per member (the fixed-shape search)."""
+        return EnsembleState(len(self.members), lambda: StaticDecoderState(capacity, device))
 
     def encode(self, src: Tensor) -> EnsembleEncoderOut:
         return EnsembleEncoderOut([member.encode(src) for member in self.members])

@@ -30,8 +30,8 @@ from multibranch.inference.beam import (
     Hypothesis,
     LengthPenaltyKind,
     _finish,
-    _sorted,
     _step_scores,
+    best_first,
     new_state,
     output_limits,
 )
@@ -113,4 +113,4 @@ def sample(
             enc = enc.index_select(keep)
             state.reorder(keep)
             tokens, positional, alive, max_lens = tokens[keep], positional[keep], alive[keep], max_lens[keep]
-    return _sorted(hyps, None)
+    return best_first(hyps, None)

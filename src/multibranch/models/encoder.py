@@ -56,8 +56,8 @@ class Embedder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embedding_norm else None
         self.dropout = cfg.dropout
 
-    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
-        """ids [B, L] -> [B, L, d]; `offset` is the position of ids[:, 0]."""
+    def forward(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """ids [B, L] -> [B, L, d]; `offset` is the position of ids[:, 0] (a 0-d tensor in a static decoding step)."""
         x = self.tokens(ids)
         if self.scale != 1.0:
             x = x * self.scale

@@ -30,7 +30,7 @@ class Decoder(nn.Module):
 
     def forward(self, prev_tokens: Tensor, enc: EncoderOut, state: DecoderState | None = None) -> Tensor:
         """prev_tokens [B, T] (the new tokens only, when `state` is given) -> features [B, T, d]."""
-        offset = state.step if state is not None else 0
+        offset = state.offset() if state is not None else 0
         y = self.embed(prev_tokens, offset)
         for i, layer in enumerate(self.layers):
             cache = state.view(f"decoder.{i}") if state is not None else None
@@ -38,7 +38,7 @@ class Decoder(nn.Module):
         if self.final_norm is not None:
             y = self.final_norm(y)
         if state is not None:
-            state.step += prev_tokens.shape[1]
+            state.advance(prev_tokens.shape[1])
         return y
 
 

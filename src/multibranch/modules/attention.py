@@ -1,6 +1,6 @@
 """Parallel (multi-branch) multi-head attention, fused into one N_a*M-head attention.
 
-MAT (SEEDS-SPEC §1.1, §1.6) averages N_a independent multi-head attentions. Each branch i has its own
+MAT (eq. 4 and 6; docs/papers.md#mat-folding) averages N_a independent multi-head attentions. Each branch i has its own
 W_Q^i, W_K^i, W_V^i, W_O^i, b_O^i. Stacking the branches' projections gives one projection with
 N_a*M heads; the branch average becomes part of the output projection:
 
@@ -19,7 +19,7 @@ Structured dropout (drop-branch, the MAT head-drop variant, DropHead) arrives as
 scales on the head axis; per-batch scales are folded into the output weight (cheap), per-sample
 scales multiply the head outputs.
 
-Head gate (analysis, SEEDS-SPEC §5.5): every attention module of every layer kind is a `HeadGated`
+Head gate (analysis, docs/papers.md#drophead-head-gates): every attention module of every layer kind is a `HeadGated`
 module. Its `head_gate` is None by default (the forward is untouched); set to a tensor [H] it scales
 head h's output before W_O (so before the output bias): 0/1 masks heads, a leaf tensor with
 requires_grad gives the importance |dL/d gate_h|. It is a non-persistent buffer: never in the
@@ -54,7 +54,7 @@ def attend(
     *,
     key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    query_offset: int = 0,
+    query_offset: int | Tensor = 0,
     dropout_p: float = 0.0,
     relative: RelativePositions | None = None,
     need_weights: bool = False,
@@ -161,7 +161,7 @@ class ParallelAttention(HeadGated):
         head_dim: width of one head (default d / M).
         dropout: attention-probability dropout.
         merge: "mean" (c = 1/N_a) or "mean_sq" (c = 1/N_a^2, the MAT release).
-        drop_branch: MAT drop-branch (or, with `head_drop`, the per-head variant of §1.3).
+        drop_branch: MAT drop-branch (or, with `head_drop`, the per-head variant of MAT §7.2).
         drophead: Scheduled DropHead over all N_a*M heads.
         relative: Shaw-style relative positions.
     """
@@ -240,7 +240,8 @@ class ParallelAttention(HeadGated):
         """Whether this call is a decoding step the fused kernels can take: one new query per row in eval mode
         on a decoding copy, no relative positions, no attention weights wanted, no padding among a
         self-attention's keys, fp32 on the CPU."""
-        return (self.fused and not self.training and cache is not None and x.shape[1] == 1 and self.relative is None
+        return (self.fused and not self.training and cache is not None and not cache.fixed and x.shape[1] == 1
+                and self.relative is None
                 and self_padding_mask is None and not need_weights and self.attention_probe is None
                 and cpu_kernels.usable(x))
 
@@ -311,7 +312,7 @@ class ParallelAttention(HeadGated):
         if self.drop_branch is not None:
             path_scale = self.drop_branch(batch_size, device)
             if path_scale is not None:
-                if self.head_drop:  # §1.3: one bit per head, bias untouched
+                if self.head_drop:  # MAT eq. 9-10: one bit per head, bias untouched
                     head_scale = path_scale
                 else:
                     branch_scale = path_scale  # [1 or B, N_a]
@@ -392,7 +393,10 @@ class ParallelAttention(HeadGated):
             if cache is not None:  # the keys and values of every step so far
                 k = cache.append("k", k, dim=2)
                 v = cache.append("v", v, dim=2)
-                query_offset = k.shape[2] - q.shape[2]
+                if cache.fixed:  # buffers of every position: mask those not decoded yet (the query is the newest)
+                    key_padding_mask, causal, query_offset = cache.future_keys(), False, cache.offset()
+                else:
+                    query_offset = k.shape[2] - q.shape[2]
         else:
             q = self.project_q(x)
             k = cache.get("k") if cache is not None else None

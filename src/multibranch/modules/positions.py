@@ -32,12 +32,18 @@ class SinusoidalPositions(nn.Module):
         self.dim = dim
         self.register_buffer("table", sinusoidal_table(max_positions, dim), persistent=False)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        """[length, dim] encodings of positions offset .. offset+length-1."""
-        end = offset + length
-        if end > self.table.shape[0]:
-            self.table = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.dim).to(self.table.device)
-        return self.table[offset:end]
+    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+        """[length, dim] encodings of positions offset .. offset+length-1. A tensor `offset` (0-d, on the
+        device: a static decoding step) reads the table without a host read; `reserve` the positions first."""
+        if isinstance(offset, Tensor):
+            return self.table.index_select(0, offset + torch.arange(length, device=self.table.device))
+        self.reserve(offset + length)
+        return self.table[offset : offset + length]
+
+    def reserve(self, positions: int) -> None:
+        """Make the table hold at least `positions` positions."""
+        if positions > self.table.shape[0]:
+            self.table = sinusoidal_table(max(positions, 2 * self.table.shape[0]), self.dim).to(self.table.device)
 
 
 class LearnedPositions(nn.Module):
@@ -49,7 +55,9 @@ class LearnedPositions(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_positions, dim))
         nn.init.normal_(self.weight, std=dim**-0.5)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
+    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+        if isinstance(offset, Tensor):  # a static decoding step: the search keeps it below max_positions
+            return self.weight.index_select(0, offset + torch.arange(length, device=self.weight.device))
         end = offset + length
         if end > self.max_positions:
             raise ValueError(
@@ -82,8 +90,8 @@ class RelativePositions(nn.Module):
     def values(self) -> Tensor:
         return self.key_table if self.value_table is None else self.value_table
 
-    def bucket_index(self, query_len: int, key_len: int, query_offset: int, device: torch.device) -> Tensor:
+    def bucket_index(self, query_len: int, key_len: int, query_offset: int | Tensor, device: torch.device) -> Tensor:
         """[L, S] table row of each (query, key) pair: clip(j - i, -k, k) + k."""
-        q_pos = torch.arange(query_offset, query_offset + query_len, device=device)[:, None]
+        q_pos = (torch.arange(query_len, device=device) + query_offset)[:, None]  # query_offset: int or 0-d tensor
         k_pos = torch.arange(key_len, device=device)[None, :]
         return (k_pos - q_pos).clamp(-self.max_distance, self.max_distance) + self.max_distance

@@ -25,6 +25,8 @@ from torch import Tensor
 class DecoderState:
     """All per-hypothesis decoder caches; `step` is the number of target positions already decoded."""
 
+    fixed = False  # StaticDecoderState: preallocated caches written in place (see there)
+
     def __init__(self) -> None:
         self.step = 0
         self.tensors: dict[str, Tensor] = {}
@@ -35,6 +37,14 @@ class DecoderState:
 
     def view(self, prefix: str) -> StateView:
         return StateView(self, prefix)
+
+    def offset(self) -> int | Tensor:
+        """The position of the next token to decode (a 0-d device tensor in a StaticDecoderState)."""
+        return self.step
+
+    def advance(self, tokens: int) -> None:
+        """`tokens` more positions have been decoded."""
+        self.step += tokens
 
     def reorder(self, order: Tensor, sources: Tensor | None = None) -> None:
         """Keep/reorder batch rows: row r of every cache becomes old row order[r].
@@ -120,6 +130,72 @@ class DecoderState:
         return past_keys, past_values, table
 
 
+class StaticDecoderState(DecoderState):
+    """Decoder caches of a fixed shape for a whole search, changed only in place, so a decoding step has fixed
+    shapes, reads nothing back to the host and can be captured as a CUDA graph and replayed.
+
+    `position` (a 0-d long tensor on the device) is the position of the next token. A self-attention's keys
+    and values live in buffers of `capacity` positions, allocated at the first step and written at
+    `position` (`append`); the attention masks the positions not yet written (`future_keys`). A reorder
+    copies rows within the same buffers, and `set` of an existing cache copies into it (a convolution's
+    window). Steps decode one token per row. Histories (the fused CPU kernels) are not kept here."""
+
+    fixed = True
+
+    def __init__(self, capacity: int, device: torch.device | str) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.position = torch.zeros((), dtype=torch.long, device=device)
+        self._key_positions = torch.arange(capacity, device=device)  # [capacity]
+
+    def offset(self) -> Tensor:
+        return self.position
+
+    def advance(self, tokens: int) -> None:
+        super().advance(tokens)
+        self.position += tokens
+
+    def future_keys(self) -> Tensor:
+        """[1, capacity] bool, True at the positions after `position` (not yet decoded): a key padding mask."""
+        return (self._key_positions > self.position)[None, :]
+
+    def reorder(self, order: Tensor, sources: Tensor | None = None) -> None:
+        if sources is not None:
+            raise ValueError("a static decoder state keeps every row for the whole search: reorder within "
+                             "sentences (reorder_within_sentences)")
+        self.reorder_within_sentences(order)
+
+    def reorder_within_sentences(self, order: Tensor) -> None:
+        for key, value in self.tensors.items():
+            if key not in self.static:
+                value.copy_(value.index_select(0, order))
+
+    def get(self, key: str) -> Tensor | None:
+        return self.tensors.get(key)
+
+    def set(self, key: str, value: Tensor, static: bool = False) -> None:
+        current = self.tensors.get(key)
+        if current is not None and not static:
+            current.copy_(value)
+        else:
+            super().set(key, value, static)
+
+    def append(self, key: str, new: Tensor, dim: int) -> Tensor:
+        """Write `new` (one position along `dim`) at `position` of the buffer `key` and return the buffer."""
+        if new.shape[dim] != 1:
+            raise ValueError(f"a static decoder state decodes one token per step, not {new.shape[dim]}")
+        buffer = self.tensors.get(key)
+        if buffer is None:
+            size = list(new.shape)
+            size[dim] = self.capacity
+            buffer = self.tensors[key] = new.new_zeros(size)
+        buffer.index_copy_(dim, self.position[None], new)
+        return buffer
+
+    def extend_history(self, key: str, keys: Tensor, values: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        raise RuntimeError("a static decoder state keeps fixed key/value buffers, not histories")
+
+
 class StateView:
     """The slice of a DecoderState that belongs to one module (keys under `prefix`)."""
 
@@ -150,3 +226,14 @@ class StateView:
     @property
     def step(self) -> int:
         return self.state.step
+
+    @property
+    def fixed(self) -> bool:
+        """Whether the state is a StaticDecoderState (fixed buffers, a device position)."""
+        return self.state.fixed
+
+    def offset(self) -> int | Tensor:
+        return self.state.offset()
+
+    def future_keys(self) -> Tensor:
+        return self.state.future_keys()  # type: ignore[attr-defined]

@@ -111,7 +111,7 @@ def _natural_ends(checkpoint: Path, lines: list[str]) -> dict[int, list[tuple[st
     """Our beam search on the checkpoint, one line at a time: the n-best of every line whose hypotheses
     all end before the length limit (at the limit ours forces EOS, CTranslate2 keeps its best tokens)."""
     from multibranch.experiment.decoding import DecodeConfig
-    from multibranch.inference.beam import search
+    from multibranch.inference.search import search
     from multibranch.tasks.loading import load_model
 
     loaded = load_model(checkpoint, "cpu", task="translation")

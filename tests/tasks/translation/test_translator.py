@@ -330,7 +330,7 @@ def test_forced_scores_reproduce_the_greedy_search(experiment, alpha, kind, devi
 
 
 def test_cli_score_reference_of_the_greedy_output(checkpoint, tokenizer, translator, tmp_path):
-    from multibranch.inference.beam import search
+    from multibranch.inference.search import search
 
     cfg = DecodeConfig(**{**translator.cfg.__dict__, "beam": 1})
     greedy = Translator(translator.model, tokenizer, cfg)

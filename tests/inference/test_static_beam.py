@@ -1,0 +1,152 @@
+"""The fixed-shape search (inference/static_beam.py, run by graphed_search.py) against today's search
+(`beam._beam_search`, the reference): the same hypotheses in the same order, scores to 1e-5, for every layer
+kind, with n-best, prefixes, n-gram blocking, both length penalties, min/max length and ensembles, on random
+and trained models; a step reads nothing back to the host; the search reads one boolean a step."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from multibranch.config import from_dict
+from multibranch.experiment.decoding import DecodeConfig
+from multibranch.inference.beam import Hypothesis, _beam_search, greedy_search
+from multibranch.inference.ensemble import Ensemble
+from multibranch.inference.graphed_search import run_fixed_shape_search
+from multibranch.inference.search import search
+from multibranch.inference.static_beam import StaticBeamSearch
+from multibranch.models import ModelConfig, build_model
+from multibranch.tasks.loading import load_model
+from tests.helpers.host_reads import HostReads
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+PAD, EOS, VOCAB = 0, 3, 40
+
+
+def _both(layer: dict) -> dict:
+    return {"encoder": dict(layer), "decoder": dict(layer)}
+
+
+KINDS = {
+    "transformer": {},
+    "mat": _both({"kind": "transformer", "attention_branches": 3, "ffn_branches": 2}),
+    "weighted": _both({"kind": "weighted"}),
+    "weighted-self": _both({"kind": "weighted", "decoder_branched": "self"}),
+    "mute": {"norm": "pre", "relative_positions": 4, "decoder": {"kind": "transformer"},
+             "encoder": {"kind": "mute", "units": 4, "bias_modules": ["identity", "swap", "mask", "disorder"],
+                         "fusion": "sequential"}},
+    "muse": _both({"kind": "muse", "kernel_sizes": [3, 5]}),
+    "muse-simple": _both({"kind": "muse", "conv": False}),
+    "drophead": {"drophead": {"rate": 0.2}},
+    "relative-positions": {"relative_positions": 3},
+    "learned-positions": {"positions": "learned", "max_positions": 14},
+}
+
+
+def _model(kind: str, seed: int = 3) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    values = {"d_model": 16, "heads": 4, "ffn_dim": 32, "encoder_layers": 2, "decoder_layers": 2,
+              "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "output_bias": True, **KINDS[kind]}
+    model = build_model(from_dict(ModelConfig, values)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+        model.output_bias[EOS] = 1.2  # some hypotheses end early, others run to the limit
+    return model
+
+
+def _sources(n: int = 7, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(4, VOCAB, (k - 1,), generator=g).tolist() + [EOS]
+            for k in torch.randint(2, 11, (n,), generator=g).tolist()]
+    width = max(map(len, rows))
+    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+
+
+def assert_same(found: list[list[Hypothesis]], reference: list[list[Hypothesis]]) -> None:
+    """The same hypotheses in the same order; scores and per-token log-probabilities to float rounding."""
+    assert [[h.tokens for h in hs] for hs in found] == [[h.tokens for h in hs] for hs in reference]
+    for hs, refs in zip(found, reference, strict=True):
+        assert [h.score for h in hs] == pytest.approx([h.score for h in refs], abs=1e-5)
+        for h, ref in zip(hs, refs, strict=True):
+            assert h.positional_scores == pytest.approx(ref.positional_scores, rel=1e-5, abs=2e-5)
+
+
+OPTIONS = {
+    "plain": dict(max_len_a=1.0, max_len_b=4),
+    "gnmt-min-len": dict(length_penalty=0.6, length_penalty_kind="gnmt", max_len_a=1.0, max_len_b=5, min_len=3),
+    "ngram": dict(max_len_a=1.0, max_len_b=8, no_repeat_ngram_size=2),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_layer_kind_finds_what_todays_search_finds(kind):
+    model, src = _model(kind), _sources()
+    for name, options in OPTIONS.items():
+        reference = _beam_search(model, src, 4, **options)
+        assert sum(len(hs) for hs in reference) > len(reference), name  # more than one finished per sentence
+        assert_same(run_fixed_shape_search(model, src, 4, graphs=False, **options), reference)
+
+
+def test_prefixes_including_empty_and_full_length_ones():
+    model, src = _model("mat"), _sources()
+    prefix = torch.tensor([[5, 6, 0], [7, 0, 0], [0, 0, 0], [9, 9, 9], [4, 0, 0], [5, 0, 0], [6, 6, 0]])
+    options = dict(max_len_a=1.0, max_len_b=5, no_repeat_ngram_size=2, min_len=2, prefix=prefix)
+    found = run_fixed_shape_search(model, src, 3, graphs=False, **options)
+    assert_same(found, _beam_search(model, src, 3, **options))
+    assert all(h.tokens[:3] == [9, 9, 9] for h in found[3])
+
+
+@pytest.mark.parametrize("mean", ["prob", "log-prob"])
+def test_ensembles(mean):
+    ensemble = Ensemble([_model("mat"), _model("transformer", seed=4)], mean=mean)
+    src = _sources()
+    assert_same(run_fixed_shape_search(ensemble, src, 4, graphs=False, max_len_a=1.0, max_len_b=5),
+                _beam_search(ensemble, src, 4, max_len_a=1.0, max_len_b=5))
+
+
+def test_beam_one_is_greedy():
+    model, src = _model("muse"), _sources()
+    options = dict(length_penalty=0.6, length_penalty_kind="gnmt", max_len_a=1.0, max_len_b=3)
+    assert_same(run_fixed_shape_search(model, src, 1, graphs=False, **options), greedy_search(model, src, **options))
+
+
+def test_a_trained_model_through_search_with_nbest(tiny_checkpoint):
+    loaded = load_model(tiny_checkpoint)
+    model = loaded.model.eval()
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids + [EOS]) for ids in loaded.tokenizer.encode_src(
+        ["sagun nivnikib rapzubfo", "rapzubfo sagun", "nivnikib", "sagun sagun nivnikib rapzubfo rapzubfo"])],
+        batch_first=True, padding_value=model.config.pad_id)
+    cfg = DecodeConfig(beam=5, nbest=3, length_penalty=1.0, max_len_a=1.2, max_len_b=10)
+    fixed = search(model, src, cfg, fixed_shapes=True)
+    assert_same(fixed, search(model, src, cfg, fixed_shapes=False))
+    assert all(len(hs) == 3 for hs in fixed)
+
+
+def test_a_step_reads_nothing_back_and_the_search_one_boolean_a_step():
+    model, src = _model("mat"), _sources()
+    prefix = torch.tensor([[5, 6, 0]] * src.shape[0])
+    search_ = StaticBeamSearch(model, src, 4, max_len_a=1.0, max_len_b=6, no_repeat_ngram_size=2, min_len=2,
+                               prefix=prefix)
+    search_.start()
+    counter = HostReads()
+    with counter:
+        for _ in range(search_.steps):
+            search_.step()  # past the end of some sentences and of every prefix
+    assert counter.found == []
+    whole = HostReads()
+    with whole:
+        run_fixed_shape_search(model, src, 4, graphs=False, max_len_a=1.0, max_len_b=6)
+    places = [found.split(" at ")[1] for found in whole.found]
+    per_step = [where for where in places if where.endswith(_reading_line(StaticBeamSearch.all_done))]
+    assert 0 < len(per_step) <= search_.steps
+    assert len(places) - len(per_step) <= 8, places  # before the search (its limits) and one copy back
+
+
+def _reading_line(method) -> str:
+    """'static_beam.py:N': the line of `method` that reads the device (its `bool(...)`)."""
+    lines, first = inspect.getsourcelines(method)
+    return f"static_beam.py:{first + next(i for i, line in enumerate(lines) if 'bool(' in line)}"
