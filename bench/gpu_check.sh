@@ -17,12 +17,14 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu-check}
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a dry run of the same commands on the CPU (with small budgets, see gpu_decode.sh)
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export MULTIBRANCH_BENCH_DIR="$PWD/runs/bench"
 sections=${*:-env train_speed train_m30k tests decode}
 has() { [[ " $sections " == *" $1 "* ]]; }
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/progress.log"; }
+workers() { python3 -c "import xdist" 2>/dev/null && echo "-n $1"; }  # pytest-xdist where installed
 
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -51,18 +53,28 @@ train_pid=""
 if has train_m30k; then
   stamp train_m30k
   rm -rf runs/gpu-m30k
-  # the IWSLT-size transformer preset on Multi30k, 2 minutes of bf16 training (shorter warm-up for so short a run)
+  # the IWSLT-size transformer preset on Multi30k, TRAIN_MINUTES (2) of bf16 training (shorter warm-up for so short
+  # a run)
   timeout 200 python3 -m multibranch train --preset transformer --data runs/bench/m30k-data-8000 \
-    --out runs/gpu-m30k --device cuda --max-minutes 2 --set train.amp=bf16 --set train.lr.warmup=1000 \
+    --out runs/gpu-m30k --device "$DEVICE" --max-minutes "${TRAIN_MINUTES:-2}" --set train.amp=bf16 --set train.lr.warmup=1000 \
     --set train.valid_every=600 --threads 2 > "$OUT/train_m30k.log" 2>&1 &
   train_pid=$!
 fi
 
 if has tests; then
   stamp tests
-  OMP_NUM_THREADS=1 timeout 230 python3 -m pytest -q -n 12 -p no:cacheprovider --timeout 200 -o addopts="" \
+  OMP_NUM_THREADS=1 timeout 230 python3 -m pytest -q $(workers 12) -p no:cacheprovider --timeout 200 -o addopts="" \
     -m "not slow" --import-mode=importlib -rfE --junitxml "$OUT/junit.xml" tests > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/progress.log"
+fi
+
+if has tests_decode; then
+  stamp tests_decode
+  # the decoding tests' CUDA cases only (beam search, candidates, decoder state, layer contract, Translator)
+  OMP_NUM_THREADS=1 timeout 150 python3 -m pytest -q $(workers 8) -p no:cacheprovider --timeout 120 -o addopts="" \
+    --import-mode=importlib -rfE -k "${DECODE_TESTS:-cuda}" tests/inference tests/modules tests/models tests/tasks/translation \
+    > "$OUT/pytest_decode.log" 2>&1
+  echo "pytest (decode, cuda) rc=$?" >> "$OUT/progress.log"
 fi
 
 if [ -n "$train_pid" ]; then
@@ -74,14 +86,6 @@ fi
 DECODE_CKPT=${DECODE_CKPT:-runs/gpu-m30k/best.pt}  # or a checkpoint (or export directory) trained elsewhere,
 # carried along: `multibranch convert export --ckpt best.pt --out .gpu/release --dtype fp16` halves what is carried
 DECODE_DATA=${DECODE_DATA:-runs/bench/m30k-data-8000}  # test.src.txt / test.tgt.txt: the 2016 Flickr test set
-if has tests_decode; then
-  stamp tests_decode
-  # the decoding tests' CUDA cases only (beam search, candidates, decoder state, layer contract, Translator)
-  OMP_NUM_THREADS=1 timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 120 -o addopts="" \
-    --import-mode=importlib -rfE -k cuda tests/inference tests/modules tests/models tests/tasks/translation \
-    > "$OUT/pytest_decode.log" 2>&1
-  echo "pytest (decode, cuda) rc=$?" >> "$OUT/progress.log"
-fi
 
 if has decode && [ -e "$DECODE_CKPT" ]; then
   stamp decode
@@ -101,10 +105,10 @@ if has decode && [ -e "$DECODE_CKPT" ]; then
   python3 -c "import ctranslate2; print('ctranslate2', ctranslate2.__version__, 'cuda devices',
 ctranslate2.get_cuda_device_count(), ctranslate2.get_supported_compute_types('cuda'))" >> "$OUT/progress.log" 2>&1
   timeout "${DECODE_TIMEOUT:-330}" python3 bench/ct2_decode.py --ckpt "$DECODE_CKPT" --src "$DECODE_DATA/test.src.txt" \
-    --ref "$DECODE_DATA/test.tgt.txt" --device cuda --batch 32 128 --sentences 1000 --rounds "${DECODE_ROUNDS:-3}" \
-    --threads 4 --name decode_gpu > "$OUT/decode.log" 2>&1
+    --ref "$DECODE_DATA/test.tgt.txt" --device "$DEVICE" --batch 32 128 --sentences "${DECODE_SENTENCES:-1000}" \
+    --rounds "${DECODE_ROUNDS:-3}" --threads 4 --name "${DECODE_NAME:-decode_gpu}" > "$OUT/decode.log" 2>&1
   echo "decode rc=$?" >> "$OUT/progress.log"
-  cp bench/results/decode_gpu.json "$OUT/" 2>/dev/null
+  cp "bench/results/${DECODE_NAME:-decode_gpu}.json" "$OUT/" 2>/dev/null
   tar czf "$OUT/decode_workers.tgz" runs/bench/ct2_decode/*.stderr 2>/dev/null
 fi
 

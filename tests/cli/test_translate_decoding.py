@@ -175,7 +175,7 @@ def test_print_alignment_writes_the_pairs_of_the_chosen_layer(checkpoint, source
     cross-attention of layer 0, as the analysis extractor captures it for the sentence alone."""
     from multibranch.analysis.attention_maps import capture_maps
     from multibranch.analysis.heads import attention_sites
-    from multibranch.inference.beam import search
+    from multibranch.inference.search import search
     from multibranch.tasks.translation.loading import load_translator
 
     got = run(tmp_path, "aligned", "--ckpt", str(checkpoint), "-i", str(source), "--beam", "3", "--print-alignment",

@@ -5,6 +5,7 @@ and trained models; a step reads nothing back to the host; the search reads one 
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import pytest
@@ -14,7 +15,7 @@ from multibranch.config import from_dict
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.beam import Hypothesis, _beam_search, greedy_search
 from multibranch.inference.ensemble import Ensemble
-from multibranch.inference.graphed_search import run_fixed_shape_search
+from multibranch.inference.graphed_search import FixedShapeSearcher, bucket_shape, run_fixed_shape_search
 from multibranch.inference.search import search
 from multibranch.inference.static_beam import StaticBeamSearch
 from multibranch.models import ModelConfig, build_model
@@ -83,12 +84,14 @@ OPTIONS = {
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_every_layer_kind_finds_what_todays_search_finds(kind):
+def test_every_layer_kind_finds_what_todays_search_finds(kind, device):
+    """On CUDA the fixed-shape search replays its captured step (graphs on by default there)."""
     model, src = _model(kind), _sources()
+    fixed_model, fixed_src = copy.deepcopy(model).to(device), src.to(device)
     for name, options in OPTIONS.items():
         reference = _beam_search(model, src, 4, **options)
         assert sum(len(hs) for hs in reference) > len(reference), name  # more than one finished per sentence
-        assert_same(run_fixed_shape_search(model, src, 4, graphs=False, **options), reference)
+        assert_same(run_fixed_shape_search(fixed_model, fixed_src, 4, **options), reference)
 
 
 def test_prefixes_including_empty_and_full_length_ones():
@@ -101,11 +104,12 @@ def test_prefixes_including_empty_and_full_length_ones():
 
 
 @pytest.mark.parametrize("mean", ["prob", "log-prob"])
-def test_ensembles(mean):
+def test_ensembles(mean, device):
     ensemble = Ensemble([_model("mat"), _model("transformer", seed=4)], mean=mean)
     src = _sources()
-    assert_same(run_fixed_shape_search(ensemble, src, 4, graphs=False, max_len_a=1.0, max_len_b=5),
-                _beam_search(ensemble, src, 4, max_len_a=1.0, max_len_b=5))
+    reference = _beam_search(ensemble, src, 4, max_len_a=1.0, max_len_b=5)
+    on_device = copy.deepcopy(ensemble).to(device)
+    assert_same(run_fixed_shape_search(on_device, src.to(device), 4, max_len_a=1.0, max_len_b=5), reference)
 
 
 def test_beam_one_is_greedy():
@@ -129,9 +133,9 @@ def test_a_trained_model_through_search_with_nbest(tiny_checkpoint):
 def test_a_step_reads_nothing_back_and_the_search_one_boolean_a_step():
     model, src = _model("mat"), _sources()
     prefix = torch.tensor([[5, 6, 0]] * src.shape[0])
-    search_ = StaticBeamSearch(model, src, 4, max_len_a=1.0, max_len_b=6, no_repeat_ngram_size=2, min_len=2,
-                               prefix=prefix)
-    search_.start()
+    search_ = StaticBeamSearch(model, 8, 16, 4, max_len_a=1.0, max_len_b=6, no_repeat_ngram_size=2, min_len=2,
+                               prefixed=True)
+    search_.load(src, prefix)
     counter = HostReads()
     with counter:
         for _ in range(search_.steps):
@@ -150,3 +154,18 @@ def _reading_line(method) -> str:
     """'static_beam.py:N': the line of `method` that reads the device (its `bool(...)`)."""
     lines, first = inspect.getsourcelines(method)
     return f"static_beam.py:{first + next(i for i, line in enumerate(lines) if 'bool(' in line)}"
+
+
+@pytest.mark.parametrize("kind", ["muse", "mat"])  # muse: a convolution window that must restart from zeros
+def test_buffers_are_reused_batch_after_batch(kind, device):
+    """Batches of different sizes and lengths through one searcher: each equals today's search alone, and
+    batches of one bucket share one search (its buffers, and on CUDA its graph, replayed)."""
+    model = _model(kind)
+    searcher = FixedShapeSearcher(copy.deepcopy(model).to(device))
+    options = dict(max_len_a=1.0, max_len_b=4, no_repeat_ngram_size=2)
+    batches = [_sources(7, seed=1), _sources(5, seed=2), _sources(8, seed=3), _sources(3, seed=4), _sources(7, seed=1)]
+    for src in batches:
+        assert_same(searcher.search(src.to(device), 3, **options), _beam_search(model, src, 3, **options))
+    if device.type == "cuda":
+        assert all(bucket.graph is not None for bucket in searcher.buckets.values())  # captured, no fallback
+    assert len(searcher.buckets) == len({bucket_shape(*src.shape, model.config) for src in batches}) < len(batches)

@@ -57,6 +57,12 @@ class EnsembleState(DecoderState):
         for state in self.members:
             state.reorder_within_sentences(order)
 
+    def reset(self) -> None:
+        """Every member's StaticDecoderState back to position 0 (the fixed-shape search's next batch)."""
+        self.step = 0
+        for state in self.members:
+            state.reset()  # type: ignore[attr-defined]
+
 
 def check_members(configs: list, names: list[str]) -> None:
     """CheckpointError naming the first member whose vocabulary (sizes, special ids) differs from the first's."""

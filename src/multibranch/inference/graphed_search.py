@@ -1,25 +1,31 @@
-"""Running a fixed-shape search (`static_beam.StaticBeamSearch`), on CUDA as one graph replayed per step.
+"""Running the fixed-shape search (`static_beam.StaticBeamSearch`), on CUDA as one graph replayed per step.
 
-Step 0 runs eagerly: it computes the cross-attention keys/values, allocates every cache buffer and warms up
-the kernels. The next step is then captured as a CUDA graph (recorded, not run) and replayed for it and every
-later step: one launch a step instead of a few hundred, and the host reads one boolean a step (whether every
-sentence is done). Everything the step touches keeps its address for the whole search, which is what makes
-the replay correct (`StaticDecoderState` writes in place). Where capture fails (an operation a graph cannot
-hold), the search goes on eagerly from the same step after one warning: capturing runs nothing, so no state
-has moved.
+A `FixedShapeSearcher` keeps one search per shape bucket — (sentences rounded up to a power of two, source
+length rounded up to a multiple of `SOURCE_BUCKET`, beam and options) — and reuses its buffers for every batch
+that fits: the batch is copied in, step 0 runs eagerly (it computes the cross-attention keys/values into the
+same buffers), and every later step replays the bucket's CUDA graph, captured on its first batch: one launch a
+step instead of a few hundred, and the host reads one boolean a step (whether every sentence is done). The
+first step of the first batch also allocates the caches and warms the kernels up on the stream the graph is
+captured on. Where capture fails (an operation a graph cannot hold), the bucket runs eagerly after one
+warning: capturing runs nothing, so no state has moved. Without graphs (the CPU, tests) the same buckets run
+every step eagerly.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from multibranch.inference.beam import Decodable, Hypothesis
 from multibranch.inference.static_beam import StaticBeamSearch
 
 log = logging.getLogger(__name__)
+SOURCE_BUCKET = 16  # source lengths round up to a multiple of this
+MAX_BUCKETS = 8  # searches (with their buffers and graphs) kept per searcher, least recently used dropped
 _warned: set[str] = set()
 
 
@@ -29,50 +35,91 @@ def _warn_once(reason: str) -> None:
         log.warning("beam search on CUDA runs without CUDA graphs (%s)", reason)
 
 
-def _captured_step(search: StaticBeamSearch, stream: Any) -> Any:
-    """A CUDA graph of `search.step()` on `stream` (not yet run), or None (with one warning) when it cannot
-    be captured."""
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, stream=stream):
-            search.step()
-    except Exception as err:  # a capture error leaves the search where it was: nothing ran
-        _warn_once(f"{type(err).__name__}: {err}".splitlines()[0][:200])
-        return None
-    return graph
+def bucket_shape(sentences: int, src_len: int, cfg: object) -> tuple[int, int]:
+    """The buffers' (rows, source length) for a batch: a power of two, a multiple of SOURCE_BUCKET (at most a
+    learned-positions model's max_positions, and never below the batch's own length)."""
+    length = -(-src_len // SOURCE_BUCKET) * SOURCE_BUCKET
+    if getattr(cfg, "positions", None) == "learned":
+        length = max(min(length, cfg.max_positions), src_len)  # type: ignore[attr-defined]
+    return 1 << max(sentences - 1, 0).bit_length(), length
 
 
-@torch.inference_mode()
-def run_fixed_shape_search(model: Decodable, src: torch.Tensor, beam: int, graphs: bool | None = None,
+class _Bucket:
+    """One shape's search, its CUDA graph (None until captured, or when it cannot be) and stream."""
+
+    def __init__(self, search: StaticBeamSearch, graphs: bool) -> None:
+        self.search = search
+        self.graphs = graphs
+        self.graph: Any = None
+        self.stream: Any = torch.cuda.Stream(search.device) if graphs else None
+
+    def run(self, src: Tensor, prefix: Tensor | None) -> list[list[Hypothesis]]:
+        if self.stream is None:
+            return self._steps(src, prefix)
+        self.stream.wait_stream(torch.cuda.current_stream(self.search.device))
+        with torch.cuda.stream(self.stream):
+            found = self._steps(src, prefix)
+        torch.cuda.current_stream(self.search.device).wait_stream(self.stream)
+        return found
+
+    def _steps(self, src: Tensor, prefix: Tensor | None) -> list[list[Hypothesis]]:
+        search = self.search
+        search.load(src, prefix)
+        search.step()  # eager: this batch's cross-attention keys/values (and, first, the caches' allocation)
+        for _ in range(1, search.steps):
+            if search.all_done():
+                break
+            if self.graphs and self.graph is None:
+                self.graph = self._capture()
+                self.graphs = self.graph is not None
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                search.step()
+        return search.results()
+
+    def _capture(self) -> Any:
+        """A CUDA graph of one step (recorded, not run), or None (with one warning) where it cannot be captured."""
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=self.stream):
+                self.search.step()
+        except Exception as err:  # a capture error leaves the search where it was: nothing ran
+            _warn_once(f"{type(err).__name__}: {err}".splitlines()[0][:200])
+            return None
+        return graph
+
+
+class FixedShapeSearcher:
+    """The fixed-shape search of one model, with its buffers and graphs kept per shape bucket across batches.
+    `graphs` (default: on CUDA) replays one CUDA graph per step after a bucket's first."""
+
+    def __init__(self, model: Decodable, graphs: bool | None = None) -> None:
+        self.model = model
+        self.graphs = graphs
+        self.buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
+
+    @torch.inference_mode()
+    def search(self, src: Tensor, beam: int, prefix: Tensor | None = None, **options: Any) -> list[list[Hypothesis]]:
+        """Finished hypotheses per sentence of src [B, S], in the order they were found; `options` as
+        `beam.beam_search` takes them (length penalty, limits, min length, n-gram blocking)."""
+        if src.shape[0] == 0:
+            return []
+        rows, src_len = bucket_shape(*src.shape, self.model.config)
+        key = (rows, src_len, beam, prefix is not None, tuple(sorted(options.items())))
+        bucket = self.buckets.pop(key, None)
+        if bucket is None:
+            graphs = src.is_cuda if self.graphs is None else self.graphs
+            search = StaticBeamSearch(self.model, rows, src_len, beam, prefixed=prefix is not None,
+                                      device=src.device, **options)
+            bucket = _Bucket(search, graphs)
+        self.buckets[key] = bucket  # most recently used last
+        while len(self.buckets) > MAX_BUCKETS:
+            self.buckets.popitem(last=False)
+        return bucket.run(src, prefix)
+
+
+def run_fixed_shape_search(model: Decodable, src: Tensor, beam: int, graphs: bool | None = None,
                            **options: Any) -> list[list[Hypothesis]]:
-    """The fixed-shape search of src [B, S]: finished hypotheses per sentence, in the order they were found.
-    `graphs` (default: on CUDA) replays one CUDA graph per step after the first."""
-    search = StaticBeamSearch(model, src, beam, **options)
-    if search.B == 0 or search.steps == 0:
-        return [[] for _ in range(search.B)]
-    graphs = src.is_cuda if graphs is None else graphs
-    if not graphs:
-        return _run(search, None)
-    stream = torch.cuda.Stream()  # step 0 warms up on the stream the graph is captured on
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        results = _run(search, stream)
-    torch.cuda.current_stream().wait_stream(stream)
-    return results
-
-
-def _run(search: StaticBeamSearch, stream: Any) -> list[list[Hypothesis]]:
-    """Every step of `search` (a graph replay from step 1 when `stream` is a CUDA stream), then its results."""
-    search.start()
-    search.step()  # eager: caches allocated, kernels warmed up
-    graph = None
-    if stream is not None and search.steps > 1 and not search.all_done():
-        graph = _captured_step(search, stream)
-    for _ in range(1, search.steps):
-        if search.all_done():
-            break
-        if graph is not None:
-            graph.replay()
-        else:
-            search.step()
-    return search.results()
+    """One batch through a fresh FixedShapeSearcher (nothing kept for later batches)."""
+    return FixedShapeSearcher(model, graphs).search(src, beam, **options)

@@ -13,21 +13,24 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from multibranch.inference.beam import Decodable, Hypothesis, beam_search, best_first
-from multibranch.inference.graphed_search import run_fixed_shape_search
+from multibranch.inference.graphed_search import FixedShapeSearcher
 
 if TYPE_CHECKING:
     from multibranch.experiment.decoding import DecodeConfig
 
 
 def search(model: Decodable, src: Tensor, cfg: DecodeConfig, nbest: int | None = None,
-           prefix: Tensor | None = None, fixed_shapes: bool | None = None) -> list[list[Hypothesis]]:
+           prefix: Tensor | None = None, fixed_shapes: bool | None = None,
+           searcher: FixedShapeSearcher | None = None) -> list[list[Hypothesis]]:
     """Decode src [B, S] with a DecodeConfig (greedy when beam == 1); `nbest` overrides cfg.nbest;
     `prefix` [B, P] (pad_id-padded) forces each sentence's first output tokens. `fixed_shapes` (default: on
-    CUDA) runs the fixed-shape search. Per sentence, its best hypotheses first."""
+    CUDA) runs the fixed-shape search, through `searcher` when given (a caller decoding many batches keeps one:
+    its buffers and CUDA graphs are reused batch after batch). Per sentence, its best hypotheses first."""
     options = dict(length_penalty=cfg.length_penalty, length_penalty_kind=cfg.length_penalty_kind,
                    max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, min_len=cfg.min_len,
-                   no_repeat_ngram_size=cfg.no_repeat_ngram_size, prefix=prefix)
+                   no_repeat_ngram_size=cfg.no_repeat_ngram_size)
     nbest = cfg.nbest if nbest is None else nbest
     if fixed_shapes if fixed_shapes is not None else src.is_cuda:
-        return best_first(run_fixed_shape_search(model, src, cfg.beam, **options), nbest)
-    return beam_search(model, src, cfg.beam, nbest=nbest, **options)
+        searcher = searcher if searcher is not None else FixedShapeSearcher(model)
+        return best_first(searcher.search(src, cfg.beam, prefix=prefix, **options), nbest)
+    return beam_search(model, src, cfg.beam, nbest=nbest, prefix=prefix, **options)

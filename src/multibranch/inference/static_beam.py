@@ -22,6 +22,8 @@ finished hypotheses; scores to float rounding), which the tests check for every 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -30,6 +32,7 @@ from multibranch.inference.beam import (
     Decodable,
     Hypothesis,
     LengthPenaltyKind,
+    length_limits,
     normalized_log_probs,
     output_limits,
 )
@@ -62,45 +65,83 @@ def length_divisor(length: Tensor, alpha: float, kind: LengthPenaltyKind) -> Ten
 
 
 class StaticBeamSearch:
-    """One batch's beam search in fixed buffers: `start()` encodes, `step()` is one search step (no host read,
-    no allocation that outlives it), `all_done()` the one read a step, `results()` copies back once."""
+    """A beam search in fixed buffers for batches of up to `rows` sentences of up to `src_len` tokens: `load(src)`
+    puts a batch in (the same buffers every time, so a captured step stays valid), `step()` is one search step (no
+    host read, no allocation that outlives it), `all_done()` the one read a step, `results()` copies back once.
+    Rows beyond the batch hold a one-token filler sentence that is done from the start."""
 
-    def __init__(self, model: Decodable, src: Tensor, beam: int, *, length_penalty: float = 1.0,
+    def __init__(self, model: Decodable, rows: int, src_len: int, beam: int, *, length_penalty: float = 1.0,
                  length_penalty_kind: LengthPenaltyKind = "fairseq", max_len_a: float = 1.2, max_len_b: int = 10,
-                 min_len: int = 1, no_repeat_ngram_size: int = 0, prefix: Tensor | None = None) -> None:
-        self.model, self.src, self.K = model, src, beam
+                 min_len: int = 1, no_repeat_ngram_size: int = 0, prefixed: bool = False,
+                 device: torch.device | str = "cpu") -> None:
+        self.model, self.B, self.S, self.K = model, rows, src_len, beam
         self.alpha, self.kind = length_penalty, length_penalty_kind
-        self.min_len, self.ngram = min_len, no_repeat_ngram_size
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.min_len, self.ngram, self.prefixed = min_len, no_repeat_ngram_size, prefixed
         cfg = model.config
         self.pad, self.bos, self.eos = cfg.pad_id, cfg.bos_id, cfg.eos_id
-        self.B = src.shape[0]
-        self.max_lens, self.steps = output_limits(model, src, max_len_a, max_len_b, prefix)  # [B], steps
-        self.prefix = prefix
+        self.device = torch.device(device)
+        full_source = torch.tensor([src_len])  # the longest source these buffers take
+        self.steps = int(length_limits(cfg, full_source, max_len_a, max_len_b)[0]) + 1  # capacity in steps
+        self.loaded = 0  # sentences of the current batch
+        self.enc: Any = None  # encoder output of the current batch (copied into in place after the first)
+        self.state: DecoderState | None = None
 
-    @property
-    def device(self) -> torch.device:
-        return self.src.device
+    def load(self, src: Tensor, prefix: Tensor | None = None) -> None:
+        """Put the batch src [b, s] (b <= rows, s <= src_len; `prefix` [b, P] pad-padded, when built `prefixed`)
+        into the buffers and reset the search to step 0. ValueError for a prefix longer than its limit."""
+        b, s = src.shape
+        B, K, T, device = self.B, self.K, self.steps, self.device
+        if b > B or s > self.S or (prefix is not None) != self.prefixed:
+            raise ValueError(f"a batch of {b} x {s} (prefix: {prefix is not None}) does not fit buffers of "
+                             f"{B} x {self.S} (prefix: {self.prefixed})")
+        max_lens, _ = output_limits(self.model, src, self.max_len_a, self.max_len_b, prefix)  # [b]
+        source = torch.full((B, self.S), self.pad, dtype=torch.long, device=device)  # [B, S]
+        source[:, 0] = self.eos  # filler rows: one token, so no row is all padding
+        source[:b, :s] = src
+        enc = self.model.encode(source)  # one row per sentence, shared by its K hypotheses
+        if self.enc is None:
+            self._allocate(enc)
+        else:
+            _copy_encoder_out(self.enc, enc)
+            self.state.reset()  # type: ignore[union-attr]
+        self.loaded = b
+        self.max_lens.zero_()
+        self.max_lens[:b] = max_lens
+        self.row_limits.copy_(self.max_lens.repeat_interleave(K))
+        if self.row_prefix is not None and prefix is not None:
+            padded = torch.full((B, T), self.pad, dtype=torch.long, device=device)
+            width = min(prefix.shape[1], T)
+            padded[:b, :width] = prefix[:, :width]
+            self.row_prefix.copy_(padded.repeat_interleave(K, dim=0))
+        self.position.zero_()
+        self.tokens.fill_(self.pad)
+        self.tokens[:, 0] = self.bos
+        self.positional.zero_()
+        self.scores.fill_(NEG_INF)
+        self.scores[:, 0] = 0.0  # step 0: one hypothesis per sentence (the others are the same <s>)
+        self.finished.zero_()
+        self.done.zero_()
+        self.done[b:] = True
+        self.fin_tokens.fill_(self.pad)
+        self.fin_positional.zero_()
+        self.fin_scores.zero_()
+        self.fin_length.zero_()
 
-    def start(self) -> None:
-        """Encode the batch and allocate every buffer of the search (step 0 not yet taken)."""
+    def _allocate(self, enc: Any) -> None:
+        """Every buffer of the search, once (later batches are copied into them)."""
         B, K, T, device = self.B, self.K, self.steps, self.device
         N = B * K
         reserve_positions(self.model, T + 1)
-        self.enc = self.model.encode(self.src)  # one row per sentence, shared by its K hypotheses
+        self.enc = enc
         self.state = new_static_state(self.model, T, device)
         self.position = torch.zeros((), dtype=torch.long, device=device)  # the step being taken
         self.tokens = torch.full((N, T + 1), self.pad, dtype=torch.long, device=device)  # [N, 1 + T]
-        self.tokens[:, 0] = self.bos
         self.positional = torch.zeros(N, T, device=device)  # [N, T] log-probabilities of the chosen tokens
         self.scores = torch.full((B, K), NEG_INF, device=device)  # [B, K] cumulative log-probabilities
-        self.scores[:, 0] = 0.0  # step 0: one hypothesis per sentence (the others are the same <s>)
-        self.row_limits = self.max_lens.repeat_interleave(K)  # [N]
-        self.row_prefix = None
-        if self.prefix is not None:  # [N, T] pad-padded, so column `step` always exists
-            padded = torch.full((B, T), self.pad, dtype=torch.long, device=device)
-            width = min(self.prefix.shape[1], T)
-            padded[:, :width] = self.prefix[:, :width]
-            self.row_prefix = padded.repeat_interleave(K, dim=0)
+        self.max_lens = torch.zeros(B, dtype=torch.long, device=device)  # [B] output limits (fillers: 0)
+        self.row_limits = torch.zeros(N, dtype=torch.long, device=device)  # [N]
+        self.row_prefix = torch.full((N, T), self.pad, dtype=torch.long, device=device) if self.prefixed else None
         self.finished = torch.zeros(B, dtype=torch.long, device=device)  # [B] finished hypotheses so far
         self.done = torch.zeros(B, dtype=torch.bool, device=device)  # [B] sentence complete
         # finished hypotheses: K slots per sentence and slot K for what is not kept
@@ -201,9 +242,18 @@ class StaticBeamSearch:
         return bool(self.done.all())
 
     def results(self) -> list[list[Hypothesis]]:
-        """Finished hypotheses per sentence, in the order they were found (one copy back to the host)."""
-        counts = self.finished.tolist()
-        lengths = self.fin_length.tolist()
-        tokens, positional, scores = self.fin_tokens.tolist(), self.fin_positional.tolist(), self.fin_scores.tolist()
-        return [[Hypothesis(tokens[b][s][: lengths[b][s] - 1], scores[b][s], positional[b][s][: lengths[b][s]])
-                 for s in range(counts[b])] for b in range(self.B)]
+        """Finished hypotheses per sentence of the batch, in the order they were found (one copy back)."""
+        b = self.loaded
+        counts, lengths = self.finished[:b].tolist(), self.fin_length[:b].tolist()
+        tokens, positional = self.fin_tokens[:b].tolist(), self.fin_positional[:b].tolist()
+        scores = self.fin_scores[:b].tolist()
+        return [[Hypothesis(tokens[i][s][: lengths[i][s] - 1], scores[i][s], positional[i][s][: lengths[i][s]])
+                 for s in range(counts[i])] for i in range(b)]
+
+
+def _copy_encoder_out(target: Any, new: Any) -> None:
+    """Copy an encoder output (an EncoderOut, or an ensemble's per member) into `target`'s tensors."""
+    for target_member, new_member in zip(getattr(target, "members", [target]), getattr(new, "members", [new]),
+                                         strict=True):
+        target_member.out.copy_(new_member.out)
+        target_member.padding_mask.copy_(new_member.padding_mask)

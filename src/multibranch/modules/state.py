@@ -138,13 +138,15 @@ class StaticDecoderState(DecoderState):
     and values live in buffers of `capacity` positions, allocated at the first step and written at
     `position` (`append`); the attention masks the positions not yet written (`future_keys`). A reorder
     copies rows within the same buffers, and `set` of an existing cache copies into it (a convolution's
-    window). Steps decode one token per row. Histories (the fused CPU kernels) are not kept here."""
+    window; the cross-attention keys/values of the next batch, after `reset`). Steps decode one token per
+    row. Histories (the fused CPU kernels) are not kept here."""
 
     fixed = True
 
     def __init__(self, capacity: int, device: torch.device | str) -> None:
         super().__init__()
         self.capacity = capacity
+        self._stale: set[str] = set()  # static caches of the previous batch, see `reset`
         self.position = torch.zeros((), dtype=torch.long, device=device)
         self._key_positions = torch.arange(capacity, device=device)  # [capacity]
 
@@ -171,14 +173,26 @@ class StaticDecoderState(DecoderState):
                 value.copy_(value.index_select(0, order))
 
     def get(self, key: str) -> Tensor | None:
-        return self.tensors.get(key)
+        return None if key in self._stale else self.tensors.get(key)
 
     def set(self, key: str, value: Tensor, static: bool = False) -> None:
         current = self.tensors.get(key)
-        if current is not None and not static:
+        if current is not None:  # the same memory for the whole search, and for the next batch's search
             current.copy_(value)
+            self._stale.discard(key)
         else:
             super().set(key, value, static)
+
+    def reset(self) -> None:
+        """Back to position 0 for a new batch, every buffer kept: per-hypothesis caches zeroed (a convolution's
+        window starts from zeros); the static ones (the previous batch's cross-attention keys/values) read as
+        absent until the first step computes and `set`s the new batch's into the same memory."""
+        self.position.zero_()
+        self.step = 0
+        self._stale = set(self.static)
+        for key, value in self.tensors.items():
+            if key not in self.static:
+                value.zero_()
 
     def append(self, key: str, new: Tensor, dim: int) -> Tensor:
         """Write `new` (one position along `dim`) at `position` of the buffer `key` and return the buffer."""

@@ -31,6 +31,7 @@ from multibranch.errors import DataError
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.alignment import check_alignment_layer, cross_attention, hard_alignment, pharaoh
 from multibranch.inference.beam import Hypothesis, forced_scores, length_limits, length_penalty
+from multibranch.inference.graphed_search import FixedShapeSearcher
 from multibranch.inference.sampling import sample
 from multibranch.inference.search import search
 
@@ -147,6 +148,8 @@ class Translator:
         if alignment_layer is not None:
             check_alignment_layer(self.model, alignment_layer)
         self.alignment_layer = alignment_layer
+        # on CUDA, the fixed-shape search with its buffers and graphs kept across batches
+        self.searcher = FixedShapeSearcher(self.model) if self.device.type == "cuda" else None
         self.generator = torch.Generator(device=self.device)
         if self.cfg.seed is not None:
             self.generator.manual_seed(self.cfg.seed)
@@ -292,7 +295,7 @@ class Translator:
     def _decode(self, src: torch.Tensor, n: int, prefix: torch.Tensor | None) -> list[list[Hypothesis]]:
         cfg = self.cfg
         if not cfg.sampling:
-            return search(self.model, src, cfg, nbest=n, prefix=prefix)
+            return search(self.model, src, cfg, nbest=n, prefix=prefix, searcher=self.searcher)
         return sample(self.model, src, n, generator=self.generator, temperature=cfg.temperature, top_k=cfg.top_k,
                       top_p=cfg.top_p, length_penalty=cfg.length_penalty, length_penalty_kind=cfg.length_penalty_kind,
                       max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, min_len=cfg.min_len,
