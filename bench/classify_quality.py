@@ -63,7 +63,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, ROOT, environment, preset_amp, work_dir  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    checkpoint_parameters,
+    environment,
+    preset_amp,
+    run_metrics,
+    work_dir,
+)
 from multibranch.atomic import atomic_write_text  # noqa: E402
 
 SHARED = Path(os.environ.get("MULTIBRANCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -311,7 +319,7 @@ def train_and_score(preset: str, seed: int, data: Path, run: Path, log: Path, ar
     sh(multibranch("classify", "--ckpt", str(run / "best.pt"), "-i", str(data / "test.txt"), "-o", str(hyp),
                    "--device", "cpu", "--threads", str(args.threads)), log)
     predictions = hyp.read_text(encoding="utf-8").split("\n")[:-1]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = run_metrics(run)
     valid = [r for r in records if r["type"] == "valid"]
     return {"seed": seed, **scores(predictions, read_split(data, "test")[1]), **cost,
             "updates": max(r["step"] for r in records), "epochs_started": max(r["epoch"] for r in records),
@@ -332,12 +340,6 @@ def hf_peer(preset: str, seed: int, data: Path, model_dir: Path, run: Path, log:
     cost = timed(command, log)
     predictions = hyp.read_text(encoding="utf-8").split("\n")[:-1]
     return {"seed": seed, **scores(predictions, read_split(data, "test")[1]), **cost}
-
-
-def parameters(ckpt: Path) -> int:
-    import torch
-
-    return sum(t.numel() for t in torch.load(ckpt, map_location="cpu", weights_only=True)["model"].values())
 
 
 def summary(row: dict[str, Any]) -> dict[str, Any]:
@@ -406,7 +408,7 @@ def run_system(dataset: str, system: str, seed: int, spm_data: Path, runs: Path,
     else:
         row = {"system": system, "runs": [train_and_score(system, seed, data, runs / f"{system}-seed{seed}",
                                                           runs / f"{system}.log", args, init)]}
-        row["parameters"] = parameters(runs / f"{system}-seed{seed}" / "best.pt")
+        row["parameters"] = checkpoint_parameters(runs / f"{system}-seed{seed}" / "best.pt")
         row["threads"] = args.threads
         row["max_steps_override"] = args.max_steps
     return {**row, "splits": split_sizes(data), "data": str(data)}

@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.classify_quality import DATASETS, multibranch, prepared, timed  # noqa: E402
-from bench.common import RESULTS, environment, preset_amp, work_dir  # noqa: E402
+from bench.common import RESULTS, environment, preset_amp, run_metrics, work_dir  # noqa: E402
 
 
 def parse_candidate(text: str) -> tuple[str, list[str]]:
@@ -46,7 +46,7 @@ def run_candidate(name: str, sets: list[str], data: Path, runs: Path, args: argp
                          runs / f"{name}.log")
         except RuntimeError as error:  # one failed (or stopped) candidate does not lose the others' results
             return {"candidate": name, "sets": sets, "seed": args.seed, "error": str(error)}
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = run_metrics(run)
     valid = [r for r in records if r["type"] == "valid"]
     best = max(valid, key=lambda r: (r["accuracy"], -r["step"]))
     return {"candidate": name, "sets": sets, "vocab": args.vocab or DATASETS[args.dataset]["vocab"], "seed": args.seed, "best_valid_accuracy": best["accuracy"],

@@ -25,7 +25,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, environment, preset_amp, save_results, work_dir  # noqa: E402
+from bench.common import (  # noqa: E402
+    ROOT,
+    checkpoint_parameters,
+    environment,
+    preset_amp,
+    run_metrics,
+    save_results,
+    work_dir,
+)
 
 SYSTEMS = ["codegen-tiny", "codegen-tiny-mat"]
 
@@ -84,10 +92,10 @@ def run_system(system: str, seed: int, data: Path, runs: Path, args: argparse.Na
     multibranch(["evaluate", "--task", "code", "--hyp", str(hyp), "--ref", str(ref), "--json", str(scores),
                  "--force"], log)
     result = json.loads(scores.read_text())
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = run_metrics(run)
     valid = [r for r in records if r["type"] == "valid"]
     return {
-        "system": system, "seed": seed, "parameters": _parameters(run / "best.pt"),
+        "system": system, "seed": seed, "parameters": checkpoint_parameters(run / "best.pt"),
         "updates": max(r["step"] for r in records), "train_s": train_s, "translate_s": translate_s,
         "test_lines": result["lines"], "pov": result["pov"]["score"],
         "sentence_bleu": result["sentence_bleu"]["score"], "bleu": result["bleu"]["score"],
@@ -100,19 +108,6 @@ def _head(path: Path, out: Path, n: int) -> Path:
     lines = path.read_text(encoding="utf-8").split("\n")[:n]
     out.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return out
-
-
-def _parameters(ckpt: Path) -> int:
-    import torch
-
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)["model"]
-    seen, total = set(), 0
-    for tensor in state.values():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if key not in seen:  # tied embeddings count once
-            seen.add(key)
-            total += tensor.numel()
-    return total
 
 
 def summary(rows: list[dict]) -> list[str]:

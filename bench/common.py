@@ -1,4 +1,5 @@
-"""Shared helpers for the benchmarks: data location, the Hugging Face Marian peer, peak memory.
+"""Shared helpers for the benchmarks: data location, the Hugging Face Marian peer's training update, peak
+memory, checkpoint sizes, the results files' environment block.
 
 Benchmarks are not part of the test suite. They write JSON into bench/results/ and print a table; the
 numbers quoted in docs/benchmarks.md come from those files, with the command that made them. Every
@@ -39,7 +40,8 @@ def multi30k_data(vocab_size: int = 8000) -> Path:
     """Multi30k En-De prepared with a joint SentencePiece vocabulary (prepared once, then reused)."""
     out = work_dir() / f"m30k-data-{vocab_size}"
     if not (out / "data.json").exists():
-        from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+        from multibranch.data.parallel_prepare import PrepareConfig
+        from multibranch.tasks.translation.prepare import prepare
 
         raw = multi30k_raw()
         prepare(PrepareConfig(src_lang="en", tgt_lang="de", train=str(raw / "train"), valid=str(raw / "val"),
@@ -51,59 +53,21 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def hf_marian_config(model_cfg: Any):
-    """A MarianConfig with the same architecture as our standard ModelConfig (post-norm, shared vocab)."""
-    from transformers import MarianConfig
+def checkpoint_parameters(ckpt: Path) -> int:
+    """Parameters stored in a checkpoint's weights, a tied tensor counted once."""
+    from multibranch.checkpoint.format import load_checkpoint
+    from multibranch.checkpoint.payload import tied_groups
 
-    return MarianConfig(
-        vocab_size=model_cfg.tgt_vocab_size, d_model=model_cfg.d_model,
-        encoder_layers=model_cfg.encoder_layers, decoder_layers=model_cfg.decoder_layers,
-        encoder_attention_heads=model_cfg.heads, decoder_attention_heads=model_cfg.heads,
-        encoder_ffn_dim=model_cfg.ffn_dim, decoder_ffn_dim=model_cfg.ffn_dim,
-        activation_function=model_cfg.activation, dropout=model_cfg.dropout,
-        attention_dropout=model_cfg.attention_dropout, activation_dropout=model_cfg.activation_dropout,
-        max_position_embeddings=model_cfg.max_positions, scale_embedding=model_cfg.scale_embedding,
-        pad_token_id=model_cfg.pad_id, eos_token_id=model_cfg.eos_id, decoder_start_token_id=model_cfg.bos_id,
-        forced_eos_token_id=None, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-    )
+    state = load_checkpoint(ckpt)["model"]
+    aliases = tied_groups(state)
+    return sum(tensor.numel() for key, tensor in state.items() if key not in aliases)
 
 
-def to_hf_marian(model: Any):
-    """Copy a trained standard multibranch model into an HF MarianMTModel (same function, for decoding)."""
-    import torch
-    from transformers import MarianMTModel
+def run_metrics(run: Path) -> list[dict[str, Any]]:
+    """The records of a training run's metrics.jsonl."""
+    from multibranch.figures.curves import read_metrics
 
-    cfg = model.config
-    hf = MarianMTModel(hf_marian_config(cfg)).eval()
-    sd = model.state_dict()
-    new: dict[str, torch.Tensor] = {"model.shared.weight": sd["encoder.embed.tokens.weight"]}
-    for side, n_layers in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
-        new[f"model.{side}.embed_tokens.weight"] = sd[f"{side}.embed.tokens.weight"]
-        for i in range(n_layers):
-            ours, theirs = f"{side}.layers.{i}", f"model.{side}.layers.{i}"
-            attns = [("self_attn", "self_attn")] + ([("cross_attn", "encoder_attn")] if side == "decoder" else [])
-            for a, b in attns:
-                q, k, v = sd[f"{ours}.{a}.in_proj.weight"].chunk(3)
-                qb, kb, vb = sd[f"{ours}.{a}.in_proj.bias"].chunk(3)
-                new.update({f"{theirs}.{b}.q_proj.weight": q, f"{theirs}.{b}.k_proj.weight": k,
-                            f"{theirs}.{b}.v_proj.weight": v, f"{theirs}.{b}.q_proj.bias": qb,
-                            f"{theirs}.{b}.k_proj.bias": kb, f"{theirs}.{b}.v_proj.bias": vb,
-                            f"{theirs}.{b}.out_proj.weight": sd[f"{ours}.{a}.out_proj.weight"],
-                            f"{theirs}.{b}.out_proj.bias": sd[f"{ours}.{a}.out_bias"][0]})
-                norm = "encoder_attn_layer_norm" if b == "encoder_attn" else "self_attn_layer_norm"
-                new[f"{theirs}.{norm}.weight"] = sd[f"{ours}.{a}_residual.norm.weight"]
-                new[f"{theirs}.{norm}.bias"] = sd[f"{ours}.{a}_residual.norm.bias"]
-            new.update({f"{theirs}.fc1.weight": sd[f"{ours}.ffn.fc1.weight"], f"{theirs}.fc1.bias": sd[f"{ours}.ffn.fc1.bias"],
-                        f"{theirs}.fc2.weight": sd[f"{ours}.ffn.fc2.weight"], f"{theirs}.fc2.bias": sd[f"{ours}.ffn.fc2_bias"][0],
-                        f"{theirs}.final_layer_norm.weight": sd[f"{ours}.ffn_residual.norm.weight"],
-                        f"{theirs}.final_layer_norm.bias": sd[f"{ours}.ffn_residual.norm.bias"]})
-    missing, unexpected = hf.load_state_dict(new, strict=False)
-    allowed_missing = {"lm_head.weight", "final_logits_bias", "model.encoder.embed_positions.weight",
-                       "model.decoder.embed_positions.weight"}
-    if set(missing) - allowed_missing or unexpected:
-        raise RuntimeError(f"HF copy incomplete: missing {set(missing) - allowed_missing}, unexpected {unexpected}")
-    hf.tie_weights()
-    return hf
+    return read_metrics(run / "metrics.jsonl")
 
 
 def hf_update(model: Any, optimizer: Any, loss_fn: Any, batch: Any, pad_id: int, *, clip_norm: float = 0.0,

@@ -94,14 +94,15 @@ def _hf(args: argparse.Namespace, precision: str):
     """translate(lines, batch) with Hugging Face `generate` on a MarianMTModel holding our weights."""
     import torch
 
-    from bench.common import to_hf_marian
     from bench.decode_speed import hf_translate
+    from multibranch.convert.hf_marian_export import marian_model
     from multibranch.inference.precision import HALF_DTYPES
     from multibranch.tasks.loading import load_model
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.ckpt)
-    hf = to_hf_marian(loaded.model).to(args.device, HALF_DTYPES.get(precision, torch.float32))
+    hf = marian_model(loaded.model.config, loaded.model.state_dict(), beam=args.beam)
+    hf = hf.to(args.device, HALF_DTYPES.get(precision, torch.float32))
     inference = torch.inference_mode()
 
     def translate(lines: list[str], batch: int) -> list[str]:

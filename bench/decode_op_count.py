@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import decoding_model, environment, save_results, to_hf_marian  # noqa: E402
+from bench.common import decoding_model, environment, save_results  # noqa: E402
 from bench.op_count import OpCounter, by_operation  # noqa: E402
 
 
@@ -52,7 +52,9 @@ def count_ours(model, src: torch.Tensor, beam: int, steps: int, precision: str) 
 
 def count_hf(model, src: torch.Tensor, beam: int, steps: int) -> Counter[str]:
     cfg = model.config
-    hf = to_hf_marian(model).eval()
+    from multibranch.convert.hf_marian_export import marian_model
+
+    hf = marian_model(cfg, model.state_dict(), beam=beam)
     options = dict(input_ids=src, attention_mask=src.ne(cfg.pad_id), num_beams=beam, length_penalty=1.0,
                    early_stopping=True, min_new_tokens=steps, max_new_tokens=steps, decoder_start_token_id=cfg.bos_id,
                    eos_token_id=cfg.eos_id, pad_token_id=cfg.pad_id, do_sample=False)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import decoding_model, environment, multi30k_data, save_results, to_hf_marian  # noqa: E402
+from bench.common import decoding_model, environment, multi30k_data, save_results  # noqa: E402
 
 
 def _named(spec: str) -> tuple[str, str]:
@@ -92,6 +92,7 @@ def main() -> None:
 
     from dataclasses import replace
 
+    from multibranch.convert.hf_marian_export import marian_model
     from multibranch.evaluate.metrics import score_corpus
     from multibranch.tasks.loading import load_model
     from multibranch.tasks.translation.dataset import PreparedData
@@ -115,7 +116,7 @@ def main() -> None:
                 systems[key] = Translator(model, loaded.tokenizer, decode, device).translate
                 parameters[key] = sum(p.numel() for p in loaded.model.parameters())
             if not args.no_hf and not any(k.startswith(f"hf-generate {precision} ") for k in systems):
-                hf = to_hf_marian(loaded.model)
+                hf = marian_model(loaded.model.config, loaded.model.state_dict(), beam=args.beam)
                 for batch in args.batch:
                     key = f"hf-generate {precision} {batch}"
                     systems[key] = partial(hf_translate, hf, loaded.tokenizer, beam=args.beam, batch=batch,

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import hf_marian_config, hf_update  # noqa: E402
+from bench.common import hf_update  # noqa: E402
 
 
 def main() -> None:
@@ -35,9 +35,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
 
-    from transformers import MarianMTModel
+    import transformers
 
     from bench.decode_speed import hf_translate
+    from multibranch.convert.hf_marian_export import marian_config
     from multibranch.data.batching import collate, token_batches
     from multibranch.evaluate.metrics import score_corpus
     from multibranch.experiment import resolve_config
@@ -50,7 +51,7 @@ def main() -> None:
     m = cfg.model
     m.src_vocab_size = m.tgt_vocab_size = tokenizer.tgt_vocab_size
     m.pad_id, m.bos_id, m.eos_id = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-    model = MarianMTModel(hf_marian_config(m)).train()
+    model = transformers.MarianMTModel(marian_config(transformers, m, beam=cfg.decode.beam)).train()
     t = cfg.train
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr.lr, betas=tuple(t.betas), eps=t.adam_eps,
                                   weight_decay=t.weight_decay)

@@ -84,7 +84,8 @@ def generate(directory: Path, pairs: int, seed: int = 1) -> dict[str, Any]:
 
 
 def run_prepare(corpus: Path, out: Path, args: argparse.Namespace, spm_model: str | None) -> dict[str, Any]:
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.data.parallel_prepare import PrepareConfig
+    from multibranch.tasks.translation.prepare import prepare
 
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()

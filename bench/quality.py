@@ -22,7 +22,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, cpu_model, environment, multi30k_data, preset_amp, work_dir  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS,
+    checkpoint_parameters,
+    cpu_model,
+    environment,
+    multi30k_data,
+    preset_amp,
+    run_metrics,
+    work_dir,
+)
 
 PROXIMAL_SOURCE = ["--set", "model.encoder.attention_branches=1", "--set", "model.decoder.attention_branches=1",
                    "--set", "model.encoder.drop_branch=0.0", "--set", "model.decoder.drop_branch=0.0"]
@@ -56,7 +65,7 @@ def score(ckpt: Path, data: Path, log: Path) -> dict:
 
 
 def summarize_run(run: Path) -> dict:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = run_metrics(run)
     train_records = [r for r in records if r["type"] == "train"]
     valid = [r for r in records if r["type"] == "valid"]
     if not train_records:
@@ -66,19 +75,6 @@ def summarize_run(run: Path) -> dict:
     return {"updates": max(r["step"] for r in records), "epochs_started": last["epoch"],
             "train_minutes": last["elapsed_s"] / 60, "tokens_per_s": sum(r["tokens"] for r in train_records) / seconds,
             "best_valid_loss": min(r["loss"] for r in valid) if valid else None}
-
-
-def parameters(ckpt: Path) -> int:
-    import torch
-
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)["model"]
-    seen, total = set(), 0
-    for tensor in state.values():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if key not in seen:
-            seen.add(key)
-            total += tensor.numel()
-    return total
 
 
 def run_system(system: str, data: Path, runs: Path, minutes: float, extra: list[str]) -> dict:
@@ -103,7 +99,7 @@ def run_system(system: str, data: Path, runs: Path, minutes: float, extra: list[
     kept = sorted((run / "checkpoints").glob("step_*.pt"))[-3:]
     avg = run / "avg_last3.pt"
     sh(["multibranch", "average", "--ckpts", *map(str, kept), "--out", str(avg), "--force"], log)
-    return {"system": system, "parameters": parameters(run / "best.pt"), **summarize_run(run),
+    return {"system": system, "parameters": checkpoint_parameters(run / "best.pt"), **summarize_run(run),
             "best": score(run / "best.pt", data, log), "avg_last3": score(avg, data, log)}
 
 

@@ -120,16 +120,16 @@ def hf_step_fn(trainer, amp: str):
     from functools import partial
 
     import torch
+    import transformers
 
-    from bench.common import hf_marian_config, hf_update
+    from bench.common import hf_update
+    from multibranch.convert.hf_marian_export import marian_config
 
     global _hf_params
     cfg = trainer.cfg.model
     del trainer.model, trainer.optimizer  # free our model's memory: this process measures HF only
-    from transformers import MarianMTModel
-
     torch.manual_seed(1)
-    hf = MarianMTModel(hf_marian_config(cfg)).to(trainer.device).train()
+    hf = transformers.MarianMTModel(marian_config(transformers, cfg, beam=1)).to(trainer.device).train()
     _hf_params = sum(p.numel() for p in hf.parameters())
     optimizer = torch.optim.AdamW(hf.parameters(), lr=5e-4, betas=(0.9, 0.98), eps=1e-8, foreach=True)
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=cfg.pad_id, label_smoothing=0.1, reduction="sum")

@@ -109,7 +109,8 @@ def _seed_and_determinism():
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A prepared data directory from the built-in synthetic task (400 pairs, joint vocabulary of 200)."""
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.data.parallel_prepare import PrepareConfig
+    from multibranch.tasks.translation.prepare import prepare
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     root = tmp_path_factory.mktemp("tiny_data")

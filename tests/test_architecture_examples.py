@@ -44,7 +44,8 @@ def test_the_task_example_plugs_in_with_its_folder_and_one_registry_line(tmp_pat
         from multibranch.tasks.classification.task import ClassificationTask
         from multibranch.tasks.code.task import CodeTask
         from multibranch.tasks.translation.task import TranslationTask
-        from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+        from multibranch.data.parallel_prepare import PrepareConfig
+        from multibranch.tasks.translation.prepare import prepare
         from multibranch.tasks.translation.synthetic import generate_synthetic_task
         from multibranch.config import from_dict
         from multibranch.experiment import ExperimentConfig

@@ -25,7 +25,7 @@ FLOORS = [
     "__init__",  # the version
     "errors", "atomic", "json_file", "config", "device", "schedules", "hooks", "cpu_kernels",
     "checkpoint", "data", "evaluate", "modules", "models", "experiment", "figures",
-    "inference", "train", "tasks", "convert", "analysis", "serve", "layers",
+    "inference", "train", "tasks", "convert", "analysis", "pruning", "serve", "layers",
     "arguments", "commands", "api", "cli", "__main__",
 ]
 # optional extras and slow imports, imported where they are used
@@ -239,3 +239,91 @@ def test_unknown_room_is_named(tmp_path):
     src = write(tmp_path, {"newthing/foo.py": "import os\n"})
     with pytest.raises(AssertionError, match="room 'newthing' has no floor"):
         violations(src)
+
+
+# ---- tasks: one home per feature ----------------------------------------------------------------------------
+
+TASKS_PACKAGE = f"{PACKAGE}.tasks"
+# the shared top of the tasks room: the only modules that may import every task
+TASKS_SHARED_TOP = (TASKS_PACKAGE, f"{TASKS_PACKAGE}.registry", f"{TASKS_PACKAGE}.loading")
+
+
+def task_folders(src: Path) -> set[str]:
+    """The task folders under tasks/ (packages: translation, classification, code, ...)."""
+    root = src / PACKAGE / "tasks"
+    return {p.name for p in root.iterdir() if (p / "__init__.py").is_file()} if root.is_dir() else set()
+
+
+def task_crossings(src: Path = SRC) -> list[str]:
+    """One line per import from a module of tasks/A into tasks/B (A != B), or into any task from a module
+    of tasks/ outside a task folder other than the shared top (registry.py, loading.py, __init__.py)."""
+    folders = task_folders(src)
+
+    def task(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "tasks" and parts[2] in folders else None
+
+    modules = parse_tree(src)
+    known = set(modules)
+    lines = []
+    for module, found in modules.items():
+        if room(module) != "tasks" or module in TASKS_SHARED_TOP:
+            continue
+        own = task(module)
+        for imp in found:
+            target = target_module(imp.names, known)
+            other = task(target) if target is not None else None
+            if other is not None and other != own:
+                where = f"tasks/{own}/" if own else "a shared module of tasks/"
+                lines.append(f"{module} (line {imp.line}) imports {target}: {where} must not import tasks/{other}/ "
+                             "(move what both need to data/ or another lower floor; only tasks/registry.py, "
+                             "loading.py and __init__.py may import every task)")
+    return lines
+
+
+def test_no_task_imports_another_task():
+    problems = task_crossings()
+    assert not problems, "imports across tasks:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "expected"),
+    [
+        ("tasks/code/prepare.py", "from multibranch.tasks.translation.prepare import build\n",
+         "multibranch.tasks.code.prepare (line 1) imports multibranch.tasks.translation.prepare: tasks/code/ must "
+         "not import tasks/translation/"),
+        ("tasks/translation/files.py", "import os\ndef f():\n    from ..code.corpus import decode\n",
+         "multibranch.tasks.translation.files (line 3) imports multibranch.tasks.code.corpus: tasks/translation/ "
+         "must not import tasks/code/"),
+        ("tasks/code/task.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                               "    from multibranch.tasks import translation\n",
+         "multibranch.tasks.code.task (line 3) imports multibranch.tasks.translation: tasks/code/ must not"),
+        ("tasks/helpers.py", "from multibranch.tasks.code.corpus import decode\n",
+         "multibranch.tasks.helpers (line 1) imports multibranch.tasks.code.corpus: a shared module of tasks/ "
+         "must not import tasks/code/"),
+    ],
+)
+def test_task_checker_names_the_crossing_import(tmp_path, path, source, expected):
+    files = {"tasks/__init__.py": "", "tasks/code/__init__.py": "", "tasks/code/corpus.py": "",
+             "tasks/translation/__init__.py": "", "tasks/translation/prepare.py": "", path: source}
+    found = task_crossings(write(tmp_path, files))
+    assert any(expected in line for line in found), found
+
+
+def test_task_checker_accepts_the_shared_top_and_imports_inside_a_task(tmp_path):
+    src = write(tmp_path, {
+        "tasks/__init__.py": "from multibranch.tasks.registry import TASKS\n",
+        "tasks/registry.py": "from multibranch.tasks.code.task import CodeTask\n"
+                             "from multibranch.tasks.translation.task import TranslationTask\n",
+        "tasks/loading.py": "from multibranch.tasks.registry import TASKS\n",
+        "tasks/refinement.py": "from multibranch.train.task import Task\n",
+        "tasks/code/__init__.py": "",
+        "tasks/code/task.py": "from multibranch.tasks.code.metrics import score\n"
+                              "from multibranch.tasks.refinement import Refinement\n"
+                              "from multibranch.data.shards import binarise\n",
+        "tasks/code/metrics.py": "",
+        "tasks/translation/__init__.py": "",
+        "tasks/translation/task.py": "from .heldout import run\n",
+        "tasks/translation/heldout.py": "from multibranch.tasks.loading import load_model\n",
+    })
+    assert task_crossings(src) == []

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from multibranch.analysis.batches import teacher_forced_batches
 from multibranch.analysis.heads import attention_sites, gates_installed, mask_gates
-from multibranch.analysis.importance import head_importance
 from multibranch.cli import main
+from multibranch.pruning.importance import head_importance
 from multibranch.tasks.classification.dataset import ClassificationSplit
 from tests.helpers.classification import classifier_experiment, synthetic_lines
 

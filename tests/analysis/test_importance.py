@@ -10,9 +10,9 @@ import torch
 from multibranch.analysis.batches import teacher_forced_batches
 from multibranch.analysis.entropy import attention_entropy
 from multibranch.analysis.heads import attention_sites, gates_installed
-from multibranch.analysis.importance import batch_nll, head_importance
 from multibranch.config import from_dict
 from multibranch.models import ModelConfig, build_model
+from multibranch.pruning.importance import batch_nll, head_importance
 from multibranch.tasks.translation.dataset import ParallelSplit
 from tests.helpers.configs import tiny_model_dict
 

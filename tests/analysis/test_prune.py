@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from multibranch.analysis.heads import attention_sites
-from multibranch.analysis.pruning import dominant_heads, planned_counts, pruning_curve, select_heads
-from multibranch.analysis.scoring import BleuScorer
 from multibranch.config import from_dict
 from multibranch.evaluate.metrics import score_corpus
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.models import ModelConfig, build_model
+from multibranch.pruning.curve import planned_counts, pruning_curve, select_heads
+from multibranch.pruning.dominant import dominant_heads
+from multibranch.pruning.scoring import BleuScorer
 from multibranch.tasks.translation.dataset import PreparedData
 from multibranch.tasks.translation.translator import Translator
 from tests.helpers.configs import tiny_model_dict
@@ -188,8 +189,8 @@ def _src_prev() -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("kind", list(PHYSICAL_KINDS))
 def test_pruned_model_translates_exactly_like_the_masked_one(kind):
     from multibranch.analysis.heads import gates_installed, mask_gates
-    from multibranch.convert.prune import prune_heads
-    from multibranch.inference.beam import search
+    from multibranch.inference.search import search
+    from multibranch.pruning.removal import prune_heads
 
     model = _model(**PHYSICAL_KINDS[kind])
     sites = attention_sites(model)
@@ -216,7 +217,7 @@ def test_pruned_model_translates_exactly_like_the_masked_one(kind):
 
 
 def test_prune_records_counts_in_the_config_and_kept_heads_in_meta():
-    from multibranch.convert.prune import prune_heads
+    from multibranch.pruning.removal import prune_heads
 
     model = _model()
     out = prune_heads(_payload(model), [("encoder.layers.1.self_attn", 0), ("decoder.layers.0.cross_attn", 3)])
@@ -235,7 +236,7 @@ def test_prune_records_counts_in_the_config_and_kept_heads_in_meta():
 ])
 def test_kinds_that_cannot_be_pruned_are_refused_with_the_reason(overrides, reason):
     from multibranch.config import ConfigError
-    from multibranch.convert.prune import prune_heads
+    from multibranch.pruning.removal import prune_heads
 
     with pytest.raises(ConfigError, match=reason):
         prune_heads(_payload(_model(**overrides)), [("encoder.layers.0.self_attn", 0)])
@@ -243,7 +244,7 @@ def test_kinds_that_cannot_be_pruned_are_refused_with_the_reason(overrides, reas
 
 def test_pruning_every_head_of_a_module_or_a_missing_head_is_refused():
     from multibranch.config import ConfigError
-    from multibranch.convert.prune import prune_heads
+    from multibranch.pruning.removal import prune_heads
 
     payload = _payload(_model())
     with pytest.raises(ConfigError, match="at least one head"):
@@ -298,8 +299,8 @@ def test_prune_cli_fraction_and_heads_json(tiny_data, tmp_path, capsys):
 def test_a_pruned_model_is_refused_by_the_ctranslate2_export():
     from multibranch.config import ConfigError
     from multibranch.convert.ct2 import check_exportable
-    from multibranch.convert.prune import prune_heads
     from multibranch.experiment import ExperimentConfig
+    from multibranch.pruning.removal import prune_heads
 
     model = _model()
     check_exportable(model.config, "model.pt")  # the unpruned model is exportable

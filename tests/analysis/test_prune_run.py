@@ -1,4 +1,4 @@
-"""`multibranch prune` as a library call (analysis/prune_run.py) and its speed report: every round's
+"""`multibranch prune` as a library call (pruning/run.py) and its speed report: every round's
 timing, each model's median with the spread of the rounds, and the per-round speed-up range, which
 says "no measurable speed change" when it spans x1 (a shared machine gave x0.71, x9.75 and x0.26 for
 one and the same change when only the fastest round was reported)."""
@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from multibranch.analysis.prune_report import speed_spread
-from multibranch.analysis.prune_run import PruneOptions, prune_checkpoint, summary
 from multibranch.checkpoint.format import save_checkpoint
 from multibranch.cli import main
 from multibranch.config import from_dict
 from multibranch.experiment import ExperimentConfig
+from multibranch.pruning.report import summary
+from multibranch.pruning.run import PruneOptions, prune_checkpoint
+from multibranch.pruning.speed import speed_spread
 from multibranch.tasks import build_task_model
 from multibranch.tasks.translation.dataset import PreparedData
 
@@ -135,10 +136,10 @@ def test_these_commands_import_no_other_command(command):
 
 
 def test_prune_command_only_parses_and_calls_the_library():
-    """The orchestration (loading, importance, scoring, timing, the report) is analysis/prune_run.py's."""
+    """The orchestration (loading, importance, scoring, timing, the report) is the pruning package's."""
     path = SRC / "commands" / "prune.py"
     tree = ast.parse(path.read_text(encoding="utf-8"))
     assert not [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
     ours = {n for n in _imports(path) if n.startswith("multibranch")}
-    assert ours == {"multibranch.arguments", "multibranch.analysis.prune_run", "multibranch.device",
-                    "multibranch.errors"}
+    assert ours == {"multibranch.arguments", "multibranch.pruning.report", "multibranch.pruning.run",
+                    "multibranch.pruning.selection", "multibranch.device", "multibranch.errors"}

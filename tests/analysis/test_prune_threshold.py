@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from multibranch.analysis.heads import attention_sites
-from multibranch.analysis.prune_report import heads_within_drop, side_by_side
-from multibranch.analysis.pruning import planned_counts, within_drop
 from multibranch.cli import main
 from multibranch.config import from_dict
 from multibranch.models import ModelConfig, build_model
+from multibranch.pruning.curve import planned_counts, within_drop
+from multibranch.pruning.selection import heads_within_drop
+from multibranch.pruning.speed import side_by_side
 from tests.helpers.configs import tiny_model_dict
 
 
@@ -48,7 +49,7 @@ def test_threshold_keeps_the_last_step_within_the_drop_and_stops_at_the_first_on
 
 
 def test_threshold_walk_reaches_the_end_when_nothing_drops():
-    from multibranch.analysis.pruning import CurvePoint
+    from multibranch.pruning.curve import CurvePoint
 
     points = [CurvePoint(0.1 * i, 10.0 - 0.1 * i) for i in range(5)]
     chosen, walked = within_drop(iter(points), max_drop=1.0)

@@ -83,7 +83,7 @@ def test_analyze_refuses_a_non_empty_report_dir_and_bad_input(tiny_checkpoint, t
 
 
 def test_report_of_a_pruned_model_with_unequal_head_counts(tmp_path):
-    from multibranch.analysis.head_report import write_report
+    from multibranch.pruning.head_report import write_report
 
     modules = [{"name": f"decoder.layers.{i}.cross_attn", "role": "cross", "layer": i, "heads": 4 - i,
                 "importance": [0.5] * (4 - i), "entropy": [1.0] * (4 - i)} for i in range(3)]

@@ -75,7 +75,8 @@ def test_learned_positions_shorter_than_the_data_are_refused_with_both_numbers(t
 @pytest.fixture(scope="module")
 def long_valid_data(tmp_path_factory) -> Path:
     """Prepared data whose validation split ends with a line far longer than any training line."""
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.data.parallel_prepare import PrepareConfig
+    from multibranch.tasks.translation.prepare import prepare
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     root = tmp_path_factory.mktemp("long_valid")

@@ -22,7 +22,7 @@ import yaml
 
 import multibranch.atomic
 import multibranch.checkpoint.format
-import multibranch.tasks.translation.prepare
+import multibranch.data.shards
 from multibranch.cli import main
 from multibranch.errors import UserError
 
@@ -187,7 +187,7 @@ def test_prepare_on_a_full_disk(tmp_path, monkeypatch, capsys):
     def save(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(multibranch.tasks.translation.prepare.np, "save", save)
+    monkeypatch.setattr(multibranch.data.shards.np, "save", save)
     out = tmp_path / "data"
     assert main(["prepare", "--src", "en", "--tgt", "de", "--train", str(raw / "train"), "--valid", str(raw / "valid"),
                  "--out", str(out), "--vocab-size", "40"]) == 2

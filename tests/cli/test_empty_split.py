@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import multibranch.data.parallel_prepare as parallel_prepare
 import multibranch.tasks.translation.prepare as translation_prepare
 from multibranch.cli import main
 from multibranch.tasks.translation.synthetic import generate_synthetic_task
@@ -33,8 +34,8 @@ def old_data(raw, tmp_path_factory) -> Path:
     switched off; SentencePiece is trained on train only, so the vocabulary is that of `good_data`)."""
     out = tmp_path_factory.mktemp("old") / "data"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(translation_prepare, "require_valid_pairs", lambda *_: None, raising=False)
-        translation_prepare.prepare(translation_prepare.PrepareConfig(
+        patch.setattr(parallel_prepare, "require_valid_pairs", lambda *_: None, raising=False)
+        translation_prepare.prepare(parallel_prepare.PrepareConfig(
             src_lang="src", tgt_lang="tgt", train=str(raw / "train"), valid=str(raw / "empty"), out=str(out),
             vocab_size=200))
     return out

@@ -10,7 +10,7 @@ import pytest
 
 from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
 from multibranch.cli import main
-from multibranch.convert.prune import prune_heads
+from multibranch.pruning.removal import prune_heads
 from tests.helpers.cli import TINY_MODEL, one_error_line
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -109,7 +109,8 @@ def assert_same(expected, got, tol: float | None = SCORE_TOL, min_compared: int 
 @pytest.fixture(scope="module")
 def separate_data(tmp_path_factory) -> Path:
     """Synthetic task prepared with separate source/target SentencePiece models."""
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.data.parallel_prepare import PrepareConfig
+    from multibranch.tasks.translation.prepare import prepare
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     root = tmp_path_factory.mktemp("ct2_separate")

@@ -53,7 +53,8 @@ MODELS = {
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[Tokenizer, list[str]]:
     """A SentencePiece tokenizer of the built-in synthetic task and 12 of its test sources."""
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.data.parallel_prepare import PrepareConfig
+    from multibranch.tasks.translation.prepare import prepare
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     root = tmp_path_factory.mktemp("ct2_int8")

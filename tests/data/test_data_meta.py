@@ -22,8 +22,8 @@ def test_data_json_that_is_not_an_object_is_a_data_error(tmp_path, loader, docum
 @pytest.mark.parametrize(("loader", "key"), [(PreparedData.load, "fingerprint"), (ClassificationData.load, "labels")])
 def test_missing_key_is_named(tmp_path, loader, key):
     good = {"format": "x", "format_version": 0}
+    from multibranch.data import parallel_prepare as prepare
     from multibranch.tasks.classification import prepare as prepare_classify
-    from multibranch.tasks.translation import prepare
 
     module = prepare if loader == PreparedData.load else prepare_classify
     good.update(format=module.FORMAT, format_version=module.FORMAT_VERSION, spm={}, splits={},

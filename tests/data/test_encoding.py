@@ -56,7 +56,8 @@ def test_a_script_without_a_main_guard_prepares_with_workers(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(f"""
         from pathlib import Path
-        from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+        from multibranch.data.parallel_prepare import PrepareConfig
+        from multibranch.tasks.translation.prepare import prepare
         from multibranch.tasks.translation.synthetic import generate_synthetic_task
         root = Path({str(tmp_path)!r})
         generate_synthetic_task(root / "raw", seed=1, n_train=300, n_valid=20, n_test=20)

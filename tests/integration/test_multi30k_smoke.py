@@ -32,9 +32,10 @@ def _cli(*args: str) -> None:
 
 def test_multi30k_train_then_translate(multi30k, tmp_path):
     from multibranch.config import from_dict
+    from multibranch.data.parallel_prepare import PrepareConfig
     from multibranch.experiment import ExperimentConfig
     from multibranch.tasks import train
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.prepare import prepare
     from multibranch.train.trainer import RunOptions
 
     raw = tmp_path / "raw"

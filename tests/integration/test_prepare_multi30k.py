@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from multibranch.data.batching import collate, token_batches
+from multibranch.data.parallel_prepare import PrepareConfig
 from multibranch.data.text import read_parallel
 from multibranch.tasks.translation.dataset import PreparedData
-from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+from multibranch.tasks.translation.prepare import prepare
 
 pytestmark = pytest.mark.multi30k
 

@@ -234,7 +234,8 @@ def test_presets_resolve_and_tiny_presets_match_transformer_tiny_size():
 
 @pytest.fixture(scope="module")
 def synthetic_data(tmp_path_factory):
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.data.parallel_prepare import PrepareConfig
+    from multibranch.tasks.translation.prepare import prepare
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     root = tmp_path_factory.mktemp("muse_data")

@@ -310,7 +310,8 @@ def test_kappa_alpha_groups_get_their_schedule_and_lr_zero_while_frozen():
 
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory):
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.data.parallel_prepare import PrepareConfig
+    from multibranch.tasks.translation.prepare import prepare
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     root = tmp_path_factory.mktemp("weighted_data")

@@ -213,7 +213,8 @@ def test_task_specific_flags_are_refused_elsewhere(tmp_path, capsys, task, flag,
 
 def test_source_constant_is_what_translate_writes():
     """SOURCE above is written by hand; translate's own renderer must agree with it (the contract)."""
-    from multibranch.commands.translate import code_source, format_translations
+    from multibranch.tasks.code.corpus import code_source
+    from multibranch.tasks.translation.files import format_translations
 
     class Echo:
         def translate(self, chunk, progress=False):

@@ -143,7 +143,8 @@ def test_checkpoints_get_ordinary_file_modes(tiny_data, tmp_path):
 
 
 def test_resume_refuses_another_sentencepiece_model_unless_allowed(tiny_data, tmp_path, caplog):
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.data.parallel_prepare import PrepareConfig
+    from multibranch.tasks.translation.prepare import prepare
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
     generate_synthetic_task(tmp_path / "raw", seed=11, n_train=400, n_valid=24, n_test=24)

@@ -19,11 +19,11 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.data.batching import Batch, collate, token_batches
+from multibranch.data.parallel_prepare import FORMAT as TRANSLATION_FORMAT
 from multibranch.errors import DataError
 from multibranch.tasks.classification.prepare import FORMAT as CLASSIFICATION_FORMAT
 from multibranch.tasks.classification.task import LabelBatch, collate_labels
 from multibranch.tasks.registry import task_class, task_name_of
-from multibranch.tasks.translation.prepare import FORMAT as TRANSLATION_FORMAT
 
 if TYPE_CHECKING:
     from multibranch.models import ModelConfig

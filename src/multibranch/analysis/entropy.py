@@ -13,8 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from multibranch.analysis.batches import AnyBatch, run_batch
-from multibranch.analysis.heads import AttentionSite, attention_sites
-from multibranch.analysis.importance import HeadScores
+from multibranch.analysis.heads import AttentionSite, HeadScores, attention_sites
 
 
 @torch.no_grad()

@@ -29,6 +29,7 @@ ROLES = ("encoder_self", "decoder_self", "cross")
 _LAYER = re.compile(r"^(?:encoder|decoder)\.layers\.(\d+)\.")
 
 HeadId = tuple[str, int]  # (site name, head index)
+HeadScores = dict[str, Tensor]  # site name -> one score per head [H] (CPU, fp32)
 
 
 @dataclass(frozen=True)

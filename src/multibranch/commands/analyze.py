@@ -140,9 +140,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _heads(args: argparse.Namespace) -> int:
-    from multibranch.analysis.head_report import HeadAnalysisOptions, analyze_heads
     from multibranch.device import resolve_device
     from multibranch.errors import UserError
+    from multibranch.pruning.head_report import HeadAnalysisOptions, analyze_heads
 
     if not 0.0 < args.step <= 1.0:
         raise UserError(f"--step {args.step} must be in (0, 1]")

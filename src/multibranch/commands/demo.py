@@ -48,10 +48,11 @@ def run(args: argparse.Namespace) -> int:
     import shutil
     import time
 
+    from multibranch.data.parallel_prepare import PrepareConfig
     from multibranch.errors import UserError
     from multibranch.tasks import train
     from multibranch.tasks.translation.heldout import translate_split
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.tasks.translation.prepare import prepare
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
     from multibranch.tasks.translation.translator import show_progress
     from multibranch.train.trainer import RunOptions

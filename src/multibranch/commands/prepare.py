@@ -161,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         if wrong:
             raise UserError(f"{', '.join(wrong)}: settings of a trained SentencePiece model, not used with "
                             f"{'--spm-model' if args.spm_model else '--pretokenized'}")
-    from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+    from multibranch.data.parallel_prepare import PrepareConfig
+    from multibranch.tasks.translation.prepare import prepare
 
     cfg = PrepareConfig(
         src_lang=args.src,

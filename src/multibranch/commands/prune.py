@@ -23,7 +23,7 @@ On a shared machine one round can be several times slower than the next, so the 
 model's median, fastest and slowest round and the range of the per-round speed-ups, and says when that
 range spans x1 (no measurable change). Without --data it has the parameters only.
 
-The work is analysis/prune_run.py's; this module parses and checks the flags.
+The work is the pruning package's (pruning/run.py); this module parses and checks the flags.
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.analysis.prune_run import PruneOptions, prune_checkpoint, read_heads, summary
+    from multibranch.pruning.report import summary
+    from multibranch.pruning.run import PruneOptions, prune_checkpoint
+    from multibranch.pruning.selection import read_heads
 
     report_path = _check_arguments(args)
     options = PruneOptions(

@@ -267,12 +267,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from multibranch.checkpoint.format import CheckpointError
+    from multibranch.data.text import one_line
     from multibranch.device import resolve_device
     from multibranch.errors import UserError
     from multibranch.inference.allocator import keep_freed_memory, loaded_objects_frozen
     from multibranch.inference.precision import for_decoding
+    from multibranch.tasks.code.corpus import code_source
     from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
-    from multibranch.tasks.translation.files import code_source, one_line
     from multibranch.tasks.translation.loading import load_ensemble
     from multibranch.tasks.translation.translator import Translator
 
@@ -371,7 +372,7 @@ def _translate(args: argparse.Namespace, translator, render, interactive: bool, 
 
 def __getattr__(name: str):
     """Names that moved to `multibranch.tasks.translation.files`, for code that imported them from here."""
-    if name in ("one_line", "code_source", "format_translations", "format_score", "CHUNK_LINES"):
+    if name in ("format_translations", "format_score", "CHUNK_LINES"):
         from multibranch.tasks.translation import files
 
         return getattr(files, name)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,8 @@ def export_marian(payload: dict[str, Any], out_dir: str | Path, *, force: bool =
                               "stored in the checkpoint")
     tokenizer = Tokenizer.from_state(payload["tokenizer"])
     vocab_src, vocab_tgt = _vocabularies(cfg.model, tokenizer, where)
-    transformers = _import_transformers()
-    config = marian_config(transformers, cfg.model, vocab_tgt, cfg.decode.beam)
-    model = transformers.MarianMTModel(config).eval()
-    _fill(model, cfg.model, payload["model"])
-    generation = transformers.GenerationConfig(
+    model = marian_model(cfg.model, payload["model"], beam=cfg.decode.beam, where=where)
+    generation = _import_transformers().GenerationConfig(
         decoder_start_token_id=cfg.model.bos_id, eos_token_id=cfg.model.eos_id, pad_token_id=cfg.model.pad_id,
         forced_eos_token_id=cfg.model.eos_id, num_beams=cfg.decode.beam, length_penalty=cfg.decode.length_penalty,
         max_length=cfg.model.max_positions, bad_words_ids=[[cfg.model.pad_id], [cfg.model.bos_id]],
@@ -148,8 +146,19 @@ def _ffn_dim(model: ModelConfig, side: str) -> int:
     return model.ffn_dim * getattr(model, side).ffn_branches  # N_f branches folded into one FFN
 
 
-def marian_config(transformers: Any, model: ModelConfig, vocab_tgt: list[str], beam: int) -> Any:
-    """The MarianConfig of a (checked) standard model."""
+def marian_model(model: ModelConfig, state: Mapping[str, Tensor], *, beam: int, where: str = "model") -> Any:
+    """A MarianMTModel (eval mode) with the weights `state` of our standard translation model `model`: it
+    computes the same logits (ConfigError, as `convert to-hf`, for what Marian cannot represent). `beam` goes
+    into its config's num_beams."""
+    check_marian(model, where)
+    transformers = _import_transformers()
+    hf = transformers.MarianMTModel(marian_config(transformers, model, beam)).eval()
+    _fill(hf, model, state)
+    return hf
+
+
+def marian_config(transformers: Any, model: ModelConfig, beam: int) -> Any:
+    """The MarianConfig of a (checked) standard model (`transformers`: the imported module)."""
     heads = {side: getattr(model, side).heads or model.heads for side in ("encoder", "decoder")}
     return transformers.MarianConfig(
         vocab_size=model.src_vocab_size, decoder_vocab_size=model.tgt_vocab_size, d_model=model.d_model,
@@ -165,7 +174,7 @@ def marian_config(transformers: Any, model: ModelConfig, vocab_tgt: list[str], b
     )
 
 
-def _fill(hf: Any, model: ModelConfig, state: dict[str, Tensor]) -> None:
+def _fill(hf: Any, model: ModelConfig, state: Mapping[str, Tensor]) -> None:
     """Copy our weights into a fresh MarianMTModel (the inverse of hf_marian's import mapping)."""
     with torch.no_grad():
         hf.model.encoder.embed_tokens.weight.copy_(state["encoder.embed.tokens.weight"])
@@ -190,7 +199,7 @@ def _fill(hf: Any, model: ModelConfig, state: dict[str, Tensor]) -> None:
                 _norm(layer.final_layer_norm, state, p + "ffn_residual.norm.")
 
 
-def _attention(attn: Any, state: dict[str, Tensor], p: str) -> None:
+def _attention(attn: Any, state: Mapping[str, Tensor], p: str) -> None:
     """Our fused in_proj (rows Q | K | V) -> q/k/v_proj; out_proj + out_bias [1, d] -> out_proj."""
     weight, bias = state[p + "in_proj.weight"], state[p + "in_proj.bias"]  # [3d, d], [3d]
     for i, proj in enumerate((attn.q_proj, attn.k_proj, attn.v_proj)):
@@ -201,7 +210,7 @@ def _attention(attn: Any, state: dict[str, Tensor], p: str) -> None:
     attn.out_proj.bias.copy_(state[p + "out_bias"][0])
 
 
-def _norm(norm: Any, state: dict[str, Tensor], p: str) -> None:
+def _norm(norm: Any, state: Mapping[str, Tensor], p: str) -> None:
     norm.weight.copy_(state[p + "weight"])
     norm.bias.copy_(state[p + "bias"])
 

@@ -176,6 +176,11 @@ def write_lines(path: str | Path, lines: Iterable[str]) -> None:
 # ---- streaming (translate / evaluate read stdin or files line by line) ---------------------------
 
 
+def one_line(text: str) -> str:
+    """Keep the one-line-per-input contract even if a detokenised string holds a line break."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
 def iter_lines(stream: BinaryIO, name: str, errors: str = "strict") -> Iterator[str]:
     """Lines of a binary stream under the same rules as `read_lines`, without reading it whole.
 

@@ -1,7 +1,8 @@
 """The task registry: one line per task, and the task of a prepared data directory or of a config.
 
 Adding a task: a folder under tasks/ with its Task subclass (train/task.py says what it provides),
-and its line in TASKS.
+and its line in TASKS. A task folder imports no other task; a task that refines another (code
+generation refines translation) is a `Refinement` (tasks/refinement.py), joined to its base here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 # the first task whose `owns_data` accepts a data.json names the data's task: code (a translation
 # directory marked "code") before translation
-TASKS: dict[str, type[Task]] = {task.name: task for task in (CodeTask, TranslationTask, ClassificationTask)}
+TASKS: dict[str, type[Task]] = {task.name: task for task in (CodeTask.of(TranslationTask), TranslationTask,
+                                                             ClassificationTask)}
 DEFAULT_TASK = "translation"  # a config that names no task; also what unreadable data is loaded as
 
 

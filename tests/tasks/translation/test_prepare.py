@@ -11,12 +11,13 @@ import sentencepiece as spm
 
 from multibranch import cli
 from multibranch.config import ConfigError
+from multibranch.data import parallel_prepare as prepare_module
 from multibranch.data.batching import collate, token_batches
+from multibranch.data.parallel_prepare import PrepareConfig
 from multibranch.data.text import read_lines
 from multibranch.errors import DataError
-from multibranch.tasks.translation import prepare as prepare_module
 from multibranch.tasks.translation.dataset import PreparedData
-from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+from multibranch.tasks.translation.prepare import prepare
 from multibranch.tasks.translation.synthetic import generate_pairs
 
 

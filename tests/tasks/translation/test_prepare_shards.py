@@ -13,12 +13,13 @@ import pytest
 import sentencepiece as spm
 
 from multibranch import cli
+from multibranch.data import shards as shards_module
 from multibranch.data.batching import collate
+from multibranch.data.parallel_prepare import PrepareConfig
 from multibranch.errors import DataError
 from multibranch.tasks import train
-from multibranch.tasks.translation import shards as shards_module
 from multibranch.tasks.translation.dataset import PreparedData, ShardedSplit
-from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+from multibranch.tasks.translation.prepare import prepare
 from multibranch.tasks.translation.synthetic import generate_synthetic_task
 from multibranch.train.trainer import RunOptions
 from tests.helpers.cli import one_error_line

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from multibranch.data.batching import collate
+from multibranch.data.parallel_prepare import PrepareConfig
 from multibranch.errors import DataError
 from multibranch.tasks.translation.dataset import PreparedData
-from multibranch.tasks.translation.prepare import PrepareConfig, prepare
+from multibranch.tasks.translation.prepare import prepare
 from multibranch.tasks.translation.synthetic import generate_synthetic_task
 
 

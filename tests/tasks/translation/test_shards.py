@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from multibranch.tasks.translation.prepare import Reservoir, length_stats
-from multibranch.tasks.translation.shards import histogram_stats
+from multibranch.data.length_stats import histogram_stats, length_stats
+from multibranch.data.sentencepiece_training import Reservoir
 
 
 def test_histogram_stats_equal_numpy_percentiles_on_the_values():

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from multibranch.data.meta import AGAIN, META_FILE, read_meta
+from multibranch.data.shards import binarise
 from multibranch.data.text import read_lines
 from multibranch.data.tokenizer import HFTokenizer, Tokenizer  # imports torch: only when asked
 from multibranch.errors import DataError
 from multibranch.tasks.classification.prepare import ARRAYS, FORMAT, FORMAT_VERSION, fingerprint
-from multibranch.tasks.translation.prepare import binarise
 
 if TYPE_CHECKING:
     from multibranch.data.tokenizer import HFTokenizer, Tokenizer

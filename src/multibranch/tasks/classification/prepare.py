@@ -53,18 +53,16 @@ import sentencepiece
 from multibranch import __version__
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
-from multibranch.data.directories import DATA, refuse_replacing
+from multibranch.data.fingerprint import hash_files
+from multibranch.data.length_stats import length_stats
+from multibranch.data.output_directory import check_out_dir
+from multibranch.data.sentencepiece_training import check_spm_settings, train_spm
+from multibranch.data.shards import binarise
 from multibranch.data.text import write_lines
 from multibranch.data.tokenizer import HFTokenizer, Tokenizer
 from multibranch.errors import DataError
 from multibranch.tasks.classification.pairs import join_pair, pair_separator
 from multibranch.tasks.classification.readers import LabeledText, ReadOptions, read_labeled
-from multibranch.tasks.translation.prepare import (  # the translation `prepare`'s pieces, shared rather than copied
-    binarise,
-    check_spm_settings,
-    length_stats,
-    train_spm,
-)
 
 FORMAT = "multibranch-classification-data"
 FORMAT_VERSION = 1
@@ -80,7 +78,7 @@ class ClassifyPrepareConfig:
 
     Exactly one of `valid` (a file) and `holdout` (a fraction in (0, 1) or a whole count >= 1 of
     training examples, stratified, seeded by `seed`) gives the validation split. `max_len=None`
-    disables truncation. SentencePiece settings are those of the translation `PrepareConfig`;
+    disables truncation. SentencePiece settings are those of `data.parallel_prepare.PrepareConfig`;
     `hf_tokenizer` (a local HF model/tokenizer directory) replaces SentencePiece.
     """
 
@@ -212,15 +210,7 @@ def _check_paths(cfg: ClassifyPrepareConfig, out: Path) -> None:
     missing = [str(path) for _, path in cfg.input_files() if not path.is_file()]
     if missing:
         raise DataError(f"input file(s) not found: {', '.join(missing)}")
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: exists and is not a directory; choose another --out")
-    if cfg.force and out.is_dir() and any(out.iterdir()):
-        for _, path in cfg.input_files():
-            if path.resolve().is_relative_to(out):
-                raise DataError(f"{out}: refusing --force because input {path} is inside it; choose another --out")
-    refuse_replacing(out, DATA, error=DataError)  # --force replaces only prepared data
-    if out.is_dir() and any(out.iterdir()) and not cfg.force:
-        raise DataError(f"{out}: output directory exists and is not empty; pass --force to replace it")
+    check_out_dir(out, [path for _, path in cfg.input_files()], cfg.force)
 
 
 def _from_file(name: str, read: LabeledText) -> _Split:
@@ -374,12 +364,7 @@ def fingerprint(directory: Path, labels: list[str], split_names: list[str], toke
     """sha256 over the label vocabulary, the tokenizer file and every array (names and bytes)."""
     digest = hashlib.sha256(json.dumps(labels, ensure_ascii=False).encode("utf-8") + b"\0")
     names = [tokenizer_file] + [f"{split}.{kind}.npy" for split in split_names for kind in ARRAYS]
-    for name in names:
-        digest.update(name.encode() + b"\0")
-        with open(directory / name, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
+    return hash_files(directory, names, digest)
 
 
 # ------------------------------------------------------------------------------------ report

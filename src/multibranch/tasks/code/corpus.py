@@ -41,7 +41,7 @@ import warnings
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from multibranch.data.text import EncodingErrors, read_parallel
+from multibranch.data.text import EncodingErrors, one_line, read_parallel
 from multibranch.errors import DataError
 
 NEWLINE_TOKEN = "DCNL"
@@ -82,6 +82,11 @@ def decode_code(escaped: str) -> str:
         level = layout.group().count(SPACE_TOKEN)
         lines.append(INDENT * level + _IN_LINE.sub(lambda m: _IN_LINE_CHAR[m.group(1)], line[layout.end() :]))
     return "\n".join(lines)
+
+
+def code_source(text: str) -> str:
+    """`translate --code-format source`: an escaped function -> its Python source, ending in an empty line."""
+    return decode_code(one_line(text)) + "\n"
 
 
 def split_source_functions(lines: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ longer than `max_len` subword tokens on either side are dropped (counted); valid
 are. Examples whose docstring is empty (the corpus has a few `''`) are dropped in every split and
 counted, as translation drops pairs with an empty side. There is no length-ratio filter (a function is many times longer than its docstring).
 
-The output is a translation data directory (`multibranch.tasks.translation.prepare`'s layout, one joint
+The output is a parallel data directory (`multibranch.data.parallel_prepare`'s layout, one joint
 SentencePiece model unless `joint=False`) whose data.json also holds `"task": "code"` (so `train`
 chooses the code task) and a `"code"` section: the source/target forms, held-out indices, malformed
 docstrings kept raw, and how many test docstrings also occur verbatim in train.
@@ -35,19 +35,19 @@ from typing import Any, Literal
 
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
-from multibranch.data.text import ParallelText, TextLines
-from multibranch.errors import DataError
-from multibranch.tasks.code.corpus import DOCSTRING_ERRORS, CodeCorpusReading, read_code_corpus_details
-from multibranch.tasks.translation.prepare import (  # the translation `prepare`'s pieces, shared rather than copied
+from multibranch.data.output_directory import check_out_dir
+from multibranch.data.parallel_prepare import (
     DROP_REASONS,
     PrepareConfig,
     Split,
     build_data_dir,
     check_inputs,
-    check_out_dir,
-    check_spm_settings,
     require_valid_pairs,
 )
+from multibranch.data.sentencepiece_training import check_spm_settings
+from multibranch.data.text import ParallelText, TextLines
+from multibranch.errors import DataError
+from multibranch.tasks.code.corpus import DOCSTRING_ERRORS, CodeCorpusReading, read_code_corpus_details
 
 TASK = "code"  # data.json "task" of a code-generation directory
 SRC_LANG, TGT_LANG = "desc", "code"
@@ -61,7 +61,7 @@ class CodePrepareConfig:
 
     `train`, `valid` and `test` are corpus prefixes (`{prefix}.desc` + `{prefix}.code`). `holdout`:
     training examples held out as the `test` split, a whole count >= 1 or a fraction in (0, 1); 0 or
-    None holds out nothing. SentencePiece settings are those of the translation `PrepareConfig`.
+    None holds out nothing. SentencePiece settings are those of the parallel `PrepareConfig`.
     """
 
     train: str
@@ -94,7 +94,7 @@ class CodePrepareConfig:
             raise ConfigError("threads and spm_max_sentences must be >= 1")
 
     def translation_config(self) -> PrepareConfig:
-        """The translation `PrepareConfig` of the same files (desc -> code, no ratio filter)."""
+        """The parallel-data `PrepareConfig` of the same files (desc -> code, no ratio filter)."""
         return PrepareConfig(
             src_lang=SRC_LANG, tgt_lang=TGT_LANG, train=self.train, valid=self.valid, out=self.out,
             test=list(self.test), vocab_size=self.vocab_size, joint=self.joint, model_type=self.model_type,
@@ -124,7 +124,7 @@ def prepare_code(cfg: CodePrepareConfig) -> dict[str, Any]:
     base = cfg.translation_config()
     out = Path(cfg.out).resolve()
     check_inputs(base)
-    check_out_dir(base, out)
+    check_out_dir(out, base.input_paths(), base.force)
     read = {name: _read(cfg, prefix) for name, prefix in base.splits()}  # train, valid, test, test1, ...
     train = read["train"]
     held = holdout_indices(len(train.corpus.codes), cfg.holdout, cfg.seed) if cfg.holdout else []
@@ -163,7 +163,7 @@ def _read(cfg: CodePrepareConfig, prefix: str) -> CodeCorpusReading:
 
 
 def _split(name: str, prefix: str, reading: CodeCorpusReading, indices: list[int] | None = None) -> Split:
-    """A translation `Split` of the examples `indices` (all when None) of a corpus reading; examples whose
+    """A parallel-data `Split` of the examples `indices` (all when None) of a corpus reading; examples whose
     docstring is empty (the literal `''`) are dropped and counted as "empty", as translation drops empty sides."""
     corpus = reading.corpus
     indices = list(range(len(corpus.codes))) if indices is None else indices

@@ -1,4 +1,4 @@
-"""Code generation (docstring -> Python function): a translation task over `prepare --task code` data
+"""Code generation (docstring -> Python function): the translation task over `prepare --task code` data
 whose validation also decodes the valid split and scores the functions with PoV, mean sentence BLEU
 and corpus BLEU on code tokens (`multibranch.tasks.code.metrics`; generated code is parsed, never run).
 
@@ -12,19 +12,18 @@ or "loss" also work).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from multibranch.errors import DataError
 from multibranch.tasks.code.metrics import score_code
 from multibranch.tasks.code.prepare import TASK
-from multibranch.tasks.translation.dataset import PreparedData
-from multibranch.tasks.translation.task import TranslationTask
-
-if TYPE_CHECKING:
-    from multibranch.tasks.translation.dataset import PreparedData
+from multibranch.tasks.refinement import Refinement
 
 
-class CodeTask(TranslationTask):
+class CodeTask(Refinement):
+    """Code generation as a refinement of the translation task (joined in tasks/registry.py): code data
+    (data.json "task": "code") and code metrics."""
+
     name = "code"
     best_metric = "bleu"
     prepare_flag, command = "code", "multibranch translate"
@@ -33,9 +32,9 @@ class CodeTask(TranslationTask):
     def owns_data(cls, meta: dict[str, Any]) -> bool:
         return super().owns_data(meta) and meta.get("task") == TASK
 
-    @staticmethod
-    def load_data(data_dir: Path) -> PreparedData:
-        data = PreparedData.load(data_dir)
+    @classmethod
+    def load_data(cls, data_dir: Path) -> Any:
+        data = super().load_data(data_dir)
         if data.meta.get("task") != TASK:
             raise DataError(f"{data_dir}: not a code-generation data directory (prepare it with "
                             "`multibranch prepare --task code`)")

@@ -28,10 +28,11 @@ import numpy as np
 
 from multibranch.data.meta import read_meta
 from multibranch.data.npy_file import NpyFile
+from multibranch.data.parallel_prepare import FORMAT, READABLE_VERSIONS, fingerprint
+from multibranch.data.shards import SIDES, shard_names
 from multibranch.data.text import read_lines
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.errors import DataError
-from multibranch.tasks.translation.prepare import FORMAT, READABLE_VERSIONS, SIDES, fingerprint, shard_names
 
 
 class RawText:
@@ -226,7 +227,7 @@ class ShardedSplit(RawText):
 
 
 class PreparedData:
-    """A prepared data directory (see `multibranch.tasks.translation.prepare` for the layout)."""
+    """A prepared data directory (see `multibranch.data.parallel_prepare` for the layout)."""
 
     def __init__(self, directory: Path, meta: dict[str, Any]) -> None:
         self.directory = directory

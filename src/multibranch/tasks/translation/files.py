@@ -2,7 +2,7 @@
 
 Streams are read in chunks (sorted and batched inside a chunk) and each chunk's output is written and
 flushed before the next is read, so a pipe sees translations as they are done. Output lines are the
-translations with line breaks turned into spaces (`one_line`), or n-best rows `index ||| text ||| score`,
+translations with line breaks turned into spaces (`data.text.one_line`), or n-best rows `index ||| text ||| score`,
 or for `--score-reference` `SCORE<TAB>LOGPROB<TAB>TOKENS`. With alignments (--print-alignment) every
 translation is followed by ` ||| ` and its Pharaoh pairs `i-j ...` (OpenNMT's -report_align layout).
 """
@@ -13,21 +13,10 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import IO, Any, BinaryIO
 
-from multibranch.data.text import iter_lines, open_input
+from multibranch.data.text import iter_lines, one_line, open_input
 from multibranch.errors import DataError
-from multibranch.tasks.code.corpus import decode_code
 
 CHUNK_LINES = 4096  # lines translated (sorted, batched) together before writing
-
-
-def one_line(text: str) -> str:
-    """Keep the one-line-per-input contract even if a detokenised string holds a line break."""
-    return text.replace("\r", " ").replace("\n", " ")
-
-
-def code_source(text: str) -> str:
-    """`--code-format source`: an escaped function -> its Python source, ending in an empty line."""
-    return decode_code(one_line(text)) + "\n"
 
 
 def chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:

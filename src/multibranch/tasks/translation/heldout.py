@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from multibranch.atomic import atomic_write_text
+from multibranch.data.text import one_line
 from multibranch.evaluate.metrics import score_corpus
 from multibranch.tasks.loading import load_model
 from multibranch.tasks.translation.dataset import PreparedData
-from multibranch.tasks.translation.files import one_line
 from multibranch.tasks.translation.translator import Translator
 
 

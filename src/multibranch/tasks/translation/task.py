@@ -19,10 +19,10 @@ from multibranch.data.batching import (
     sharded_token_batches,
     token_batches,
 )
+from multibranch.data.parallel_prepare import FORMAT
 from multibranch.evaluate.metrics import score_corpus
 from multibranch.models import build_model
 from multibranch.tasks.translation.dataset import PreparedData
-from multibranch.tasks.translation.prepare import FORMAT
 from multibranch.tasks.translation.translator import Translator, show_progress
 from multibranch.train.loss import output_layer_loss
 from multibranch.train.task import Autocast, Task

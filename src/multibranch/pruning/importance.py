@@ -19,11 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multibranch.analysis.batches import AnyBatch, batch_units
-from multibranch.analysis.heads import AttentionSite, attention_sites, gates_installed
+from multibranch.analysis.heads import AttentionSite, HeadScores, attention_sites, gates_installed
 from multibranch.tasks.classification.task import LabelBatch
 from multibranch.train.loss import output_layer_loss
-
-HeadScores = dict[str, Tensor]  # site name -> [H] (CPU, fp32)
 
 
 def batch_nll(model: nn.Module, batch: AnyBatch) -> Tensor:

@@ -26,12 +26,13 @@ from typing import Any, TypeVar
 from multibranch.analysis.batches import batch_units, check_vocabulary, load_task_data, teacher_forced_batches
 from multibranch.analysis.entropy import attention_entropy
 from multibranch.analysis.heads import attention_sites, total_heads
-from multibranch.analysis.importance import head_importance
-from multibranch.analysis.pruning import dominant_heads, planned_counts, pruning_steps
-from multibranch.analysis.scoring import make_scorer
 from multibranch.data.meta import require_examples
 from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
+from multibranch.pruning.curve import planned_counts, pruning_steps
+from multibranch.pruning.dominant import dominant_heads
+from multibranch.pruning.importance import head_importance
+from multibranch.pruning.scoring import make_scorer
 from multibranch.tasks.loading import load_model
 from multibranch.tasks.translation.translator import progress_bar, show_progress
 

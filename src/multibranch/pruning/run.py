@@ -2,9 +2,9 @@
 fraction, or a metric threshold), remove them physically, compare the two models on a prepared split and
 write the pruned checkpoint and the JSON report.
 
-    options = PruneOptions(fraction=0.3, data="data/")         # or max_drop=0.5, or heads=read_heads(FILE)
+    options = PruneOptions(fraction=0.3, data="data/")   # or max_drop=0.5, or heads=selection.read_heads(FILE)
     report = prune_checkpoint("best.pt", "pruned.pt", "pruned.json", options, force=False)
-    print(summary(report))
+    print(summary(report))                                # pruning.report.summary
 
 The report: {"checkpoint", "pruned", "selection", "removed", "parameters": {"before", "after", "change",
 "change_percent"}} and, with data: "metric", "set", "before"/"after" ({"score"} and, unless speed is off,
@@ -21,24 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from multibranch.analysis.batches import check_vocabulary, load_task_data, teacher_forced_batches
 from multibranch.analysis.heads import HeadId, attention_sites
-from multibranch.analysis.importance import head_importance
-from multibranch.analysis.prune_report import (
-    heads_within_drop,
-    least_important,
-    model_of,
-    parameter_count,
-    side_by_side,
-    speed_spread,
-)
-from multibranch.analysis.scoring import agreement, make_scorer
 from multibranch.atomic import atomic_write_text
-from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
-from multibranch.convert.payload import refuse_overwrite
-from multibranch.convert.prune import check_prunable, prune_heads
+from multibranch.checkpoint.format import load_checkpoint, load_state_strict, save_checkpoint
+from multibranch.convert.payload import experiment_config, refuse_overwrite
 from multibranch.data.text import check_output_file
-from multibranch.errors import ConfigError, UserError
+from multibranch.errors import ConfigError
+from multibranch.pruning.importance import head_importance
+from multibranch.pruning.removal import check_prunable, prune_heads
+from multibranch.pruning.scoring import agreement, make_scorer
+from multibranch.pruning.selection import heads_within_drop, least_important
+from multibranch.pruning.speed import side_by_side, speed_spread
+from multibranch.tasks import build_task_model
 from multibranch.tasks.loading import load_model
 
 
@@ -184,55 +181,18 @@ def prune_checkpoint(ckpt: str | Path, out: str | Path, report_path: str | Path,
 
 
 def change(before: int, after: int) -> dict[str, Any]:
+    """Parameter counts before and after, their difference and its percentage."""
     return {"before": before, "after": after, "change": after - before,
             "change_percent": 100.0 * (after - before) / before}
 
 
-def summary(report: dict[str, Any]) -> str:
-    """The report as a few human lines."""
-    p = report["parameters"]
-    lines = [f"removed {len(report['removed'])} head(s); parameters {p['before']:,} -> {p['after']:,} "
-             f"({p['change']:+,}, {p['change_percent']:+.1f}%)"]
-    if "before" in report:
-        metric = "BLEU" if report["metric"] == "bleu" else "accuracy (%)"
-        b, a = report["before"], report["after"]
-        lines.append(f"{metric} on {report['set']['sentences']} sentences of {report['set']['split']}: "
-                     f"{b['score']:.2f} -> {a['score']:.2f} ({report['score_change']:+.2f})")
-    if "speed" in report:
-        lines.append(speed_line(report))
-    return "\n".join(lines)
+def parameter_count(model: nn.Module) -> int:
+    """Parameters of `model` (a tied parameter counted once)."""
+    return sum(p.numel() for p in model.parameters())
 
 
-def speed_line(report: dict[str, Any]) -> str:
-    """Sentences/s of both models (median of the rounds, min-max) and the range of the per-round ratios;
-    a range that spans x1.00 is said to be no measurable change."""
-    b, a, s = report["before"], report["after"], report["speed"]
-    rounds = s["rounds"]
-    line = (f"speed: {b['sentences_per_s_median']:.1f} -> {a['sentences_per_s_median']:.1f} sentences/s "
-            f"(median of {rounds} alternating round{'s' if rounds > 1 else ''}; "
-            f"before {b['sentences_per_s_min']:.1f}-{b['sentences_per_s']:.1f}, "
-            f"after {a['sentences_per_s_min']:.1f}-{a['sentences_per_s']:.1f}); "
-            f"x{s['speedup_median']:.2f} (rounds x{s['speedup_min']:.2f}-x{s['speedup_max']:.2f})")
-    if rounds == 1:
-        return line + "; one round measures no spread: use --speed-rounds 5 or more"
-    if s["speedup_min"] < 1.0 < s["speedup_max"]:
-        return line + "; the rounds disagree on the direction: no measurable speed change on this machine"
-    return line
-
-
-def read_heads(path: str | Path) -> list[HeadId]:
-    """The heads listed in a JSON file: [[module name, head index], ...] or {"masked": [...]} (a point of
-    `analyze heads`' pruning curve)."""
-    try:
-        data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not valid JSON ({err})") from None
-    if isinstance(data, dict):
-        data = data.get("masked")
-    ok = isinstance(data, list) and all(
-        isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)
-        for item in data
-    )
-    if not ok:
-        raise UserError(f"{path}: expected a list of [module name, head index] pairs (or {{\"masked\": [...]}})")
-    return [(name, head) for name, head in data]
+def model_of(payload: dict[str, Any], where: str, device: str = "cpu") -> nn.Module:
+    """The (eval-mode) model of an in-memory checkpoint payload."""
+    model = build_task_model(experiment_config(payload))
+    load_state_strict(model, payload["model"], where)
+    return model.to(device).eval()

@@ -1,4 +1,4 @@
-"""Head pruning by masking (docs/papers.md#drophead-pruning-curve-and-dominant-heads): the pruning curve and the dominant-head table.
+"""The pruning curve by masking (docs/papers.md#drophead-pruning-curve-and-dominant-heads).
 
 Pruning curve: rank every head of every attention module globally by ascending importance and mask
 the lowest 10%, 20%, ... of the total head count (cumulative; each step adds round(step * total)
@@ -6,15 +6,11 @@ heads), scoring the model after each step. Importance is computed once (default)
 under the current mask after each step (`recompute`); `keep_one` never masks the last unmasked head
 of a module (the curve then stops at the last reachable step). Masking = gate 0, no rescale.
 
-Dominant heads: for every module and head, the score change when only that head is masked; the
-module's dominant head is the one with the largest drop, and the table averages that (negative)
-change over layers, per attention type.
-
 Threshold (`prune --max-drop`): walk the same curve and keep the last step whose score is at most
 `max_drop` below the unpruned score, stopping at the first step that drops more (`within_drop`).
 
 All take `evaluate`, a function of no arguments returning the score of the model as it is (with the
-gates installed around the call), e.g. `analysis.scoring.BleuScorer`.
+gates installed around the call), e.g. `pruning.scoring.BleuScorer`.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from multibranch.analysis.heads import ROLES, AttentionSite, HeadId, gates_installed, mask_gates, total_heads
+from multibranch.analysis.heads import AttentionSite, HeadId, gates_installed, mask_gates, total_heads
 
 Importance = Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]]  # gates -> site name -> [H]
 
@@ -140,30 +136,3 @@ def within_drop(points: Iterable[CurvePoint], max_drop: float) -> tuple[CurvePoi
     if chosen is None:
         raise ValueError("the curve has no point")
     return chosen, seen
-
-
-def dominant_heads(sites: list[AttentionSite], evaluate: Callable[[], float], baseline: float | None = None) -> dict:
-    """Score change when each single head is masked; the dominant (largest-drop) head per module and
-    the mean of its change over layers per attention type.
-
-    Returns {"baseline", "modules": [{"name", "role", "layer", "deltas": [...], "dominant_head",
-    "dominant_delta"}], "mean_dominant_delta": {role: mean}}.
-    """
-    if baseline is None:
-        with gates_installed(sites, {}):
-            baseline = evaluate()
-    modules = []
-    for site in sites:
-        deltas = []
-        for head in range(site.heads):
-            with gates_installed(sites, mask_gates(sites, [(site.name, head)])):
-                deltas.append(evaluate() - baseline)
-        worst = min(range(site.heads), key=lambda h: deltas[h])
-        modules.append({"name": site.name, "role": site.role, "layer": site.layer, "deltas": deltas,
-                        "dominant_head": worst, "dominant_delta": deltas[worst]})
-    by_role = {}
-    for role in ROLES:
-        values = [m["dominant_delta"] for m in modules if m["role"] == role]
-        if values:
-            by_role[role] = sum(values) / len(values)
-    return {"baseline": baseline, "modules": modules, "mean_dominant_delta": by_role}

@@ -1,18 +1,21 @@
-"""Writing a prepared split as memory-mappable shards, in bounded memory, with its statistics.
+"""Writing a prepared parallel split as memory-mappable shards, in bounded memory, with its statistics.
 
 A split is one raw text file per side (`{split}.{side}.txt`, the kept lines) and one or more shards
 (`{stem}.{side}.tokens.npy` int32 + `{stem}.{side}.offsets.npy` int64 [n+1]); shard k of split S has
 the stem `S` (k = 0) or `S.k`. A shard is written once `shard_pairs` pairs are buffered, so memory holds
 at most one shard's tokens (plus one chunk); lengths and id counts are kept as histograms, whose size does not grow with
-the corpus.
+the corpus. `binarise` gives the same tokens + offsets layout for id lists held in memory.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from multibranch.data.length_stats import histogram_stats
 
 SIDES = ("src", "tgt")
 ARRAY_KINDS = ("tokens", "offsets")
@@ -28,27 +31,17 @@ def shard_files(stem: str) -> list[str]:
     return [f"{stem}.{side}.{kind}.npy" for side in SIDES for kind in ARRAY_KINDS]
 
 
-def histogram_stats(hist: np.ndarray) -> dict[str, float]:
-    """min / mean / percentiles / max of the values whose counts are `hist` (value v counted hist[v] times),
-    the same numbers `np.percentile` (linear interpolation) gives on the values themselves."""
-    total = int(hist.sum())
-    if total == 0:
-        return {"min": 0, "mean": 0.0, "p50": 0, "p90": 0, "p95": 0, "p99": 0, "max": 0}
-    values = np.flatnonzero(hist)
-    cumulative = np.cumsum(hist[values])  # [distinct values] how many are <= each value
+def shard_names(splits: dict[str, Any]) -> list[str]:
+    """Every shard stem of data.json's splits, in order (format version 1: one per split, the split's name)."""
+    return [shard["name"] for name, entry in splits.items() for shard in entry.get("shards", [{"name": name}])]
 
-    def value_at(rank: int) -> int:  # the rank-th smallest value (0-based)
-        return int(values[np.searchsorted(cumulative, rank, side="right")])
 
-    def percentile(q: float) -> float:
-        position = q / 100 * (total - 1)
-        low = int(np.floor(position))
-        below, above = value_at(low), value_at(min(low + 1, total - 1))
-        return float(below + (above - below) * (position - low))
-
-    mean = float((np.arange(len(hist)) * hist).sum() / total)
-    return {"min": int(values[0]), "mean": round(mean, 2), "p50": percentile(50), "p90": percentile(90),
-            "p95": percentile(95), "p99": percentile(99), "max": int(values[-1])}
+def binarise(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated int32 tokens and int64 offsets [n+1]."""
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in ids], out=offsets[1:])
+    tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+    return tokens, offsets
 
 
 class SideStats:
