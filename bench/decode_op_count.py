@@ -39,14 +39,15 @@ def _model(ckpt: str | None):
 
 
 def count_ours(model, src: torch.Tensor, beam: int, steps: int, precision: str) -> Counter[str]:
+    from multibranch.experiment.decoding import DecodeConfig
     from multibranch.inference.beam import beam_search
 
     decoder = decoding_model(model, precision)
     options = dict(max_len_a=0.0, max_len_b=steps - 1, min_len=steps - 1)  # steps - 1 tokens, then EOS
-    beam_search(decoder, src, beam, **options)  # warm-up
+    beam_search(decoder, src, DecodeConfig(beam=beam, **options))  # warm-up
     counter = OpCounter()
     with counter, torch.inference_mode():
-        beam_search(decoder, src, beam, **options)
+        beam_search(decoder, src, DecodeConfig(beam=beam, **options))
     return counter.counts
 
 

@@ -120,10 +120,10 @@ def _exact(results: list[list[Hypothesis]]) -> list[list[tuple]]:
 
 def run_search(model: ScriptedModel, src: torch.Tensor, beam: int, **options) -> list[list[Hypothesis]]:
     """beam_search; with beam 1 also checks that the general search equals the greedy path."""
-    result = beam_search(model, src, beam, **options)
+    decode = DecodeConfig(beam=beam, **options)
+    result = beam_search(model, src, decode)
     if beam == 1:
-        general = _beam_search(ScriptedModel(model.scripts, **vars(model.config)), src, 1,
-                               **{k: v for k, v in options.items() if k != "nbest"})
+        general = _beam_search(ScriptedModel(model.scripts, **vars(model.config)), src, decode)
         assert _exact(general) == _exact(result)
     return result
 
@@ -165,8 +165,8 @@ RAW_BC = math.log(0.4 * 0.9 * 0.8)  # "b c" + EOS: 3 tokens
 )
 def test_early_eos_finalises_and_length_penalty_picks_the_winner(kind, alpha, norm, device):
     model = ScriptedModel({1: EOS_SCRIPT})
-    (hyps,) = beam_search(model, batch(src_of(1, 3), device=device), 2, length_penalty=alpha,
-                          length_penalty_kind=kind, max_len_a=0, max_len_b=10)
+    (hyps,) = beam_search(model, batch(src_of(1, 3), device=device), DecodeConfig(beam=2,
+                                                                                  length_penalty=alpha, length_penalty_kind=kind, max_len_a=0, max_len_b=10))
     score_a, score_bc = norm(RAW_A, 2, alpha), norm(RAW_BC, 3, alpha)
     expected = {"a": ([A], [0.6, 0.55], score_a), "bc": ([B, C], [0.4, 0.9, 0.8], score_bc)}
     order = sorted(expected, key=lambda k: expected[k][2], reverse=True)
@@ -219,12 +219,12 @@ def test_nbest_order_and_scores(alpha, device):
     expected.sort(key=lambda e: e[2], reverse=True)
     model = ScriptedModel({1: NBEST_SCRIPT})
     src = batch(src_of(1, 3), device=device)
-    (hyps,) = beam_search(model, src, 3, length_penalty=alpha, max_len_a=0, max_len_b=10)
+    (hyps,) = beam_search(model, src, DecodeConfig(beam=3, length_penalty=alpha, max_len_a=0, max_len_b=10))
     assert len(hyps) == 3
     for hyp, exp in zip(hyps, expected, strict=True):
         assert_hyp(hyp, *exp)
-    (top2,) = beam_search(ScriptedModel({1: NBEST_SCRIPT}), src, 3, length_penalty=alpha,
-                          max_len_a=0, max_len_b=10, nbest=2)
+    (top2,) = beam_search(ScriptedModel({1: NBEST_SCRIPT}), src, DecodeConfig(beam=3, length_penalty=alpha,
+                                                                              max_len_a=0, max_len_b=10), nbest=2)
     assert [h.tokens for h in top2] == [e[0] for e in expected[:2]]
 
 
@@ -261,11 +261,13 @@ def test_max_length_forces_eos(beam):
 
 def test_max_length_follows_each_source_length_and_the_learned_position_limit():
     model = ScriptedModel({1: -30.0, 2: -30.0})  # EOS practically impossible until forced
-    hyps = beam_search(model, batch(src_of(1, 2), src_of(2, 5)), 2, max_len_a=1.0, max_len_b=1)
+    hyps = beam_search(model, batch(src_of(1, 2), src_of(2, 5)), DecodeConfig(beam=2, max_len_a=1.0,
+                                                                              max_len_b=1))
     assert [len(h[0].tokens) for h in hyps] == [3, 6]  # floor(1.0 * src_len + 1)
     assert all(len(h) == 2 for h in hyps)  # every live beam is finished at the limit
     learned = ScriptedModel({1: -30.0, 2: -30.0}, positions="learned", max_positions=5)
-    hyps = beam_search(learned, batch(src_of(1, 2), src_of(2, 5)), 2, max_len_a=1.0, max_len_b=1)
+    hyps = beam_search(learned, batch(src_of(1, 2), src_of(2, 5)), DecodeConfig(beam=2, max_len_a=1.0,
+                                                                                max_len_b=1))
     assert [len(h[0].tokens) for h in hyps] == [3, 4]  # capped at max_positions - 1
 
 
@@ -278,9 +280,11 @@ def test_finished_sentences_leave_the_batch_and_results_match_decoding_alone():
     per sentence: every hypothesis is `<s>` then)."""
     scripts = {1: EOS_SCRIPT, 7: -30.0}
     model = ScriptedModel(scripts)
-    both = beam_search(model, batch(src_of(1, 3), src_of(7, 6)), 2, max_len_a=1.0, max_len_b=0)
+    both = beam_search(model, batch(src_of(1, 3), src_of(7, 6)), DecodeConfig(beam=2, max_len_a=1.0,
+                                                                              max_len_b=0))
     assert model.batch_sizes == [2, 4, 4, 2, 2, 2, 2]
-    alone = [beam_search(ScriptedModel(scripts), batch(src), 2, max_len_a=1.0, max_len_b=0)[0]
+    alone = [beam_search(ScriptedModel(scripts), batch(src), DecodeConfig(beam=2, max_len_a=1.0,
+                                                                          max_len_b=0))[0]
              for src in (src_of(1, 3), src_of(7, 6))]
     assert [[h.tokens for h in hs] for hs in both] == [[h.tokens for h in hs] for hs in alone]
     for hs, ref in zip(both, alone, strict=True):
@@ -302,9 +306,9 @@ def test_batched_equals_alone_and_beam1_equals_greedy(lengths, eos_logits, beam,
     scripts = {10 + i: eos_logits[i] for i in range(len(lengths))}
     options = dict(length_penalty=alpha, length_penalty_kind=kind, min_len=min_len, max_len_a=max_len_a, max_len_b=1)
     srcs = [src_of(10 + i, n) for i, n in enumerate(lengths)]
-    batched = beam_search(ScriptedModel(scripts), batch(*srcs), beam, **options)
+    batched = beam_search(ScriptedModel(scripts), batch(*srcs), DecodeConfig(beam=beam, **options))
     for src, hyps in zip(srcs, batched, strict=True):
-        (alone,) = beam_search(ScriptedModel(scripts), batch(src), beam, **options)
+        (alone,) = beam_search(ScriptedModel(scripts), batch(src), DecodeConfig(beam=beam, **options))
         assert [h.tokens for h in hyps] == [h.tokens for h in alone]
         assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-5)
         assert 1 <= len(hyps) <= beam
@@ -314,7 +318,7 @@ def test_batched_equals_alone_and_beam1_equals_greedy(lengths, eos_logits, beam,
             assert len(h.positional_scores) == len(h.tokens) + 1
             assert len(h.tokens) >= min(min_len, int(max_len_a * len(src) + 1))
     if beam == 1:  # beam_search used the greedy path; the general search must agree exactly
-        general = _beam_search(ScriptedModel(scripts), batch(*srcs), 1, **options)
+        general = _beam_search(ScriptedModel(scripts), batch(*srcs), DecodeConfig(beam=1, **options))
         assert _exact(general) == _exact(batched)
 
 
@@ -350,10 +354,10 @@ def _sources(n: int, seed: int = 0) -> list[list[int]]:
 def test_real_model_beam1_equals_greedy_exactly(tiny_model, device):
     tiny_model, src = _on(tiny_model, device), batch(*_sources(8), device=device)
     options = dict(length_penalty=0.6, length_penalty_kind="gnmt", max_len_a=1.0, max_len_b=3)
-    beam1 = _beam_search(tiny_model, src, 1, **options)  # the general search with one beam
-    greedy = greedy_search(tiny_model, src, **options)
+    beam1 = _beam_search(tiny_model, src, DecodeConfig(beam=1, **options))  # the general search with one beam
+    greedy = greedy_search(tiny_model, src, DecodeConfig(**options))
     assert _exact(beam1) == _exact(greedy)
-    assert _exact(beam_search(tiny_model, src, 1, **options)) == _exact(greedy)
+    assert _exact(beam_search(tiny_model, src, DecodeConfig(beam=1, **options))) == _exact(greedy)
     assert len({len(hs[0].tokens) for hs in greedy}) > 1  # lengths vary: EOS is really generated
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from multibranch import cpu_kernels
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference import beam
 from multibranch.inference.beam import beam_search
 from tests.helpers.models import noisy_model
@@ -59,7 +60,7 @@ def test_deferred_normalisation_searches_as_log_softmax_does(beam_size, options,
         prefix[3, :1] = 5
         options["prefix"] = prefix
     model = _model()
-    deferred = beam_search(model, src, beam_size, nbest=beam_size, **options)
+    deferred = beam_search(model, src, DecodeConfig(beam=beam_size, **options), nbest=beam_size)
     calls = []
     original = beam._step_scores
 
@@ -68,7 +69,7 @@ def test_deferred_normalisation_searches_as_log_softmax_does(beam_size, options,
         return original(*args, deferred=False, **kwargs)
 
     monkeypatch.setattr(beam, "_step_scores", normalising)
-    expected = beam_search(model, src, beam_size, nbest=beam_size, **options)
+    expected = beam_search(model, src, DecodeConfig(beam=beam_size, **options), nbest=beam_size)
     assert calls and all(calls)  # both searches ask for the deferred path
     for mine, theirs in zip(deferred, expected, strict=True):
         assert [h.tokens for h in mine] == [h.tokens for h in theirs]

@@ -10,6 +10,7 @@ import torch
 
 from multibranch.config import from_dict
 from multibranch.errors import CheckpointError
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.beam import beam_search, forced_scores, greedy_search
 from multibranch.inference.ensemble import Ensemble
 from multibranch.inference.precision import for_decoding
@@ -44,10 +45,10 @@ def hyps_of(result):
 @pytest.mark.parametrize("mean", ["prob", "log-prob"])
 def test_one_member_and_two_copies_equal_the_model(beam, mean):
     model = random_model(1)
-    alone = beam_search(model, SRC, beam, nbest=beam, max_len_b=6)
+    alone = beam_search(model, SRC, DecodeConfig(beam=beam, max_len_b=6), nbest=beam)
     for members in ([model], [model, copy.deepcopy(model)]):
         ensemble = Ensemble(members, mean=mean)
-        result = beam_search(ensemble, SRC, beam, nbest=beam, max_len_b=6)
+        result = beam_search(ensemble, SRC, DecodeConfig(beam=beam, max_len_b=6), nbest=beam)
         assert [[h.tokens for h in s] for s in result] == [[h.tokens for h in s] for s in alone]
         for got, want in zip(result, alone, strict=True):
             assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
@@ -84,11 +85,11 @@ MAT = {"decoder": {"kind": "transformer", "attention_branches": 2}, "encoder": {
 def test_two_models_decode_as_the_reference_over_their_mean(mean, second):
     models = [random_model(1), random_model(2, **second)]
     ensemble = Ensemble(models, mean=mean)
-    result = greedy_search(ensemble, SRC, max_len_a=0, max_len_b=8, min_len=0)
+    result = greedy_search(ensemble, SRC, DecodeConfig(max_len_a=0, max_len_b=8, min_len=0))
     for row, hyps in zip(SRC.tolist(), result, strict=True):
         ids = [t for t in row if t != PAD]
         assert hyps[0].tokens == reference_greedy(models, ids, 8, mean)
-    singles = [greedy_search(m, SRC, max_len_a=0, max_len_b=8, min_len=0) for m in models]
+    singles = [greedy_search(m, SRC, DecodeConfig(max_len_a=0, max_len_b=8, min_len=0)) for m in models]
     assert hyps_of(result) not in [hyps_of(s) for s in singles]  # the ensemble is not just one member
 
 
@@ -106,9 +107,9 @@ def test_forced_scores_of_an_ensemble_are_the_log_of_the_mean_probability():
 @pytest.mark.skipif(not int8_supported(), reason="no fbgemm int8 kernels")
 def test_int8_ensemble_of_one_equals_the_int8_model():
     model = random_model(1)
-    alone = beam_search(for_decoding(model, "int8"), SRC, 3, nbest=3, max_len_b=6)
+    alone = beam_search(for_decoding(model, "int8"), SRC, DecodeConfig(beam=3, max_len_b=6), nbest=3)
     ensemble = for_decoding(Ensemble([model]), "int8")
-    result = beam_search(ensemble, SRC, 3, nbest=3, max_len_b=6)
+    result = beam_search(ensemble, SRC, DecodeConfig(beam=3, max_len_b=6), nbest=3)
     assert [[h.tokens for h in s] for s in result] == [[h.tokens for h in s] for s in alone]
 
 

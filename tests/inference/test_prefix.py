@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from multibranch.config import from_dict
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.beam import beam_search, forced_scores, greedy_search
 from multibranch.inference.sampling import sample
 from multibranch.models import ModelConfig, build_model
@@ -51,7 +52,8 @@ def reference_continuation(model, src_row: list[int], prefix: list[int], max_tok
 
 def test_greedy_with_prefixes_equals_the_reference_continuation(model):
     prefixes = [[17, 4], [], [9, 9, 9]]
-    result = greedy_search(model, SRC, max_len_a=0, max_len_b=7, min_len=0, prefix=prefix_batch(*prefixes))
+    result = greedy_search(model, SRC, DecodeConfig(max_len_a=0, max_len_b=7, min_len=0),
+                           prefix=prefix_batch(*prefixes))
     for row, prefix, hyps in zip(SRC.tolist(), prefixes, result, strict=True):
         ids = [t for t in row if t != PAD]
         assert hyps[0].tokens == reference_continuation(model, ids, prefix, 7)
@@ -60,7 +62,8 @@ def test_greedy_with_prefixes_equals_the_reference_continuation(model):
 @pytest.mark.parametrize("beam", [1, 3])
 def test_beam_outputs_start_with_the_prefix_and_score_as_forced_decoding(model, beam):
     prefixes = [[17, 4], [20], [9, 9, 9]]
-    result = beam_search(model, SRC, beam, nbest=beam, max_len_b=6, prefix=prefix_batch(*prefixes))
+    result = beam_search(model, SRC, DecodeConfig(beam=beam, max_len_b=6), nbest=beam,
+                         prefix=prefix_batch(*prefixes))
     for b, (prefix, hyps) in enumerate(zip(prefixes, result, strict=True)):
         assert len(hyps) == beam
         for h in hyps:
@@ -71,28 +74,33 @@ def test_beam_outputs_start_with_the_prefix_and_score_as_forced_decoding(model, 
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_an_empty_prefix_equals_no_prefix(model, beam):
-    plain = beam_search(model, SRC, beam, nbest=beam, max_len_b=6)
-    empty = beam_search(model, SRC, beam, nbest=beam, max_len_b=6, prefix=torch.zeros(3, 0, dtype=torch.long))
-    padded = beam_search(model, SRC, beam, nbest=beam, max_len_b=6, prefix=prefix_batch([PAD], [PAD], [PAD]))
+    plain = beam_search(model, SRC, DecodeConfig(beam=beam, max_len_b=6), nbest=beam)
+    empty = beam_search(model, SRC, DecodeConfig(beam=beam, max_len_b=6), nbest=beam, prefix=torch.zeros(3,
+                                                                                                         0, dtype=torch.long))
+    padded = beam_search(model, SRC, DecodeConfig(beam=beam, max_len_b=6), nbest=beam,
+                         prefix=prefix_batch([PAD], [PAD], [PAD]))
     for other in (empty, padded):
         assert [[(h.tokens, h.score) for h in s] for s in other] == [[(h.tokens, h.score) for h in s] for s in plain]
 
 
 def test_a_prefixed_sentence_decodes_the_same_alone_and_in_a_batch(model):
     prefixes = prefix_batch([17, 4], [], [9])
-    batched = beam_search(model, SRC, 3, nbest=3, max_len_b=6, prefix=prefixes)
+    batched = beam_search(model, SRC, DecodeConfig(beam=3, max_len_b=6), nbest=3, prefix=prefixes)
     for b in range(3):
         row = SRC[b : b + 1, : int(SRC[b].ne(PAD).sum())]
-        alone = beam_search(model, row, 3, nbest=3, max_len_b=6, prefix=prefixes[b : b + 1])
+        alone = beam_search(model, row, DecodeConfig(beam=3, max_len_b=6), nbest=3,
+                            prefix=prefixes[b : b + 1])
         assert [h.tokens for h in alone[0]] == [h.tokens for h in batched[b]]
 
 
 def test_sampling_keeps_the_prefix(model):
-    result = sample(model, SRC, 5, generator=torch.Generator().manual_seed(0), prefix=prefix_batch([17, 4], [], [9]))
+    result = sample(model, SRC, DecodeConfig(), 5, generator=torch.Generator().manual_seed(0),
+                    prefix=prefix_batch([17, 4], [], [9]))
     for prefix, hyps in zip([[17, 4], [], [9]], result, strict=True):
         assert all(h.tokens[: len(prefix)] == prefix for h in hyps)
 
 
 def test_a_prefix_longer_than_the_length_limit_is_an_error(model):
     with pytest.raises(ValueError, match="sentence 1: its prefix has 4 tokens but at most 3"):
-        beam_search(model, SRC, 2, max_len_a=0, max_len_b=3, prefix=prefix_batch([4], [4, 5, 6, 7], []))
+        beam_search(model, SRC, DecodeConfig(beam=2, max_len_a=0, max_len_b=3), prefix=prefix_batch([4], [4,
+                                                                                                          5, 6, 7], []))

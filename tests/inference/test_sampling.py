@@ -96,7 +96,8 @@ def test_restrict_equals_the_hand_computed_distribution(options):
 def test_drawn_first_tokens_follow_the_distribution(options):
     draws = 4000
     src = torch.tensor([[A, EOS]])
-    hyps = sample(FirstStepModel(), src, draws, generator=torch.Generator().manual_seed(1), min_len=0, **options)[0]
+    hyps = sample(FirstStepModel(), src, DecodeConfig(min_len=0, **options), draws,
+                  generator=torch.Generator().manual_seed(1))[0]
     assert len(hyps) == draws
     counts: dict[int, int] = {}
     for h in hyps:
@@ -110,8 +111,8 @@ def test_drawn_first_tokens_follow_the_distribution(options):
 
 
 def test_scores_are_the_models_log_probabilities_and_samples_come_best_first():
-    hyps = sample(FirstStepModel(), torch.tensor([[A, EOS]]), 50, generator=torch.Generator().manual_seed(0),
-                  temperature=3.0, min_len=0, length_penalty=0.0)[0]
+    hyps = sample(FirstStepModel(), torch.tensor([[A, EOS]]), DecodeConfig(temperature=3.0, min_len=0,
+                                                                           length_penalty=0.0), 50, generator=torch.Generator().manual_seed(0))[0]
     for h in hyps:
         if h.tokens:
             assert h.positional_scores == pytest.approx([math.log(FIRST[h.tokens[0]]), 0.0])
@@ -122,11 +123,11 @@ def test_scores_are_the_models_log_probabilities_and_samples_come_best_first():
 
 
 def test_min_len_and_max_len_hold_while_sampling():
-    hyps = sample(FirstStepModel(), torch.tensor([[A, EOS]]), 200, generator=torch.Generator().manual_seed(0),
-                  min_len=1)[0]
+    hyps = sample(FirstStepModel(), torch.tensor([[A, EOS]]), DecodeConfig(min_len=1), 200,
+                  generator=torch.Generator().manual_seed(0))[0]
     assert all(len(h.tokens) == 1 for h in hyps)  # EOS masked at step 0, forced after
-    hyps = sample(FirstStepModel(), torch.tensor([[A, EOS]]), 20, generator=torch.Generator().manual_seed(0),
-                  min_len=0, max_len_a=0, max_len_b=0)[0]
+    hyps = sample(FirstStepModel(), torch.tensor([[A, EOS]]), DecodeConfig(min_len=0, max_len_a=0,
+                                                                           max_len_b=0), 20, generator=torch.Generator().manual_seed(0))[0]
     assert all(h.tokens == [] for h in hyps)
 
 
@@ -134,7 +135,8 @@ def test_real_model_same_seed_same_samples_other_seed_other_samples(tiny_samplin
     src = torch.tensor([[5, 9, 11, 3], [7, 3, 0, 0]])
 
     def draw(seed: int) -> list[list[list[int]]]:
-        out = sample(tiny_sampling_model, src, 8, generator=torch.Generator().manual_seed(seed), top_p=0.95)
+        out = sample(tiny_sampling_model, src, DecodeConfig(top_p=0.95), 8,
+                     generator=torch.Generator().manual_seed(seed))
         return [sorted(h.tokens for h in hyps) for hyps in out]
 
     assert draw(3) == draw(3)
@@ -145,8 +147,9 @@ def test_real_model_top_k_1_sampling_is_greedy_search(tiny_sampling_model):
     from multibranch.inference.beam import greedy_search
 
     src = torch.tensor([[5, 9, 11, 3], [7, 3, 0, 0], [4, 4, 4, 3]])
-    greedy = greedy_search(tiny_sampling_model, src, max_len_b=6)
-    drawn = sample(tiny_sampling_model, src, 3, generator=torch.Generator().manual_seed(0), top_k=1, max_len_b=6)
+    greedy = greedy_search(tiny_sampling_model, src, DecodeConfig(max_len_b=6))
+    drawn = sample(tiny_sampling_model, src, DecodeConfig(top_k=1, max_len_b=6), 3,
+                   generator=torch.Generator().manual_seed(0))
     for g, hyps in zip(greedy, drawn, strict=True):
         assert [h.tokens for h in hyps] == [g[0].tokens] * 3
         assert [h.score for h in hyps] == pytest.approx([g[0].score] * 3, abs=1e-5)
@@ -161,8 +164,8 @@ def test_a_sample_with_every_token_blocked_ends_with_score_minus_infinity():
             state.step += 1
             return logits
 
-    [hyps] = sample(Looping(), torch.tensor([[A, EOS]]), 2, generator=torch.Generator().manual_seed(0), min_len=5,
-                    no_repeat_ngram_size=2)
+    [hyps] = sample(Looping(), torch.tensor([[A, EOS]]), DecodeConfig(min_len=5, no_repeat_ngram_size=2), 2,
+                    generator=torch.Generator().manual_seed(0))
     assert [h.tokens for h in hyps] == [[A, A], [A, A]]  # A A, then A is blocked and EOS is masked
     assert all(h.score == float("-inf") for h in hyps)
 

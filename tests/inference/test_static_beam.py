@@ -88,18 +88,19 @@ def test_every_layer_kind_finds_what_todays_search_finds(kind, device):
     """On CUDA the fixed-shape search replays its captured step (graphs on by default there)."""
     model, src = _model(kind), _sources()
     fixed_model, fixed_src = copy.deepcopy(model).to(device), src.to(device)
-    for name, options in OPTIONS.items():
-        reference = _beam_search(model, src, 4, **options)
+    for name, settings in OPTIONS.items():
+        options = DecodeConfig(beam=4, **settings)
+        reference = _beam_search(model, src, options)
         assert sum(len(hs) for hs in reference) > len(reference), name  # more than one finished per sentence
-        assert_same(run_fixed_shape_search(fixed_model, fixed_src, 4, **options), reference)
+        assert_same(run_fixed_shape_search(fixed_model, fixed_src, options), reference)
 
 
 def test_prefixes_including_empty_and_full_length_ones():
     model, src = _model("mat"), _sources()
     prefix = torch.tensor([[5, 6, 0], [7, 0, 0], [0, 0, 0], [9, 9, 9], [4, 0, 0], [5, 0, 0], [6, 6, 0]])
-    options = dict(max_len_a=1.0, max_len_b=5, no_repeat_ngram_size=2, min_len=2, prefix=prefix)
-    found = run_fixed_shape_search(model, src, 3, graphs=False, **options)
-    assert_same(found, _beam_search(model, src, 3, **options))
+    options = DecodeConfig(beam=3, max_len_a=1.0, max_len_b=5, no_repeat_ngram_size=2, min_len=2)
+    found = run_fixed_shape_search(model, src, options, graphs=False, prefix=prefix)
+    assert_same(found, _beam_search(model, src, options, prefix=prefix))
     assert all(h.tokens[:3] == [9, 9, 9] for h in found[3])
 
 
@@ -107,15 +108,16 @@ def test_prefixes_including_empty_and_full_length_ones():
 def test_ensembles(mean, device):
     ensemble = Ensemble([_model("mat"), _model("transformer", seed=4)], mean=mean)
     src = _sources()
-    reference = _beam_search(ensemble, src, 4, max_len_a=1.0, max_len_b=5)
+    options = DecodeConfig(beam=4, max_len_a=1.0, max_len_b=5)
+    reference = _beam_search(ensemble, src, options)
     on_device = copy.deepcopy(ensemble).to(device)
-    assert_same(run_fixed_shape_search(on_device, src.to(device), 4, max_len_a=1.0, max_len_b=5), reference)
+    assert_same(run_fixed_shape_search(on_device, src.to(device), options), reference)
 
 
 def test_beam_one_is_greedy():
     model, src = _model("muse"), _sources()
-    options = dict(length_penalty=0.6, length_penalty_kind="gnmt", max_len_a=1.0, max_len_b=3)
-    assert_same(run_fixed_shape_search(model, src, 1, graphs=False, **options), greedy_search(model, src, **options))
+    options = DecodeConfig(beam=1, length_penalty=0.6, length_penalty_kind="gnmt", max_len_a=1.0, max_len_b=3)
+    assert_same(run_fixed_shape_search(model, src, options, graphs=False), greedy_search(model, src, options))
 
 
 def test_a_trained_model_through_search_with_nbest(tiny_checkpoint):
@@ -133,8 +135,8 @@ def test_a_trained_model_through_search_with_nbest(tiny_checkpoint):
 def test_a_step_reads_nothing_back_and_the_search_one_boolean_a_step():
     model, src = _model("mat"), _sources()
     prefix = torch.tensor([[5, 6, 0]] * src.shape[0])
-    search_ = StaticBeamSearch(model, 8, 16, 4, max_len_a=1.0, max_len_b=6, no_repeat_ngram_size=2, min_len=2,
-                               prefixed=True)
+    options = DecodeConfig(beam=4, max_len_a=1.0, max_len_b=6, no_repeat_ngram_size=2, min_len=2)
+    search_ = StaticBeamSearch(model, 8, 16, options, prefixed=True)
     search_.load(src, prefix)
     counter = HostReads()
     with counter:
@@ -143,7 +145,7 @@ def test_a_step_reads_nothing_back_and_the_search_one_boolean_a_step():
     assert counter.found == []
     whole = HostReads()
     with whole:
-        run_fixed_shape_search(model, src, 4, graphs=False, max_len_a=1.0, max_len_b=6)
+        run_fixed_shape_search(model, src, DecodeConfig(beam=4, max_len_a=1.0, max_len_b=6), graphs=False)
     places = [found.split(" at ")[1] for found in whole.found]
     per_step = [where for where in places if where.endswith(_reading_line(StaticBeamSearch.all_done))]
     assert 0 < len(per_step) <= search_.steps
@@ -162,10 +164,10 @@ def test_buffers_are_reused_batch_after_batch(kind, device):
     batches of one bucket share one search (its buffers, and on CUDA its graph, replayed)."""
     model = _model(kind)
     searcher = FixedShapeSearcher(copy.deepcopy(model).to(device))
-    options = dict(max_len_a=1.0, max_len_b=4, no_repeat_ngram_size=2)
+    options = DecodeConfig(beam=3, max_len_a=1.0, max_len_b=4, no_repeat_ngram_size=2)
     batches = [_sources(7, seed=1), _sources(5, seed=2), _sources(8, seed=3), _sources(3, seed=4), _sources(7, seed=1)]
     for src in batches:
-        assert_same(searcher.search(src.to(device), 3, **options), _beam_search(model, src, 3, **options))
+        assert_same(searcher.search(src.to(device), options), _beam_search(model, src, options))
     if device.type == "cuda":
         assert all(bucket.graph is not None for bucket in searcher.buckets.values())  # captured, no fallback
     assert len(searcher.buckets) == len({bucket_shape(*src.shape, model.config) for src in batches}) < len(batches)

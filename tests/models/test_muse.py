@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from multibranch.config import ConfigError, deep_merge, from_dict
 from multibranch.experiment import ExperimentConfig, load_preset_dict, resolve_config
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.hooks import ModuleHooks
 from multibranch.models import ModelConfig, build_model
 from multibranch.models.layers.muse import MultiScaleSelfAttention
@@ -62,7 +63,7 @@ def test_beam_search_scores_equal_teacher_forced_rescoring(conv):
     model = _model(conv)
     src, _ = _batch()
     with torch.no_grad():
-        hyps = beam_search(model, src, beam=4, min_len=0)
+        hyps = beam_search(model, src, DecodeConfig(beam=4, min_len=0))
         for b, best in enumerate(hyps):
             for hyp in best[:2]:
                 tokens = torch.tensor(hyp.tokens + [EOS])

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from multibranch.config import ConfigError, from_dict
 from multibranch.experiment import ExperimentConfig, resolve_config
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.hooks import ModuleHooks
 from multibranch.models import ModelConfig, build_model
 from multibranch.models.layers.weighted import BranchedAttention, branch_heads
@@ -200,10 +201,10 @@ def test_beam_search_batched_equals_one_sentence_at_a_time(decoder_branched):
     model.eval()
     src, _ = _batch()
     options = dict(max_len_a=0.0, max_len_b=8)
-    batched = beam_search(model, src, 3, **options)
+    batched = beam_search(model, src, DecodeConfig(beam=3, **options))
     for i in range(src.shape[0]):
         keep = int(src[i].ne(PAD).sum())
-        (alone,) = beam_search(model, src[i : i + 1, :keep], 3, **options)
+        (alone,) = beam_search(model, src[i : i + 1, :keep], DecodeConfig(beam=3, **options))
         assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in batched[i]], abs=1e-4)
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from multibranch import cpu_kernels
+from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.beam import beam_search
 from multibranch.inference.precision import for_decoding
 from multibranch.modules import fused_attention
@@ -174,10 +175,10 @@ def test_fused_decoding_copy_searches_as_the_composed_one(name):
 
     fused_attention.history_attention = counting
     try:
-        got = beam_search(packed, src, beam=4, nbest=4, max_len_a=1.0, max_len_b=6)
+        got = beam_search(packed, src, DecodeConfig(beam=4, max_len_a=1.0, max_len_b=6), nbest=4)
     finally:
         fused_attention.history_attention = original
-    expected = beam_search(composed, src, beam=4, nbest=4, max_len_a=1.0, max_len_b=6)
+    expected = beam_search(composed, src, DecodeConfig(beam=4, max_len_a=1.0, max_len_b=6), nbest=4)
     assert bool(calls) == (name != "mute-relative")  # relative positions: the composed path
     for mine, theirs in zip(got, expected, strict=True):
         assert [h.tokens for h in mine] == [h.tokens for h in theirs]
@@ -190,10 +191,10 @@ def test_without_the_kernels_a_decoding_copy_composes_its_attention(monkeypatch)
     """Where the extension cannot be built (`kernels()` None), decoding runs as before, same result."""
     packed = for_decoding(_model(), "fp32")
     src = torch.randint(4, VOCAB, (2, 7), generator=torch.Generator().manual_seed(7))
-    with_kernels = beam_search(packed, src, beam=3)
+    with_kernels = beam_search(packed, src, DecodeConfig(beam=3))
     monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
     monkeypatch.setattr(fused_attention, "history_attention", None)  # would fail if called
-    without = beam_search(packed, src, beam=3)
+    without = beam_search(packed, src, DecodeConfig(beam=3))
     assert [[h.tokens for h in hyps] for hyps in without] == [[h.tokens for h in hyps] for hyps in with_kernels]
 
 

@@ -50,6 +50,7 @@ from multibranch.inference.candidates import top_candidates
 from multibranch.modules.state import DecoderState
 
 if TYPE_CHECKING:
+    from multibranch.experiment.decoding import DecodeConfig
     from multibranch.models.seq2seq import EncoderOut
 
 LengthPenaltyKind = Literal["fairseq", "gnmt"]
@@ -127,11 +128,10 @@ def length_limits(cfg: object, src_lens: Tensor, max_len_a: float, max_len_b: in
     return limit
 
 
-def output_limits(model: Decodable, src: Tensor, max_len_a: float, max_len_b: int,
-                  prefix: Tensor | None) -> tuple[Tensor, int]:
-    """Each sentence's output length limit [B] (checked against its forced `prefix`, if any) and the number of
-    decoding steps a batch of them needs (the longest limit + EOS; 0 for an empty batch)."""
-    max_lens = max_output_lengths(model, src, max_len_a, max_len_b)  # [B]
+def output_limits(model: Decodable, src: Tensor, options: DecodeConfig, prefix: Tensor | None) -> tuple[Tensor, int]:
+    """Each sentence's output length limit [B] under `options`' max_len_a/b (checked against its forced `prefix`, if
+    any) and the number of decoding steps a batch of them needs (the longest limit + EOS; 0 for an empty batch)."""
+    max_lens = max_output_lengths(model, src, options.max_len_a, options.max_len_b)  # [B]
     check_prefix(prefix, max_lens, model.config.pad_id)
     return max_lens, (int(max_lens.max()) + 1 if src.shape[0] else 0)
 
@@ -196,16 +196,15 @@ def _step_scores(
     enc: EncoderOut,
     state: DecoderState,
     step: int,
-    min_len: int,
+    options: DecodeConfig,
     forced: Tensor,
-    no_repeat_ngram_size: int = 0,
     prefix: Tensor | None = None,
     deferred: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """tokens [N, 1 + T] (BOS + output so far; column `step` is the last one) -> (values [N, V], offset [N] or
     None): the step's masked fp32 log-probabilities are values - offset (values alone when offset is None).
     Rows where `forced` [N] is True may only produce EOS (with its own log-probability); rows whose `prefix`
-    [N, P] has a token at `step` may only produce that one.
+    [N, P] has a token at `step` may only produce that one; `options` gives min_len and no_repeat_ngram_size.
 
     `deferred` (the searches) on fp32 CPU logits with the CPU kernels built: values are the masked logits and
     offset their log-sum-exp per row (`cpu_kernels` row_logsumexp), so the [N, V] log-probabilities are never
@@ -226,15 +225,15 @@ def _step_scores(
         prefixed = wanted.ne(cfg.pad_id).nonzero().squeeze(1)  # rows still inside their prefix
         wanted = wanted[prefixed]
         wanted_value = values[prefixed, wanted]  # [n] before any masking
-    if no_repeat_ngram_size:
-        block_repeated_ngrams(values, tokens[:, 1 : step + 1], no_repeat_ngram_size)
+    if options.no_repeat_ngram_size:
+        block_repeated_ngrams(values, tokens[:, 1 : step + 1], options.no_repeat_ngram_size)
     if forced.any():  # the maximum length wins over min_len (as in fairseq)
         eos_value = values[forced, cfg.eos_id]  # [n] (a copy)
         values[forced] = NEG_INF
         values[forced, cfg.eos_id] = eos_value
-        if step < min_len:
+        if step < options.min_len:
             values[~forced, cfg.eos_id] = NEG_INF
-    elif step < min_len:
+    elif step < options.min_len:
         values[:, cfg.eos_id] = NEG_INF
     if prefixed is not None and prefixed.numel():
         values[prefixed] = NEG_INF
@@ -249,13 +248,13 @@ def _finish(
     positional: Tensor,
     scores: list[float],
     length: int,
-    alpha: float,
-    kind: LengthPenaltyKind,
+    options: DecodeConfig,
     cap: int,
 ) -> None:
     """Store finished hypotheses (bookkeeping, not the hot path): tokens [n, length-1] (no EOS),
-    positional [n, length] (with EOS), raw scores; sentence s keeps at most `cap` of them."""
-    divisor = length_penalty(length, alpha, kind)
+    positional [n, length] (with EOS), raw scores normalised by `options`' length penalty; sentence s keeps
+    at most `cap` of them."""
+    divisor = length_penalty(length, options.length_penalty, options.length_penalty_kind)
     for sent, toks, pos, raw in zip(sentences, tokens.tolist(), positional.tolist(), scores, strict=True):
         if len(hyps[sent]) < cap:
             hyps[sent].append(Hypothesis(toks, raw / divisor, pos))
@@ -267,23 +266,14 @@ def best_first(hyps: list[list[Hypothesis]], nbest: int | None) -> list[list[Hyp
 
 
 @torch.inference_mode()
-def greedy_search(
-    model: Decodable,
-    src: Tensor,
-    *,
-    length_penalty: float = 1.0,
-    length_penalty_kind: LengthPenaltyKind = "fairseq",
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    min_len: int = 1,
-    no_repeat_ngram_size: int = 0,
-    prefix: Tensor | None = None,
-) -> list[list[Hypothesis]]:
-    """Argmax decoding of src [B, S]; returns one hypothesis per sentence (== beam search, beam 1)."""
+def greedy_search(model: Decodable, src: Tensor, options: DecodeConfig, *,
+                  prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+    """Argmax decoding of src [B, S] under `options` (its beam is not read); one hypothesis per sentence
+    (== beam search, beam 1)."""
     cfg = model.config
     B = src.shape[0]
     device = src.device
-    max_lens, steps = output_limits(model, src, max_len_a, max_len_b, prefix)  # [B], decoding steps
+    max_lens, steps = output_limits(model, src, options, prefix)  # [B], decoding steps
     enc = model.encode(src)
     state = new_state(model)
     tokens = torch.full((B, steps + 1), cfg.pad_id, dtype=torch.long, device=device)  # [b, 1 + T]
@@ -293,8 +283,8 @@ def greedy_search(
     alive = torch.arange(B, device=device)  # original index of each live sentence
     hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
     for step in range(steps):
-        values, offset = _step_scores(model, tokens, enc, state, step, min_len, step >= max_lens,
-                                      no_repeat_ngram_size, None if prefix is None else prefix[alive], deferred=True)
+        values, offset = _step_scores(model, tokens, enc, state, step, options, step >= max_lens,
+                                      None if prefix is None else prefix[alive], deferred=True)
         best_lprob, best = values.max(dim=-1)  # [b]
         if offset is not None:
             best_lprob = best_lprob - offset
@@ -304,7 +294,7 @@ def greedy_search(
             rows = ended.nonzero().squeeze(1)
             pos = torch.cat([positional[rows, :step], best_lprob[rows, None]], dim=1)  # [n, step + 1]
             _finish(hyps, alive[rows].tolist(), tokens[rows, 1 : step + 1], pos, scores[rows].tolist(),
-                    step + 1, length_penalty, length_penalty_kind, 1)
+                    step + 1, options, 1)
             keep = (~ended).nonzero().squeeze(1)  # [b']
             if keep.numel() == 0:
                 break
@@ -317,56 +307,32 @@ def greedy_search(
     return hyps
 
 
-def beam_search(
-    model: Decodable,
-    src: Tensor,
-    beam: int = 5,
-    *,
-    length_penalty: float = 1.0,
-    length_penalty_kind: LengthPenaltyKind = "fairseq",
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    min_len: int = 1,
-    nbest: int | None = None,
-    no_repeat_ngram_size: int = 0,
-    prefix: Tensor | None = None,
-) -> list[list[Hypothesis]]:
-    """Beam search over src [B, S] (right-padded with pad_id); `prefix` [B, P] forces output prefixes.
+def beam_search(model: Decodable, src: Tensor, options: DecodeConfig, *, nbest: int | None = None,
+                prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+    """Beam search over src [B, S] (right-padded with pad_id) with `options` (the beam, length penalty, length
+    limits, min length, n-gram blocking); `prefix` [B, P] forces output prefixes.
 
-    Returns per sentence its finished hypotheses (up to `nbest`, default `beam`), best first.
-    `beam == 1` is delegated to `greedy_search` (same result, less bookkeeping).
+    Returns per sentence its finished hypotheses (up to `nbest`, default all: `options.beam`), best first.
+    `options.beam == 1` is delegated to `greedy_search` (same result, less bookkeeping).
     """
-    if beam < 1:
-        raise ValueError(f"beam={beam} must be >= 1")
-    options = dict(length_penalty=length_penalty, length_penalty_kind=length_penalty_kind, max_len_a=max_len_a,
-                   max_len_b=max_len_b, min_len=min_len, no_repeat_ngram_size=no_repeat_ngram_size, prefix=prefix)
-    if beam == 1:
-        return greedy_search(model, src, **options)
-    return best_first(_beam_search(model, src, beam, **options), nbest)
+    if options.beam < 1:
+        raise ValueError(f"beam={options.beam} must be >= 1")
+    if options.beam == 1:
+        return greedy_search(model, src, options, prefix=prefix)
+    return best_first(_beam_search(model, src, options, prefix=prefix), nbest)
 
 
 @torch.inference_mode()
-def _beam_search(
-    model: Decodable,
-    src: Tensor,
-    beam: int,
-    *,
-    length_penalty: float = 1.0,
-    length_penalty_kind: LengthPenaltyKind = "fairseq",
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    min_len: int = 1,
-    no_repeat_ngram_size: int = 0,
-    prefix: Tensor | None = None,
-) -> list[list[Hypothesis]]:
+def _beam_search(model: Decodable, src: Tensor, options: DecodeConfig, *,
+                 prefix: Tensor | None = None) -> list[list[Hypothesis]]:
     """The general search for any beam >= 1 (tests compare its beam-1 result with greedy_search);
     finished hypotheses per sentence in the order they were found."""
     cfg = model.config
     eos = cfg.eos_id
-    K = beam
+    K = options.beam
     B = src.shape[0]
     device = src.device
-    max_lens, steps = output_limits(model, src, max_len_a, max_len_b, prefix)  # [B], decoding steps
+    max_lens, steps = output_limits(model, src, options, prefix)  # [B], decoding steps
     enc = model.encode(src)  # [b, S, d]: one row per sentence, shared by its hypotheses
     state = new_state(model)
     # `width` hypotheses per live sentence: 1 at step 0 (all K would be the same <s>), then K
@@ -384,8 +350,7 @@ def _beam_search(
         forced = step >= max_lens  # [b]
         rows_prefix = None if prefix is None else prefix[alive].repeat_interleave(width, dim=0)  # [b*width, P]
         values, offset = _step_scores(
-            model, tokens, enc, state, step, min_len, forced.repeat_interleave(width), no_repeat_ngram_size,
-            rows_prefix, deferred=True,
+            model, tokens, enc, state, step, options, forced.repeat_interleave(width), rows_prefix, deferred=True,
         )  # [b*width, V]: log-probabilities = values - offset
         V = values.shape[1]
         n_cand = min(2 * K, width * V)
@@ -407,7 +372,7 @@ def _beam_search(
             rows = sent * width + cand_beam[sent, cand]
             pos = torch.cat([positional[rows, :step], cand_lprob[sent, cand, None]], dim=1)  # [n, step + 1]
             _finish(hyps, alive[sent].tolist(), tokens[rows, 1 : step + 1], pos, cand_scores[sent, cand].tolist(),
-                    step + 1, length_penalty, length_penalty_kind, K)
+                    step + 1, options, K)
             finished = (finished + final.sum(dim=1)).clamp(max=K)
         done = finished.ge(K) | forced  # [b]
 

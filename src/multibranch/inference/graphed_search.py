@@ -13,15 +13,19 @@ every step eagerly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from multibranch.inference.beam import Decodable, Hypothesis
 from multibranch.inference.static_beam import StaticBeamSearch
+
+if TYPE_CHECKING:
+    from multibranch.experiment.decoding import DecodeConfig
 
 log = logging.getLogger(__name__)
 SOURCE_BUCKET = 16  # source lengths round up to a multiple of this
@@ -100,18 +104,18 @@ class FixedShapeSearcher:
         self.buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
 
     @torch.inference_mode()
-    def search(self, src: Tensor, beam: int, prefix: Tensor | None = None, **options: Any) -> list[list[Hypothesis]]:
-        """Finished hypotheses per sentence of src [B, S], in the order they were found; `options` as
-        `beam.beam_search` takes them (length penalty, limits, min length, n-gram blocking)."""
+    def search(self, src: Tensor, options: DecodeConfig, prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+        """Finished hypotheses per sentence of src [B, S], in the order they were found, under `options` (the
+        beam, length penalty, limits, min length, n-gram blocking)."""
         if src.shape[0] == 0:
             return []
         rows, src_len = bucket_shape(*src.shape, self.model.config)
-        key = (rows, src_len, beam, prefix is not None, tuple(sorted(options.items())))
+        key = (rows, src_len, prefix is not None, dataclasses.astuple(options))  # every option: a copy of them is kept
         bucket = self.buckets.pop(key, None)
         if bucket is None:
             graphs = src.is_cuda if self.graphs is None else self.graphs
-            search = StaticBeamSearch(self.model, rows, src_len, beam, prefixed=prefix is not None,
-                                      device=src.device, **options)
+            search = StaticBeamSearch(self.model, rows, src_len, dataclasses.replace(options),
+                                      prefixed=prefix is not None, device=src.device)
             bucket = _Bucket(search, graphs)
         self.buckets[key] = bucket  # most recently used last
         while len(self.buckets) > MAX_BUCKETS:
@@ -119,7 +123,7 @@ class FixedShapeSearcher:
         return bucket.run(src, prefix)
 
 
-def run_fixed_shape_search(model: Decodable, src: Tensor, beam: int, graphs: bool | None = None,
-                           **options: Any) -> list[list[Hypothesis]]:
+def run_fixed_shape_search(model: Decodable, src: Tensor, options: DecodeConfig, graphs: bool | None = None,
+                           prefix: Tensor | None = None) -> list[list[Hypothesis]]:
     """One batch through a fresh FixedShapeSearcher (nothing kept for later batches)."""
-    return FixedShapeSearcher(model, graphs).search(src, beam, **options)
+    return FixedShapeSearcher(model, graphs).search(src, options, prefix)

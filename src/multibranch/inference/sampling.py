@@ -19,6 +19,7 @@ from one `torch.Generator`, so the output is reproducible for a given seed, batc
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -28,13 +29,15 @@ from multibranch.inference.beam import (
     NEG_INF,
     Decodable,
     Hypothesis,
-    LengthPenaltyKind,
     _finish,
     _step_scores,
     best_first,
     new_state,
     output_limits,
 )
+
+if TYPE_CHECKING:
+    from multibranch.experiment.decoding import DecodeConfig
 
 
 def restrict(lprobs: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -55,30 +58,17 @@ def restrict(lprobs: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: fl
 
 
 @torch.inference_mode()
-def sample(
-    model: Decodable,
-    src: Tensor,
-    n: int = 1,
-    *,
-    generator: torch.Generator | None = None,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    length_penalty: float = 1.0,
-    length_penalty_kind: LengthPenaltyKind = "fairseq",
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    min_len: int = 1,
-    no_repeat_ngram_size: int = 0,
-    prefix: Tensor | None = None,
-) -> list[list[Hypothesis]]:
-    """`n` samples for each sentence of src [B, S] (right-padded), best score first."""
+def sample(model: Decodable, src: Tensor, options: DecodeConfig, n: int = 1, *,
+           generator: torch.Generator | None = None, prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+    """`n` samples for each sentence of src [B, S] (right-padded), best score first, drawn as `options` says
+    (temperature, top_k, top_p, length penalty and limits, min length, n-gram blocking)."""
+    temperature = options.temperature
     if not (math.isfinite(temperature) and temperature > 0):
         raise ConfigError(f"temperature={temperature} must be a finite number > 0 (1: the model's distribution)")
     cfg = model.config
     B = src.shape[0]
     device = src.device
-    max_lens, steps = output_limits(model, src, max_len_a, max_len_b, prefix)  # [B], decoding steps
+    max_lens, steps = output_limits(model, src, options, prefix)  # [B], decoding steps
     rows = torch.arange(B, device=device).repeat_interleave(n)  # [B*n] sentence of each row
     enc = model.encode(src).index_select(rows)  # one encoder row per sample: rows finish independently
     max_lens = max_lens[rows]
@@ -91,9 +81,9 @@ def sample(
     alive = torch.arange(N, device=device)  # original row of each live sample
     hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
     for step in range(steps):
-        lprobs, _ = _step_scores(model, tokens, enc, state, step, min_len, step >= max_lens, no_repeat_ngram_size,
+        lprobs, _ = _step_scores(model, tokens, enc, state, step, options, step >= max_lens,
                                  None if prefix is None else prefix[alive])  # [b, V] (not deferred: offset None)
-        probs = restrict(lprobs, temperature, top_k, top_p).exp()  # [b, V]
+        probs = restrict(lprobs, temperature, options.top_k, options.top_p).exp()  # [b, V]
         dead = lprobs.isinf().all(dim=1)  # [b] every token blocked (n-gram blocking): ends here, score -inf
         if dead.any():
             probs[dead] = 0.0
@@ -106,7 +96,7 @@ def sample(
             done = ended.nonzero().squeeze(1)
             length = step + 1  # output tokens including the EOS
             _finish(hyps, (alive[done] // n).tolist(), tokens[done, 1:length], positional[done, :length],
-                    positional[done, :length].sum(dim=1).tolist(), length, length_penalty, length_penalty_kind, n)
+                    positional[done, :length].sum(dim=1).tolist(), length, options, n)
             keep = (~ended).nonzero().squeeze(1)  # [b']
             if keep.numel() == 0:
                 break

@@ -26,11 +26,8 @@ def search(model: Decodable, src: Tensor, cfg: DecodeConfig, nbest: int | None =
     `prefix` [B, P] (pad_id-padded) forces each sentence's first output tokens. `fixed_shapes` (default: on
     CUDA) runs the fixed-shape search, through `searcher` when given (a caller decoding many batches keeps one:
     its buffers and CUDA graphs are reused batch after batch). Per sentence, its best hypotheses first."""
-    options = dict(length_penalty=cfg.length_penalty, length_penalty_kind=cfg.length_penalty_kind,
-                   max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, min_len=cfg.min_len,
-                   no_repeat_ngram_size=cfg.no_repeat_ngram_size)
     nbest = cfg.nbest if nbest is None else nbest
     if fixed_shapes if fixed_shapes is not None else src.is_cuda:
         searcher = searcher if searcher is not None else FixedShapeSearcher(model)
-        return best_first(searcher.search(src, cfg.beam, prefix=prefix, **options), nbest)
-    return beam_search(model, src, cfg.beam, nbest=nbest, prefix=prefix, **options)
+        return best_first(searcher.search(src, cfg, prefix), nbest)
+    return beam_search(model, src, cfg, nbest=nbest, prefix=prefix)

@@ -22,7 +22,7 @@ finished hypotheses; scores to float rounding), which the tests check for every 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -38,6 +38,9 @@ from multibranch.inference.beam import (
 )
 from multibranch.inference.candidates import top_candidates
 from multibranch.modules.state import DecoderState, StaticDecoderState
+
+if TYPE_CHECKING:
+    from multibranch.experiment.decoding import DecodeConfig
 
 
 def new_static_state(model: Decodable, capacity: int, device: torch.device) -> DecoderState:
@@ -70,19 +73,17 @@ class StaticBeamSearch:
     host read, no allocation that outlives it), `all_done()` the one read a step, `results()` copies back once.
     Rows beyond the batch hold a one-token filler sentence that is done from the start."""
 
-    def __init__(self, model: Decodable, rows: int, src_len: int, beam: int, *, length_penalty: float = 1.0,
-                 length_penalty_kind: LengthPenaltyKind = "fairseq", max_len_a: float = 1.2, max_len_b: int = 10,
-                 min_len: int = 1, no_repeat_ngram_size: int = 0, prefixed: bool = False,
+    def __init__(self, model: Decodable, rows: int, src_len: int, options: DecodeConfig, *, prefixed: bool = False,
                  device: torch.device | str = "cpu") -> None:
-        self.model, self.B, self.S, self.K = model, rows, src_len, beam
-        self.alpha, self.kind = length_penalty, length_penalty_kind
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
-        self.min_len, self.ngram, self.prefixed = min_len, no_repeat_ngram_size, prefixed
+        self.model, self.B, self.S, self.K = model, rows, src_len, options.beam
+        self.options, self.prefixed = options, prefixed
+        self.ngram = options.no_repeat_ngram_size
         cfg = model.config
         self.pad, self.bos, self.eos = cfg.pad_id, cfg.bos_id, cfg.eos_id
         self.device = torch.device(device)
         full_source = torch.tensor([src_len])  # the longest source these buffers take
-        self.steps = int(length_limits(cfg, full_source, max_len_a, max_len_b)[0]) + 1  # capacity in steps
+        limit = length_limits(cfg, full_source, options.max_len_a, options.max_len_b)
+        self.steps = int(limit[0]) + 1  # capacity in steps
         self.loaded = 0  # sentences of the current batch
         self.enc: Any = None  # encoder output of the current batch (copied into in place after the first)
         self.state: DecoderState | None = None
@@ -95,7 +96,7 @@ class StaticBeamSearch:
         if b > B or s > self.S or (prefix is not None) != self.prefixed:
             raise ValueError(f"a batch of {b} x {s} (prefix: {prefix is not None}) does not fit buffers of "
                              f"{B} x {self.S} (prefix: {self.prefixed})")
-        max_lens, _ = output_limits(self.model, src, self.max_len_a, self.max_len_b, prefix)  # [b]
+        max_lens, _ = output_limits(self.model, src, self.options, prefix)  # [b]
         source = torch.full((B, self.S), self.pad, dtype=torch.long, device=device)  # [B, S]
         source[:, 0] = self.eos  # filler rows: one token, so no row is all padding
         source[:b, :s] = src
@@ -168,7 +169,7 @@ class StaticBeamSearch:
         forced = step >= self.row_limits  # [N] the length limit: EOS only (it wins over min_len)
         eos_value = values[:, self.eos].clone()
         values.masked_fill_(forced[:, None], NEG_INF)
-        eos_value = eos_value.masked_fill(~forced & (step < self.min_len), NEG_INF)
+        eos_value = eos_value.masked_fill(~forced & (step < self.options.min_len), NEG_INF)
         values[:, self.eos] = eos_value
         if self.row_prefix is not None:
             values.masked_fill_(inside, NEG_INF)
@@ -215,7 +216,7 @@ class StaticBeamSearch:
         slots = slot[:, :, None].expand(B, K, T)
         self.fin_tokens.scatter_(1, slots, tokens)
         self.fin_positional.scatter_(1, slots, positional)
-        divisor = length_divisor(step + 1, self.alpha, self.kind)
+        divisor = length_divisor(step + 1, self.options.length_penalty, self.options.length_penalty_kind)
         self.fin_scores.scatter_(1, slot, cand_scores[:, :K].double() / divisor)
         self.fin_length.scatter_(1, slot, (step + 1).expand(B, K))
         self.finished.copy_((self.finished + final.sum(dim=1)).clamp(max=K))

@@ -126,7 +126,8 @@ def test_cli_file_to_file_matches_the_library(checkpoint, tokenizer, experiment,
                  "--device", device.type]) == 0
     lines = out.read_bytes().decode().split("\n")
     assert lines[-1] == "" and len(lines) == 6  # 5 lines, each ending in "\n"
-    expected = Translator(_on(model, device), tokenizer, DecodeConfig(**{**config.decode.__dict__, "beam": 2}),
+    expected = Translator(_on(model, device), tokenizer, DecodeConfig(**{**config.decode.__dict__,
+                                                                         "beam": 2}),
                           device).translate(
         [LINES[0], "", LINES[1] + " \u2028 " + LINES[2], "   ", LINES[3]])
     assert lines[:-1] == expected
@@ -189,7 +190,8 @@ def test_cli_subprocess_pipe(checkpoint):
 def test_from_checkpoint_applies_overrides(checkpoint, translator):
     loaded = load_translator(str(checkpoint), device="cpu", beam=2)
     assert loaded.cfg.beam == 2 and loaded.cfg.max_len_b == translator.cfg.max_len_b
-    direct = Translator(translator.model, translator.tokenizer, DecodeConfig(**{**translator.cfg.__dict__, "beam": 2}))
+    direct = Translator(translator.model, translator.tokenizer, DecodeConfig(**{**translator.cfg.__dict__,
+                                                                                "beam": 2}))
     assert loaded.translate(LINES[:3]) == direct.translate(LINES[:3])
 
 
@@ -319,8 +321,8 @@ def test_forced_scores_reproduce_the_greedy_search(experiment, alpha, kind, devi
     src[1, 4:] = model.config.pad_id  # a shorter sentence in the batch
     src[0, 6] = src[1, 3] = EOS_ID
     src = src.to(device)
-    hyps = [h[0] for h in greedy_search(model, src, length_penalty=alpha, length_penalty_kind=kind, max_len_a=1.0,
-                                        max_len_b=4)]
+    hyps = [h[0] for h in greedy_search(model, src, DecodeConfig(length_penalty=alpha,
+                                                                 length_penalty_kind=kind, max_len_a=1.0, max_len_b=4))]
     assert len({len(h.tokens) for h in hyps}) > 1  # different lengths: padding in the forced batch matters
     lprobs = forced_scores(model, src, [h.tokens + [EOS_ID] for h in hyps])
     for hyp, forced in zip(hyps, lprobs, strict=True):
@@ -390,7 +392,8 @@ def test_cli_no_repeat_ngram_size_reaches_the_search(checkpoint, experiment, tok
     assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "-o", str(out), "--beam", "2",
                  "--no-repeat-ngram-size", "1", "--device", "cpu"]) == 0
     decode = {**config.decode.__dict__, "beam": 2}
-    blocked = Translator(model, tokenizer, DecodeConfig(**{**decode, "no_repeat_ngram_size": 1})).translate(LINES[:4])
+    blocked = Translator(model, tokenizer, DecodeConfig(**{**decode,
+                                                           "no_repeat_ngram_size": 1})).translate(LINES[:4])
     assert out.read_text(encoding="utf-8").split("\n")[:-1] == blocked
     assert blocked != Translator(model, tokenizer, DecodeConfig(**decode)).translate(LINES[:4])  # it mattered
     assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "--no-repeat-ngram-size", "-1",

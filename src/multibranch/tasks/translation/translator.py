@@ -296,10 +296,7 @@ class Translator:
         cfg = self.cfg
         if not cfg.sampling:
             return search(self.model, src, cfg, nbest=n, prefix=prefix, searcher=self.searcher)
-        return sample(self.model, src, n, generator=self.generator, temperature=cfg.temperature, top_k=cfg.top_k,
-                      top_p=cfg.top_p, length_penalty=cfg.length_penalty, length_penalty_kind=cfg.length_penalty_kind,
-                      max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, min_len=cfg.min_len,
-                      no_repeat_ngram_size=cfg.no_repeat_ngram_size, prefix=prefix)
+        return sample(self.model, src, cfg, n, generator=self.generator, prefix=prefix)
 
     def _alignments(self, src: torch.Tensor, hyps: list[list[Hypothesis]]) -> list[list[str]]:
         """Per sentence of src [b, S] and hypothesis, its Pharaoh alignment."""
