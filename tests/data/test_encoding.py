@@ -6,6 +6,7 @@ import stays free of torch, so a fork server starts in a fraction of a second.""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -76,3 +77,16 @@ def test_the_worker_module_imports_without_torch():
     probe = "import sys, multibranch.data.encoding; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+
+def test_workers_obey_sigterm_whatever_handler_the_caller_set(tmp_path):
+    """Pool.terminate ends the workers with SIGTERM: a Python handler inherited from the CLI would run only
+    when a worker next executes bytecode, so the workers restore the default action."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        with ChunkEncoder(_tokenizer(tmp_path), workers=2) as encoder:
+            handlers = {encoder.pool.apply(signal.getsignal, (signal.SIGTERM,)) for _ in range(4)}
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert handlers == {signal.SIG_DFL}

@@ -104,6 +104,9 @@ def _start_worker(src_proto: bytes, tgt_proto: bytes) -> None:
     # Ctrl-C reaches the whole process group: the parent stops the pool (ChunkEncoder.__exit__), so a worker
     # finishes the chunk it holds instead of dying with it (a chunk lost in a dead worker is never answered)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Pool.terminate's SIGTERM ends a worker whatever it is doing: a handler inherited from the CLI is Python
+    # code, which runs only when the worker next executes bytecode
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER["tokenizer"] = Tokenizer(src_proto, tgt_proto)
 
 
@@ -148,14 +151,15 @@ class ChunkEncoder:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.pool is not None:
-            deadline = time.monotonic() + 120  # at most 2 chunks per worker: seconds of work, unless one died
-            for _, result in self.pending:
-                result.wait(max(0.0, deadline - time.monotonic()))
-            self.pending.clear()
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
+        if self.pool is None:
+            return
+        deadline = time.monotonic() + 120  # at most 2 chunks per worker: seconds of work, unless one died
+        for _, result in self.pending:
+            result.wait(max(0.0, deadline - time.monotonic()))
+        self.pending.clear()
+        self.pool.terminate()  # SIGTERM, which a worker's default handler obeys at once (`_start_worker`)
+        self.pool.join()
+        self.pool = None
 
     def map(self, chunks: Iterable[ParallelChunk], filters: LengthFilter | None
             ) -> Iterator[tuple[ParallelChunk, EncodedChunk]]:
