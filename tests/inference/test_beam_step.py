@@ -54,13 +54,14 @@ def test_deferred_normalisation_searches_as_log_softmax_does(beam_size, options,
     src = torch.randint(4, VOCAB, (6, 8), generator=g)
     src[2, 5:] = PAD
     options = dict(options)
+    prefix = None
     if options.pop("prefix", False):
         prefix = torch.full((6, 3), PAD)
         prefix[0, :3] = torch.tensor([7, 8, 9])
         prefix[3, :1] = 5
-        options["prefix"] = prefix
+    decode = DecodeConfig(beam=beam_size, **options)
     model = _model()
-    deferred = beam_search(model, src, DecodeConfig(beam=beam_size, **options), nbest=beam_size)
+    deferred = beam_search(model, src, decode, nbest=beam_size, prefix=prefix)
     calls = []
     original = beam._step_scores
 
@@ -69,7 +70,7 @@ def test_deferred_normalisation_searches_as_log_softmax_does(beam_size, options,
         return original(*args, deferred=False, **kwargs)
 
     monkeypatch.setattr(beam, "_step_scores", normalising)
-    expected = beam_search(model, src, DecodeConfig(beam=beam_size, **options), nbest=beam_size)
+    expected = beam_search(model, src, decode, nbest=beam_size, prefix=prefix)
     assert calls and all(calls)  # both searches ask for the deferred path
     for mine, theirs in zip(deferred, expected, strict=True):
         assert [h.tokens for h in mine] == [h.tokens for h in theirs]
