@@ -47,6 +47,7 @@ def test_plan_orders_dependencies(tmp_path):
     assert not (tmp_path / "w" / "data").exists()
 
 
+@pytest.mark.slow  # 70 s on 2 cores: the harness end to end (prepare, train, resume, skip); `.ci/run-slow` runs it
 @pytest.mark.multi30k
 def test_tiny_end_to_end_resume_and_skip(multi30k, tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"

@@ -169,7 +169,7 @@ def test_export_with_a_truncated_sentencepiece_model_is_refused_by_name(exported
     assert snapshot(broken) == before and not (tmp_path / "out.txt").exists()
 
 
-@pytest.mark.parametrize("cut", [100, 2000, -50])
+@pytest.mark.parametrize("cut", [100, -50])
 def test_ct2_directory_with_a_truncated_sentencepiece_model_is_refused_by_name(tiny_checkpoint, tmp_path, cut):
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'multibranch[ct2]')")
     directory = tmp_path / "ct2"
