@@ -16,16 +16,8 @@ the corpus: two passes stream the files.
    small allowance for short sentences), are dropped. Validation and test pairs are references and are
    never length-filtered. Every drop is counted by reason in `data.json` and `report.md`.
 
-Output directory (split names: `train`, `valid`, `test`, `test1`, ... for further test prefixes;
-sides: `src`, `tgt`; shards: see data/shards.py; the writer and its settings: data/parallel_prepare.py):
-
-    spm.model                      joint vocabulary (or spm.src.model + spm.tgt.model when separate)
-    {shard}.{side}.tokens.npy      int32, the ids of the shard's sentences concatenated (no BOS/EOS)
-    {shard}.{side}.offsets.npy     int64 [n+1]; sentence i is tokens[offsets[i]:offsets[i+1]]
-    {split}.{side}.txt             the kept raw lines, UTF-8, one per line (BLEU references, translate input)
-    data.json                      format version, languages, vocabularies, counts, drops, shards,
-                                   fingerprint, config
-    report.md                      the same for humans, plus length percentiles and unknown-token rates
+Output directory (split names: `train`, `valid`, `test`, `test1`, ... for further test prefixes): the
+layout is written down once, in data/parallel_prepare.py (its writer and settings); shards: data/shards.py.
 
 Shard k of split S is `S` (k = 0) or `S.k`; data.json lists each split's shards. A directory of format
 version 1 (one unnamed shard per split) loads as before. The directory is built in a temporary sibling

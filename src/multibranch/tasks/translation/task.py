@@ -79,17 +79,14 @@ class TranslationTask(Task):
                               f"smaller --max-len")
         valid = self.valid_split
         if valid is not None and len(valid):
-            sizes = np.maximum(valid.src_lengths, valid.tgt_lengths) + 1  # [n]
-            over = np.flatnonzero(sizes > t.max_tokens)
-            if len(over):
-                i = int(over[0])
-                prefix = self.data.meta["splits"].get("valid", {}).get("prefix")
+            found = _first_over(valid, t.max_tokens)
+            if found is not None:
+                i, size, count, largest = found
                 raise ConfigError(
                     f"train.max_tokens (--max-tokens) is {t.max_tokens}, but validation example {i + 1} (line {i + 1} "
-                    f"of {self.data_dir / 'valid.src.txt'} and valid.tgt.txt) needs {int(sizes[i])} (its "
-                    f"{int(sizes[i]) - 1} tokens + EOS; {len(over)} validation example(s) do not fit); raise --max-tokens "
-                    f"to at least {int(sizes.max())}, or shorten or remove that line of the --valid files"
-                    f"{f' ({prefix}.*)' if prefix else ''} and prepare again")
+                    f"of {self.data_dir / 'valid.src.txt'} and valid.tgt.txt) needs {size} (its "
+                    f"{size - 1} tokens + EOS; {count} validation example(s) do not fit); raise --max-tokens "
+                    f"to at least {largest}, or {self._valid_remedy()}")
         if m.positions == "learned":  # a learned table has no row beyond max_positions
             needed = max(longest[:2]) + 1  # the source + EOS, BOS + the target
             if needed > m.max_positions:
@@ -104,18 +101,20 @@ class TranslationTask(Task):
     def _check_valid_positions(self, valid: Any, max_positions: int) -> None:
         """Refuse a validation example longer than a learned position table holds, naming its line: prepare's
         --max-len filters only the training pairs, so the remedy is the model's positions or the line itself."""
-        sizes = np.maximum(valid.src_lengths, valid.tgt_lengths) + 1  # [n] the source + EOS, BOS + the target
-        over = np.flatnonzero(sizes > max_positions)
-        if len(over):
-            i = int(over[0])
-            prefix = self.data.meta["splits"].get("valid", {}).get("prefix")
+        found = _first_over(valid, max_positions)
+        if found is not None:
+            i, size, count, largest = found
             raise ConfigError(
                 f"model.max_positions={max_positions} (learned positions) is shorter than validation example "
                 f"{i + 1} (line {i + 1} of {self.data_dir / 'valid.src.txt'} and valid.tgt.txt), which needs "
-                f"{int(sizes[i])} positions ({len(over)} validation example(s) do not fit; --max-len in prepare "
-                f"filters only the training pairs); set model.max_positions to at least {int(sizes.max())} "
-                f"(--set model.max_positions=N), or shorten or remove that line of the --valid files"
-                f"{f' ({prefix}.*)' if prefix else ''} and prepare again")
+                f"{size} positions ({count} validation example(s) do not fit; --max-len in prepare "
+                f"filters only the training pairs); set model.max_positions to at least {largest} "
+                f"(--set model.max_positions=N), or {self._valid_remedy()}")
+
+    def _valid_remedy(self) -> str:
+        """The end of a too-long validation example's message: the line to change, and where."""
+        prefix = self.data.meta["splits"].get("valid", {}).get("prefix")
+        return f"shorten or remove that line of the --valid files{f' ({prefix}.*)' if prefix else ''} and prepare again"
 
     @classmethod
     def build_model(cls, cfg: ExperimentConfig) -> nn.Module:
@@ -213,3 +212,13 @@ class TranslationTask(Task):
     def describe_valid(self, result: dict[str, Any]) -> str:
         bleu = f" | bleu {result['bleu']:.2f}" if "bleu" in result else ""
         return f"loss {result['loss']:.3f} | ppl {result['ppl']:.2f}{bleu}"
+
+
+def _first_over(valid: Any, limit: int) -> tuple[int, int, int, int] | None:
+    """The first validation example longer than `limit` (the longer side + EOS/BOS): (its index, its size, how
+    many are over, the largest size), or None when every example fits."""
+    sizes = np.maximum(valid.src_lengths, valid.tgt_lengths) + 1  # [n] the source + EOS, BOS + the target
+    over = np.flatnonzero(sizes > limit)
+    if not len(over):
+        return None
+    return int(over[0]), int(sizes[over[0]]), len(over), int(sizes.max())
