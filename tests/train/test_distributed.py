@@ -27,15 +27,18 @@ def _train(args: list[str], tmp_path: Path) -> None:
 
 
 @pytest.mark.distributed
-def test_two_ranks_equal_one_process_with_update_freq_two(tiny_data, tmp_path):
-    cfg = tiny_experiment(max_steps=5, valid_every=5)
+@pytest.mark.parametrize("length_buckets, port", [(None, 29517), (3, 29518)], ids=["ddp", "fixed-shapes"])
+def test_two_ranks_equal_one_process_with_update_freq_two(tiny_data, tmp_path, length_buckets, port):
+    """Without fixed shapes the ranks average their gradients through DDP; with them (the path of CUDA graphs),
+    in one collective over the gradients' buffer after the backward, between the graphs."""
+    cfg = tiny_experiment(max_steps=5, valid_every=5, length_buckets=length_buckets)
     cfg.model.dropout = 0.0  # per-rank dropout streams differ by design; compare the deterministic part
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
     # gloo on the CPU on every machine (--device auto on a CUDA machine would take NCCL, one GPU per rank)
     common = ["train", "--data", str(tiny_data), "--config", str(config), "--threads", "1", "--no-progress",
               "--device", "cpu"]
-    _train([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    _train([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
             "-m", "multibranch", *common, "--out", str(tmp_path / "ddp")], tmp_path)
     _train([sys.executable, "-m", "multibranch", *common, "--out", str(tmp_path / "single"), "--update-freq", "2"],
            tmp_path)

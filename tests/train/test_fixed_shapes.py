@@ -37,9 +37,11 @@ def _no_dropout(**train):
     return cfg
 
 
-def test_fixed_shapes_give_todays_losses_on_the_same_batches(tiny_data, tmp_path, caplog):
-    """Padding a batch to its bucket's shape and weighting pad 0 changes no loss and no gradient."""
-    cfg = _no_dropout(max_steps=8, length_buckets=3, valid_every=100)
+@pytest.mark.parametrize("update_freq", [1, 2])
+def test_fixed_shapes_give_todays_losses_on_the_same_batches(tiny_data, tmp_path, caplog, update_freq):
+    """Padding a batch to its bucket's shape and weighting pad 0 changes no loss and no gradient; nor does
+    keeping the gradients in one buffer, zeroed in place, across an update's batches."""
+    cfg = _no_dropout(max_steps=8, length_buckets=3, valid_every=100, update_freq=update_freq)
     fixed = tmp_path / "fixed"
     with caplog.at_level(logging.INFO, logger="multibranch.train"):
         train(cfg, RunOptions(tiny_data, fixed, progress=False, device="cpu"))
@@ -51,14 +53,17 @@ def test_fixed_shapes_give_todays_losses_on_the_same_batches(tiny_data, tmp_path
         task.train_batches = planner.train_batches
         return task
 
-    plain_cfg = _no_dropout(max_steps=8, valid_every=100)
+    plain_cfg = _no_dropout(max_steps=8, valid_every=100, update_freq=update_freq)
     plain = tmp_path / "plain"
     Trainer(plain_cfg, RunOptions(tiny_data, plain, progress=False, device="cpu"), same_batches).train()
     a, b = _losses(fixed), _losses(plain)
     assert sorted(a) == list(range(1, 9))
     for step in a:
         assert a[step][0] == pytest.approx(b[step][0], rel=1e-5), step
-        assert a[step][1] == pytest.approx(b[step][1], rel=1e-4), step
+        # (gradient norms to 1e-3 over several batches: Adam's first steps scale gradients that are rounding noise,
+        # e.g. the attention key biases' (exactly 0 in theory), to the learning rate, so the padded sums' last bits
+        # show in later norms)
+        assert a[step][1] == pytest.approx(b[step][1], rel=1e-4 if update_freq == 1 else 1e-3), step
     assert any("fixed batch shapes" in m and "CUDA graphs: off (training runs on cpu" in m for m in caplog.messages)
 
 
@@ -121,6 +126,21 @@ def test_an_update_reads_nothing_back(system, tiny_data, tmp_path):
     assert read["loss"] > 0 and read["grad_norm"] > 0
 
 
+def test_an_update_of_several_batches_reads_nothing_back(tiny_data, tmp_path):
+    """update_freq 3: the gradients accumulate in their buffer over three batches, still without a host read."""
+    cfg = train_config("mat-tiny", None, [*SMALL, "train.clip_norm=1.0", "train.update_freq=3"], tmp_path / "run")
+    trainer = Trainer(cfg, RunOptions(tiny_data, tmp_path / "run", progress=False, device="cpu"), task_for_data)
+    batches = trainer._epoch_batches(1)[:6]
+    counter = HostReads(ignore=("/torch/optim/",))
+    with counter:
+        for group in (batches[:3], batches[3:]):
+            trainer._update([trainer._collate(indices) for indices in group])
+    assert counter.found == []
+    read = trainer._read_window()
+    expected = sum(trainer.task.sample_size(trainer._collate(indices)) for indices in batches)
+    assert read["size"] == expected and read["grad_norm"] > 0
+
+
 COMPILED_IN_CI = {"transformer", "mute-bias-seq"}  # the others compile too (-m slow): helpers compile slowly on 2 cores
 
 
@@ -178,12 +198,13 @@ def test_impossible_fixed_shape_settings_are_refused_before_writing(tiny_data, t
 # ---- CUDA graphs (on a GPU machine) ------------------------------------------------------------------------
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-def test_graphs_give_eagers_losses_on_cuda(tiny_data, tmp_path):
+@pytest.mark.parametrize("update_freq", [1, 2])
+def test_graphs_give_eagers_losses_on_cuda(tiny_data, tmp_path, update_freq):
     """The same fixed-shape batches, eager and replayed as graphs, dropout off: the same losses (to float
     rounding: graph replays may pick other kernels than the eager warm-up)."""
     runs = {}
     for mode in ("off", "on"):
-        cfg = _no_dropout(max_steps=12, length_buckets=3, valid_every=6, graphs=mode)
+        cfg = _no_dropout(max_steps=12, length_buckets=3, valid_every=6, graphs=mode, update_freq=update_freq)
         runs[mode] = tmp_path / mode
         train(cfg, RunOptions(tiny_data, runs[mode], progress=False, device="cuda"))
     eager, graphed = _losses(runs["off"]), _losses(runs["on"])

@@ -57,6 +57,12 @@ def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device) ->
     return tensor.tolist()
 
 
+def all_reduce_(tensor: torch.Tensor, info: DistInfo) -> None:
+    """Sum `tensor` over the processes in place, on its device (no host read)."""
+    if info.enabled:
+        dist.all_reduce(tensor)
+
+
 def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     if not info.enabled:
         return [obj]

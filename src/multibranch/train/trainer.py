@@ -63,6 +63,7 @@ from multibranch.experiment.training import RESUMABLE_CHANGES
 from multibranch.figures import run_plots
 from multibranch.hooks import ModuleHooks
 from multibranch.train import distributed as D
+from multibranch.train.gradients import FlatGradients, broadcast_from_first_process
 from multibranch.train.graphs import GraphedUpdates, upload
 from multibranch.train.metrics_log import MetricsLog
 from multibranch.train.optim import LRScheduler, build_optimizer, make_capturable, optimizer_state_to_save
@@ -204,21 +205,28 @@ class Trainer:
             self.metrics.truncate_after(self.state.step)
         self._saved_at = self.state.step if opts.resume else -1
         self.train_model: nn.Module = self.model
-        if self.dist.enabled:
+        # Data parallelism: fixed-shape runs (and so graphs) average the gradients themselves, in one collective
+        # after the backward (train/gradients.py); other runs hand the model to DDP.
+        self.own_gradient_mean = self.dist.enabled and self.state.length_buckets is not None
+        if self.own_gradient_mean:
+            broadcast_from_first_process(self.model)
+        elif self.dist.enabled:
             self.train_model = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=self.hooks.may_skip_parameters,
             )
         # What an update reads or reports lives on the device: no update waits for the host or makes it wait.
-        self._scale = torch.zeros((), device=self.device)  # world size / target tokens of the update
+        self._local_size = torch.zeros((), device=self.device)  # this process's target tokens of the update
         self._update_size = torch.zeros((), device=self.device)  # target tokens of the update, all processes
-        self._sums: dict[str, Tensor] = {}  # loss, nll, the task's counts: summed over the log window (fp64)
+        self._scale = torch.zeros((), device=self.device)  # world size / target tokens of the update
+        self._sums: dict[str, Tensor] = {}  # size, loss, nll, the task's counts: summed over the log window (fp64)
         self._last: dict[str, Tensor] = {}  # grad_norm, aux_*: the last update's
+        # fixed shapes: the gradients stay in one buffer, zeroed in place (built after the first backward)
+        self.gradients: FlatGradients | None = None
         self.graphed: GraphedUpdates | None = None
         if self.graphs:
             make_capturable(self.optimizer, self.device)
-            self.graphed = GraphedUpdates(lambda batch: self._update_body([batch]), self.device,
-                                          on_failure=lambda: self.optimizer.zero_grad(set_to_none=True))
+            self.graphed = GraphedUpdates(self.device, on_failure=self._after_failed_capture)
 
     # ---- set-up ----------------------------------------------------------------------------------
 
@@ -309,12 +317,8 @@ class Trainer:
         t = self.cfg.train
         if self.device.type != "cuda":
             return f"training runs on {self.device.type}, not CUDA"
-        if self.dist.enabled:
-            return "data-parallel training (several processes) is not captured yet"
         if self.amp == "fp16":
             return "fp16 autocast's loss scaler reads the device every update (bf16 needs none)"
-        if t.update_freq > 1:
-            return "update_freq > 1 is not captured yet"
         if not self.task.supports_fixed_shapes:
             return f"the {self.task.name} task has no fixed-shape batches"
         return None
@@ -428,45 +432,70 @@ class Trainer:
                               cache_enabled=not self.graphs)
 
     def _update(self, batches: list) -> dict[str, float]:
-        """One update over `batches`: the host sets what changes (schedules, learning rates, the normaliser),
-        the device does the rest (`_update_body`, replayed as a CUDA graph where graphs are on).
-        Returns what the host knows without reading the device: target tokens and learning rate."""
+        """One update over `batches`: the host sets what changes (schedules, learning rates, this process's
+        sample count), the device does the rest (`_begin_update`, `_forward_backward` per batch, `_average_gradients`,
+        `_step`; where graphs are on, the batches' and the step's pieces are replayed CUDA graphs).
+        Returns what the host knows without reading the device: the learning rate."""
         t = self.cfg.train
         self.train_model.train()
         self.hooks.update_start(self.state.step, t.lr.warmup, t.max_steps)
         lrs = self.scheduler.set_step(self.state.step + 1)
-        local_tokens = float(sum(self.task.sample_size(b) for b in batches))
-        (total_tokens,) = D.all_reduce_sum([local_tokens], self.dist, self.device)
-        self._update_size.fill_(total_tokens)
-        self._scale.fill_(self.dist.world_size / total_tokens)
-        if self.graphed is not None:
-            self.graphed(batches[0])  # graphs run one batch an update (update_freq 1)
-        else:
-            self._update_body(batches)
-        self.state.step += 1
-        return {"size": total_tokens, "lr": lrs["main"]}
-
-    def _update_body(self, batches: list) -> None:
-        """Forward/backward over the update's batches, clipping, one optimizer step and the modules'
-        projections: device work only (nothing here reads a value back), so it can be captured."""
-        t = self.cfg.train
+        self._local_size.fill_(float(sum(self.task.sample_size(b) for b in batches)))
+        self._begin_update()
         for i, batch in enumerate(batches):
-            last = i == len(batches) - 1
-            sync = contextlib.nullcontext() if (last or not self.dist.enabled) else self.train_model.no_sync()
-            with sync:
-                with self._autocast():
-                    loss, nll, batch_counts = self.task.loss(self.train_model, self.model, batch)
-                objective = loss * self._scale
-                if i == 0:
-                    extras = self.hooks.extra_losses(update_tokens=self._update_size, world_size=self.dist.world_size)
-                    for name, value in extras.items():
-                        objective = objective + value
-                        self._keep_last(f"aux_{name}", value)
-                self.scaler.scale(objective).backward()
-            self._accumulate("loss", loss)
-            self._accumulate("nll", nll)
-            for name, value in batch_counts.items():
-                self._accumulate(name, torch.as_tensor(value))
+            first, last = i == 0, i == len(batches) - 1
+            if self.graphed is not None:
+                self.graphed.run("first batch" if first else "batch",
+                                 lambda b, first=first, last=last: self._forward_backward(b, first, last), batch)
+            else:
+                self._forward_backward(batch, first, last)
+        self._average_gradients()
+        if self.graphed is not None:
+            self.graphed.run("step", lambda _: self._step())
+        else:
+            self._step()
+        self.state.step += 1
+        return {"lr": lrs["main"]}
+
+    def _begin_update(self) -> None:
+        """The update's size over every process and the loss normaliser world size / size, on the device."""
+        self._update_size.copy_(self._local_size)
+        D.all_reduce_(self._update_size, self.dist)
+        torch.div(self.dist.world_size, self._update_size, out=self._scale)
+        self._accumulate("size", self._local_size)
+
+    def _forward_backward(self, batch: Any, first: bool, last: bool) -> None:
+        """Loss of one batch, scaled by the update's normaliser, backward into the gradients (the update's first
+        batch adds the modules' auxiliary losses); the logged sums grow on the device."""
+        sync = contextlib.nullcontext() if (last or self.train_model is self.model) else self.train_model.no_sync()
+        with sync:
+            with self._autocast():
+                loss, nll, batch_counts = self.task.loss(self.train_model, self.model, batch)
+            objective = loss * self._scale
+            if first:
+                extras = self.hooks.extra_losses(update_tokens=self._update_size, world_size=self.dist.world_size)
+                for name, value in extras.items():
+                    objective = objective + value
+                    self._keep_last(f"aux_{name}", value)
+            self.scaler.scale(objective).backward()
+        self._accumulate("loss", loss)
+        self._accumulate("nll", nll)
+        for name, value in batch_counts.items():
+            self._accumulate(name, torch.as_tensor(value))
+
+    def _average_gradients(self) -> None:
+        """Fixed shapes: the gradients move into their buffer after the first backward; with several processes
+        they are averaged there (DDP averaged them during the backward otherwise)."""
+        if self.state.length_buckets is None:
+            return
+        if self.gradients is None:
+            self.gradients = FlatGradients.adopt(self.model.parameters())
+        if self.own_gradient_mean:
+            self.gradients.average_over_processes(self.dist.world_size)
+
+    def _step(self) -> None:
+        """Clipping, one optimizer step, the modules' post-step projections, and the gradients back to zero."""
+        t = self.cfg.train
         self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if t.clip_norm > 0:
@@ -476,8 +505,16 @@ class Trainer:
         self._keep_last("grad_norm", grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.gradients is not None:
+            self.gradients.zero_()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
         self.hooks.after_optimizer_step()
+
+    def _after_failed_capture(self) -> None:
+        """A capture records and runs nothing, but its backward may have replaced gradients: point them back."""
+        if self.gradients is not None and not self.gradients.attached():
+            self.gradients.attach()
 
     def _accumulate(self, name: str, value: Tensor) -> None:
         """Add `value` to the log window's device sum `name` (in place: a captured graph keeps adding)."""
@@ -622,7 +659,6 @@ class Trainer:
                             stats = self._update([self._collate(ix) for ix in group])  # last.pt is saved
                             s.batch_in_epoch += len(group)
                             window["time"] += time.perf_counter() - tick
-                            window["size"] += stats["size"]
                             if s.step % t.log_every == 0:
                                 record = self._log_train(window, stats["lr"], start)
                                 window = self._empty_window()
@@ -667,9 +703,9 @@ class Trainer:
 
     @staticmethod
     def _empty_window() -> dict[str, float]:
-        """What the host sums over one log interval: size (sample_size units) and update time; the
-        loss, NLL and counts are summed on the device (`_sums`) and read at the interval's end."""
-        return {"size": 0.0, "time": 0.0}
+        """What the host sums over one log interval: the update time; the size (sample_size units), loss,
+        NLL and counts are summed on the device (`_sums`) and read at the interval's end."""
+        return {"time": 0.0}
 
     def _log_train(self, window: dict[str, float], lr: float, start: float) -> dict[str, Any]:
         """One metrics.jsonl train record and train.log line for the log interval `window`.
@@ -682,7 +718,7 @@ class Trainer:
         tick = time.perf_counter()
         read = self._read_window()  # the one read of the device in a log interval (waits for its updates)
         window = {**window, "time": window["time"] + time.perf_counter() - tick}
-        summed = sorted(self._sums)  # loss, nll and the task's counts: the same names on every rank
+        summed = sorted(self._sums)  # size, loss, nll and the task's counts: the same names on every rank
         totals = D.all_reduce_sum([read[k] for k in summed], self.dist, self.device)
         window.update(zip(summed, totals))
         size = max(window["size"], 1.0)
