@@ -314,7 +314,6 @@ class Trainer:
 
     def _graphs_blocker(self) -> str | None:
         """Why this run cannot replay its updates as CUDA graphs (None: it can)."""
-        t = self.cfg.train
         if self.device.type != "cuda":
             return f"training runs on {self.device.type}, not CUDA"
         if self.amp == "fp16":
