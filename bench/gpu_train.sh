@@ -7,13 +7,18 @@
 #      multibranch-eager (every batch its own shape, no graphs) and Hugging Face MarianMTModel, each in its
 #      own process, every timed batch seen before the clock starts (--prewarm), MFU from torch's FLOP counter
 #   3. the IWSLT-shape standard model (`transformer` preset) on Multi30k with graphs for --minutes (updates/s)
+#   4. (SECTIONS="jobs", a call of its own: about 4 minutes) bench/jobs_speed.py: 1, 2, 4 and 8 such runs side by
+#      side on the GPU, aggregate updates/s (what bench/reproduce.py --jobs N gets)
 #
 # Needs runs/bench/m30k-data-8000 (made here by `python -c "from bench.common import multi30k_data;
 # multi30k_data()"` with MULTIBRANCH_BENCH_DIR=runs/bench), carried with the call. Writes under $OUT:
-# progress.log, pytest.log, train_speed.log, gpu_train_speed.json, train_m30k.log, metrics.jsonl.
+# progress.log, pytest.log, train_speed.log, gpu_train_speed.json, train_m30k.log, metrics.jsonl, jobs_speed.log,
+# gpu_jobs_speed.json.
 #
-#   OUT=/tmp/gpu bash bench/gpu_train.sh            # SECTIONS="tests speed m30k" (default: all three)
+#   OUT=/tmp/gpu bash bench/gpu_train.sh            # SECTIONS="tests speed m30k" (the default)
+#   OUT=/tmp/gpu SECTIONS=jobs bash bench/gpu_train.sh
 #   DEVICE=cpu SIZE=tiny MINUTES=0.3 bash bench/gpu_train.sh   # the dry run on a CPU (the CUDA tests skip)
+#   DEVICE=cpu SECTIONS=jobs JOBS="1 2" JOBS_SECONDS=25 JOBS_SKIP=5 JOBS_LOG_EVERY=2 JOBS_PRESET=transformer-tiny bash bench/gpu_train.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu-train}
@@ -55,7 +60,16 @@ if has m30k; then
   echo "train_m30k rc=$?" >> "$OUT/progress.log"
   cp runs/gpu-m30k/metrics.jsonl "$OUT/" 2>/dev/null
 fi
+if has jobs; then
+  stamp jobs
+  timeout "${JOBS_TIMEOUT:-330}" python3 bench/jobs_speed.py --device "$DEVICE" --amp bf16 \
+    --preset "${JOBS_PRESET:-transformer}" --jobs ${JOBS:-1 2 4 8} --seconds "${JOBS_SECONDS:-45}" \
+    --skip "${JOBS_SKIP:-12}" --log-every "${JOBS_LOG_EVERY:-50}" --name gpu_jobs_speed > "$OUT/jobs_speed.log" 2>&1
+  echo "jobs_speed rc=$?" >> "$OUT/progress.log"
+  cp bench/results/gpu_jobs_speed.json "$OUT/" 2>/dev/null
+fi
 stamp done
 cat "$OUT/progress.log"
 grep -A6 "^max_tokens" "$OUT/train_speed.log" 2>/dev/null
 grep -E "batches:|graphs|train \| step|valid \||stopped" "$OUT/train_m30k.log" 2>/dev/null | tail -n 8
+cat "$OUT/jobs_speed.log" 2>/dev/null

@@ -775,7 +775,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="CPU size: tiny model, a few hundred sentences, a few dozen updates")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16", "auto"], help="training autocast (default: none)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads of every command (default: unset; --tiny: 1)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads of every command (default: unset; with --jobs N: cores / N; --tiny: 1)")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
     stop = p.add_argument_group("stopping and budget")
     stop.add_argument("--max-updates", type=int, default=None, help="update cap of every run (full: 12000; tiny: 30); "
@@ -820,6 +821,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.reserve = 0.0 if args.tiny else 1.5
     if args.threads is None and args.tiny:
         args.threads = 1
+    elif args.threads is None and args.jobs > 1:  # runs side by side share the cores, none oversubscribes them
+        args.threads = max(1, (os.cpu_count() or 1) // args.jobs)
     if args.name is None:
         args.name = "reproduce_tiny" if args.tiny else "reproduce"
     if args.work is None:
