@@ -369,11 +369,3 @@ def _translate(args: argparse.Namespace, translator, render, interactive: bool, 
     logger.info("translated %s", translator.stats.summary())
     return 0
 
-
-def __getattr__(name: str):
-    """Names that moved to `multibranch.tasks.translation.files`, for code that imported them from here."""
-    if name in ("format_translations", "format_score", "CHUNK_LINES"):
-        from multibranch.tasks.translation import files
-
-        return getattr(files, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
