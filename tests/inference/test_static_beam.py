@@ -11,61 +11,17 @@ import inspect
 import pytest
 import torch
 
-from multibranch.config import from_dict
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.beam import Hypothesis, _beam_search, greedy_search
 from multibranch.inference.ensemble import Ensemble
 from multibranch.inference.graphed_search import FixedShapeSearcher, bucket_shape, run_fixed_shape_search
 from multibranch.inference.search import search
 from multibranch.inference.static_beam import StaticBeamSearch
-from multibranch.models import ModelConfig, build_model
 from multibranch.tasks.loading import load_model
 from tests.helpers.host_reads import HostReads
+from tests.helpers.layer_kinds import EOS, KINDS, kind_model, sources
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
-
-PAD, EOS, VOCAB = 0, 3, 40
-
-
-def _both(layer: dict) -> dict:
-    return {"encoder": dict(layer), "decoder": dict(layer)}
-
-
-KINDS = {
-    "transformer": {},
-    "mat": _both({"kind": "transformer", "attention_branches": 3, "ffn_branches": 2}),
-    "weighted": _both({"kind": "weighted"}),
-    "weighted-self": _both({"kind": "weighted", "decoder_branched": "self"}),
-    "mute": {"norm": "pre", "relative_positions": 4, "decoder": {"kind": "transformer"},
-             "encoder": {"kind": "mute", "units": 4, "bias_modules": ["identity", "swap", "mask", "disorder"],
-                         "fusion": "sequential"}},
-    "muse": _both({"kind": "muse", "kernel_sizes": [3, 5]}),
-    "muse-simple": _both({"kind": "muse", "conv": False}),
-    "drophead": {"drophead": {"rate": 0.2}},
-    "relative-positions": {"relative_positions": 3},
-    "learned-positions": {"positions": "learned", "max_positions": 14},
-}
-
-
-def _model(kind: str, seed: int = 3) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    values = {"d_model": 16, "heads": 4, "ffn_dim": 32, "encoder_layers": 2, "decoder_layers": 2,
-              "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "output_bias": True, **KINDS[kind]}
-    model = build_model(from_dict(ModelConfig, values)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-        model.output_bias[EOS] = 1.2  # some hypotheses end early, others run to the limit
-    return model
-
-
-def _sources(n: int = 7, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    rows = [torch.randint(4, VOCAB, (k - 1,), generator=g).tolist() + [EOS]
-            for k in torch.randint(2, 11, (n,), generator=g).tolist()]
-    width = max(map(len, rows))
-    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
-
 
 def assert_same(found: list[list[Hypothesis]], reference: list[list[Hypothesis]]) -> None:
     """The same hypotheses in the same order; scores and per-token log-probabilities to float rounding."""
@@ -86,7 +42,7 @@ OPTIONS = {
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_every_layer_kind_finds_what_todays_search_finds(kind, device):
     """On CUDA the fixed-shape search replays its captured step (graphs on by default there)."""
-    model, src = _model(kind), _sources()
+    model, src = kind_model(kind), sources()
     fixed_model, fixed_src = copy.deepcopy(model).to(device), src.to(device)
     for name, settings in OPTIONS.items():
         options = DecodeConfig(beam=4, **settings)
@@ -96,7 +52,7 @@ def test_every_layer_kind_finds_what_todays_search_finds(kind, device):
 
 
 def test_prefixes_including_empty_and_full_length_ones():
-    model, src = _model("mat"), _sources()
+    model, src = kind_model("mat"), sources()
     prefix = torch.tensor([[5, 6, 0], [7, 0, 0], [0, 0, 0], [9, 9, 9], [4, 0, 0], [5, 0, 0], [6, 6, 0]])
     options = DecodeConfig(beam=3, max_len_a=1.0, max_len_b=5, no_repeat_ngram_size=2, min_len=2)
     found = run_fixed_shape_search(model, src, options, graphs=False, prefix=prefix)
@@ -106,8 +62,8 @@ def test_prefixes_including_empty_and_full_length_ones():
 
 @pytest.mark.parametrize("mean", ["prob", "log-prob"])
 def test_ensembles(mean, device):
-    ensemble = Ensemble([_model("mat"), _model("transformer", seed=4)], mean=mean)
-    src = _sources()
+    ensemble = Ensemble([kind_model("mat"), kind_model("transformer", seed=4)], mean=mean)
+    src = sources()
     options = DecodeConfig(beam=4, max_len_a=1.0, max_len_b=5)
     reference = _beam_search(ensemble, src, options)
     on_device = copy.deepcopy(ensemble).to(device)
@@ -115,7 +71,7 @@ def test_ensembles(mean, device):
 
 
 def test_beam_one_is_greedy():
-    model, src = _model("muse"), _sources()
+    model, src = kind_model("muse"), sources()
     options = DecodeConfig(beam=1, length_penalty=0.6, length_penalty_kind="gnmt", max_len_a=1.0, max_len_b=3)
     assert_same(run_fixed_shape_search(model, src, options, graphs=False), greedy_search(model, src, options))
 
@@ -133,7 +89,7 @@ def test_a_trained_model_through_search_with_nbest(tiny_checkpoint):
 
 
 def test_a_step_reads_nothing_back_and_the_search_one_boolean_a_step():
-    model, src = _model("mat"), _sources()
+    model, src = kind_model("mat"), sources()
     prefix = torch.tensor([[5, 6, 0]] * src.shape[0])
     options = DecodeConfig(beam=4, max_len_a=1.0, max_len_b=6, no_repeat_ngram_size=2, min_len=2)
     search_ = StaticBeamSearch(model, 8, 16, options, prefixed=True)
@@ -162,10 +118,10 @@ def _reading_line(method) -> str:
 def test_buffers_are_reused_batch_after_batch(kind, device):
     """Batches of different sizes and lengths through one searcher: each equals today's search alone, and
     batches of one bucket share one search (its buffers, and on CUDA its graph, replayed)."""
-    model = _model(kind)
+    model = kind_model(kind)
     searcher = FixedShapeSearcher(copy.deepcopy(model).to(device))
     options = DecodeConfig(beam=3, max_len_a=1.0, max_len_b=4, no_repeat_ngram_size=2)
-    batches = [_sources(7, seed=1), _sources(5, seed=2), _sources(8, seed=3), _sources(3, seed=4), _sources(7, seed=1)]
+    batches = [sources(7, seed=1), sources(5, seed=2), sources(8, seed=3), sources(3, seed=4), sources(7, seed=1)]
     for src in batches:
         assert_same(searcher.search(src.to(device), options), _beam_search(model, src, options))
     if device.type == "cuda":

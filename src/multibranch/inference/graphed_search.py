@@ -1,14 +1,16 @@
-"""Running the fixed-shape search (`static_beam.StaticBeamSearch`), on CUDA as one graph replayed per step.
+"""Running a fixed-shape decoding (`static_decoding.StaticDecoding`: the beam search of `static_beam`, the sampler
+of `sampling`), on CUDA as one graph replayed per step.
 
-A `FixedShapeSearcher` keeps one search per shape bucket — (sentences rounded up to a power of two, source
-length rounded up to a multiple of `SOURCE_BUCKET`, beam and options) — and reuses its buffers for every batch
-that fits: the batch is copied in, step 0 runs eagerly (it computes the cross-attention keys/values into the
-same buffers), and every later step replays the bucket's CUDA graph, captured on its first batch: one launch a
-step instead of a few hundred, and the host reads one boolean a step (whether every sentence is done). The
-first step of the first batch also allocates the caches and warms the kernels up on the stream the graph is
-captured on. Where capture fails (an operation a graph cannot hold), the bucket runs eagerly after one
-warning: capturing runs nothing, so no state has moved. Without graphs (the CPU, tests) the same buckets run
-every step eagerly.
+`FixedShapes` keeps one engine per shape bucket — (sentences rounded up to a power of two, source length rounded
+up to a multiple of `SOURCE_BUCKET`, and what else the engine is built from: options, samples per sentence) — and
+reuses its buffers for every batch that fits: the batch is copied in, step 0 runs eagerly (it computes the
+cross-attention keys/values into the same buffers), and every later step replays the bucket's CUDA graph, captured
+on its first batch: one launch a step instead of a few hundred, and the host reads one boolean a step (whether
+every row is done). The first step of the first batch also allocates the caches and warms the kernels up on the
+stream the graph is captured on. A user's random generator (sampling) is registered with the graph, so every
+replay draws new numbers from it. Where capture fails (an operation a graph cannot hold), the bucket runs eagerly
+after one warning: capturing runs nothing, so no state has moved. Without graphs (the CPU, tests) the same buckets
+run every step eagerly. `FixedShapeSearcher` is the beam search's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,20 +26,21 @@ from torch import Tensor
 
 from multibranch.inference.beam import Decodable, Hypothesis
 from multibranch.inference.static_beam import StaticBeamSearch
+from multibranch.inference.static_decoding import StaticDecoding
 
 if TYPE_CHECKING:
     from multibranch.experiment.decoding import DecodeConfig
 
 log = logging.getLogger(__name__)
 SOURCE_BUCKET = 16  # source lengths round up to a multiple of this
-MAX_BUCKETS = 8  # searches (with their buffers and graphs) kept per searcher, least recently used dropped
-_warned: set[str] = set()
+MAX_BUCKETS = 8  # engines (with their buffers and graphs) kept per runner, least recently used dropped
+_warned: set[tuple[str, str]] = set()
 
 
-def _warn_once(reason: str) -> None:
-    if reason not in _warned:
-        _warned.add(reason)
-        log.warning("beam search on CUDA runs without CUDA graphs (%s)", reason)
+def _warn_once(kind: str, reason: str) -> None:
+    if (kind, reason) not in _warned:
+        _warned.add((kind, reason))
+        log.warning("%s on CUDA runs without CUDA graphs (%s)", kind, reason)
 
 
 def bucket_shape(sentences: int, src_len: int, cfg: object) -> tuple[int, int]:
@@ -49,29 +53,31 @@ def bucket_shape(sentences: int, src_len: int, cfg: object) -> tuple[int, int]:
 
 
 class _Bucket:
-    """One shape's search, its CUDA graph (None until captured, or when it cannot be) and stream."""
+    """One shape's engine, its CUDA graph (None until captured, or when it cannot be), stream and the random
+    generator its steps draw from (None: none, or the default one)."""
 
-    def __init__(self, search: StaticBeamSearch, graphs: bool) -> None:
-        self.search = search
+    def __init__(self, engine: StaticDecoding, graphs: bool, generator: torch.Generator | None = None) -> None:
+        self.engine = engine
         self.graphs = graphs
+        self.generator = generator
         self.graph: Any = None
-        self.stream: Any = torch.cuda.Stream(search.device) if graphs else None
+        self.stream: Any = torch.cuda.Stream(engine.device) if graphs else None
 
     def run(self, src: Tensor, prefix: Tensor | None) -> list[list[Hypothesis]]:
         if self.stream is None:
             return self._steps(src, prefix)
-        self.stream.wait_stream(torch.cuda.current_stream(self.search.device))
+        self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
         with torch.cuda.stream(self.stream):
             found = self._steps(src, prefix)
-        torch.cuda.current_stream(self.search.device).wait_stream(self.stream)
+        torch.cuda.current_stream(self.engine.device).wait_stream(self.stream)
         return found
 
     def _steps(self, src: Tensor, prefix: Tensor | None) -> list[list[Hypothesis]]:
-        search = self.search
-        search.load(src, prefix)
-        search.step()  # eager: this batch's cross-attention keys/values (and, first, the caches' allocation)
-        for _ in range(1, search.steps):
-            if search.all_done():
+        engine = self.engine
+        engine.load(src, prefix)
+        engine.step()  # eager: this batch's cross-attention keys/values (and, first, the caches' allocation)
+        for _ in range(1, engine.steps):
+            if engine.all_done():
                 break
             if self.graphs and self.graph is None:
                 self.graph = self._capture()
@@ -79,48 +85,65 @@ class _Bucket:
             if self.graph is not None:
                 self.graph.replay()
             else:
-                search.step()
-        return search.results()
+                engine.step()
+        return engine.results()
 
     def _capture(self) -> Any:
         """A CUDA graph of one step (recorded, not run), or None (with one warning) where it cannot be captured."""
         graph = torch.cuda.CUDAGraph()
         try:
+            if self.generator is not None:  # replays advance it (the default generator is registered anyway)
+                graph.register_generator_state(self.generator)
             with torch.cuda.graph(graph, stream=self.stream):
-                self.search.step()
-        except Exception as err:  # a capture error leaves the search where it was: nothing ran
-            _warn_once(f"{type(err).__name__}: {err}".splitlines()[0][:200])
+                self.engine.step()
+        except Exception as err:  # a capture error leaves the engine where it was: nothing ran
+            _warn_once(self.engine.kind, f"{type(err).__name__}: {err}".splitlines()[0][:200])
             return None
         return graph
 
 
-class FixedShapeSearcher:
-    """The fixed-shape search of one model, with its buffers and graphs kept per shape bucket across batches.
-    `graphs` (default: on CUDA) replays one CUDA graph per step after a bucket's first."""
+class FixedShapes:
+    """Fixed-shape engines of one model, with their buffers and graphs kept per shape bucket across batches.
+    `graphs` (default: on CUDA) replays one CUDA graph per step after a bucket's first; `generator` is the one
+    the engines draw from (sampling); `bucketed=False` sizes the buffers to each batch exactly (a runner for one
+    batch: no padding rows to compute)."""
 
-    def __init__(self, model: Decodable, graphs: bool | None = None) -> None:
+    def __init__(self, model: Decodable, graphs: bool | None = None, *, generator: torch.Generator | None = None,
+                 bucketed: bool = True) -> None:
         self.model = model
         self.graphs = graphs
+        self.generator = generator
+        self.bucketed = bucketed
         self.buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
+
+    def _run(self, src: Tensor, prefix: Tensor | None, key: tuple,
+             make: Callable[[int, int], StaticDecoding]) -> list[list[Hypothesis]]:
+        """src [B, S] through the bucket of its shape and `key` (what else the engine is built from), made by
+        `make(rows, src_len)` the first time."""
+        if src.shape[0] == 0:
+            return []
+        rows, src_len = bucket_shape(*src.shape, self.model.config) if self.bucketed else src.shape
+        key = (rows, src_len, prefix is not None, *key)
+        bucket = self.buckets.pop(key, None)
+        if bucket is None:
+            graphs = src.is_cuda if self.graphs is None else self.graphs
+            bucket = _Bucket(make(rows, src_len), graphs, self.generator)
+        self.buckets[key] = bucket  # most recently used last
+        while len(self.buckets) > MAX_BUCKETS:
+            self.buckets.popitem(last=False)
+        return bucket.run(src, prefix)
+
+
+class FixedShapeSearcher(FixedShapes):
+    """The fixed-shape beam search (`static_beam`) of one model."""
 
     @torch.inference_mode()
     def search(self, src: Tensor, options: DecodeConfig, prefix: Tensor | None = None) -> list[list[Hypothesis]]:
         """Finished hypotheses per sentence of src [B, S], in the order they were found, under `options` (the
         beam, length penalty, limits, min length, n-gram blocking)."""
-        if src.shape[0] == 0:
-            return []
-        rows, src_len = bucket_shape(*src.shape, self.model.config)
-        key = (rows, src_len, prefix is not None, dataclasses.astuple(options))  # every option: a copy of them is kept
-        bucket = self.buckets.pop(key, None)
-        if bucket is None:
-            graphs = src.is_cuda if self.graphs is None else self.graphs
-            search = StaticBeamSearch(self.model, rows, src_len, dataclasses.replace(options),
-                                      prefixed=prefix is not None, device=src.device)
-            bucket = _Bucket(search, graphs)
-        self.buckets[key] = bucket  # most recently used last
-        while len(self.buckets) > MAX_BUCKETS:
-            self.buckets.popitem(last=False)
-        return bucket.run(src, prefix)
+        options = dataclasses.replace(options)  # a copy: the bucket keeps it
+        return self._run(src, prefix, dataclasses.astuple(options), lambda rows, src_len: StaticBeamSearch(
+            self.model, rows, src_len, options, prefixed=prefix is not None, device=src.device))
 
 
 def run_fixed_shape_search(model: Decodable, src: Tensor, options: DecodeConfig, graphs: bool | None = None,

@@ -1,8 +1,8 @@
 """Random sampling of outputs (back-translation): `n` independent samples per sentence, batched.
 
-Each step takes the search's distribution (`beam._step_scores`: pad/bos masked before the
-log_softmax, EOS masked before `min_len`, only EOS at the maximum length, n-gram blocking, target
-prefixes) and draws the next token from
+Each step takes the search's distribution (pad/bos masked before the log_softmax, EOS masked before `min_len`,
+only EOS at the maximum length, n-gram blocking, target prefixes: `static_decoding.StaticDecoding.step_scores`,
+the masks of `beam._step_scores`) and draws the next token from
 
     softmax(log p / temperature), restricted to the top_k most probable tokens (0: all), then to the
     smallest set of most probable tokens whose probability reaches top_p (1.0: all), renormalised
@@ -10,14 +10,23 @@ prefixes) and draws the next token from
 (the order of Hugging Face's `generate`; fairseq's --sampling-topk/--sampling-topp are the same
 filters). A hypothesis' positional scores are the model's own log-probabilities (temperature 1, no
 restriction: what --score-reference reports for the same output); its score is their sum divided
-by the length penalty. Samples of a sentence come back best score first.
+by the length penalty. Samples of a sentence come back best score first. A sample whose every token is
+blocked (n-gram blocking with EOS masked) ends there with EOS, scored -inf.
 
-Every row (sentence x sample) is independent: finished rows leave the batch at once. Draws come
-from one `torch.Generator`, so the output is reproducible for a given seed, batch order and device.
+Two engines give the same distribution (`sample` picks one by device, like `search.search`). On the CPU a
+finished row leaves the batch at once, so the later steps compute only live rows. On CUDA the rows (sentence
+x sample) stay in the batch for the whole search, with fixed shapes (`StaticSampler`, the buffers of
+`static_decoding`): a finished row goes on being computed, its tokens stay pad and nothing it draws is
+scored; a step is then a fixed sequence of kernels that a CUDA graph replays (`graphed_search`), the host
+reads one boolean a step (whether every row is done) and copies the results back once. Both draw with the
+exponential race, argmax(p / E) with E ~ Exp(1) per token (the distribution of a multinomial draw, with no
+host read). Draws come from one `torch.Generator`, so the output is reproducible for a given seed, batch
+order, engine and device.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -35,6 +44,8 @@ from multibranch.inference.beam import (
     new_state,
     output_limits,
 )
+from multibranch.inference.graphed_search import FixedShapes
+from multibranch.inference.static_decoding import StaticDecoding, length_divisor
 
 if TYPE_CHECKING:
     from multibranch.experiment.decoding import DecodeConfig
@@ -57,14 +68,119 @@ def restrict(lprobs: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: fl
     return scaled
 
 
-@torch.inference_mode()
-def sample(model: Decodable, src: Tensor, options: DecodeConfig, n: int = 1, *,
-           generator: torch.Generator | None = None, prefix: Tensor | None = None) -> list[list[Hypothesis]]:
-    """`n` samples for each sentence of src [B, S] (right-padded), best score first, drawn as `options` says
-    (temperature, top_k, top_p, length penalty and limits, min length, n-gram blocking)."""
-    temperature = options.temperature
+def _check_temperature(temperature: float) -> None:
     if not (math.isfinite(temperature) and temperature > 0):
         raise ConfigError(f"temperature={temperature} must be a finite number > 0 (1: the model's distribution)")
+
+
+def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One token per row of probs [N, V] (unnormalised, >= 0, some > 0 per row) -> [N] long, token i with
+    probability probs[i] / sum(probs): the exponential race argmax(probs / E), E = -log U ~ Exp(1) i.i.d."""
+    noise = torch.empty_like(probs).uniform_(generator=generator).log_().neg_()  # [N, V] in (0, inf]: no 0 / 0
+    return (probs / noise).argmax(dim=-1)
+
+
+class StaticSampler(StaticDecoding):
+    """`n` samples per sentence in fixed buffers, for batches of up to `rows` sentences of up to `src_len` tokens:
+    `load(src)` puts a batch in, `step()` draws one token per row (no host read, no allocation that outlives it),
+    `all_done()` is the one read a step, `results()` copies back once (per sentence, its samples in row order).
+    Draws come from `generator` (None: the default one of the device)."""
+
+    kind = "sampling"
+
+    def __init__(self, model: Decodable, rows: int, src_len: int, options: DecodeConfig, n: int, *,
+                 generator: torch.Generator | None = None, prefixed: bool = False,
+                 device: torch.device | str = "cpu") -> None:
+        if n < 1:
+            raise ValueError(f"n={n} samples per sentence must be >= 1")
+        _check_temperature(options.temperature)
+        super().__init__(model, rows, src_len, options, n, prefixed=prefixed, device=device)
+        self.n, self.generator = n, generator
+
+    def _allocate_search(self) -> None:
+        N = self.B * self.n
+        self.ended = torch.zeros(N, dtype=torch.bool, device=self.device)  # [N] row has drawn EOS (fillers: True)
+        self.length = torch.zeros(N, dtype=torch.long, device=self.device)  # [N] output tokens incl. EOS
+
+    def _reset_search(self, loaded: int) -> None:
+        self.ended.zero_()
+        self.ended[loaded * self.n :] = True
+        self.length.zero_()
+
+    def step(self) -> None:
+        """One token for every row, in place; a row that draws EOS has ended (its later steps record nothing)."""
+        N, step, options = self.B * self.n, self.position, self.options
+        lprobs = self.step_scores()  # [N, V] the model's (masked) log-probabilities
+        probs = restrict(lprobs, options.temperature, options.top_k, options.top_p).exp()  # [N, V]
+        blocked = lprobs.eq(NEG_INF).all(dim=1)  # [N] every token blocked: EOS, scored -inf
+        probs.masked_fill_(blocked[:, None], 0.0)  # (their restricted distribution is NaN)
+        probs[:, self.eos].masked_fill_(blocked, 1.0)
+        drawn = draw(probs, self.generator).masked_fill(self.ended, self.pad)  # [N]
+        lprob = lprobs.gather(1, drawn[:, None]).masked_fill(self.ended[:, None], 0.0)  # [N, 1]
+        self.tokens.scatter_(1, (step + 1).expand(N, 1), drawn[:, None])
+        self.positional.scatter_(1, step.expand(N, 1), lprob)
+        finishing = drawn.eq(self.eos) & ~self.ended  # [N]
+        self.length.copy_(torch.where(finishing, step + 1, self.length))
+        self.ended |= finishing
+        self.position += 1
+
+    def all_done(self) -> bool:
+        """Whether every row has ended (the one host read of a step)."""
+        return bool(self.ended.all())
+
+    def results(self) -> list[list[Hypothesis]]:
+        """Per sentence of the batch, its `n` samples in row order (one copy back)."""
+        rows, n = self.loaded * self.n, self.n
+        length = self.length[:rows]  # [rows]
+        divisor = length_divisor(length, self.options.length_penalty, self.options.length_penalty_kind)
+        scores = (self.positional[:rows].double().sum(dim=1) / divisor).tolist()
+        lengths, tokens = length.tolist(), self.tokens[:rows, 1:].tolist()
+        positional = self.positional[:rows].tolist()
+        return [[Hypothesis(tokens[r][: lengths[r] - 1], scores[r], positional[r][: lengths[r]])
+                 for r in range(s * n, (s + 1) * n)] for s in range(self.loaded)]
+
+
+class FixedShapeSampler(FixedShapes):
+    """The sampler of one model, drawing from `generator`, with its buffers (and on CUDA its graphs) kept per shape
+    bucket across batches (see graphed_search.FixedShapes)."""
+
+    @torch.inference_mode()
+    def sample(self, src: Tensor, options: DecodeConfig, n: int = 1,
+               prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+        """`n` samples per sentence of src [B, S], in row order."""
+        options = dataclasses.replace(options)  # a copy: the bucket keeps it
+        return self._run(src, prefix, (n, *dataclasses.astuple(options)), lambda rows, src_len: StaticSampler(
+            self.model, rows, src_len, options, n, generator=self.generator, prefixed=prefix is not None,
+            device=src.device))
+
+
+def sample(model: Decodable, src: Tensor, options: DecodeConfig, n: int = 1, *,
+           generator: torch.Generator | None = None, prefix: Tensor | None = None,
+           sampler: FixedShapeSampler | None = None, fixed_shapes: bool | None = None) -> list[list[Hypothesis]]:
+    """`n` samples for each sentence of src [B, S] (right-padded), best score first, drawn as `options` says
+    (temperature, top_k, top_p, length penalty and limits, min length, n-gram blocking).
+
+    `fixed_shapes` (default: on CUDA, or when a `sampler` is given) draws on fixed rows (`StaticSampler`);
+    otherwise finished rows leave the batch, which is faster on the CPU when outputs differ in length.
+    `sampler` (drawing from its own generator, which `generator` must then be or leave out) keeps buffers and
+    CUDA graphs for later batches; without one, the buffers take this batch's shape."""
+    if n < 1:
+        raise ValueError(f"n={n} samples per sentence must be >= 1")
+    if not (fixed_shapes if fixed_shapes is not None else (src.is_cuda or sampler is not None)):
+        return _sample_shrinking(model, src, options, n, generator, prefix)
+    if sampler is None:
+        sampler = FixedShapeSampler(model, generator=generator, bucketed=False)
+    elif generator is not None and generator is not sampler.generator:
+        raise ValueError("the sampler draws from its own generator: pass that one, or none")
+    return best_first(sampler.sample(src, options, n, prefix), None)
+
+
+@torch.inference_mode()
+def _sample_shrinking(model: Decodable, src: Tensor, options: DecodeConfig, n: int,
+                      generator: torch.Generator | None, prefix: Tensor | None) -> list[list[Hypothesis]]:
+    """The CPU's sampler: rows leave the batch as they finish (each later step computes only live rows)."""
+    temperature = options.temperature
+    _check_temperature(temperature)
     cfg = model.config
     B = src.shape[0]
     device = src.device
@@ -88,7 +204,7 @@ def sample(model: Decodable, src: Tensor, options: DecodeConfig, n: int = 1, *,
         if dead.any():
             probs[dead] = 0.0
             probs[dead, cfg.eos_id] = 1.0
-        drawn = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [b]
+        drawn = draw(probs, generator)  # [b]
         positional[:, step] = lprobs.gather(1, drawn[:, None]).squeeze(1)
         tokens[:, step + 1] = drawn
         ended = drawn.eq(cfg.eos_id)  # [b]
@@ -104,3 +220,4 @@ def sample(model: Decodable, src: Tensor, options: DecodeConfig, n: int = 1, *,
             state.reorder(keep)
             tokens, positional, alive, max_lens = tokens[keep], positional[keep], alive[keep], max_lens[keep]
     return best_first(hyps, None)
+

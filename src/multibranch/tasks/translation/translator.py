@@ -32,7 +32,7 @@ from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.alignment import check_alignment_layer, cross_attention, hard_alignment, pharaoh
 from multibranch.inference.beam import Hypothesis, forced_scores, length_limits, length_penalty
 from multibranch.inference.graphed_search import FixedShapeSearcher
-from multibranch.inference.sampling import sample
+from multibranch.inference.sampling import FixedShapeSampler, sample
 from multibranch.inference.search import search
 
 logger = logging.getLogger(__name__)
@@ -155,6 +155,8 @@ class Translator:
             self.generator.manual_seed(self.cfg.seed)
         else:
             self.generator.seed()
+        # on CUDA, the fixed-row sampler drawing from that generator, kept across batches like the search
+        self.sampler = FixedShapeSampler(self.model, generator=self.generator) if self.device.type == "cuda" else None
 
     def translate(self, lines: list[str], progress: Progress = False, prefixes: Sequence[str] | None = None
                   ) -> list[str]:
@@ -296,7 +298,7 @@ class Translator:
         cfg = self.cfg
         if not cfg.sampling:
             return search(self.model, src, cfg, nbest=n, prefix=prefix, searcher=self.searcher)
-        return sample(self.model, src, cfg, n, generator=self.generator, prefix=prefix)
+        return sample(self.model, src, cfg, n, prefix=prefix, sampler=self.sampler, generator=self.generator)
 
     def _alignments(self, src: torch.Tensor, hyps: list[list[Hypothesis]]) -> list[list[str]]:
         """Per sentence of src [b, S] and hypothesis, its Pharaoh alignment."""
