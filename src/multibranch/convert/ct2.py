@@ -51,8 +51,8 @@ from multibranch.checkpoint.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM, rec
 from multibranch.checkpoint.format import CT2_SETTINGS_FILE, CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat, fold_output
-from multibranch.convert.payload import check_out_dir, experiment_config, token_strings
-from multibranch.data.directories import CT2
+from multibranch.convert.payload import experiment_config, token_strings
+from multibranch.data.directories import CT2, check_output_directory
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.modules.merge import merge_constant
 from multibranch.modules.positions import sinusoidal_table
@@ -105,7 +105,7 @@ def export_ct2(
     swapped in whole, so a failure leaves any previous `out_dir` as it was."""
     where = source or "checkpoint"
     out = Path(out_dir)
-    check_out_dir(out, force, source, CT2)
+    check_output_directory(out, CT2, force=force, inputs=[source] if source is not None else [])
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     cfg = experiment_config(payload)

@@ -48,8 +48,8 @@ from multibranch.atomic import atomic_directory
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_output
-from multibranch.convert.payload import check_out_dir, experiment_config, token_strings
-from multibranch.data.directories import HF
+from multibranch.convert.payload import experiment_config, token_strings
+from multibranch.data.directories import HF, check_output_directory
 from multibranch.data.tokenizer import BPE_CONTINUATION, Tokenizer, is_pretokenized
 from multibranch.models import ModelConfig
 from multibranch.modules.merge import merge_constant
@@ -72,7 +72,7 @@ def export_marian(payload: dict[str, Any], out_dir: str | Path, *, force: bool =
     validated before the disk is touched; the folder is built beside `out_dir` and swapped in whole."""
     where = source or "checkpoint"
     out = Path(out_dir)
-    check_out_dir(out, force, source, HF)
+    check_output_directory(out, HF, force=force, inputs=[source] if source is not None else [])
     cfg = experiment_config(payload)
     if cfg.task != "translation":
         raise ConfigError(f"{where} is a {TASK_NAMES.get(cfg.task, cfg.task)} model; `convert to-hf` writes "

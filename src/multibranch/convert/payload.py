@@ -16,7 +16,6 @@ from torch import Tensor
 
 from multibranch.checkpoint.format import CheckpointError, state_mismatch
 from multibranch.config import to_dict
-from multibranch.data.directories import refuse_replacing
 from multibranch.experiment import ExperimentConfig
 from multibranch.tasks import build_task_model
 
@@ -81,17 +80,6 @@ def refuse_overwrite(path: str | Path, force: bool) -> None:
     """FileExistsError (a one-line user error in the CLI) unless `force`."""
     if Path(path).exists() and not force:
         raise FileExistsError(f"{path} exists; pass --force to overwrite it")
-
-
-def check_out_dir(out: Path, force: bool, source: str | None, kind: str) -> None:
-    """One CLI line (FileExistsError, UserError) for an output directory that holds the input `source`, is
-    not empty and not of `kind` (multibranch.data.directories: --force replaces only output of its own
-    kind), or is not empty without `force` (for conversions that write a whole directory)."""
-    if source is not None and Path(source).resolve().is_relative_to(out.resolve()):
-        raise FileExistsError(f"{out} holds the input {source}; choose another --out")
-    refuse_replacing(out, kind)
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out} is not empty; pass --force to replace it")
 
 
 def token_strings(model: Any, tok: Any, where: str) -> tuple[list[str], list[str]]:

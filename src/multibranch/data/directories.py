@@ -15,12 +15,14 @@ an empty directory or recognisably of the kind the command writes; anything else
 output, a folder of notes, a text file) is refused with one line naming what it is, and nothing is
 changed. `refuse_other_kind` is the looser check of commands that write into a directory without
 deleting what is there (`analyze` into a folder of notes): it refuses only another recognised kind.
+`check_output_directory` is every check of a command that writes a whole directory (`prepare`, `convert`).
 """
 
 from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from multibranch.checkpoint.export import CONFIG_FILE, EXPORT_FORMAT
@@ -111,6 +113,22 @@ def refuse_replacing(path: str | Path, kind: str, option: str = "--out", error: 
     found = output_kind(path)
     if found is not None and found not in (EMPTY, kind):
         raise _refusal(path, found, kind, option, error)
+
+
+def check_output_directory(out: str | Path, kind: str, *, force: bool, inputs: Iterable[str | Path] = (),
+                           error: type[UserError] = UserError) -> None:
+    """`error` (one CLI line naming `out`) when a command that writes the whole directory `out` must not: a
+    file, a directory holding one of its `inputs`, another kind's output (`refuse_replacing`), or a
+    non-empty directory without `force`. Reads only."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise error(f"{out}: exists and is not a directory; choose another --out")
+    for path in inputs:
+        if Path(path).resolve().is_relative_to(out.resolve()):
+            raise error(f"{out}: holds the input {path}; choose another --out")
+    refuse_replacing(out, kind, error=error)
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise error(f"{out}: exists and is not empty; pass --force to replace it")
 
 
 def refuse_other_kind(path: str | Path, kind: str, option: str = "--out") -> None:

@@ -296,7 +296,7 @@ def test_refuses_to_overwrite_without_force(tmp_path, raw):
     assert (out / "data.json").is_file()
     inside = out / "train.tsv"
     inside.write_bytes((tmp_path / "train.tsv").read_bytes())
-    with pytest.raises(DataError, match="refusing --force because input"):
+    with pytest.raises(DataError, match="holds the input"):
         prepare_classification(_cfg(tmp_path, train=str(inside), force=True))
     with pytest.raises(DataError, match="not found: .*missing.tsv"):
         prepare_classification(_cfg(tmp_path, train=str(tmp_path / "missing.tsv"), force=True))

@@ -234,7 +234,7 @@ def test_failure_with_force_keeps_old_dir_and_leaves_no_partial_dir(tmp_path, co
 
 
 def test_force_refuses_to_delete_its_own_inputs(tmp_path, corpus):
-    with pytest.raises(DataError, match="inside it"):
+    with pytest.raises(DataError, match="holds the input"):
         prepare(_cfg(tmp_path, out=str(tmp_path / "raw"), force=True))
     assert (tmp_path / "raw" / "train.en").exists()
 

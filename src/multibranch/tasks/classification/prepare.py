@@ -53,9 +53,9 @@ import sentencepiece
 from multibranch import __version__
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
+from multibranch.data.directories import DATA, check_output_directory
 from multibranch.data.fingerprint import hash_files
 from multibranch.data.length_stats import length_stats
-from multibranch.data.output_directory import check_out_dir
 from multibranch.data.sentencepiece_training import check_spm_settings, train_spm
 from multibranch.data.shards import binarise
 from multibranch.data.text import write_lines
@@ -210,7 +210,7 @@ def _check_paths(cfg: ClassifyPrepareConfig, out: Path) -> None:
     missing = [str(path) for _, path in cfg.input_files() if not path.is_file()]
     if missing:
         raise DataError(f"input file(s) not found: {', '.join(missing)}")
-    check_out_dir(out, [path for _, path in cfg.input_files()], cfg.force)
+    check_output_directory(out, DATA, force=cfg.force, inputs=[path for _, path in cfg.input_files()], error=DataError)
 
 
 def _from_file(name: str, read: LabeledText) -> _Split:

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from multibranch.atomic import atomic_directory
 from multibranch.config import ConfigError, to_dict
-from multibranch.data.output_directory import check_out_dir
+from multibranch.data.directories import DATA, check_output_directory
 from multibranch.data.parallel_prepare import (
     DROP_REASONS,
     PrepareConfig,
@@ -124,7 +124,7 @@ def prepare_code(cfg: CodePrepareConfig) -> dict[str, Any]:
     base = cfg.translation_config()
     out = Path(cfg.out).resolve()
     check_inputs(base)
-    check_out_dir(out, base.input_paths(), base.force)
+    check_output_directory(out, DATA, force=base.force, inputs=base.input_paths(), error=DataError)
     read = {name: _read(cfg, prefix) for name, prefix in base.splits()}  # train, valid, test, test1, ...
     train = read["train"]
     held = holdout_indices(len(train.corpus.codes), cfg.holdout, cfg.seed) if cfg.holdout else []

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from multibranch.atomic import atomic_directory
-from multibranch.data.output_directory import check_out_dir
+from multibranch.data.directories import DATA, check_output_directory
 from multibranch.data.parallel_prepare import (
     PrepareConfig,
     Scan,
@@ -44,6 +44,7 @@ from multibranch.data.parallel_prepare import (
 )
 from multibranch.data.progress import progress_bar
 from multibranch.data.text import ParallelChunk, count_lines, iter_parallel
+from multibranch.errors import DataError
 
 
 def prepare(cfg: PrepareConfig) -> dict[str, Any]:
@@ -51,7 +52,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     cfg.validate()
     out = Path(cfg.out).resolve()
     check_inputs(cfg)
-    check_out_dir(out, cfg.input_paths(), cfg.force)
+    check_output_directory(out, DATA, force=cfg.force, inputs=cfg.input_paths(), error=DataError)
     scan = scan_inputs(cfg) if needs_scan(cfg) else Scan()
     if scan.pairs:  # else the same checks run once the splits are written
         require_pairs(cfg, scan.pairs["train"], scan.pairs["valid"])
