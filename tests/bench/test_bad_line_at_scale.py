@@ -1,7 +1,7 @@
 """bench/bad_line_at_scale.py at a small line number: the bad corpus fails with file:line and leaves nothing,
-its clean prefix prepares, both through the CLI as the benchmark runs them. Before ChunkEncoder waited for the
-chunks in flight, this `prepare` hung in `Pool.terminate` in 2 of 5 runs of this test (and 1 of 4 by hand);
-a hang now fails it at the subprocess timeout instead of stalling the suite."""
+its clean prefix prepares, both through the CLI as the benchmark runs them. A `prepare` that stops its encoding
+workers without waiting for the chunks in flight can hang in `Pool.terminate`; a hang fails this test at the
+subprocess timeout instead of stalling the suite."""
 
 from __future__ import annotations
 

@@ -124,6 +124,7 @@ def test_two_nodes_checkpoint_resume_and_equal_one_process(tiny_data, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # 20 s; the two-node run above keeps multi-node training in the default suite
 def test_a_dead_node_stops_the_job_and_auto_resume_continues_exactly(tiny_data, tmp_path):
     common = ["train", "--data", str(tiny_data), "--threads", "1", "--no-progress", *GLOO,
               "--config", str(_config(tmp_path, "ten.yaml", 10, valid_every=2))]
