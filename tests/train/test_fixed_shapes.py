@@ -79,6 +79,16 @@ def test_fixed_shape_batches_have_their_buckets_shapes(tiny_data):
     assert seen <= shapes and 1 <= len(seen) <= 3
 
 
+def test_bucket_lengths_are_multiples_of_train_length_multiple(tiny_data):
+    from multibranch.data.batching import length_buckets
+
+    task = task_for_data(tiny_experiment(length_buckets=4, length_multiple=4), tiny_data)
+    task.use_length_buckets(4)
+    split = task.train_split
+    expected = length_buckets(split.src_lengths, split.tgt_lengths, 600, 4, multiple=4)
+    assert task.buckets == expected and all(length % 4 == 0 for length in task.buckets.lengths)
+
+
 def test_fixed_shape_run_resumes_exactly(tiny_data, tmp_path):
     cfg = tiny_experiment(max_steps=10, length_buckets=3, valid_every=5)
     straight = tmp_path / "straight"
@@ -184,6 +194,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     (["--graphs", "on", "--device", "cpu"], "--graphs on) cannot run here: training runs on cpu, not CUDA"),
     (["--length-buckets", "2", "--max-tokens", "8"], "max_tokens"),
     (["--length-buckets", "0"], "length_buckets=0 must be >= 1"),
+    (["--length-buckets", "2", "--set", "train.length_multiple=0"], "length_multiple=0 must be >= 1"),
 ])
 def test_impossible_fixed_shape_settings_are_refused_before_writing(tiny_data, tmp_path, extra, message):
     run = tmp_path / "run"

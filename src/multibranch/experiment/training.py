@@ -25,7 +25,8 @@ class TrainConfig:
     where the run allows it, see train/graphs.py; "on": refuse to start where it cannot; "off": eager).
     `length_buckets`: pad every batch to one of at most this many fixed (rows, length) shapes, the
     loss counting pad positions with weight 0 (None: 8 when graphs are on, else batches of their own
-    shape); fixed shapes are what graphs need, and they run on any device.
+    shape); fixed shapes are what graphs need, and they run on any device. `length_multiple`: every bucket
+    length is a multiple of it (8 suits tensor cores; 4 pads Multi30k's short sentences 20% instead of 32%).
     """
 
     seed: int = 1
@@ -54,6 +55,7 @@ class TrainConfig:
     deterministic: bool = False
     graphs: Literal["auto", "on", "off"] = "auto"
     length_buckets: int | None = None
+    length_multiple: int = 8
 
     def validate(self) -> None:
         if self.seed < 0:
@@ -64,6 +66,8 @@ class TrainConfig:
             raise ConfigError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
         if self.length_buckets is not None and self.length_buckets < 1:
             raise ConfigError(f"length_buckets={self.length_buckets} must be >= 1 (or null: chosen by train.graphs)")
+        if self.length_multiple < 1:
+            raise ConfigError(f"length_multiple={self.length_multiple} must be >= 1 (1: any length)")
         if self.max_steps is None and self.max_epochs is None and self.max_minutes is None:
             raise ConfigError("set at least one of max_steps, max_epochs, max_minutes")
 

@@ -90,7 +90,7 @@ step_log = logging.getLogger("multibranch.train.steps")
 TaskFactory = Callable[[ExperimentConfig, Path], Task]
 
 # Which training settings a resume may only change with which reset flag.
-DATA_FIELDS = {"seed", "max_tokens", "max_sentences", "update_freq", "length_buckets"}
+DATA_FIELDS = {"seed", "max_tokens", "max_sentences", "update_freq", "length_buckets", "length_multiple"}
 DEFAULT_LENGTH_BUCKETS = 8  # with graphs: batch shapes per run (each shape one captured graph)
 SCHEDULE_FIELDS = {"lr"}
 

@@ -130,7 +130,8 @@ class TranslationTask(Task):
     def use_length_buckets(self, count: int) -> list[tuple[int, ...]]:
         t, split = self.cfg.train, self.train_split
         self._train_lengths = (np.asarray(split.src_lengths), np.asarray(split.tgt_lengths))
-        self.buckets = length_buckets(*self._train_lengths, t.max_tokens, count, max_sentences=t.max_sentences)
+        self.buckets = length_buckets(*self._train_lengths, t.max_tokens, count, max_sentences=t.max_sentences,
+                                      multiple=t.length_multiple)
         self.fixed_shapes = True
         return self.buckets.shapes
 
