@@ -3,9 +3,10 @@
 # installed, nothing to download): CUDA graphs over fixed-shape batches against today's eager path.
 #
 #   1. the CUDA cases of the fixed-shape tests: graphs give eager's losses; every layer kind captures
-#   2. bench/train_speed.py at transformer-base, bf16, 4k and 16k tokens an update: multibranch (graphs),
+#   2. bench/train_speed.py at transformer-base, bf16, 4k, 16k and 32k tokens an update: multibranch (graphs),
 #      multibranch-eager (every batch its own shape, no graphs) and Hugging Face MarianMTModel, each in its
-#      own process, every timed batch seen before the clock starts (--prewarm), MFU from torch's FLOP counter
+#      own process, every timed batch seen before the clock starts (--prewarm), MFU from torch's FLOP counter,
+#      and 5 updates profiled once more (torch.profiler: the time some kernel ran / wall time, "GPU busy")
 #   3. the IWSLT-shape standard model (`transformer` preset) on Multi30k with graphs for --minutes (updates/s)
 #   4. (SECTIONS="jobs", a call of its own: about 4 minutes) bench/jobs_speed.py: 1, 2, 4 and 8 such runs side by
 #      side on the GPU, aggregate updates/s (what bench/reproduce.py --jobs N gets)
@@ -37,16 +38,16 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU', 'transf
 
 if has tests; then
   stamp tests
-  timeout "${TESTS_TIMEOUT:-70}" python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
+  timeout "${TESTS_TIMEOUT:-60}" python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
     -rfE -k "cuda" tests/train/test_fixed_shapes.py > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$? $(tail -n 1 "$OUT/pytest.log")" >> "$OUT/progress.log"
 fi
 
 if has speed; then
   stamp speed
-  timeout "${SPEED_TIMEOUT:-240}" python3 bench/train_speed.py --device "$DEVICE" --size "${SIZE:-base}" --amp bf16 \
-    --systems multibranch multibranch-eager hf-marian --max-tokens 4096 16384 --steps 20 --warmup 3 --prewarm \
-    --rounds 1 --threads 4 --name gpu_train_speed > "$OUT/train_speed.log" 2>&1
+  timeout "${SPEED_TIMEOUT:-300}" python3 bench/train_speed.py --device "$DEVICE" --size "${SIZE:-base}" --amp bf16 \
+    --systems multibranch multibranch-eager hf-marian --max-tokens ${SPEED_TOKENS:-4096 16384 32768} --steps 20 \
+    --warmup 3 --prewarm --profile-updates 5 --rounds 1 --threads 4 --name gpu_train_speed > "$OUT/train_speed.log" 2>&1
   echo "train_speed rc=$?" >> "$OUT/progress.log"
   cp bench/results/gpu_train_speed.json "$OUT/" 2>/dev/null
 fi

@@ -48,7 +48,7 @@ SYSTEMS = {
 
 
 def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_tokens: int | None,
-          device: str = "cpu", size: str = "tiny", prewarm: bool = False) -> dict:
+          device: str = "cpu", size: str = "tiny", prewarm: bool = False, profile_updates: int = 0) -> dict:
     import torch
 
     torch.set_num_threads(threads)
@@ -68,7 +68,11 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(cfg, RunOptions(data_dir=data, run_dir=Path(tmp) / "run", progress=False, device=device),
                           task_for_data)
-        indices = trainer._epoch_batches(1)[: warmup + steps]
+        indices, epoch = [], 1
+        while len(indices) < warmup + steps:  # large budgets: an epoch of Multi30k may hold fewer batches
+            indices += trainer._epoch_batches(epoch)
+            epoch += 1
+        indices = indices[: warmup + steps]
         batches = [trainer._collate(ix) for ix in indices]
         tokens = sum(b.n_tgt_tokens for b in batches[warmup:])
         if system == "hf-marian":
@@ -88,10 +92,11 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
             step(batch)
         sync()
         seconds = time.perf_counter() - start
+        busy = device_busy(step, batches[warmup : warmup + profile_updates], cuda) if profile_updates else {}
         params = sum(p.numel() for p in trainer.model.parameters()) if system != "hf-marian" else _hf_params
         row = {"system": system, "tokens_per_s": tokens / seconds, "ms_per_update": 1000 * seconds / steps,
                "tokens": tokens, "updates": steps, "peak_rss_mb": peak_rss_mb(), "parameters": params, "amp": amp,
-               "device": device, "size": size, "max_tokens": max_tokens}
+               "device": device, "size": size, "max_tokens": max_tokens, **busy}
         if cuda:
             from torch.utils.flop_counter import FlopCounterMode
 
@@ -113,6 +118,35 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
 
 
 _hf_params = 0
+
+
+def device_busy(step, batches: list, cuda: bool) -> dict:
+    """Profile `step` over `batches` (already seen: graphs captured): the wall time, the time some GPU kernel
+    ran (the union of the kernels' intervals, from torch.profiler) and their ratio, the GPU's busy fraction.
+    On the CPU only the wall time (there are no device kernels to count)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for batch in batches:
+            step(batch)
+        sync()
+        wall_ms = 1000 * (time.perf_counter() - start)
+    out = {"profiled_updates": len(batches), "profile_wall_ms": wall_ms}
+    if cuda:
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type == torch.autograd.DeviceType.CUDA)  # kernels and copies, microseconds
+        busy_us, end = 0.0, float("-inf")
+        for a, b in spans:  # length of the union of the intervals
+            if b > end:
+                busy_us += b - max(a, end)
+                end = b
+        out.update(gpu_busy_ms=busy_us / 1000, gpu_busy_fraction=busy_us / 1000 / wall_ms, gpu_kernels=len(spans))
+    return out
 
 
 def hf_step_fn(trainer, amp: str):
@@ -156,12 +190,14 @@ def main() -> None:
     parser.add_argument("--prewarm", action="store_true",
                         help="run every timed batch twice before timing: steady state, every batch shape already "
                              "seen (CUDA graphs captured, cuBLAS kernels chosen)")
+    parser.add_argument("--profile-updates", type=int, default=0,
+                        help="profile this many of the timed batches once more (torch.profiler): GPU busy time / wall")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
         max_tokens = args.max_tokens[0] if args.max_tokens else None
         print(json.dumps(child(args.child, args.steps, args.warmup, args.amp, args.threads, max_tokens, args.device,
-                               args.size, args.prewarm)))
+                               args.size, args.prewarm, args.profile_updates)))
         return
     multi30k_data()  # prepare once, outside the timed children
     systems = [f"preset:{p}" for p in args.presets] if args.presets else args.systems
@@ -170,6 +206,8 @@ def main() -> None:
     tables = []
     for max_tokens in args.max_tokens or [None]:
         rows = _compare(args, systems, max_tokens)
+        for row in rows if cuda else []:
+            row["mfu"] = row["model_tflops_per_s"] / args.peak_tflops  # model FLOPs over the datasheet's dense peak
         tables.append({"max_tokens": max_tokens, "rows": rows})
         _print_table(rows, max_tokens, args.peak_tflops if cuda else None, matmul_tflops)
     name = args.name or f"{'presets' if args.presets else 'train'}_speed_{args.amp}"
@@ -203,7 +241,7 @@ def _compare(args: argparse.Namespace, systems: list[str], max_tokens: int | Non
         for system in systems:
             cmd = ["bench/train_speed.py", "--child", system, "--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--amp", args.amp, "--threads", str(args.threads), "--device", args.device, "--size", args.size,
-                   *(["--prewarm"] if args.prewarm else [])]
+                   *(["--prewarm"] if args.prewarm else []), "--profile-updates", str(args.profile_updates)]
             if max_tokens:
                 cmd += ["--max-tokens", str(max_tokens)]
             runs[system].append(run_isolated(cmd))
@@ -226,13 +264,15 @@ def _print_table(rows: list[dict], max_tokens: int | None, peak_tflops: float | 
     print(f"\nmax_tokens {max_tokens or 'default'}")
     if peak_tflops:
         print(f"\n| system | params | target tok/s | ms/update | model TFLOP/s | MFU (of {peak_tflops:.0f}) | "
-              f"of measured matmul {matmul_tflops:.0f} | peak GPU MB | vs {ref_name} tok/s |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              f"of measured matmul {matmul_tflops:.0f} | peak GPU MB | GPU busy | vs {ref_name} tok/s |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             ratio = f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f}x" if hf else "-"
+            busy = f"{100 * r['gpu_busy_fraction']:.0f}%" if "gpu_busy_fraction" in r else "-"
             print(f"| {r['system']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_s']:.0f} | {r['ms_per_update']:.1f} | "
-                  f"{r['model_tflops_per_s']:.1f} | {100 * r['model_tflops_per_s'] / peak_tflops:.1f}% | "
-                  f"{100 * r['model_tflops_per_s'] / matmul_tflops:.1f}% | {r['peak_gpu_memory_mb']:.0f} | {ratio} |")
+                  f"{r['model_tflops_per_s']:.1f} | {100 * r['mfu']:.1f}% | "
+                  f"{100 * r['model_tflops_per_s'] / matmul_tflops:.1f}% | {r['peak_gpu_memory_mb']:.0f} | {busy} | "
+                  f"{ratio} |")
         return
     print(f"\n| system | params | target tok/s | ms/update | peak RSS MB | vs {ref_name} tok/s | vs {ref_name} RSS |")
     print("|---|---|---|---|---|---|---|")
