@@ -31,10 +31,14 @@ def _cli(config: Path, data: Path, run: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path, device):
+@pytest.mark.parametrize("length_buckets", [None, pytest.param(3, marks=pytest.mark.slow)],
+                         ids=["own-shapes", "fixed-shapes"])
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path, device, length_buckets):
     """Bit-identical on CUDA too: --deterministic there means deterministic kernels (a fixed cuBLAS workspace),
-    and the CUDA generators' states are saved with the CPU's."""
-    cfg = tiny_experiment(max_steps=30, valid_every=6)
+    and the CUDA generators' states are saved with the CPU's. On CUDA the run replays CUDA graphs (fixed shapes
+    by default there); on the CPU the fixed-shape path (its gradient buffer, the device-side normaliser) runs
+    eagerly."""
+    cfg = tiny_experiment(max_steps=30, valid_every=6, length_buckets=length_buckets)
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
     on = ("--device", device.type)
