@@ -13,6 +13,8 @@ from multibranch.evaluate.metrics import score_corpus
 from multibranch.tasks.translation.dataset import PreparedData
 from multibranch.tasks.translation.loading import load_translator
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only cost on a busy machine
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -17,6 +17,8 @@ from multibranch.experiment import ExperimentConfig
 from multibranch.tasks import build_task_model
 from multibranch.tasks.translation.dataset import PreparedData
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only cost on a busy machine
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tiny_data, tmp_path_factory) -> Path:

@@ -4,43 +4,32 @@ A refused `train` start leaves no run directory (and the corrected rerun needs n
 small for the longest training or validation example, a learned position table shorter than the data,
 corrupted shards. `translate --sampling` refuses a temperature it cannot divide by; an exported model or
 CTranslate2 directory with a truncated SentencePiece model is refused by name.
+
+One case of each kind of refusal runs in a real `python -m multibranch` process (`process=True`: exactly one
+line on stderr, nothing logged before it); the others run `main()` in this process (tests/helpers/refusals.py).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from multibranch.cli import main
 from multibranch.tasks.translation.dataset import PreparedData
+from tests.helpers.refusals import main_here, refusal
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIBRANCH_CPU_KERNELS": "0"}
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TINY = ["--set", "model.d_model=32", "--set", "model.ffn_dim=64", "--set", "model.heads=4",
         "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1"]
 
 
-def cli(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "multibranch", *map(str, args)], env=ENV, capture_output=True,
-                          text=True, timeout=300)
-
-
-def refused(done: subprocess.CompletedProcess) -> str:
-    """The one error line of a refused command."""
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
-
-
-def train(data: Path, run: Path, *extra: str) -> subprocess.CompletedProcess:
-    return cli("train", "--data", data, "--out", run, "--preset", "transformer-tiny", *TINY, "--max-steps", "1",
-               "--valid-every", "1", "--no-progress", "--device", "cpu", *extra)
+def train(data: Path, run: Path, *extra: str) -> list:
+    return ["train", "--data", data, "--out", run, "--preset", "transformer-tiny", *TINY, "--max-steps", "1",
+            "--valid-every", "1", "--no-progress", "--device", "cpu", *extra]
 
 
 def longest(data: Path, split: str) -> tuple[int, int]:
@@ -55,19 +44,21 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 # ---- A: a refused train start leaves no run directory -------------------------------------------------------
 
 
-def test_max_tokens_below_the_longest_training_example_is_refused_before_the_run_directory(tiny_data, tmp_path):
+def test_max_tokens_below_the_longest_training_example_is_refused_before_the_run_directory(tiny_data, tmp_path,
+                                                                                            capfd, caplog):
     run = tmp_path / "run"
     size = max(longest(tiny_data, "train")) + 1
-    line = refused(train(tiny_data, run, "--max-tokens", "20"))
+    line = refusal(train(tiny_data, run, "--max-tokens", "20"), capfd, caplog, process=True)
     assert "max_tokens" in line and str(size) in line, line
     assert not run.exists()
-    assert train(tiny_data, run, "--max-tokens", str(max(size, 600))).returncode == 0  # no --force needed
+    assert main_here(train(tiny_data, run, "--max-tokens", str(max(size, 600))), caplog)[0] == 0  # no --force needed
 
 
-def test_learned_positions_shorter_than_the_data_are_refused_with_both_numbers(tiny_data, tmp_path):
+def test_learned_positions_shorter_than_the_data_are_refused_with_both_numbers(tiny_data, tmp_path, capfd, caplog):
     run = tmp_path / "run"
     needed = max(max(longest(tiny_data, name)) for name in ("train", "valid")) + 1
-    line = refused(train(tiny_data, run, "--set", "model.positions=learned", "--set", "model.max_positions=40"))
+    line = refusal(train(tiny_data, run, "--set", "model.positions=learned", "--set", "model.max_positions=40"),
+                   capfd, caplog)
     assert "max_positions" in line and "40" in line and str(needed) in line, line
     assert not run.exists()
 
@@ -91,12 +82,13 @@ def long_valid_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
-def test_a_validation_example_over_max_tokens_is_refused_at_the_start_with_its_line(long_valid_data, tmp_path):
+def test_a_validation_example_over_max_tokens_is_refused_at_the_start_with_its_line(long_valid_data, tmp_path,
+                                                                                    capfd, caplog):
     run = tmp_path / "run"
     train_size = max(longest(long_valid_data, "train")) + 1
     valid_size = max(longest(long_valid_data, "valid")) + 1
     assert train_size < valid_size
-    line = refused(train(long_valid_data, run, "--max-tokens", str(train_size)))
+    line = refusal(train(long_valid_data, run, "--max-tokens", str(train_size)), capfd, caplog)
     assert "valid" in line and "line 7" in line and str(valid_size) in line and "--max-len" not in line, line
     assert not run.exists()
 
@@ -121,12 +113,14 @@ def corrupt(tiny_data: Path, tmp_path: Path, how: str) -> Path:
     return data
 
 
-@pytest.mark.parametrize("how, words", [("offsets", "offsets"), ("ids", "vocabulary"), ("truncated", "truncated"),
-                                        ("shortened", "corrupted")])
-def test_corrupted_shards_are_refused_by_name_before_the_run_directory(tiny_data, tmp_path, how, words):
+@pytest.mark.parametrize("how, words, process", [("offsets", "offsets", False), ("ids", "vocabulary", False),
+                                                 ("truncated", "truncated", True),
+                                                 ("shortened", "corrupted", False)])
+def test_corrupted_shards_are_refused_by_name_before_the_run_directory(tiny_data, tmp_path, capfd, caplog, how,
+                                                                       words, process):
     data, run = corrupt(tiny_data, tmp_path, how), tmp_path / "run"
     before = snapshot(data)
-    line = refused(train(data, run))
+    line = refusal(train(data, run), capfd, caplog, process=process)
     assert words in line and str(data) in line and "prepare" in line, line
     assert not run.exists()
     assert snapshot(data) == before
@@ -135,13 +129,14 @@ def test_corrupted_shards_are_refused_by_name_before_the_run_directory(tiny_data
 # ---- B: one line instead of a traceback ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("temperature", ["inf", "nan", "0", "-1"])
-def test_sampling_temperature_that_cannot_scale_is_one_line(tiny_checkpoint, tmp_path, temperature):
+@pytest.mark.parametrize("temperature, process", [("inf", False), ("nan", True), ("0", False), ("-1", False)])
+def test_sampling_temperature_that_cannot_scale_is_one_line(tiny_checkpoint, tmp_path, capfd, caplog, temperature,
+                                                            process):
     source = tmp_path / "in.txt"
     source.write_text("sagun nivnikib rapzubfo\n")
     out = tmp_path / "out.txt"
-    line = refused(cli("translate", "--ckpt", tiny_checkpoint, "-i", source, "-o", out,
-                       "--sampling", "--temperature", temperature, "--device", "cpu"))
+    line = refusal(["translate", "--ckpt", tiny_checkpoint, "-i", source, "-o", out, "--sampling", "--temperature",
+                    temperature, "--device", "cpu"], capfd, caplog, process=process)
     assert "--temperature" in line or "temperature" in line, line
     assert not out.exists()
 
@@ -149,13 +144,14 @@ def test_sampling_temperature_that_cannot_scale_is_one_line(tiny_checkpoint, tmp
 @pytest.fixture(scope="module")
 def exported(tiny_checkpoint, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("export") / "model"
-    done = cli("convert", "export", "--ckpt", tiny_checkpoint, "--out", out)
-    assert done.returncode == 0, done.stderr
+    assert main(["convert", "export", "--ckpt", str(tiny_checkpoint), "--out", str(out)]) == 0
     return out
 
 
-@pytest.mark.parametrize("cut", [100, 2000, -50])  # some cuts still parse as a (smaller) SentencePiece model
-def test_export_with_a_truncated_sentencepiece_model_is_refused_by_name(exported, tmp_path, cut):
+# some cuts still parse as a (smaller) SentencePiece model
+@pytest.mark.parametrize("cut, process", [(100, True), (2000, False), (-50, False)])
+def test_export_with_a_truncated_sentencepiece_model_is_refused_by_name(exported, tmp_path, capfd, caplog, cut,
+                                                                        process):
     broken = tmp_path / "model"
     shutil.copytree(exported, broken)
     spm = next(p for p in broken.iterdir() if p.suffix == ".model")
@@ -163,23 +159,32 @@ def test_export_with_a_truncated_sentencepiece_model_is_refused_by_name(exported
     source = tmp_path / "in.txt"
     source.write_text("sagun nivnikib rapzubfo\n")
     before = snapshot(broken)
-    line = refused(cli("translate", "--ckpt", broken, "-i", source, "-o", tmp_path / "out.txt",
-                       "--device", "cpu"))
+    line = refusal(["translate", "--ckpt", broken, "-i", source, "-o", tmp_path / "out.txt", "--device", "cpu"],
+                   capfd, caplog, process=process)
     assert spm.name in line, line
     assert snapshot(broken) == before and not (tmp_path / "out.txt").exists()
 
 
-@pytest.mark.parametrize("cut", [100, -50])
-def test_ct2_directory_with_a_truncated_sentencepiece_model_is_refused_by_name(tiny_checkpoint, tmp_path, cut):
+@pytest.fixture(scope="module")
+def ct2_model(tiny_checkpoint, tmp_path_factory) -> Path:
+    """`convert ct2` of the tiny checkpoint (built once; each test truncates a copy)."""
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'multibranch[ct2]')")
+    out = tmp_path_factory.mktemp("ct2") / "ct2"
+    assert main(["convert", "ct2", "--ckpt", str(tiny_checkpoint), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("cut, process", [(100, True), (-50, False)])
+def test_ct2_directory_with_a_truncated_sentencepiece_model_is_refused_by_name(ct2_model, tmp_path, capfd, caplog,
+                                                                               cut, process):
     directory = tmp_path / "ct2"
-    done = cli("convert", "ct2", "--ckpt", tiny_checkpoint, "--out", directory)
-    assert done.returncode == 0, done.stderr
+    shutil.copytree(ct2_model, directory)
     spm = next(p for p in directory.iterdir() if p.suffix == ".model")
     spm.write_bytes(spm.read_bytes()[:cut])
     source = tmp_path / "in.txt"
     source.write_text("sagun nivnikib rapzubfo\n")
     before = snapshot(directory)
-    line = refused(cli("translate", "--ckpt", directory, "-i", source, "-o", tmp_path / "out.txt", "--device", "cpu"))
+    line = refusal(["translate", "--ckpt", directory, "-i", source, "-o", tmp_path / "out.txt", "--device", "cpu"],
+                   capfd, caplog, process=process)
     assert spm.name in line and str(directory) in line, line
     assert snapshot(directory) == before and not (tmp_path / "out.txt").exists()

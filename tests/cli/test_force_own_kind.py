@@ -5,38 +5,24 @@ An existing --out is replaced only when it is an empty directory or recognisably
 config.json format; a Hugging Face folder: config.json with model_type; a checkpoint file: the
 multibranch checkpoint format). Anything else (a training run, a folder of notes, a text file, another
 command's output) is refused with one line naming what it is, exit code 2, and nothing changes.
+
+Each command (each `convert` conversion, `prepare`, `average`) is refused once in a real `python -m multibranch`
+process (`process=True`: exactly one line on stderr, nothing logged before it); the other cases run `main()` in
+this process (tests/helpers/refusals.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from multibranch.cli import main
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIBRANCH_CPU_KERNELS": "0"}
+from tests.helpers.refusals import refusal
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "multibranch", *map(str, args)], env=ENV, capture_output=True,
-                          text=True, timeout=300)
-
-
-def refused(done: subprocess.CompletedProcess) -> str:
-    """The one error line of a refused command."""
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -66,62 +52,63 @@ def notes(tmp_path) -> Path:
     return folder
 
 
-def assert_refused(args: list, out: Path, found: str, kind: str) -> None:
+def assert_refused(args: list, out: Path, found: str, kind: str, capfd, caplog, *,
+                   process: bool = False) -> None:
     before = snapshot(out)
-    line = refused(cli(*args))
+    line = refusal(args, capfd, caplog, process=process)
     assert str(out) in line and f"is a {found}" in line and f"not a {kind}" in line, line
     assert snapshot(out) == before
 
 
 @pytest.mark.parametrize("conversion,kind", [("to-hf", "Hugging Face model folder"),
                                              ("ct2", "CTranslate2 model directory")])
-def test_convert_force_keeps_a_training_run(conversion, kind, tiny_checkpoint, run_dir):
+def test_convert_force_keeps_a_training_run(conversion, kind, tiny_checkpoint, run_dir, capfd, caplog):
     assert_refused(["convert", conversion, "--ckpt", tiny_checkpoint, "--out", run_dir, "--force"], run_dir,
-                   "training run directory", kind)
+                   "training run directory", kind, capfd, caplog, process=True)
 
 
-@pytest.mark.parametrize("conversion,kind", [("to-hf", "Hugging Face model folder"),
-                                             ("ct2", "CTranslate2 model directory"),
-                                             ("export", "release export directory")])
-def test_convert_force_keeps_a_folder_of_notes(conversion, kind, tiny_checkpoint, notes):
+@pytest.mark.parametrize("conversion,kind,process", [("to-hf", "Hugging Face model folder", False),
+                                                     ("ct2", "CTranslate2 model directory", False),
+                                                     ("export", "release export directory", True)])
+def test_convert_force_keeps_a_folder_of_notes(conversion, kind, process, tiny_checkpoint, notes, capfd, caplog):
     assert_refused(["convert", conversion, "--ckpt", tiny_checkpoint, "--out", notes, "--force"], notes,
-                   "directory of other files", kind)
+                   "directory of other files", kind, capfd, caplog, process=process)
 
 
-def test_prepare_force_keeps_an_unmarked_directory(tiny_data, notes):
+def test_prepare_force_keeps_an_unmarked_directory(tiny_data, notes, capfd, caplog):
     raw = tiny_data.parent / "raw"
     assert_refused(["prepare", "--src", "src", "--tgt", "tgt", "--train", raw / "train", "--valid", raw / "valid",
                     "--out", notes, "--vocab-size", "200", "--force"], notes,
-                   "directory of other files", "prepared data directory")
+                   "directory of other files", "prepared data directory", capfd, caplog, process=True)
 
 
-def test_export_force_keeps_prepared_data(tiny_checkpoint, tiny_data, tmp_path):
+def test_export_force_keeps_prepared_data(tiny_checkpoint, tiny_data, tmp_path, capfd, caplog):
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
     assert_refused(["convert", "export", "--ckpt", tiny_checkpoint, "--out", data, "--force"], data,
-                   "prepared data directory", "release export directory")
+                   "prepared data directory", "release export directory", capfd, caplog)
 
 
-def test_average_force_keeps_a_text_file(tiny_checkpoint, tmp_path):
+def test_average_force_keeps_a_text_file(tiny_checkpoint, tmp_path, capfd, caplog):
     out = tmp_path / "notes.txt"
     out.write_text("not a checkpoint\n", encoding="utf-8")
     assert_refused(["average", "--ckpts", tiny_checkpoint, "--out", out, "--force"], out,
-                   "file that is not a multibranch checkpoint", "multibranch checkpoint")
+                   "file that is not a multibranch checkpoint", "multibranch checkpoint", capfd, caplog, process=True)
 
 
-def test_checkpoint_conversions_force_keep_a_text_file(tiny_checkpoint, tmp_path):
+def test_checkpoint_conversions_force_keep_a_text_file(tiny_checkpoint, tmp_path, capfd, caplog):
     out = tmp_path / "notes.txt"
     out.write_text("not a checkpoint\n", encoding="utf-8")
     assert_refused(["convert", "fold", "--ckpt", tiny_checkpoint, "--out", out, "--force"], out,
-                   "file that is not a multibranch checkpoint", "multibranch checkpoint")
+                   "file that is not a multibranch checkpoint", "multibranch checkpoint", capfd, caplog,
+                   process=True)
 
 
-def test_ct2_force_keeps_a_hugging_face_folder(tiny_checkpoint, tmp_path, capsys):
+def test_ct2_force_keeps_a_hugging_face_folder(tiny_checkpoint, tmp_path, capfd, caplog):
     hf = tmp_path / "hf"
     assert main(["convert", "to-hf", "--ckpt", str(tiny_checkpoint), "--out", str(hf)]) == 0
     assert_refused(["convert", "ct2", "--ckpt", tiny_checkpoint, "--out", hf, "--force"], hf,
-                   "Hugging Face model folder", "CTranslate2 model directory")
-    capsys.readouterr()
+                   "Hugging Face model folder", "CTranslate2 model directory", capfd, caplog)
 
 
 def test_force_replaces_its_own_kind_and_an_empty_directory(tiny_checkpoint, tiny_data, tmp_path, capsys):

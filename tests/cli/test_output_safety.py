@@ -41,7 +41,7 @@ def run_dir(tiny_data, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("safety")
     (root / "exp.yaml").write_text(yaml.safe_dump(TINY), encoding="utf-8")
     assert main(["train", "--data", str(tiny_data), "--out", str(root / "run"), "--config", str(root / "exp.yaml"),
-                 "--no-progress", "--threads", "1"]) == 0
+                 "--no-progress"]) == 0
     return root / "run"
 
 
@@ -87,7 +87,7 @@ def test_force_still_replaces_its_own_kind(run_dir, tiny_data, tmp_path, capsys)
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY), encoding="utf-8")
     run = tmp_path / "run"
     train = ["train", "--data", str(tiny_data), "--out", str(run), "--config", str(tmp_path / "exp.yaml"),
-             "--no-progress", "--threads", "1"]
+             "--no-progress"]
     assert main(train) == 0
     assert main([*train, "--force"]) == 0
     capsys.readouterr()
