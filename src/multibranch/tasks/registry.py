@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from multibranch.errors import ConfigError, DataError
@@ -81,7 +82,8 @@ def model_for_counting(cfg: ExperimentConfig, vocab_size: int, num_labels: int |
                        tgt_vocab_size: int | None = None) -> tuple[nn.Module, str]:
     """The model of a preset's config with the data facts it lacks filled in (`multibranch info`): the
     vocabulary `vocab_size` (target: `tgt_vocab_size`, default the same) unless the config sets one, and for
-    a classifier `num_labels` (default: the config's, else 2); with the words that say what was assumed."""
+    a classifier `num_labels` (default: the config's, else 2); with the words that say what was assumed. Built
+    on the meta device: parameters with shapes and no storage, so a full-size preset counts in milliseconds."""
     if not cfg.model.src_vocab_size:
         cfg.model.src_vocab_size = vocab_size
         cfg.model.tgt_vocab_size = tgt_vocab_size or vocab_size
@@ -92,4 +94,5 @@ def model_for_counting(cfg: ExperimentConfig, vocab_size: int, num_labels: int |
             raise ConfigError(f"--num-labels {labels}: a classifier needs at least 2 labels")
         cfg.classifier.num_labels = labels
         counting = f"classification, vocabulary {cfg.model.src_vocab_size}, {labels} labels"
-    return build_task_model(cfg), counting
+    with torch.device("meta"):
+        return build_task_model(cfg), counting
