@@ -1,4 +1,4 @@
-"""The docs, the README, the package and the bench scripts describe the toolkit for its users, not the work
+"""The docs, the README, the package, the bench scripts and the tests describe the toolkit for its users, not the work
 that made it: no work-item references ("issue 21", "issue #8", "#25", "work item", "this PR") and no
 work-log narration ("stop 3", "this stop", "round three", "session"). bench/results/*.json are exempt: they
 are records the benchmarks wrote, not prose."""
@@ -9,8 +9,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = [ROOT / "docs", ROOT / "README.md", ROOT / "src", ROOT / "bench"]
-EXEMPT = [ROOT / "bench" / "results"]
+SCANNED = [ROOT / "docs", ROOT / "README.md", ROOT / "src", ROOT / "bench", ROOT / "tests"]
+EXEMPT = [ROOT / "bench" / "results", Path(__file__).resolve()]  # (this file lists the words)
+TESTS = ROOT / "tests"  # where "session" is pytest's fixture scope and "#0" a test's label: work-item words only
 SUFFIXES = {".md", ".py", ".sh", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".ini", ".cpp", ".h", ".hpp", ".c",
             ".html", ".js", ".css", ".pyi"}
 
@@ -38,11 +39,14 @@ def scanned_files() -> list[Path]:
     return files
 
 
-def work_log_words(text: str) -> list[tuple[int, str]]:
+WORK_ITEM_PATTERNS = [PATTERNS[0], *PATTERNS[2:8]]  # all but "#25" and "session"
+
+
+def work_log_words(text: str, patterns: list[re.Pattern] = PATTERNS) -> list[tuple[int, str]]:
     """(line number, matched words) for every work-item or work-log phrase in a text."""
     hits = []
     for number, line in enumerate(text.splitlines(), 1):
-        hits += [(number, match.group(0)) for pattern in PATTERNS for match in pattern.finditer(line)]
+        hits += [(number, match.group(0)) for pattern in patterns for match in pattern.finditer(line)]
     return hits
 
 
@@ -55,7 +59,8 @@ def test_the_patterns_catch_work_log_words_and_spare_ordinary_ones():
     assert not any(work_log_words(text) for text in spared), [t for t in spared if work_log_words(t)]
 
 
-def test_no_work_log_words_in_docs_readme_src_and_bench():
+def test_no_work_log_words_in_docs_readme_src_bench_and_tests():
     found = [f"{path.relative_to(ROOT)}:{number}: {words!r}" for path in scanned_files()
-             for number, words in work_log_words(path.read_text(errors="replace"))]
+             for number, words in work_log_words(path.read_text(errors="replace"),
+                                                 WORK_ITEM_PATTERNS if path.is_relative_to(TESTS) else PATTERNS)]
     assert not found, "work-item or work-log words (describe the toolkit instead):\n" + "\n".join(found)

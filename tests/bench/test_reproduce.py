@@ -1,4 +1,4 @@
-"""bench/reproduce.py (issue 24) end to end at its --tiny CPU size, so the harness cannot rot where CI has
+"""bench/reproduce.py end to end at its --tiny CPU size, so the harness cannot rot where CI has
 no GPU: prepare a few hundred Multi30k pairs, train the standard model, MAT by proximal initialisation
 and DropHead for a few dozen updates, average, translate, score with sacreBLEU, paired bootstrap against
 the standard model; a run paused by --segment-updates resumes from its last.pt, and a second call skips

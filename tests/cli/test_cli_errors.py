@@ -6,7 +6,7 @@ from multibranch.cli import main
 
 
 def test_prepare_names_a_directory_given_as_a_corpus_file(tmp_path, capsys):
-    """Regression (issue 7): a directory where PREFIX.LANG should be a file was reported as "not found"."""
+    """A directory where PREFIX.LANG should be a file was reported as "not found"."""
     (tmp_path / "train.src").mkdir()
     for name in ("train.tgt", "valid.src", "valid.tgt"):
         (tmp_path / name).write_text("a b\n", encoding="utf-8")

@@ -1,5 +1,4 @@
-"""What the commands moved into the library (issue 20, item 1: a command parses arguments and calls the
-library): the config a `train` run starts from, a preset's model for `info`, and `serve`'s server parts."""
+"""What the commands keep in the library (a command parses arguments and calls the library): the config a `train` run starts from, a preset's model for `info`, and `serve`'s server parts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A full disk and Ctrl-C while saving (issue #25, item 4): one error line and exit 2 (130 when
+"""A full disk and Ctrl-C while saving: one error line and exit 2 (130 when
 interrupted), never a traceback, and nothing corrupted: the previous file stays, no temporary is left.
 
 A full disk is simulated at the lowest write the code reaches (a file object whose write raises

@@ -1,4 +1,4 @@
-"""An empty validation split (issue 25, item 2): `prepare` refuses an empty --valid (translation and code)
+"""An empty validation split: `prepare` refuses an empty --valid (translation and code)
 in one line naming the files; `train` and `analyze heads` refuse a prepared directory with an empty split
 (one an older version wrote) in one line, before anything is written: no run directory, no report."""
 

@@ -1,4 +1,4 @@
-"""Messages that name the real cause (issue 25, item 6): each wrong input ends in one line, exit 2, that
+"""Messages that name the real cause: each wrong input ends in one line, exit 2, that
 says what is wrong rather than what it led to; a translation preset on classification data warns."""
 
 from __future__ import annotations

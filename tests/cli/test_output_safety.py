@@ -1,4 +1,4 @@
-"""`--force` replaces only its own kind of output, and -o never silently replaces a file (issue #25, item 3).
+"""`--force` replaces only its own kind of output, and -o never silently replaces a file.
 
 A prepared data directory (data.json), a training run (config.yaml, last.pt, checkpoints/) and an
 analysis report folder (index.md) are each only replaced or written into by the command that made them;

@@ -89,7 +89,7 @@ def test_missing_file_is_a_data_error(tmp_path):
 
 
 def test_a_directory_is_named_as_such_not_missing(tmp_path):
-    """Regression (issue 7): a directory where a text file is expected said "not found" / "not a regular file"."""
+    """A directory where a text file is expected said "not found" / "not a regular file"."""
     folder = tmp_path / "corpus.en"
     folder.mkdir()
     present = _write(tmp_path / "x.de", b"a\n")

@@ -97,7 +97,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "downloads" in capsys.readouterr().err
 
 
-# ---- issue 7: empty input, --json -, --json overwrite, sentence level, paired bootstrap --------------
+# ---- empty input, --json -, --json overwrite, sentence level, paired bootstrap --------------
 
 
 def test_cli_empty_hyp_and_ref_is_one_clear_error(tmp_path, capsys):

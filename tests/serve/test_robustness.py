@@ -1,4 +1,4 @@
-"""The server against bad input and a stop under load (issue #25, item 1):
+"""The server against bad input and a stop under load:
 
 - a text holding a lone surrogate (the JSON escape "\\ud800") is a 400 naming it on /translate,
   /classify and /attention, with no traceback and the connection kept (real uvicorn);

@@ -1,4 +1,4 @@
-"""Scores that must not be silently wrong (issue 25 item 5, issue 20 item 4).
+"""Scores that must not be silently wrong.
 
 - PoV counts a hypothesis only if it parses as one function definition (text that merely parses,
   such as `QQQQ` or `raise SystemExit(3)`, does not count); the expected verdicts are written by hand.

@@ -195,7 +195,7 @@ def test_from_checkpoint_applies_overrides(checkpoint, translator):
     assert loaded.translate(LINES[:3]) == direct.translate(LINES[:3])
 
 
-# ---- issue 7: outputs never lose data -------------------------------------------------------------
+# ---- outputs never lose data ----------------------------------------------------------------------
 
 
 def _translate(checkpoint, *args: str) -> int:
@@ -239,7 +239,7 @@ def test_cli_user_errors_before_the_model_is_loaded(checkpoint, tmp_path, capsys
     assert "file not found" in capsys.readouterr().err
 
 
-# ---- issue 7: progress bar, interactive mode --------------------------------------------------------
+# ---- progress bar, interactive mode -----------------------------------------------------------------
 
 
 def test_progress_bar_only_when_asked(translator, capsys):
@@ -295,7 +295,7 @@ def test_cli_interactive_answers_each_line_before_the_next_is_sent(checkpoint, t
         proc.wait()
 
 
-# ---- issue 7: broken pipe -----------------------------------------------------------------------------
+# ---- broken pipe --------------------------------------------------------------------------------------
 
 
 def test_cli_closed_pipe_exits_quietly(checkpoint, tmp_path):
@@ -308,7 +308,7 @@ def test_cli_closed_pipe_exits_quietly(checkpoint, tmp_path):
     assert b"Traceback" not in err and b"BrokenPipeError" not in err and b"Exception ignored" not in err
 
 
-# ---- issue 7: forced decoding (--score-reference) -----------------------------------------------------
+# ---- forced decoding (--score-reference) --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("alpha,kind", [(1.0, "fairseq"), (0.6, "gnmt")])
