@@ -19,10 +19,8 @@ import errno
 import os
 import re
 import shutil
-import signal
 import stat
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -31,11 +29,6 @@ from multibranch.errors import UserError
 
 TMP_SUFFIX = ".tmp"
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (`kill`, `timeout`, systemd, docker, SLURM) while the CLI runs: a KeyboardInterrupt, so
-    every cleanup that a Ctrl-C runs runs for it too; the CLI ends it with exit status 143 (128 + 15)."""
 
 
 class DiskFullError(UserError):
@@ -87,50 +80,6 @@ def reporting_full_disk(path: str | Path) -> Iterator[None]:
         if cause is None:
             raise
         raise full_disk_error(path, cause) from error
-
-
-@contextlib.contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """Hold back Ctrl-C (SIGINT), and SIGTERM where a handler for it is set (the CLI sets one), until the
-    block is done, then let the signal act (KeyboardInterrupt, or the CLI's Terminated): a save that has
-    started finishes (and stays whole) before the program stops. A second signal inside the block
-    interrupts at once (`atomic_write` then removes its temporary, so the target stays as it was).
-    Outside the main thread (where signal handlers cannot be set) the block runs unprotected."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    previous: dict[int, Any] = {}
-
-    def hold(signum: int, frame: Any) -> None:
-        if pending:
-            _deliver(signum, previous.get(signum))
-        pending.append(signum)
-
-    try:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            handler = signal.getsignal(signum)
-            if callable(handler):  # a default or ignored signal stays so
-                previous[signum] = handler
-                signal.signal(signum, hold)
-    except ValueError:  # not the main interpreter
-        yield
-        return
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if pending:
-        _deliver(pending[0], previous.get(pending[0]))
-
-
-def _deliver(signum: int, handler: Any) -> None:
-    """Run the handler that a held signal would have run (Python's SIGINT handler raises KeyboardInterrupt)."""
-    if callable(handler):
-        handler(signum, None)
-    else:
-        raise KeyboardInterrupt
 
 
 def _umask() -> int:

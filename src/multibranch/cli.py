@@ -7,19 +7,17 @@ The CLI only parses and reports; the work is done by library functions.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Iterator
-from typing import Any
 
 from multibranch import __version__
-from multibranch.atomic import Terminated, full_disk_cause
+from multibranch.atomic import full_disk_cause
 from multibranch.errors import UserError
+from multibranch.interrupts import Terminated, sigterm_as_interrupt
 
 COMMANDS = [
     "demo", "prepare", "train", "translate", "classify", "evaluate", "average", "convert", "info", "analyze",
@@ -83,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        with _sigterm_as_interrupt(args.command not in OWN_SIGTERM):
+        with sigterm_as_interrupt(args.command not in OWN_SIGTERM):
             code = int(args._run(args) or 0)
             sys.stdout.flush()  # a closed pipe shows up here at the latest
         return code
@@ -106,35 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as stop:
         print(f"multibranch {args.command}: {stop.args[0] if stop.args else 'interrupted'}", file=sys.stderr)
         return 130
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt(enabled: bool = True) -> Iterator[None]:
-    """While the command runs, SIGTERM raises Terminated (a KeyboardInterrupt) in this process, so it stops
-    as after a Ctrl-C: temporaries removed, outputs left whole. A child process started by forking (an
-    encoding worker, a data loader worker) inherits the handler; there SIGTERM keeps its default effect.
-    The previous handler is restored afterwards."""
-    if not enabled or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    owner = os.getpid()
-
-    def terminate(signum: int, frame: Any) -> None:
-        if os.getpid() != owner:  # a forked child: die of the signal, as without the handler
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        raise Terminated
-
-    try:
-        previous = signal.signal(signal.SIGTERM, terminate)
-    except ValueError:  # not the main interpreter
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _quiet_broken_pipe() -> int:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from multibranch.atomic import Terminated, deferred_interrupt, remove_stale_output_temporaries
+from multibranch.atomic import remove_stale_output_temporaries
 from multibranch.checkpoint.format import load_checkpoint
 from multibranch.cli import main
+from multibranch.interrupts import Terminated, deferred_interrupt
 from multibranch.tasks.translation.synthetic import generate_synthetic_task
 from tests.helpers.configs import tiny_experiment
 

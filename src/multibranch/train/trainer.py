@@ -38,7 +38,6 @@ import multibranch
 from multibranch.atomic import (
     atomic_write_bytes,
     atomic_write_text,
-    deferred_interrupt,
     full_disk_cause,
     full_disk_error,
     remove_stale_temporaries,
@@ -62,6 +61,7 @@ from multibranch.experiment import ExperimentConfig
 from multibranch.experiment.training import RESUMABLE_CHANGES
 from multibranch.figures import run_plots
 from multibranch.hooks import ModuleHooks
+from multibranch.interrupts import deferred_interrupt
 from multibranch.train import distributed as D
 from multibranch.train.gradients import FlatGradients, broadcast_from_first_process
 from multibranch.train.graphs import GraphedUpdates, upload
