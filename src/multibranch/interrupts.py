@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -22,14 +22,32 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
+def _handling(handlers: dict[int, Callable[[int, Any], None]], previous: dict[int, Any]) -> Iterator[None]:
+    """`handlers` (signal -> handler) set for the block, the handlers they replace kept in `previous` and set
+    back afterwards. Outside the main thread of the main interpreter, where Python cannot set a handler,
+    nothing is set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        for signum, handler in handlers.items():
+            previous[signum] = signal.signal(signum, handler)
+    except ValueError:  # not the main interpreter (nothing was set: the first call fails)
+        yield
+        return
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
 def sigterm_as_interrupt(enabled: bool = True) -> Iterator[None]:
     """While the command runs, SIGTERM raises Terminated (a KeyboardInterrupt) in this process, so it stops
     as after a Ctrl-C: temporaries removed, outputs left whole. A child process started by forking (an
     encoding worker, a data loader worker) inherits the handler; there SIGTERM keeps its default effect.
     The previous handler is restored afterwards."""
-    if not enabled or threading.current_thread() is not threading.main_thread():
-        yield
-        return
     owner = os.getpid()
 
     def terminate(signum: int, frame: Any) -> None:
@@ -39,15 +57,8 @@ def sigterm_as_interrupt(enabled: bool = True) -> Iterator[None]:
             return
         raise Terminated
 
-    try:
-        previous = signal.signal(signal.SIGTERM, terminate)
-    except ValueError:  # not the main interpreter
+    with _handling({signal.SIGTERM: terminate} if enabled else {}, {}):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -57,9 +68,6 @@ def deferred_interrupt() -> Iterator[None]:
     started finishes (and stays whole) before the program stops. A second signal inside the block
     interrupts at once (`atomic_write` then removes its temporary, so the target stays as it was).
     Outside the main thread (where signal handlers cannot be set) the block runs unprotected."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     pending: list[int] = []
     previous: dict[int, Any] = {}
 
@@ -68,20 +76,10 @@ def deferred_interrupt() -> Iterator[None]:
             _deliver(signum, previous.get(signum))
         pending.append(signum)
 
-    try:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            handler = signal.getsignal(signum)
-            if callable(handler):  # a default or ignored signal stays so
-                previous[signum] = handler
-                signal.signal(signum, hold)
-    except ValueError:  # not the main interpreter
+    held = {signum: hold for signum in (signal.SIGINT, signal.SIGTERM)
+            if callable(signal.getsignal(signum))}  # a default or ignored signal stays so
+    with _handling(held, previous):
         yield
-        return
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     if pending:
         _deliver(pending[0], previous.get(pending[0]))
 
