@@ -11,20 +11,21 @@ from multibranch.models import ModelConfig, build_model
 PAD, EOS, VOCAB = 0, 3, 40
 
 
-def _both(layer: dict) -> dict:
+def both_sides(layer: dict) -> dict:
+    """The same layer settings for the encoder and the decoder (model config overrides)."""
     return {"encoder": dict(layer), "decoder": dict(layer)}
 
 
 KINDS = {
     "transformer": {},
-    "mat": _both({"kind": "transformer", "attention_branches": 3, "ffn_branches": 2}),
-    "weighted": _both({"kind": "weighted"}),
-    "weighted-self": _both({"kind": "weighted", "decoder_branched": "self"}),
+    "mat": both_sides({"kind": "transformer", "attention_branches": 3, "ffn_branches": 2}),
+    "weighted": both_sides({"kind": "weighted"}),
+    "weighted-self": both_sides({"kind": "weighted", "decoder_branched": "self"}),
     "mute": {"norm": "pre", "relative_positions": 4, "decoder": {"kind": "transformer"},
              "encoder": {"kind": "mute", "units": 4, "bias_modules": ["identity", "swap", "mask", "disorder"],
                          "fusion": "sequential"}},
-    "muse": _both({"kind": "muse", "kernel_sizes": [3, 5]}),
-    "muse-simple": _both({"kind": "muse", "conv": False}),
+    "muse": both_sides({"kind": "muse", "kernel_sizes": [3, 5]}),
+    "muse-simple": both_sides({"kind": "muse", "conv": False}),
     "drophead": {"drophead": {"rate": 0.2}},
     "relative-positions": {"relative_positions": 3},
     "learned-positions": {"positions": "learned", "max_positions": 14},

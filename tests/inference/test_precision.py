@@ -30,6 +30,7 @@ from multibranch.modules.packed_linear import (
     pack_linear,
 )
 from multibranch.modules.state import DecoderState
+from tests.helpers.layer_kinds import both_sides
 from tests.helpers.models import noisy_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -119,17 +120,13 @@ def _model(**overrides) -> torch.nn.Module:
     return noisy_model(VOCAB, 0.1, 3, **{"d_model": 32, "heads": 4, "ffn_dim": 64, **overrides})
 
 
-def _both(layer: dict) -> dict:
-    return {"encoder": dict(layer), "decoder": dict(layer)}
-
-
 KINDS = {
     "standard": {},
-    "mat-mean-sq": _both({"kind": "transformer", "attention_branches": 2, "ffn_branches": 3, "branch_merge": "mean_sq"}),
-    "weighted": _both({"kind": "weighted"}),
+    "mat-mean-sq": both_sides({"kind": "transformer", "attention_branches": 2, "ffn_branches": 3, "branch_merge": "mean_sq"}),
+    "weighted": both_sides({"kind": "weighted"}),
     "mute": {"norm": "pre", "relative_positions": 4, "encoder": {"kind": "mute"}, "decoder": {"kind": "transformer"}},
-    "muse": _both({"kind": "muse"}),
-    "muse-simple": _both({"kind": "muse", "conv": False}),
+    "muse": both_sides({"kind": "muse"}),
+    "muse-simple": both_sides({"kind": "muse", "conv": False}),
     # a vocabulary wide enough for int8's oneDNN output layer (ONEDNN_INT8_MIN_OUT)
     "standard-wide-vocab": {"src_vocab_size": ONEDNN_INT8_MIN_OUT, "tgt_vocab_size": ONEDNN_INT8_MIN_OUT},
 }

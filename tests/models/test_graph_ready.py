@@ -23,18 +23,15 @@ from multibranch.modules.bias_noise import BiasNoise
 from multibranch.modules.simplex import BranchWeights
 from multibranch.modules.structured_dropout import DropHead, PathDropout
 from tests.helpers.host_reads import HostReads
+from tests.helpers.layer_kinds import both_sides
 
 VOCAB, PAD = 40, 0
 BIASED = ["identity", "swap", "mask", "disorder"]
 WARMUP, TOTAL = 3, 6  # the schedules' warm-up and planned updates in these tests
 
 
-def _both(layer: dict) -> dict:
-    return {"encoder": dict(layer), "decoder": dict(layer)}
-
-
 def _mat(rate, **layer) -> dict:
-    return _both({"kind": "transformer", "attention_branches": 2, "ffn_branches": 2, "drop_branch": rate, **layer})
+    return both_sides({"kind": "transformer", "attention_branches": 2, "ffn_branches": 2, "drop_branch": rate, **layer})
 
 
 def _mute(switch, **layer) -> dict:
@@ -50,12 +47,12 @@ CASES = {
     "mat": lambda r, s: _mat(r),
     "mat-per-sample": lambda r, s: _mat(r, drop_branch_granularity="sample", branch_merge="mean_sq"),
     "mat-head-drop": lambda r, s: _mat(r, head_drop=True),
-    "weighted": lambda r, s: _both({"kind": "weighted", "freeze_last": 2}),
-    "weighted-self": lambda r, s: _both({"kind": "weighted", "decoder_branched": "self", "freeze_last": 2}),
+    "weighted": lambda r, s: both_sides({"kind": "weighted", "freeze_last": 2}),
+    "weighted-self": lambda r, s: both_sides({"kind": "weighted", "decoder_branched": "self", "freeze_last": 2}),
     "mute-bias-sequential": lambda r, s: _mute(s),
     "mute-bias-one-mask": lambda r, s: _mute(s, mask_mode="one", fusion="weighted"),
-    "muse": lambda r, s: _both({"kind": "muse", "kernel_sizes": [3, 5]}),
-    "muse-simple": lambda r, s: _both({"kind": "muse", "conv": False}),
+    "muse": lambda r, s: both_sides({"kind": "muse", "kernel_sizes": [3, 5]}),
+    "muse-simple": lambda r, s: both_sides({"kind": "muse", "conv": False}),
     "drophead": lambda r, s: {"drophead": {"rate": r}},
     "drophead-mat": lambda r, s: {"drophead": {"rate": r}, **_mat(r)},
 }

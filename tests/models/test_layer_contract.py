@@ -26,6 +26,7 @@ from multibranch.config import from_dict
 from multibranch.hooks import ModuleHooks
 from multibranch.models import LayerConfig, ModelConfig, build_model
 from multibranch.modules.state import DecoderState
+from tests.helpers.layer_kinds import both_sides
 
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3
 R = 0.3  # every dropout / structured-dropout / noise rate of the models under test
@@ -36,12 +37,8 @@ def _rates(r: float) -> dict:
     return {"dropout": r, "attention_dropout": r, "activation_dropout": r, "drophead": {"rate": r}}
 
 
-def _both(layer: dict) -> dict:
-    return {"encoder": dict(layer), "decoder": dict(layer)}
-
-
 def _mat(r: float, **layer) -> dict:
-    return _both({"kind": "transformer", "attention_branches": 2, "ffn_branches": 2, "drop_branch": r, **layer})
+    return both_sides({"kind": "transformer", "attention_branches": 2, "ffn_branches": 2, "drop_branch": r, **layer})
 
 
 def _mute(**layer) -> dict:
@@ -50,7 +47,7 @@ def _mute(**layer) -> dict:
 
 
 def _muse(r: float, conv: bool = True, **layer) -> dict:
-    return _both({"kind": "muse", "conv": conv, "conv_weight_dropout": r, "input_dropout": r, **layer})
+    return both_sides({"kind": "muse", "conv": conv, "conv_weight_dropout": r, "input_dropout": r, **layer})
 
 
 # kind -> case name -> model-config overrides as a function of the rate r (r = 0: no randomness at all)
@@ -65,12 +62,12 @@ CASES: dict[str, dict[str, Callable[[float], dict]]] = {
         "mat-head-drop": lambda r: _mat(r, head_drop=True),
     },
     "weighted": {
-        "cross": lambda r: _both({"kind": "weighted"}),
-        "self": lambda r: _both({"kind": "weighted", "decoder_branched": "self"}),
-        "cross-pre-relative": lambda r: {"norm": "pre", "relative_positions": 4, **_both({"kind": "weighted"})},
+        "cross": lambda r: both_sides({"kind": "weighted"}),
+        "self": lambda r: both_sides({"kind": "weighted", "decoder_branched": "self"}),
+        "cross-pre-relative": lambda r: {"norm": "pre", "relative_positions": 4, **both_sides({"kind": "weighted"})},
         "self-pre-relative": lambda r: {"norm": "pre", "relative_positions": 4,
-                                        **_both({"kind": "weighted", "decoder_branched": "self"})},
-        "shared-ffn-branch-norm": lambda r: _both({"kind": "weighted", "ffn_mode": "shared", "branch_norm": True}),
+                                        **both_sides({"kind": "weighted", "decoder_branched": "self"})},
+        "shared-ffn-branch-norm": lambda r: both_sides({"kind": "weighted", "ffn_mode": "shared", "branch_norm": True}),
     },
     "mute": {
         "units": lambda r: _mute(),
@@ -259,7 +256,7 @@ def _mute_unit_to_transformer(state: dict) -> dict:
 # under the standard names), or the reason the kind has no branch count
 OneBranch = tuple[Callable[[float], dict], dict, Callable[[dict], dict]]
 ONE_BRANCH: dict[str, OneBranch | str] = {
-    "transformer": (lambda r: _both({"kind": "transformer", "attention_branches": 1, "ffn_branches": 1,
+    "transformer": (lambda r: both_sides({"kind": "transformer", "attention_branches": 1, "ffn_branches": 1,
                                      "drop_branch": r}), {}, lambda state: state),
     "mute": (lambda r: _mute(units=1, bias_modules=["identity"], bias_switch=r),
              {"norm": "pre", "relative_positions": 4}, _mute_unit_to_transformer),

@@ -16,6 +16,7 @@ from multibranch.inference.precision import for_decoding
 from multibranch.modules import fused_attention
 from multibranch.modules.packed_linear import onednn_supported
 from multibranch.modules.state import DecoderState
+from tests.helpers.layer_kinds import both_sides
 from tests.helpers.models import noisy_model
 
 pytestmark = [
@@ -123,15 +124,11 @@ def test_ancestor_table_follows_reorders_and_sentence_drops():
 VOCAB, BOS, EOS = 40, 2, 3
 
 
-def _both(layer: dict) -> dict:
-    return {"encoder": dict(layer), "decoder": dict(layer)}
-
-
 KINDS = {
     "standard": {},
-    "mat": _both({"kind": "transformer", "attention_branches": 2, "ffn_branches": 2}),
-    "weighted": _both({"kind": "weighted"}),
-    "muse": _both({"kind": "muse"}),
+    "mat": both_sides({"kind": "transformer", "attention_branches": 2, "ffn_branches": 2}),
+    "weighted": both_sides({"kind": "weighted"}),
+    "muse": both_sides({"kind": "muse"}),
     "mute-relative": {"norm": "pre", "relative_positions": 4, "encoder": {"kind": "mute"},
                       "decoder": {"kind": "transformer"}},
 }
