@@ -55,14 +55,23 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's multibranch (json_file needs no torch)
+
+from bench.common import cpu_model  # noqa: E402
+from bench.reproduce_analyses import AnalysisSettings, analyses_for, run_analyses  # noqa: E402
+from multibranch.json_file import write_json  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 SYSTEMS = ("standard", "mat2", "mat3", "standard-narrow", "mat2-narrow", "mat3-narrow", "weighted", "mute", "mute-bias",
-           "mute-bias-seq", "muse", "muse-simple", "drophead")
+           "mute-bias-seq", "muse", "muse-simple", "drophead", "mat3-narrow-drophead")
 # MAT system -> (the standard system it is initialised from, N_a)
 MAT_SYSTEMS = {"mat2": ("standard", 2), "mat3": ("standard", 3), "mat2-narrow": ("standard-narrow", 2),
-               "mat3-narrow": ("standard-narrow", 3)}
+               "mat3-narrow": ("standard-narrow", 3), "mat3-narrow-drophead": ("standard-narrow", 3)}
+# a combination no paper tried: MAT 3/256/2048 by proximal initialisation with Scheduled DropHead on its heads,
+# at the rho chosen for mat3-narrow (no grid of its own)
+COMBINATIONS = {"mat3-narrow-drophead": ("mat3-narrow", "drophead")}
 SOURCES = ("standard", "standard-narrow")
 BASE_PRESET = "transformer"  # fairseq transformer_iwslt_de_en: 6+6, d=512, FFN 1024, 4 heads, dropout 0.3
 
@@ -87,6 +96,8 @@ PAPER_CLAIMS: dict[str, dict[str, Any]] = {
     "muse-simple": {"delta_bleu": None, "claim": "MUSE-simple 35.8 BLEU, IWSLT14 De->En (MUSE Table 2)"},
     "drophead": {"delta_bleu": 0.7, "claim": "transformer-big 28.7 -> Scheduled DropHead 29.4 BLEU, WMT14 En-De, "
                  "and a flatter pruning curve (Scheduled DropHead Table 1, §4.3)"},
+    "mat3-narrow-drophead": {"delta_bleu": None, "claim": "none: a combination no paper tried (MAT 3/256/2048 "
+                             "with Scheduled DropHead)"},
 }
 
 # the papers' drop-branch grid for MAT (MAT Table 1: rho in {0, .1, .2, .3}; recommended 0.2-0.3)
@@ -96,9 +107,10 @@ DEFAULT_RHO_GRID = (0.1, 0.2, 0.3)
 TINY = {"model": {"d_model": 32, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2},
         "train": {"max_tokens": 512, "lr": {"lr": 0.005, "warmup": 10}}, "decode": {"beam": 2}}
 TINY_DEFAULTS = {"train_lines": 300, "valid_lines": 40, "test_lines": 40, "vocab_size": 300, "max_updates": 30,
-                 "valid_every": 10, "patience": 3, "average_last": 3, "log_every": 5}
+                 "valid_every": 10, "patience": 3, "average_last": 3, "log_every": 5, "analysis_sentences": 40}
 FULL_DEFAULTS = {"train_lines": None, "valid_lines": None, "test_lines": None, "vocab_size": 8000,
-                 "max_updates": 12000, "valid_every": 500, "patience": 5, "average_last": 5, "log_every": 100}
+                 "max_updates": 12000, "valid_every": 500, "patience": 5, "average_last": 5, "log_every": 100,
+                 "analysis_sentences": 500}
 
 FINISHED_REASONS = ("reached max_steps", "no improvement", "reached max_epochs")
 
@@ -115,8 +127,11 @@ def say(message: str) -> None:
 
 def system_delta(system: str, max_updates: int, rho: float | None = None, *, tiny: bool = False) -> dict[str, Any]:
     """The config that `system` adds to the standard recipe (deep-merged by `train --config`)."""
+    if system in COMBINATIONS:
+        first, second = COMBINATIONS[system]
+        return deep_merge(system_delta(first, max_updates, rho, tiny=tiny), system_delta(second, max_updates, tiny=tiny))
     d, ffn = (TINY["model"]["d_model"], TINY["model"]["ffn_dim"]) if tiny else (512, 1024)
-    narrow = {"d_model": d // 2, "ffn_dim": 2 * ffn} if system.endswith("-narrow") else {}
+    narrow = {"d_model": d // 2, "ffn_dim": 2 * ffn} if "-narrow" in system else {}
     if system in SOURCES:
         return {"model": narrow} if narrow else {}
     if system in MAT_SYSTEMS:
@@ -141,6 +156,11 @@ def system_delta(system: str, max_updates: int, rho: float | None = None, *, tin
     if system == "drophead":
         return {"model": {"dropout": 0.2, "drophead": {"rate": {"schedule": "v", "rate": 0.2}}}}
     raise ValueError(f"unknown system {system!r}")
+
+
+def grid_of(system: str) -> str:
+    """The MAT system whose rho grid chooses `system`'s rho (a combination uses its MAT system's)."""
+    return COMBINATIONS[system][0] if system in COMBINATIONS else system
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -174,14 +194,6 @@ class Run:
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
-def write_json(path: Path, payload: Any) -> None:
-    """Atomic: a temporary beside the target, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -294,23 +306,25 @@ class Harness:
                 for seed in a.seeds:
                     add(Run(system, seed, rho=a.rho, needs=[add(Run(source, seed))]))
                 continue
-            grid = [add(Run(system, a.grid_seed, rho=rho, grid=True, needs=[add(Run(source, a.grid_seed))]))
+            grid_system = grid_of(system)
+            grid = [add(Run(grid_system, a.grid_seed, rho=rho, grid=True, needs=[add(Run(source, a.grid_seed))]))
                     for rho in a.rho_grid]
             for seed in a.seeds:
-                if seed != a.grid_seed:  # rho is chosen once the grid has finished (resolve); None until then
+                if seed != a.grid_seed or grid_system != system:  # the grid holds its own system's grid seed
+                    # rho is chosen once the grid has finished (resolve); None until then
                     add(Run(system, seed, rho=None, needs=[add(Run(source, seed)), *grid]))
         # standard models first (MAT starts from them), then the rho grid, then seed by seed
         return sorted(runs.values(), key=lambda r: (r.system not in SOURCES, not r.grid, r.seed,
                                                     SYSTEMS.index(r.system), r.rho or 0.0))
 
     def chosen_rho(self, system: str) -> tuple[float | None, dict[str, Any]]:
-        """rho of the best validation BLEU among the finished grid runs of `system` (ties: the smaller);
-        None while a grid run has not finished training."""
+        """rho of the best validation BLEU among the finished grid runs of `system` (a combination: of the
+        MAT system it extends; ties: the smaller); None while a grid run has not finished training."""
         if self.args.rho is not None:
             return self.args.rho, {}
         scores: dict[str, Any] = {}
         for rho in self.args.rho_grid:
-            run = Run(system, self.args.grid_seed, rho=rho, grid=True)
+            run = Run(grid_of(system), self.args.grid_seed, rho=rho, grid=True)
             if not self.trained(run):
                 return None, scores
             valid = [r for r in self.metrics(run) if r.get("type") == "valid" and "bleu" in r]
@@ -349,7 +363,7 @@ class Harness:
         """Train (or resume) one run, then evaluate it once its training has finished; returns its status."""
         folder = self.run_dir(run)
         if (folder / "done.json").is_file():
-            return "skipped (done before)"
+            return "skipped (done before)" if self.analyse(run, folder) else "done (analysed now)"
         folder.mkdir(parents=True, exist_ok=True)
         log = folder / "harness.log"
         if self.trained(run) is None:
@@ -357,7 +371,28 @@ class Harness:
             if status != "trained":
                 return status
         self.evaluate(run, folder, log)
+        self.analyse(run, folder)
         return "done"
+
+    def analyse(self, run: Run, folder: Path) -> bool:
+        """The system's analyses on the averaged checkpoint (bench/reproduce_analyses.py), unless they are
+        there already or switched off; True when nothing was left to do."""
+        a = self.args
+        wanted = analyses_for(run.system) if a.analyses else ()
+        have = read_json(folder / "analyses.json") or {}
+        if all(name in have and "error" not in have[name] for name in wanted):
+            return True
+        ckpt = next(iter(sorted(folder.glob("avg_last*.pt"))), None)
+        if ckpt is None:
+            return True  # scored by an older call whose average is gone: nothing to analyse
+        settings = AnalysisSettings(device="cuda" if a.device.startswith("cuda") else a.device,
+                                    examples=a.analysis_examples, score_sentences=a.analysis_sentences)
+        began = time.time()
+        results = run_analyses(run.system, ckpt, self.data, folder, settings, self.cli)
+        failed = [name for name, value in results.items() if "error" in value]
+        say(f"{run.key}: analyses {', '.join(results)} ({time.time() - began:.0f} s)"
+            + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+        return False
 
     def train(self, run: Run, folder: Path, log: Path) -> str:
         a = self.args
@@ -568,8 +603,15 @@ class Harness:
                       "train": [{k: r.get(k) for k in ("step", "loss", "nll", "lr", "tokens_per_s", "elapsed_s")}
                                 for r in train]},
         }
+        mixing = [{"step": r["step"], **{k: round(v, 5) for k, v in r["modules"].items() if ".weights." in k}}
+                  for r in train if r.get("modules")]
+        if any(len(m) > 1 for m in mixing):  # the Weighted Transformer's kappa/alpha as they were logged
+            record["curve"]["kappa_alpha"] = mixing
         if done is not None:
             record["test"] = done["test"]
+        analyses = read_json(folder / "analyses.json")
+        if analyses:
+            record["analyses"] = analyses
         return record
 
     def parameters(self, run: Run) -> int | None:
@@ -633,13 +675,15 @@ class Harness:
             rows.append(row)
         signatures = sorted({r["test"]["avg"]["bleu_signature"] for r in records.values() if "test" in r})
         payload = {
-            "issue": 24, "environment": self.run_environment(),
+            "environment": self.run_environment(),
             "settings": {"tiny": a.tiny, "base_preset": BASE_PRESET, "shape_override": TINY if a.tiny else None,
                          "systems": a.systems, "seeds": a.seeds, "grid_seed": a.grid_seed, "rho_grid": None if a.rho is not None else a.rho_grid, "rho": a.rho,
                          "max_updates": a.max_updates, "patience": a.patience, "valid_every": a.valid_every,
                          "valid_sentences": a.valid_sentences, "average_last": a.average_last, "warmup": a.warmup,
                          "lr": a.lr, "overrides": a.overrides, "budget_minutes": a.budget,
                          "segment_updates": a.segment_updates, "jobs": a.jobs, "work": str(self.work),
+                         "analyses": a.analyses, "analysis_sentences": a.analysis_sentences,
+                         "analysis_examples": a.analysis_examples,
                          "data": self.data_summary(), "bootstrap_samples": a.bootstrap},
             "bleu_signatures": signatures, "paper_claims_source": "docs/papers.md", "rows": rows, "runs": list(records.values()),
             "this_call": {"actions": list(self.actions), "wall_minutes": (time.monotonic() - self.start) / 60},
@@ -742,16 +786,6 @@ class Harness:
                   f"{'–' if paper is None else f'+{paper:g}'} |")
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def default_multi30k() -> Path:
     if os.environ.get("MULTIBRANCH_MULTI30K"):
         return Path(os.environ["MULTIBRANCH_MULTI30K"])
@@ -788,7 +822,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     stop.add_argument("--max-epochs", type=int, default=200, help="epoch cap (default: the preset's 200)")
     stop.add_argument("--budget", type=float, default=None, help="minutes this call may take: no run starts later, and "
                       "every training stops in time (resumed by the next call)")
-    stop.add_argument("--reserve", type=float, default=None, help="minutes of --budget kept for evaluation (full: 1.5)")
+    stop.add_argument("--reserve", type=float, default=None, help="minutes of --budget kept for scoring and the "
+                      "analyses (full: 2.5; 1.5 with --no-analyses)")
     stop.add_argument("--min-segment", type=float, default=0.5, help="no training starts with fewer --budget minutes left")
     stop.add_argument("--segment-updates", type=int, default=None, help="pause each run after N more updates (resume later)")
     recipe = p.add_argument_group("recipe")
@@ -808,6 +843,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples (default: 1000)")
     p.add_argument("--save-hyps", action="store_true", help="also write OUT/NAME_hyps.json: every finished run's "
                    "test translations (averaged and best checkpoint)")
+    p.add_argument("--no-analyses", dest="analyses", action="store_false", help="skip the papers' analyses of "
+                   "finished runs (bench/reproduce_analyses.py: pruning curves, BLEU by length, gates, diversity)")
+    p.add_argument("--analysis-sentences", type=int, default=None, help="test sentences scored per pruning-curve "
+                   "point (full: 500; tiny: 40)")
+    p.add_argument("--analysis-examples", type=int, default=None, help="valid examples for head importance and "
+                   "MUTE diversity (default: all of val)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep last.pt and the step checkpoints of "
                    "finished runs (default: only best.pt and the average stay)")
     p.add_argument("--prepare-only", action="store_true", help="prepare the data and stop (e.g. before carrying it)")
@@ -818,7 +859,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     if args.reserve is None:
-        args.reserve = 0.0 if args.tiny else 1.5
+        args.reserve = 0.0 if args.tiny else (2.5 if args.analyses else 1.5)
     if args.threads is None and args.tiny:
         args.threads = 1
     elif args.threads is None and args.jobs > 1:  # runs side by side share the cores, none oversubscribes them

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.reproduce_analyses import ANALYSES, AnalysisSettings, run_analyses
+from multibranch.cli import main
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "reproduce.py"
 MAT_SOURCE = {"mat2": "standard", "mat3": "standard", "mat2-narrow": "standard-narrow", "mat3-narrow": "standard-narrow"}
@@ -45,6 +48,48 @@ def test_plan_orders_dependencies(tmp_path):
                                         ("standard/seed2", "mat2-rho0.1/seed1", "mat2-rho0.3/seed1"))
     assert {"weighted/seed1", "weighted/seed2"} <= set(plan) and "needs" not in plan["weighted/seed1"]
     assert not (tmp_path / "w" / "data").exists()
+
+
+def test_plan_combination_takes_rho_from_its_mat_grid(tmp_path):
+    """MAT + DropHead has no rho grid of its own: every seed, the grid seed included, waits for mat3-narrow's."""
+    out = reproduce("--tiny", "--dry-run", "--work", str(tmp_path / "w"), "--out", str(tmp_path),
+                    "--systems", "mat3-narrow-drophead", "--seeds", "1", "2", "--rho-grid", "0.1,0.3").stdout
+    plan = {line.split()[0]: line for line in out.splitlines()}
+    grid = ["mat3-narrow-rho0.1/seed1", "mat3-narrow-rho0.3/seed1"]
+    assert list(plan) == ["standard-narrow/seed1", "standard-narrow/seed2", *grid,
+                          "mat3-narrow-drophead/seed1", "mat3-narrow-drophead/seed2"]
+    for seed in (1, 2):
+        assert all(k in plan[f"mat3-narrow-drophead/seed{seed}"] for k in (f"standard-narrow/seed{seed}", *grid))
+
+
+def test_analyses_recorded_per_system_failures_kept_apart(tiny_checkpoint, tiny_data, tmp_path):
+    """A system's analyses (bench/reproduce_analyses.py) land in analyses.json; one that fails is recorded
+    with its error and does not stop the others; a finished analysis is not run again."""
+    calls: list[list[str]] = []
+
+    def cli(args: list[str], log: Path) -> None:
+        calls.append(args)
+        if main(args) != 0:
+            raise RuntimeError(f"multibranch {' '.join(args[:2])} failed")
+
+    settings = AnalysisSettings(score_sentences=8, step=0.5)
+    standard = run_analyses("standard", tiny_checkpoint, tiny_data, tmp_path / "standard", settings, cli)
+    assert list(standard) == list(ANALYSES["standard"]) == ["pruning", "lengths"]
+    curve = standard["pruning"]["pruning_curve"]["points"]
+    assert [p["fraction"] for p in curve] == [0.0, 0.5, 1.0] and all("masked" not in p for p in curve)
+    assert standard["pruning"]["score"]["sentences"] == 8 and curve[0]["masked_heads"] == 0
+    assert sum(b["sentences"] for b in standard["lengths"]["models"][0]["buckets"]) == 24  # the whole test split
+    saved = json.loads((tmp_path / "standard" / "analyses.json").read_text())
+    assert saved == json.loads(json.dumps(standard))
+    assert "checkpoint" not in saved["pruning"] and "checkpoint" not in saved["lengths"]["models"][0]
+
+    calls.clear()  # again: nothing left to do
+    assert run_analyses("standard", tiny_checkpoint, tiny_data, tmp_path / "standard", settings, cli) == standard
+    assert calls == []
+
+    # MUSE's analyses on a checkpoint without convolutions: gates fails, lengths still runs
+    muse = run_analyses("muse", tiny_checkpoint, tiny_data, tmp_path / "muse", settings, cli)
+    assert "error" in muse["gates"] and "buckets" in muse["lengths"]
 
 
 @pytest.mark.slow  # 70 s on 2 cores: the harness end to end (prepare, train, resume, skip); `.ci/run-slow` runs it
@@ -106,6 +151,10 @@ def test_tiny_end_to_end_resume_and_skip(multi30k, tmp_path):
         pytest.approx(runs["mat2-rho0.2/seed1"]["test"]["avg"]["bleu"] - runs["standard/seed1"]["test"]["avg"]["bleu"])]
     assert set(rows["drophead"]["bootstrap_p_values"]) == {"seed1"}
     assert result["bleu_signatures"] and all(SIGNATURE.match(s) for s in result["bleu_signatures"])
+    assert set(runs["standard/seed1"]["analyses"]) == {"pruning", "lengths"}  # on the averaged checkpoint
+    assert set(runs["mat2-rho0.2/seed1"]["analyses"]) == {"importance"}
+    points = runs["drophead/seed1"]["analyses"]["pruning"]["pruning_curve"]["points"]
+    assert points[0]["fraction"] == 0.0 and points[-1]["fraction"] == 1.0 and len(points) == 11
 
     # 3. the same call again: every run is skipped, nothing is retrained or rescored
     done_files = sorted(work.glob("runs/*/seed1/done.json"))
@@ -140,12 +189,19 @@ def test_tiny_all_systems_two_seeds(multi30k, tmp_path):
     result = json.loads((out / "reproduce_tiny.json").read_text())
     rows = {row["system"]: row for row in result["rows"]}
     assert list(rows) == ["standard", "mat2", "mat3", "standard-narrow", "mat2-narrow", "mat3-narrow", "weighted",
-                          "mute", "mute-bias", "mute-bias-seq", "muse", "muse-simple", "drophead"]
+                          "mute", "mute-bias", "mute-bias-seq", "muse", "muse-simple", "drophead",
+                          "mat3-narrow-drophead"]
     runs = by_key(result)
     for system, row in rows.items():
         assert row["seeds_done"] == [1, 2] and row["test_bleu"]["sd"] is not None, system
         if system != "standard":
             assert row["delta_bleu_to_standard"]["n"] == 2 and set(row["bootstrap_p_values"]) == {"seed1", "seed2"}
+    assert rows["mat3-narrow-drophead"]["rho"] == rows["mat3-narrow"]["rho"]  # the combination has no grid
+    for run in result["runs"]:  # every finished run carries its system's analyses, none failed
+        if run["status"] == "done" and not run["grid"]:
+            assert set(run.get("analyses", {})) == set(ANALYSES[run["system"]]), run["system"]
+            assert not [name for name, value in run.get("analyses", {}).items() if "error" in value], run["system"]
+    assert all(run["curve"].get("kappa_alpha") for run in result["runs"] if run["system"] == "weighted")
     for system in ("mat2", "mat3", "mat2-narrow", "mat3-narrow"):
         grid = rows[system]["rho_grid_valid_bleu"]
         assert set(grid) == {"0.1", "0.3"}
