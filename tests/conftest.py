@@ -100,10 +100,15 @@ def mrpc() -> Path:
 
 @pytest.fixture(autouse=True)
 def _seed_and_determinism():
+    """Every test starts seeded and deterministic, and leaves torch's thread count as it found it (an
+    in-process `train --threads 1` would otherwise slow every later test)."""
+    threads = torch.get_num_threads()
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     yield
     torch.use_deterministic_algorithms(False)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
