@@ -49,3 +49,18 @@ def test_analyze_checks_the_device_before_any_work(tmp_path, capsys, monkeypatch
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "--device cuda:1: this PyTorch build" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["translate", "classify"])
+def test_translate_and_classify_take_a_numbered_gpu_and_check_it_first(command, tmp_path, capsys, monkeypatch):
+    """`--device cuda:N` is accepted as `train` takes it, and refused in one line before anything is read or written."""
+    _cpu_only_build(monkeypatch)
+    ckpt = tmp_path / "model.pt"
+    ckpt.write_bytes(b"not read: the device is checked first")
+    (tmp_path / "in.txt").write_text("ein Haus\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    code = main([command, "--ckpt", str(ckpt), "-i", str(tmp_path / "in.txt"), "-o", str(out), "--device", "cuda:1"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--device cuda:1: this PyTorch build" in err
+    assert not out.exists()

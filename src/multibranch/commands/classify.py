@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probs", action="store_true",
                         help="print 'LABEL<TAB>name=p name=p ...' with every label's probability")
     parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="lines per batch")
-    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
-                        help="where to run the model (auto: cuda when available)")
+    parser.add_argument("--device", default="auto",
+                        help="where to run the model: cpu, cuda, cuda:N or auto (cuda when available)")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (unset: torch's choice)")
     parser.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                         help="invalid UTF-8 in the input: error naming the line (strict) or replace with U+FFFD")

@@ -93,8 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     alignment.add_argument("--alignment-layer", type=int, metavar="N",
                            help="decoder layer whose cross-attention (mean over heads) aligns (-1: the last, as "
                                 "fairseq)")
-    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
-                        help="where to run the model (auto: cuda when available)")
+    parser.add_argument("--device", default="auto",
+                        help="where to run the model: cpu, cuda, cuda:N or auto (cuda when available)")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (unset: torch's choice)")
     parser.add_argument("--precision", choices=["fp32", "int8", "bf16", "fp16"], default="fp32",
                         help="fp32: the model as trained; int8 (CPU): its linear layers quantized to int8; bf16: "
