@@ -29,10 +29,19 @@ def work_dir() -> Path:
     return path
 
 
+def multi30k_dir() -> Path:
+    """Where raw Multi30k is: $MULTIBRANCH_MULTI30K, else $MULTIBRANCH_SHARED_DATA/multi30k, else
+    ../shared/data/multi30k beside the clone (it may not exist)."""
+    if os.environ.get("MULTIBRANCH_MULTI30K"):
+        return Path(os.environ["MULTIBRANCH_MULTI30K"])
+    return Path(os.environ.get("MULTIBRANCH_SHARED_DATA", ROOT.parent / "shared" / "data")) / "multi30k"
+
+
 def multi30k_raw() -> Path:
-    path = Path(os.environ.get("MULTIBRANCH_MULTI30K", ROOT.parent / "shared" / "data" / "multi30k"))
+    """multi30k_dir(), or exit with the reason when the corpus is not there."""
+    path = multi30k_dir()
     if not (path / "train.en").is_file():
-        sys.exit(f"Multi30k not found at {path}; set MULTIBRANCH_MULTI30K")
+        sys.exit(f"Multi30k not found at {path}; set MULTIBRANCH_MULTI30K or MULTIBRANCH_SHARED_DATA")
     return path
 
 

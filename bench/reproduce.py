@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import threading
@@ -57,55 +56,26 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's multibranch (json_file needs no torch)
 
-from bench.common import cpu_model  # noqa: E402
+from bench.common import cpu_model, multi30k_dir  # noqa: E402
 from bench.reproduce_analyses import AnalysisSettings, analyses_for, run_analyses  # noqa: E402
+from bench.reproduce_report import markdown_table, mean_sd, system_summary  # noqa: E402
+from bench.reproduce_systems import (  # noqa: E402
+    BASE_PRESET,
+    DEFAULT_RHO_GRID,
+    MAT_SYSTEMS,
+    PAPER_CLAIMS,
+    SOURCES,
+    SYSTEMS,
+    TINY,
+    deep_merge,
+    grid_of,
+    system_delta,
+)
 from multibranch.json_file import write_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
-SYSTEMS = ("standard", "mat2", "mat3", "standard-narrow", "mat2-narrow", "mat3-narrow", "weighted", "mute", "mute-bias",
-           "mute-bias-seq", "muse", "muse-simple", "drophead", "mat3-narrow-drophead")
-# MAT system -> (the standard system it is initialised from, N_a)
-MAT_SYSTEMS = {"mat2": ("standard", 2), "mat3": ("standard", 3), "mat2-narrow": ("standard-narrow", 2),
-               "mat3-narrow": ("standard-narrow", 3), "mat3-narrow-drophead": ("standard-narrow", 3)}
-# a combination no paper tried: MAT 3/256/2048 by proximal initialisation with Scheduled DropHead on its heads,
-# at the rho chosen for mat3-narrow (no grid of its own)
-COMBINATIONS = {"mat3-narrow-drophead": ("mat3-narrow", "drophead")}
-SOURCES = ("standard", "standard-narrow")
-BASE_PRESET = "transformer"  # fairseq transformer_iwslt_de_en: 6+6, d=512, FFN 1024, 4 heads, dropout 0.3
-
-# The papers' own results (their data sets and shapes, not Multi30k; the headline sections of docs/papers.md), for
-# the column beside ours: BLEU gained over their standard Transformer where they give one.
-PAPER_CLAIMS: dict[str, dict[str, Any]] = {
-    "mat2": {"delta_bleu": None, "claim": "none at this width: the paper's MAT results are at d=256 (see mat2-narrow)"},
-    "mat3": {"delta_bleu": None, "claim": "none at this width: the paper's +1.27 is 3/256/2048 (see mat3-narrow)"},
-    "standard-narrow": {"delta_bleu": None, "claim": "none: the source model of proximal initialisation (1/256/2048)"},
-    "mat2-narrow": {"delta_bleu": None, "claim": "MAT 2/256/2048, rho=0.2: +1.25 to +1.90 BLEU over the 1/512/1024 "
-                    "baseline on IWSLT Es<->En and Fr<->En (no proximal init; MAT Table 3)"},
-    "mat3-narrow": {"delta_bleu": 1.27, "claim": "MAT 3/256/2048, rho=0.3, proximal init: 34.95 (1/512/1024) -> 36.22 "
-                    "BLEU, IWSLT14 De->En (MAT Table 1, §4.3)"},
-    "weighted": {"delta_bleu": 1.1, "claim": "Transformer small 27.3 -> Weighted 28.4 BLEU, WMT14 En-De "
-                 "newstest2014 (large 28.4 -> 28.9; Weighted Transformer Table 1)"},
-    "mute": {"delta_bleu": 1.12, "claim": "+1.12 BLEU over Transformer-Base, NIST Zh-En average (MUTE Table 1)"},
-    "mute-bias": {"delta_bleu": 1.44, "claim": "+1.44 BLEU over Transformer-Base, NIST Zh-En average (MUTE Table 1)"},
-    "mute-bias-seq": {"delta_bleu": 1.52, "claim": "+1.52 BLEU over Transformer-Base, NIST Zh-En average "
-                      "(MUTE Table 1)"},
-    "muse": {"delta_bleu": None, "claim": "MUSE 36.3 BLEU, IWSLT14 De->En, its own 12+12 d=384 shape "
-             "(MUSE Table 2)"},
-    "muse-simple": {"delta_bleu": None, "claim": "MUSE-simple 35.8 BLEU, IWSLT14 De->En (MUSE Table 2)"},
-    "drophead": {"delta_bleu": 0.7, "claim": "transformer-big 28.7 -> Scheduled DropHead 29.4 BLEU, WMT14 En-De, "
-                 "and a flatter pruning curve (Scheduled DropHead Table 1, §4.3)"},
-    "mat3-narrow-drophead": {"delta_bleu": None, "claim": "none: a combination no paper tried (MAT 3/256/2048 "
-                             "with Scheduled DropHead)"},
-}
-
-# the papers' drop-branch grid for MAT (MAT Table 1: rho in {0, .1, .2, .3}; recommended 0.2-0.3)
-DEFAULT_RHO_GRID = (0.1, 0.2, 0.3)
-
-# --tiny: the same pipeline at a size that trains in seconds on one CPU thread
-TINY = {"model": {"d_model": 32, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2},
-        "train": {"max_tokens": 512, "lr": {"lr": 0.005, "warmup": 10}}, "decode": {"beam": 2}}
 TINY_DEFAULTS = {"train_lines": 300, "valid_lines": 40, "test_lines": 40, "vocab_size": 300, "max_updates": 30,
                  "valid_every": 10, "patience": 3, "average_last": 3, "log_every": 5, "analysis_sentences": 40}
 FULL_DEFAULTS = {"train_lines": None, "valid_lines": None, "test_lines": None, "vocab_size": 8000,
@@ -122,52 +92,7 @@ def say(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-# ---- the systems ---------------------------------------------------------------------------------------
-
-
-def system_delta(system: str, max_updates: int, rho: float | None = None, *, tiny: bool = False) -> dict[str, Any]:
-    """The config that `system` adds to the standard recipe (deep-merged by `train --config`)."""
-    if system in COMBINATIONS:
-        first, second = COMBINATIONS[system]
-        return deep_merge(system_delta(first, max_updates, rho, tiny=tiny), system_delta(second, max_updates, tiny=tiny))
-    d, ffn = (TINY["model"]["d_model"], TINY["model"]["ffn_dim"]) if tiny else (512, 1024)
-    narrow = {"d_model": d // 2, "ffn_dim": 2 * ffn} if "-narrow" in system else {}
-    if system in SOURCES:
-        return {"model": narrow} if narrow else {}
-    if system in MAT_SYSTEMS:
-        layer = {"kind": "transformer", "attention_branches": MAT_SYSTEMS[system][1], "drop_branch": rho}
-        return {"model": {**narrow, "encoder": dict(layer), "decoder": dict(layer)}}
-    if system == "weighted":
-        freeze = max(1, max_updates // 6)  # the paper freezes kappa/alpha for its last 10k of 60k updates
-        return {"model": {"encoder": {"kind": "weighted", "freeze_last": freeze},
-                          "decoder": {"kind": "weighted", "decoder_branched": "cross", "freeze_last": freeze}}}
-    if system.startswith("mute"):
-        encoder: dict[str, Any] = {"kind": "mute", "units": 4}
-        if system in ("mute-bias", "mute-bias-seq"):
-            encoder.update({"bias_modules": ["identity", "swap", "mask", "disorder"], "bias_switch": 0.85})
-        if system == "mute-bias-seq":
-            encoder.update({"fusion": "sequential", "autoshuffle_penalty": 2.5e-4})
-        # the model side of the mute presets: pre-norm, Shaw relative positions, ReLU dropout = dropout
-        return {"model": {"norm": "pre", "relative_positions": 16, "activation_dropout": 0.3,
-                          "encoder": encoder, "decoder": {"kind": "transformer"}}}
-    if system in ("muse", "muse-simple"):
-        layer = {"kind": "muse", "conv": system == "muse", "kernel_sizes": [3, 15]}
-        return {"model": {"init": "torch", "encoder": dict(layer), "decoder": dict(layer)}}
-    if system == "drophead":
-        return {"model": {"dropout": 0.2, "drophead": {"rate": {"schedule": "v", "rate": 0.2}}}}
-    raise ValueError(f"unknown system {system!r}")
-
-
-def grid_of(system: str) -> str:
-    """The MAT system whose rho grid chooses `system`'s rho (a combination uses its MAT system's)."""
-    return COMBINATIONS[system][0] if system in COMBINATIONS else system
-
-
-def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in update.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+# ---- the runs ------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -205,13 +130,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:  # a line cut by a kill
                 continue
     return records
-
-
-def mean_sd(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"n": 0, "mean": None, "sd": None, "values": []}
-    return {"n": len(values), "mean": statistics.fmean(values),
-            "sd": statistics.stdev(values) if len(values) > 1 else None, "values": values}
 
 
 class Harness:
@@ -385,7 +303,8 @@ class Harness:
         ckpt = next(iter(sorted(folder.glob("avg_last*.pt"))), None)
         if ckpt is None:
             return True  # scored by an older call whose average is gone: nothing to analyse
-        settings = AnalysisSettings(device="cuda" if a.device.startswith("cuda") else a.device,
+        device = a.device if a.device != "auto" else ("cuda" if self.run_environment().get("gpu") else "cpu")
+        settings = AnalysisSettings(device=device,
                                     examples=a.analysis_examples, score_sentences=a.analysis_sentences)
         began = time.time()
         results = run_analyses(run.system, ckpt, self.data, folder, settings, self.cli)
@@ -482,7 +401,7 @@ class Harness:
         for label, ckpt in (("avg", avg), ("best", train_dir / "best.pt")):
             hyp = folder / f"test.{label}.hyp"
             self.cli(["translate", "--ckpt", str(ckpt), "-i", str(data / "test.src.txt"), "-o", str(hyp),
-                      "--device", "cuda" if a.device.startswith("cuda") else a.device, "--no-progress", *(["--threads", str(a.threads)] if a.threads else [])],
+                      "--device", a.device, "--no-progress", *(["--threads", str(a.threads)] if a.threads else [])],
                      log)
             out = folder / f"test.{label}.json"
             self.cli(["evaluate", "--hyp", str(hyp), "--ref", str(data / "test.tgt.txt"), "--json", str(out),
@@ -653,26 +572,12 @@ class Harness:
                 mine = [run for run in mine if (not run.grid or run.rho == rho) and run.seed in a.seeds]
             else:
                 mine = [run for run in mine if run.seed in a.seeds]
-            done = [records[run.key] for run in mine if records[run.key]["status"] == "done"]
             finished = [run for run in mine if records[run.key]["status"] == "done"]
             row["parameters"] = self.parameters(finished[0]) if finished else None
-            row["config"] = system_delta(system, a.max_updates, row.get("rho"), tiny=a.tiny)
-            row["runs"] = [run.key for run in mine]
-            row["seeds_done"] = [r["seed"] for r in done]
-            row["test_bleu"] = mean_sd([r["test"]["avg"]["bleu"] for r in done])
-            row["test_chrf"] = mean_sd([r["test"]["avg"]["chrf"] for r in done])
-            row["test_bleu_best_ckpt"] = mean_sd([r["test"]["best"]["bleu"] for r in done])
-            row["updates"] = mean_sd([r["updates"] for r in done])
-            row["updates_to_best_valid"] = mean_sd([r["best_valid_step"] for r in done if r["best_valid_step"]])
-            row["train_minutes"] = mean_sd([r["train_minutes"] for r in done if r["train_minutes"] is not None])
-            row["wall_minutes"] = mean_sd([r["wall_minutes"] for r in done])
-            if system != "standard":
-                paired = [r["test"]["avg"]["bleu"] - standard[r["seed"]]["test"]["avg"]["bleu"]
-                          for r in done if r["seed"] in standard]
-                row["delta_bleu_to_standard"] = mean_sd(paired)
-                row["bootstrap_p_values"] = {f"seed{run.seed}": (records[run.key].get("compare_to_standard") or {})
-                                             .get("bleu", {}).get("p_value") for run in finished}
-            rows.append(row)
+            done = [records[run.key] for run in finished]
+            rows.append({**system_summary(system, done, standard, row), **row, "planned_runs": [run.key for run in mine],
+                         "config": system_delta(system, a.max_updates, row.get("rho"), tiny=a.tiny),
+                         "wall_minutes": mean_sd([r["wall_minutes"] for r in done])})
         signatures = sorted({r["test"]["avg"]["bleu_signature"] for r in records.values() if "test" in r})
         payload = {
             "environment": self.run_environment(),
@@ -768,30 +673,7 @@ class Harness:
 
     @staticmethod
     def print_table(result: dict[str, Any]) -> None:
-        def fmt(stat: dict[str, Any], digits: int = 2) -> str:
-            if not stat or stat["mean"] is None:
-                return "–"
-            return f"{stat['mean']:.{digits}f}" + (f" ± {stat['sd']:.{digits}f}" if stat["sd"] is not None else "")
-
-        print("\n| system | parameters | seeds done | updates | test BLEU (avg) | delta to standard | p (per seed) | "
-              "paper's delta |")
-        print("|---|---|---|---|---|---|---|---|")
-        for row in result["rows"]:
-            params = f"{row['parameters'] / 1e6:.2f}M" if row.get("parameters") else "–"
-            p_values = ", ".join(f"{p:.3f}" for p in (row.get("bootstrap_p_values") or {}).values() if p is not None)
-            paper = (row.get("paper_claim") or {}).get("delta_bleu")
-            rho = f" rho={row['rho']:g}" if row.get("rho") is not None else ""
-            print(f"| {row['system']}{rho} | {params} | {len(row['seeds_done'])} | {fmt(row['updates'], 0)} | "
-                  f"{fmt(row['test_bleu'])} | {fmt(row.get('delta_bleu_to_standard') or {})} | {p_values or '–'} | "
-                  f"{'–' if paper is None else f'+{paper:g}'} |")
-
-
-def default_multi30k() -> Path:
-    if os.environ.get("MULTIBRANCH_MULTI30K"):
-        return Path(os.environ["MULTIBRANCH_MULTI30K"])
-    shared = Path(os.environ.get("MULTIBRANCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
-    return shared / "multi30k"
-
+        print("\n" + markdown_table(result["rows"]))
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -804,7 +686,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, default=None,
                    help="prepared data and runs, kept between calls (default: runs/reproduce[-tiny], git-ignored)")
     p.add_argument("--data", type=Path, default=None, help="an already prepared data folder (default: WORK/data)")
-    p.add_argument("--multi30k", type=Path, default=default_multi30k(),
+    p.add_argument("--multi30k", type=Path, default=multi30k_dir(),
                    help="raw Multi30k (default: $MULTIBRANCH_MULTI30K or $MULTIBRANCH_SHARED_DATA/multi30k)")
     p.add_argument("--tiny", action="store_true", help="CPU size: tiny model, a few hundred sentences, a few dozen updates")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")

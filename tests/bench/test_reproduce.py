@@ -146,10 +146,12 @@ def test_tiny_end_to_end_resume_and_skip(multi30k, tmp_path):
     assert rows["mat2"]["parameters"] > rows["standard"]["parameters"] > 0  # two branches per attention
     assert rows["drophead"]["parameters"] == rows["standard"]["parameters"]
     for row in rows.values():
-        assert row["seeds_done"] == [1] and row["test_bleu"]["n"] == 1 and row["updates"]["values"] == [30]
+        assert row["seeds"] == [1] and row["test_bleu"]["n"] == 1 and row["updates"]["values"] == [30]
     assert rows["mat2"]["delta_bleu_to_standard"]["values"] == [
         pytest.approx(runs["mat2-rho0.2/seed1"]["test"]["avg"]["bleu"] - runs["standard/seed1"]["test"]["avg"]["bleu"])]
-    assert set(rows["drophead"]["bootstrap_p_values"]) == {"seed1"}
+    p_value = rows["drophead"]["p_values"]
+    assert p_value == [{"seed": 1, "p_value": runs["drophead/seed1"]["compare_to_standard"]["bleu"]["p_value"],
+                        "from": "results"}]
     assert result["bleu_signatures"] and all(SIGNATURE.match(s) for s in result["bleu_signatures"])
     assert set(runs["standard/seed1"]["analyses"]) == {"pruning", "lengths"}  # on the averaged checkpoint
     assert set(runs["mat2-rho0.2/seed1"]["analyses"]) == {"importance"}
@@ -193,9 +195,9 @@ def test_tiny_all_systems_two_seeds(multi30k, tmp_path):
                           "mat3-narrow-drophead"]
     runs = by_key(result)
     for system, row in rows.items():
-        assert row["seeds_done"] == [1, 2] and row["test_bleu"]["sd"] is not None, system
+        assert row["seeds"] == [1, 2] and row["test_bleu"]["sd"] is not None, system
         if system != "standard":
-            assert row["delta_bleu_to_standard"]["n"] == 2 and set(row["bootstrap_p_values"]) == {"seed1", "seed2"}
+            assert row["delta_bleu_to_standard"]["n"] == 2 and [p["seed"] for p in row["p_values"]] == [1, 2]
     assert rows["mat3-narrow-drophead"]["rho"] == rows["mat3-narrow"]["rho"]  # the combination has no grid
     for run in result["runs"]:  # every finished run carries its system's analyses, none failed
         if run["status"] == "done" and not run["grid"]:

@@ -1,0 +1,888 @@
+"""The table and figures of docs/reproduction.md, from the results files of several bench/reproduce.py calls.
+
+    python bench/reproduce_report.py [FILES...] [--docs docs/reproduction.md] [--images DIR] [--ref PATH]
+                                     [--json PATH] [--check] [--accept-difference KEY ...]
+
+FILES (default: every bench/results/reproduce_*.json but the *_hyps.json files, --tiny ones and ones without a
+finished run, in name order, numbers compared as numbers) are merged run by run, keyed by (run folder, seed): a
+run in two files is taken from the later one (a note on stderr), except that a record of an unfinished run never
+replaces a finished one. Files whose recipes differ (patience, valid_every, average_last, tiny, data.vocab_size;
+not the update cap) are refused (exit 2), unless --accept-difference names the setting.
+
+Per system (bench/reproduce.py's order; a MAT system with its chosen rho only) the report gives parameters,
+seeds, updates to stop and to the best validation BLEU, training minutes, test BLEU and chrF of the averaged
+checkpoint (mean ± sd over seeds), the BLEU difference to the standard model of the same seed, the paired
+bootstrap p-value per seed (from the results, else computed here from NAME_hyps.json beside the results file
+against --ref) and the papers' claimed difference. It prints the Markdown table on stdout and writes:
+  --docs FILE   the table, the files merged and the figure links between the lines
+                `<!-- reproduce-report:start -->` and `<!-- reproduce-report:end -->` of FILE (the rest of FILE
+                is kept); with --check nothing is written and the exit status is 1 when that region (or a
+                figure it links) is not current
+  --images DIR  the figures, PNG (default with --docs: images/reproduction beside FILE): valid_curves,
+                pruning_curves, bleu_by_length, mute_diversity, kappa_alpha, mat_rho_grid, mat_branch_importance
+                (each only when the results hold its data)
+  --json PATH   the merged rows (`system_summary` of each system) and the files merged
+Every file is written atomically. Exit status: 0, 1 (--check: stale), 2 (refused: unreadable or incomparable
+files, or FILE without the markers; nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's multibranch (no torch needed)
+
+from bench.common import multi30k_dir  # noqa: E402
+from bench.reproduce_systems import MAT_SYSTEMS, PAPER_CLAIMS, SYSTEMS, grid_of  # noqa: E402
+from multibranch.atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
+from multibranch.json_file import write_json  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+START = "<!-- reproduce-report:start -->"
+END = "<!-- reproduce-report:end -->"
+# what must be equal for runs of two calls to share a table; the update cap may differ (a call sets it near the
+# updates the standard model needed, so that DropHead's V schedule and Weighted's kappa/alpha freeze fit the run)
+RECIPE_KEYS = ("patience", "valid_every", "average_last", "tiny", "data.vocab_size")
+BOOTSTRAP_SAMPLES = 1000
+PRUNING_SYSTEMS = ("standard", "drophead", "mat3-narrow-drophead")
+LENGTH_SYSTEMS = ("standard", "muse", "muse-simple")
+MUTE_SYSTEMS = ("mute", "mute-bias", "mute-bias-seq")
+DIVERSITY_TITLES = {"att_pos": "Att Pos.", "att_sub": "Att Sub.", "ffn_sub": "FFN Sub."}
+ROLES = ("encoder_self", "decoder_self", "cross")
+KAPPA_ALPHA_LAYER = 1  # the paper's "second encoder layer"
+KAPPA_ALPHA_WINDOW = 5  # moving-average window, in logged records
+COLUMNS = ("system", "parameters", "seeds", "updates to stop", "GPU minutes", "test BLEU (mean ± sd)",
+           "Δ to standard (mean ± sd)", "p (per seed)", "paper's Δ")
+DASH = "–"
+DOC_WIDTH = 110  # docs/*.md wrap their prose here
+
+
+class ReportError(Exception):
+    """A refusal: one line for stderr, exit status 2, nothing written."""
+
+
+def note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
+
+
+# ---- results files -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class ResultsFile:
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        """The path relative to the checkout when inside it, else the file name."""
+        try:
+            return self.path.resolve().relative_to(ROOT).as_posix()
+        except ValueError:
+            return self.path.name
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.data.get("settings") or {}
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.data.get("environment") or {}
+
+    @property
+    def hyps_path(self) -> Path:
+        return self.path.with_name(f"{self.path.stem}_hyps.json")
+
+    def done_runs(self) -> int:
+        return sum(1 for r in self.data.get("runs") or [] if is_done(r))
+
+    def date(self) -> str | None:
+        """The call's date: environment.date when recorded, else the latest segment start of its runs."""
+        if self.environment.get("date"):
+            return str(self.environment["date"])[:10]
+        starts = [s.get("started") for r in self.data.get("runs") or [] for s in r.get("segments") or []]
+        starts = [s for s in starts if isinstance(s, str)]
+        return max(starts)[:10] if starts else None
+
+
+def load_results(path: Path) -> ResultsFile:
+    """A results file of bench/reproduce.py; ReportError (one line) when unreadable or of another kind."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ReportError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ReportError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not isinstance(
+            data.get("settings"), dict):
+        raise ReportError(f"{path}: not a bench/reproduce.py results file (no settings and runs)")
+    return ResultsFile(path, data)
+
+
+def name_order(path: Path) -> list[Any]:
+    """Sort key: the file name with its numbers compared as numbers (reproduce_h100_2 before _10)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def default_files(folder: Path = RESULTS) -> list[ResultsFile]:
+    """Every FOLDER/reproduce_*.json but *_hyps.json, --tiny results and results without a finished run."""
+    files = []
+    for path in sorted(folder.glob("reproduce_*.json"), key=name_order):
+        if path.name.endswith("_hyps.json"):
+            continue
+        loaded = load_results(path)
+        if loaded.settings.get("tiny"):
+            continue
+        if not loaded.done_runs():
+            note(f"{loaded.label} has no finished run; left out")
+            continue
+        files.append(loaded)
+    if not files:
+        raise ReportError(f"no results to report: {folder}/reproduce_*.json holds no finished run of a full-size "
+                          "call (--tiny results count only when named)")
+    return files
+
+
+def recipe_value(file: ResultsFile, key: str) -> Any:
+    value: Any = file.settings
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def check_recipes(files: list[ResultsFile], accept: tuple[str, ...] = ()) -> None:
+    """ReportError naming the first setting that differs between the files (runs trained to different recipes
+    are not comparable), unless `accept` lists it."""
+    for key in RECIPE_KEYS:
+        if key in accept:
+            continue
+        values = {file.label: recipe_value(file, key) for file in files}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            shown = ", ".join(f"{label}: {json.dumps(v)}" for label, v in values.items())
+            raise ReportError(f"the results files differ in {key} ({shown}): their runs are not comparable "
+                              f"(--accept-difference {key} merges them anyway)")
+
+
+# ---- merging -----------------------------------------------------------------------------------------------
+
+
+def is_done(record: dict[str, Any]) -> bool:
+    return record.get("status") == "done" and isinstance(((record.get("test") or {}).get("avg") or {}).get("bleu"),
+                                                         (int, float))
+
+
+def run_name(record: dict[str, Any]) -> str:
+    """The run's folder name (`mat3-narrow-rho0.2` for a MAT run)."""
+    return Path(record["dir"]).parent.name
+
+
+def run_key(record: dict[str, Any]) -> str:
+    return f"{run_name(record)}/seed{record['seed']}"
+
+
+@dataclass
+class Merged:
+    files: list[ResultsFile]
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # run key -> record (+ results_file, jobs)
+    sources: dict[str, ResultsFile] = field(default_factory=dict)  # run key -> the file its record came from
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # system -> row fields, later non-empty wins
+    seeds: set[int] = field(default_factory=set)  # every file's settings.seeds
+
+
+def merge(files: list[ResultsFile]) -> Merged:
+    """The run records of `files` by run key (a later file's record replaces an earlier one, but an unfinished
+    record never replaces a finished one; a note each), and their rows field by field."""
+    merged = Merged(files)
+    for file in files:
+        merged.seeds.update(file.settings.get("seeds") or [])
+        for record in file.data["runs"]:
+            key = run_key(record)
+            old = merged.runs.get(key)
+            if old is not None:
+                if is_done(old) and not is_done(record):
+                    note(f"{key} is in {old['results_file']} (done) and {file.label} ({record.get('status')}): "
+                         f"the finished record of {old['results_file']} is kept")
+                    continue
+                note(f"{key} is in {old['results_file']} and {file.label}: the record of {file.label} is used")
+            merged.runs[key] = {**record, "results_file": file.label, "jobs": file.settings.get("jobs")}
+            merged.sources[key] = file
+        for row in file.data.get("rows") or []:
+            target = merged.rows.setdefault(row["system"], {})
+            target.update({k: v for k, v in row.items() if v is not None and v != {} and v != []})
+    return merged
+
+
+def systems_present(merged: Merged) -> list[str]:
+    """bench/reproduce.py's systems, then any other system the records name, in order of appearance."""
+    found = dict.fromkeys(r["system"] for r in merged.runs.values())
+    return [s for s in SYSTEMS if s in found] + [s for s in found if s not in SYSTEMS]
+
+
+def same_rho(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and f"{a:g}" == f"{b:g}"
+
+
+def chosen_rho(system: str, merged: Merged) -> float | None:
+    """The rho of a MAT system's table runs: its row's; else that of a combination extending it; else the one
+    rho of its finished runs outside the grid; else the grid's best validation BLEU (ties: the smaller)."""
+    if merged.rows.get(system, {}).get("rho") is not None:
+        return float(merged.rows[system]["rho"])
+    for other, row in merged.rows.items():
+        if other != system and grid_of(other) == system and row.get("rho") is not None:
+            return float(row["rho"])
+    runs = [r for r in merged.runs.values() if r["system"] == system and r.get("rho") is not None]
+    outside = {f"{r['rho']:g}" for r in runs if not r.get("grid") and is_done(r)}
+    if len(outside) == 1:
+        return float(outside.pop())
+    grid = [r for r in runs if r.get("grid") and r.get("best_valid_bleu") is not None]
+    if grid:
+        return float(max(grid, key=lambda r: (r["best_valid_bleu"], -r["rho"]))["rho"])
+    return None
+
+
+def table_runs(merged: Merged) -> dict[str, list[dict[str, Any]]]:
+    """The finished runs each system's row counts, by seed (MAT: the chosen rho only; a grid run only at a seed
+    some call asked for)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for system in systems_present(merged):
+        runs = [r for r in merged.runs.values() if r["system"] == system and is_done(r)]
+        if system in MAT_SYSTEMS:
+            rho = chosen_rho(system, merged)
+            runs = [r for r in runs if same_rho(r.get("rho"), rho) and (not r.get("grid") or r["seed"] in merged.seeds)]
+        if runs:
+            out[system] = sorted(runs, key=lambda r: r["seed"])
+    return out
+
+
+# ---- statistics --------------------------------------------------------------------------------------------
+
+
+def mean_sd(values: list[float]) -> dict[str, Any]:
+    """{"n", "mean", "sd", "values"}: statistics.fmean and stdev (sd None for fewer than two values)."""
+    if not values:
+        return {"n": 0, "mean": None, "sd": None, "values": []}
+    return {"n": len(values), "mean": statistics.fmean(values),
+            "sd": statistics.stdev(values) if len(values) > 1 else None, "values": values}
+
+
+def recorded_p_value(run: dict[str, Any], standard: dict[str, Any] | None) -> float | None:
+    """The paired-bootstrap p-value in the run's compare_to_standard, if it compared exactly the two test scores
+    now paired (a standard run replaced by a later call's makes it stale: None)."""
+    bleu = (run.get("compare_to_standard") or {}).get("bleu") or {}
+    if standard is None or bleu.get("p_value") is None:
+        return None
+    pairs = ((bleu.get("baseline"), standard["test"]["avg"]["bleu"]), (bleu.get("system"), run["test"]["avg"]["bleu"]))
+    if any(recorded is None or abs(recorded - now) > 1e-4 for recorded, now in pairs):
+        return None
+    return float(bleu["p_value"])
+
+
+def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: dict[int, dict[str, Any]],
+                   row: dict[str, Any] | None = None, p_values: dict[int, float | None] | None = None
+                   ) -> dict[str, Any]:
+    """One table row: statistics over the finished `runs` of `system` (one per seed), paired by seed with
+    `standard_by_seed` (seed -> the standard model's run). `row`: the merged results row (parameters, rho,
+    paper_claim); `p_values`: seed -> p computed elsewhere, used where the runs record none. mean ± sd are
+    statistics.fmean / stdev (sd None for one seed); BLEU and chrF of the averaged checkpoint on test."""
+    row = row or {}
+    runs = sorted((r for r in runs if is_done(r)), key=lambda r: r["seed"])
+    claim = row.get("paper_claim") or PAPER_CLAIMS.get(system) or {}
+    summary: dict[str, Any] = {
+        "system": system, "rho": row.get("rho") if system in MAT_SYSTEMS else None,
+        "parameters": row.get("parameters"), "runs": [run_key(r) for r in runs], "seeds": [r["seed"] for r in runs],
+        "updates": mean_sd([r["updates"] for r in runs if r.get("updates") is not None]),
+        "updates_to_best_valid": mean_sd([r["best_valid_step"] for r in runs if r.get("best_valid_step")]),
+        "train_minutes": mean_sd([r["train_minutes"] for r in runs if r.get("train_minutes") is not None]),
+        "jobs": sorted({r["jobs"] for r in runs if r.get("jobs") is not None}),
+        "results_files": sorted({r["results_file"] for r in runs if r.get("results_file")}),
+        "test_bleu": mean_sd([r["test"]["avg"]["bleu"] for r in runs]),
+        "test_chrf": mean_sd([r["test"]["avg"]["chrf"] for r in runs if r["test"]["avg"].get("chrf") is not None]),
+        "test_bleu_best_ckpt": mean_sd([r["test"]["best"]["bleu"] for r in runs
+                                        if (r["test"].get("best") or {}).get("bleu") is not None]),
+        "delta_bleu_to_standard": None, "p_values": [],
+        "paper_delta_bleu": claim.get("delta_bleu"), "paper_claim": claim or None,
+    }
+    if system == "standard":
+        return summary
+    paired = [r for r in runs if r["seed"] in standard_by_seed]
+    delta = mean_sd([r["test"]["avg"]["bleu"] - standard_by_seed[r["seed"]]["test"]["avg"]["bleu"] for r in paired])
+    summary["delta_bleu_to_standard"] = {**delta, "seeds": [r["seed"] for r in paired]}
+    for r in paired:
+        p = recorded_p_value(r, standard_by_seed[r["seed"]])
+        origin = "results" if p is not None else None
+        if p is None and (p_values or {}).get(r["seed"]) is not None:
+            p, origin = p_values[r["seed"]], "hyps"
+        summary["p_values"].append({"seed": r["seed"], "p_value": p, "from": origin})
+    return summary
+
+
+# ---- p-values from the saved translations --------------------------------------------------------------------
+
+
+def default_ref() -> Path:
+    """test_2016_flickr.de of $MULTIBRANCH_MULTI30K, $MULTIBRANCH_SHARED_DATA/multi30k or ../shared/data/multi30k."""
+    return multi30k_dir() / "test_2016_flickr.de"
+
+
+def bootstrap_p_value(baseline: list[str], system: list[str], ref: Path) -> float | None:
+    """p-value of the BLEU difference (sacreBLEU paired bootstrap, `multibranch evaluate --compare`, 1000
+    resamples, its fixed seed) of `system` against `baseline` (lines of test translations); None on failure."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH"))
+                                                     if p)}
+    with tempfile.TemporaryDirectory(prefix="reproduce-report-") as folder:
+        base, mine, out = Path(folder, "standard.hyp"), Path(folder, "system.hyp"), Path(folder, "compare.json")
+        base.write_text("".join(f"{line}\n" for line in baseline), encoding="utf-8")
+        mine.write_text("".join(f"{line}\n" for line in system), encoding="utf-8")
+        result = subprocess.run([sys.executable, "-m", "multibranch", "evaluate", "--hyp", str(base), "--compare",
+                                 str(mine), "--ref", str(ref), "--bootstrap-samples", str(BOOTSTRAP_SAMPLES),
+                                 "--json", str(out), "--force"], capture_output=True, text=True, env=env, cwd=ROOT)
+        if result.returncode != 0:
+            lines = (result.stderr or result.stdout).strip().splitlines()
+            note(f"paired bootstrap failed: {lines[-1] if lines else f'exit status {result.returncode}'}")
+            return None
+        return float(json.loads(out.read_text(encoding="utf-8"))["compare"]["bleu"]["p_value"])
+
+
+def hyps_p_values(merged: Merged, runs: dict[str, list[dict[str, Any]]], ref: Path | None
+                  ) -> dict[str, dict[int, float | None]]:
+    """system -> seed -> p-value computed from the *_hyps.json files, for the runs that record no current one."""
+    standard = {r["seed"]: r for r in runs.get("standard", [])}
+    hyps: dict[Path, dict[str, Any]] = {}
+
+    def lines(record: dict[str, Any]) -> list[str] | None:
+        path = merged.sources[run_key(record)].hyps_path
+        if path not in hyps:
+            try:
+                hyps[path] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+                note(f"{path}: not readable ({error}); no p-values from it")
+                hyps[path] = {}
+        found = (hyps[path].get(run_key(record)) or {}).get("avg")
+        return found if isinstance(found, list) else None
+
+    tasks: dict[tuple[str, int], tuple[list[str], list[str]]] = {}
+    for system, mine in runs.items():
+        for run in mine:
+            base = standard.get(run["seed"])
+            if system == "standard" or base is None or recorded_p_value(run, base) is not None:
+                continue
+            pair = (lines(base), lines(run))
+            if pair[0] is not None and pair[1] is not None:
+                tasks[(system, run["seed"])] = pair  # type: ignore[assignment]
+    out: dict[str, dict[int, float | None]] = {}
+    if not tasks:
+        return out
+    if ref is None or not ref.is_file():
+        note(f"reference {ref} not found: no p-values from the saved translations (--ref)")
+        return out
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        futures = {key: pool.submit(bootstrap_p_value, base, mine, ref) for key, (base, mine) in tasks.items()}
+        for (system, seed), future in futures.items():
+            out.setdefault(system, {})[seed] = future.result()
+    return out
+
+
+def summaries(merged: Merged, ref: Path | None) -> list[dict[str, Any]]:
+    """`system_summary` of every system with a finished run, in table order."""
+    runs = table_runs(merged)
+    standard = {r["seed"]: r for r in runs.get("standard", [])}
+    computed = hyps_p_values(merged, runs, ref)
+    out = []
+    for system, mine in runs.items():
+        row = {**merged.rows.get(system, {})}
+        if system in MAT_SYSTEMS:
+            row["rho"] = chosen_rho(system, merged)
+        out.append(system_summary(system, mine, standard, row, computed.get(system)))
+    return out
+
+
+# ---- the Markdown ------------------------------------------------------------------------------------------
+
+
+def fmt(stat: dict[str, Any] | None, digits: int = 2, sign: bool = False) -> str:
+    """'mean ± sd' (just the mean for one value), '–' when empty."""
+    if not stat or stat.get("mean") is None:
+        return DASH
+    spec = f"{'+' if sign else ''},.{digits}f"
+    text = format(stat["mean"], spec)
+    return text + (f" ± {stat['sd']:,.{digits}f}" if stat.get("sd") is not None else "")
+
+
+def table_cells(summary: dict[str, Any]) -> list[str]:
+    """The Markdown cells of one summary, in COLUMNS order."""
+    name = summary["system"] + (f" (ρ={summary['rho']:g})" if summary.get("rho") is not None else "")
+    params = f"{summary['parameters'] / 1e6:.2f}M" if summary.get("parameters") else DASH
+    updates = fmt(summary["updates"], 0)
+    if summary["updates_to_best_valid"]["mean"] is not None:
+        updates += f" (best at {summary['updates_to_best_valid']['mean']:,.0f})"
+    minutes = fmt(summary["train_minutes"], 1)
+    if minutes != DASH and summary["jobs"]:
+        minutes += f" (jobs {'/'.join(str(j) for j in summary['jobs'])})"
+    p_values = [DASH if p["p_value"] is None else f"{p['p_value']:.3f}" for p in summary["p_values"]]
+    paper = summary.get("paper_delta_bleu")
+    return [name, params, ", ".join(str(s) for s in summary["seeds"]) or DASH, updates, minutes,
+            fmt(summary["test_bleu"]), fmt(summary["delta_bleu_to_standard"], sign=True),
+            ", ".join(p_values) if any(p != DASH for p in p_values) else DASH,
+            DASH if paper is None else f"{paper:+g}"]
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(table_cells(summary)) + " |" for summary in rows]
+    return "\n".join(lines) + "\n"
+
+
+def files_line(files: list[ResultsFile]) -> str:
+    """'Results merged (...): `FILE` (GPU, commit C, date); ...'."""
+    parts = []
+    for file in files:
+        env = file.environment
+        facts = [env.get("gpu") or f"device {env.get('device') or 'unknown'}"]
+        if env.get("commit"):
+            facts.append(f"commit {env['commit'][:10]}" + (" with local changes" if env.get("commit_dirty") else ""))
+        if file.date():
+            facts.append(file.date())
+        parts.append(f"`{file.label}` ({', '.join(facts)})")
+    return "Results merged (a run in two files is taken from the later one): " + "; ".join(parts) + "."
+
+
+LEGEND = ("Test BLEU and chrF: sacreBLEU on test_2016_flickr, the average of the last checkpoints, mean ± sd over "
+          "seeds. Δ: the system's test BLEU minus the standard model's of the same seed. p: sacreBLEU's paired "
+          "bootstrap against that standard model, one per seed. Updates to stop: where early stopping or the cap "
+          "ended training (best at: the update of the best validation BLEU). GPU minutes: training minutes per "
+          "run; with jobs N, N runs shared one GPU. Paper's Δ: the paper's own gain on its own data and shape.")
+
+
+def wrap(paragraph: str) -> str:
+    """A Markdown paragraph in lines of at most DOC_WIDTH characters (words and `code` kept whole)."""
+    return textwrap.fill(paragraph, DOC_WIDTH, break_long_words=False, break_on_hyphens=False)
+
+
+def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: list[tuple[str, str]]) -> str:
+    """The text between the markers: the files merged, the table, its legend and the figures (link, caption)."""
+    parts = ["", "<!-- written by bench/reproduce_report.py: rebuild it from the results, do not edit -->", "",
+             wrap(files_line(files)), "", markdown_table(rows).rstrip("\n"), "", wrap(LEGEND), ""]
+    for link, caption in figures:
+        parts += [f"![{caption}]({link})", ""]
+    return "\n".join(parts)
+
+
+def replace_region(text: str, body: str, path: Path) -> str:
+    """`text` with the lines between its START and END marker lines replaced by `body`."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.strip() == START]
+    ends = [i for i, line in enumerate(lines) if line.strip() == END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise ReportError(f"{path}: needs one line {START} and, after it, one line {END}")
+    return "".join(lines[:starts[0] + 1]) + body + "".join(lines[ends[0]:])
+
+
+# ---- figure data -------------------------------------------------------------------------------------------
+
+
+def analysis(run: dict[str, Any], name: str) -> dict[str, Any] | None:
+    report = (run.get("analyses") or {}).get(name)
+    return report if isinstance(report, dict) and "error" not in report else None
+
+
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+def sd(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def shared_points(series: list[dict[Any, float]]) -> list[Any]:
+    """The x values every series has, sorted."""
+    return sorted(set.intersection(*(set(s) for s in series))) if series else []
+
+
+def valid_curves_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """system -> {"seeds": {seed: {step: bleu}}, "mean": {step: bleu at the steps all seeds share}}."""
+    out = {}
+    for system, mine in runs.items():
+        seeds = {r["seed"]: {v["step"]: v["bleu"] for v in r["curve"]["valid"] if v.get("bleu") is not None}
+                 for r in mine if (r.get("curve") or {}).get("valid")}
+        seeds = {seed: points for seed, points in seeds.items() if points}
+        if seeds:
+            steps = shared_points(list(seeds.values()))
+            out[system] = {"seeds": seeds, "mean": {s: mean([p[s] for p in seeds.values()]) for s in steps}}
+    return out or None
+
+
+def pruning_curves_data(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]] | None:
+    """Per pruning system: [{"fraction", "score", "score_sd", "change", "change_sd"}] over the fractions all its
+    seeds share (change: score minus the seed's unpruned score)."""
+    models = []
+    for system in PRUNING_SYSTEMS:
+        curves = []
+        for run in runs.get(system, []):
+            points = ((analysis(run, "pruning") or {}).get("pruning_curve") or {}).get("points") or []
+            points = [p for p in points if p.get("score") is not None]
+            if points:
+                first = min(points, key=lambda p: p["fraction"])["score"]
+                curves.append({round(p["fraction"], 6): (p["score"], p["score"] - first) for p in points})
+        if curves:
+            curve = []
+            for f in shared_points(curves):
+                scores, changes = [c[f][0] for c in curves], [c[f][1] for c in curves]
+                curve.append({"fraction": f, "score": mean(scores), "score_sd": sd(scores), "change": mean(changes),
+                              "change_sd": sd(changes)})
+            models.append({"label": f"{system} ({len(curves)} seed{'s' if len(curves) > 1 else ''})", "curve": curve})
+    return models or None
+
+
+def lengths_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """An `analyze lengths` report of the mean BLEU per bucket over seeds, one model per system."""
+    buckets: list[dict[str, Any]] = []
+    models = []
+    for system in LENGTH_SYSTEMS:
+        reports = [r for r in (analysis(run, "lengths") for run in runs.get(system, [])) if r and r.get("models")]
+        if not reports:
+            continue
+        buckets = buckets or reports[0]["buckets"]
+        per_seed = [{b["label"]: b for b in report["models"][0]["buckets"]} for report in reports]
+        rows = []
+        for bucket in buckets:
+            scores = [p[bucket["label"]]["bleu"] for p in per_seed
+                      if bucket["label"] in p and p[bucket["label"]].get("bleu") is not None]
+            sentences = next((p[bucket["label"]].get("sentences") for p in per_seed if bucket["label"] in p), 0)
+            rows.append({"label": bucket["label"], "bleu": mean(scores) if scores else None,
+                         "sentences": sentences})
+        models.append({"label": f"{system} ({len(reports)} seed{'s' if len(reports) > 1 else ''})", "buckets": rows})
+    return {"buckets": buckets, "models": models} if models else None
+
+
+def diversity_data(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]] | None:
+    """Per MUTE system: {"label", "layers": [{"layer", att_pos, att_sub, ffn_sub}]}, means over seeds."""
+    models = []
+    for system in MUTE_SYSTEMS:
+        reports = [r for r in (analysis(run, "diversity") for run in runs.get(system, [])) if r and r.get("layers")]
+        if not reports:
+            continue
+        per_seed = [{row["layer"]: row for row in report["layers"]} for report in reports]
+        layers = [{"layer": layer, **{k: mean([p[layer][k] for p in per_seed if p[layer].get(k) is not None])
+                                      for k in DIVERSITY_TITLES}} for layer in shared_points(per_seed)]
+        models.append({"label": f"{system} ({len(reports)} seed{'s' if len(reports) > 1 else ''})", "layers": layers})
+    return models or None
+
+
+KAPPA_ALPHA_KEY = re.compile(rf"^encoder\.layers\.{KAPPA_ALPHA_LAYER}\.(?:.+\.)?weights\.(kappa|alpha)\.(\d+)$")
+
+
+def kappa_alpha_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """The Weighted Transformer's kappa/alpha of encoder layer KAPPA_ALPHA_LAYER over updates, from its lowest
+    seed that logged them: {"seed", "kappa": {branch: (steps, values)}, "alpha": {...}}."""
+    for run in runs.get("weighted", []):  # sorted by seed
+        series: dict[str, dict[int, tuple[list[int], list[float]]]] = {"kappa": {}, "alpha": {}}
+        for record in (run.get("curve") or {}).get("kappa_alpha") or []:
+            for key, value in record.items():
+                found = KAPPA_ALPHA_KEY.match(key)
+                if found and isinstance(value, (int, float)):
+                    steps, values = series[found.group(1)].setdefault(int(found.group(2)), ([], []))
+                    steps.append(record["step"])
+                    values.append(float(value))
+        if series["kappa"] or series["alpha"]:
+            return {"seed": run["seed"], **series}
+    return None
+
+
+def rho_grid_data(merged: Merged) -> dict[str, Any] | None:
+    """MAT system whose grid it is -> {"scores": {rho: valid BLEU}, "chosen": rho}, from the rows."""
+    out: dict[str, Any] = {}
+    for system in [s for s in SYSTEMS if s in MAT_SYSTEMS]:
+        scores = merged.rows.get(system, {}).get("rho_grid_valid_bleu") or {}
+        scores = {float(rho): bleu for rho, bleu in scores.items() if bleu is not None}
+        grid = grid_of(system)
+        if scores and grid not in out:
+            out[grid] = {"scores": dict(sorted(scores.items())), "chosen": chosen_rho(grid, merged)}
+    return out or None
+
+
+def branch_importance_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """MAT system -> role -> {"mean": [per branch], "sd": [...]}: head importance summed over each branch's heads
+    (head h is in branch h // M, M = heads / N_a), averaged over the role's layers, then over seeds."""
+    out: dict[str, Any] = {}
+    for system, mine in runs.items():
+        if system not in MAT_SYSTEMS:
+            continue
+        branches = MAT_SYSTEMS[system][1]
+        per_seed: list[dict[str, list[float]]] = []
+        for run in mine:
+            report = analysis(run, "importance") or analysis(run, "pruning")
+            sums: dict[str, list[list[float]]] = {}
+            for module in (report or {}).get("modules") or []:
+                importance = module.get("importance") or []
+                if not importance or len(importance) % branches:
+                    continue
+                per = len(importance) // branches
+                sums.setdefault(module["role"], []).append([sum(importance[b * per:(b + 1) * per])
+                                                            for b in range(branches)])
+            if sums:
+                per_seed.append({role: [mean([layer[b] for layer in rows]) for b in range(branches)]
+                                 for role, rows in sums.items()})
+        roles = [r for r in ROLES if any(r in seed for seed in per_seed)]
+        if roles:
+            out[system] = {role: {"mean": [mean([s[role][b] for s in per_seed if role in s]) for b in range(branches)],
+                                  "sd": [sd([s[role][b] for s in per_seed if role in s]) for b in range(branches)],
+                                  "seeds": sum(1 for s in per_seed if role in s)} for role in roles}
+    return out or None
+
+
+# ---- figures -----------------------------------------------------------------------------------------------
+
+
+def system_color(system: str) -> Any:
+    """One colour per system, the same in every figure."""
+    import matplotlib
+
+    index = SYSTEMS.index(system) if system in SYSTEMS else len(SYSTEMS)
+    return matplotlib.colormaps["tab20"](index % 20)
+
+
+def draw_valid_curves(data: dict[str, Any]) -> Any:
+    """Validation BLEU against updates: per system the mean over seeds (thick) and each seed (thin)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.5, 4.8), layout="constrained")
+    for system, curves in data.items():
+        color = system_color(system)
+        for points in curves["seeds"].values():
+            ax.plot(list(points), list(points.values()), color=color, alpha=0.3, linewidth=0.8)
+        ax.plot(list(curves["mean"]), list(curves["mean"].values()), color=color, linewidth=1.8,
+                label=f"{system} ({len(curves['seeds'])})")
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation BLEU")
+    ax.set_title("validation BLEU (mean over seeds at the updates all share; thin: each seed)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="system (seeds)", title_fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def draw_pruning_curves(models: list[dict[str, Any]]) -> Any:
+    """multibranch's pruning-curve overlay of the seed means, with a ± sd band over seeds."""
+    from multibranch.figures import plots
+
+    fig = plots.pruning_curves_overlay(models)
+    for ax, key in zip(fig.axes[:2], ("score", "change"), strict=True):
+        for line, model in zip(ax.lines, models, strict=False):
+            xs = [100 * p["fraction"] for p in model["curve"]]
+            ax.fill_between(xs, [p[key] - p[f"{key}_sd"] for p in model["curve"]],
+                            [p[key] + p[f"{key}_sd"] for p in model["curve"]], color=line.get_color(), alpha=0.2)
+    fig.suptitle("pruning curves (least important heads first; mean ± sd over seeds)")
+    return fig
+
+
+def draw_bleu_by_length(report: dict[str, Any]) -> Any:
+    from multibranch.figures import plots
+
+    fig = plots.length_buckets_plot(report)
+    fig.axes[0].set_title("BLEU by source length (mean over seeds)")
+    return fig
+
+
+def draw_mute_diversity(models: list[dict[str, Any]]) -> Any:
+    from multibranch.figures import plots
+
+    fig = plots.diversity_comparison_plot(models, DIVERSITY_TITLES)
+    fig.suptitle("MUTE unit diversity per encoder layer (eq. 21; mean over seeds; dashed: identical units)")
+    return fig
+
+
+def draw_kappa_alpha(data: dict[str, Any]) -> Any:
+    """Two panels (kappa, alpha) against updates, one line per branch: moving average of KAPPA_ALPHA_WINDOW
+    records (solid) over the logged values (faint)."""
+    import matplotlib.pyplot as plt
+
+    from multibranch.figures.curves import moving_average
+
+    fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.6), layout="constrained", sharex=True)
+    for ax, key in zip(axes, ("kappa", "alpha"), strict=True):
+        for branch, (steps, values) in sorted(data[key].items()):
+            line, = ax.plot(steps, moving_average(values, KAPPA_ALPHA_WINDOW), label=f"branch {branch + 1}")
+            ax.plot(steps, values, color=line.get_color(), alpha=0.25, linewidth=0.8)
+        ax.set_title(f"{'κ' if key == 'kappa' else 'α'} ({key})")
+        ax.set_xlabel("updates")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("weight")
+    fig.suptitle(f"Weighted Transformer, encoder layer {KAPPA_ALPHA_LAYER + 1} (seed {data['seed']}; moving average of "
+                 f"{KAPPA_ALPHA_WINDOW} records)")
+    return fig
+
+
+def draw_rho_grid(data: dict[str, Any]) -> Any:
+    """Validation BLEU against MAT's drop-branch rate rho, the chosen rho marked."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    for system, grid in data.items():
+        color = system_color(system)
+        ax.plot(list(grid["scores"]), list(grid["scores"].values()), marker="o", color=color, label=system)
+        chosen = next((rho for rho in grid["scores"] if same_rho(rho, grid["chosen"])), None)
+        if chosen is not None:
+            ax.plot([chosen], [grid["scores"][chosen]], marker="*", markersize=14, color=color, linestyle="none")
+    ax.set_xlabel("drop-branch rate ρ")
+    ax.set_ylabel("best validation BLEU (grid seed)")
+    ax.set_title("MAT ρ grid (star: the ρ chosen)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def draw_branch_importance(data: dict[str, Any]) -> Any:
+    """Per MAT system, bars per branch for each attention role: head importance summed over the branch."""
+    import matplotlib.pyplot as plt
+
+    from multibranch.figures.plots import ROLE_TITLES
+
+    fig, axes = plt.subplots(1, len(data), figsize=(4.6 * len(data), 3.6), squeeze=False, layout="constrained")
+    for ax, (system, roles) in zip(axes[0], data.items(), strict=True):
+        branches = MAT_SYSTEMS[system][1]
+        width = 0.8 / branches
+        for b in range(branches):
+            xs = [j + (b - (branches - 1) / 2) * width for j in range(len(roles))]
+            spread = [roles[r]["sd"][b] for r in roles] if any(r["seeds"] > 1 for r in roles.values()) else None
+            ax.bar(xs, [roles[r]["mean"][b] for r in roles], width, yerr=spread, capsize=2, label=f"branch {b + 1}")
+        ax.set_xticks(range(len(roles)), [ROLE_TITLES.get(r, r).replace(" attention", "\nattention") for r in roles],
+                      fontsize=8)
+        seeds = max(r["seeds"] for r in roles.values())
+        ax.set_title(f"{system} ({seeds} seed{'s' if seeds > 1 else ''})", fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("head importance summed per branch\n(mean over layers)")
+    fig.suptitle("MAT head importance per branch (mean ± sd over seeds)")
+    return fig
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    caption: str
+    data: Callable[[Merged, dict[str, list[dict[str, Any]]]], Any]
+    draw: Callable[[Any], Any]
+
+
+FIGURES = (
+    Figure("valid_curves.png", "validation BLEU against updates, per system", lambda m, r: valid_curves_data(r),
+           draw_valid_curves),
+    Figure("pruning_curves.png", "BLEU as heads are masked: standard, Scheduled DropHead, MAT + DropHead",
+           lambda m, r: pruning_curves_data(r), draw_pruning_curves),
+    Figure("bleu_by_length.png", "BLEU by source length: standard, MUSE, MUSE-simple", lambda m, r: lengths_data(r),
+           draw_bleu_by_length),
+    Figure("mute_diversity.png", "MUTE unit diversity per encoder layer", lambda m, r: diversity_data(r),
+           draw_mute_diversity),
+    Figure("kappa_alpha.png", "Weighted Transformer kappa and alpha of the second encoder layer during training",
+           lambda m, r: kappa_alpha_data(r), draw_kappa_alpha),
+    Figure("mat_rho_grid.png", "validation BLEU over MAT's rho grid", lambda m, r: rho_grid_data(m), draw_rho_grid),
+    Figure("mat_branch_importance.png", "MAT head importance summed per branch",
+           lambda m, r: branch_importance_data(r), draw_branch_importance),
+)
+
+
+def figure_data(merged: Merged) -> list[tuple[Figure, Any]]:
+    """The figures the merged results hold data for, with that data."""
+    runs = table_runs(merged)
+    return [(figure, data) for figure in FIGURES if (data := figure.data(merged, runs))]
+
+
+def write_png(path: Path, fig: Any) -> None:
+    """Save a matplotlib figure as PNG atomically, and close it."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+# ---- the command -------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="*", type=Path, metavar="FILES",
+                   help="results files, merged in this order (default: bench/results/reproduce_*.json, see above)")
+    p.add_argument("--docs", type=Path, default=None, help="rewrite the marked region of this Markdown file")
+    p.add_argument("--images", type=Path, default=None,
+                   help="folder of the figures (default with --docs: images/reproduction beside it)")
+    p.add_argument("--ref", type=Path, default=None, help="test references for p-values from *_hyps.json "
+                   "(default: $MULTIBRANCH_MULTI30K/test_2016_flickr.de, or under $MULTIBRANCH_SHARED_DATA/multi30k "
+                   "or ../shared/data/multi30k)")
+    p.add_argument("--json", type=Path, default=None, help="also write the merged rows as JSON")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if --docs is not current")
+    p.add_argument("--accept-difference", action="append", default=[], choices=RECIPE_KEYS, metavar="KEY",
+                   help=f"merge files that differ in this setting (one of {', '.join(RECIPE_KEYS)})")
+    args = p.parse_args(argv)
+    if args.check and args.docs is None:
+        p.error("--check needs --docs")
+    if args.images is None and args.docs is not None:
+        args.images = args.docs.parent / "images" / "reproduction"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        files = [load_results(path) for path in args.files] if args.files else default_files()
+        check_recipes(files, tuple(args.accept_difference))
+        doc_text = None
+        if args.docs is not None:
+            try:
+                doc_text = args.docs.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise ReportError(f"{args.docs}: cannot be read ({error})") from None
+            replace_region(doc_text, "", args.docs)  # the markers are there before anything is computed
+    except ReportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    merged = merge(files)
+    rows = summaries(merged, args.ref or default_ref())
+    print(markdown_table(rows), end="")
+    figures = figure_data(merged) if args.images is not None else []
+    if doc_text is not None:
+        links = [(Path(os.path.relpath(args.images / f.name, args.docs.parent)).as_posix(), f.caption)
+                 for f, _ in figures]
+        new_text = replace_region(doc_text, docs_region(files, rows, links), args.docs)
+        if args.check:
+            stale = [f"{args.docs}: the {START} region is not current"] if new_text != doc_text else []
+            stale += [f"{args.images / f.name}: missing" for f, _ in figures if not (args.images / f.name).is_file()]
+            for line in stale:
+                print(f"stale: {line}", file=sys.stderr)
+            if not stale:
+                print(f"{args.docs}: current", file=sys.stderr)
+            return 1 if stale else 0
+    if figures:
+        args.images.mkdir(parents=True, exist_ok=True)
+        for figure, data in figures:
+            write_png(args.images / figure.name, figure.draw(data))
+            print(f"wrote {args.images / figure.name}", file=sys.stderr)
+    if doc_text is not None and new_text != doc_text:
+        atomic_write_text(args.docs, new_text)
+        print(f"wrote {args.docs}", file=sys.stderr)
+    if args.json is not None:
+        write_json(args.json, {"files": [{"file": f.label, **{k: f.environment.get(k) for k in ("gpu", "commit")},
+                                          "date": f.date()} for f in files], "rows": rows})
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

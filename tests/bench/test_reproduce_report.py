@@ -1,0 +1,312 @@
+"""bench/reproduce_report.py on small hand-made results files (no data, no training): the statistics against
+numbers worked out by hand, merging several calls (the later file wins, an unfinished record never replaces a
+finished one, different recipes are refused), MAT rows that count only the chosen rho, the docs region written
+and checked, the figures drawn, and p-values computed from saved translations. The command-line behaviour runs
+the script as a subprocess; the statistics import its functions."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.reproduce_report import (
+    END,
+    START,
+    branch_importance_data,
+    chosen_rho,
+    default_files,
+    load_results,
+    main,
+    merge,
+    pruning_curves_data,
+    system_summary,
+    table_runs,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "reproduce_report.py"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run(system: str, seed: int, bleu: float, *, rho: float | None = None, grid: bool = False, status: str = "done",
+        updates: int = 1000, best_step: int = 800, minutes: float = 10.0, compare: dict | None = None,
+        analyses: dict | None = None, kappa_alpha: list | None = None) -> dict[str, Any]:
+    """A run record as bench/reproduce.py writes it (the fields the report reads)."""
+    name = f"{system}-rho{rho:g}" if rho is not None else system
+    record: dict[str, Any] = {
+        "system": system, "seed": seed, "rho": rho, "grid": grid, "dir": f"/w/runs/{name}/seed{seed}",
+        "status": status, "stop": "no improvement", "updates": updates, "best_valid_bleu": bleu + 1.0,
+        "best_valid_step": best_step, "train_minutes": minutes, "wall_minutes": minutes + 1.0,
+        "segments": [{"started": "2026-11-28T01:00:00", "wall_s": 60.0, "jobs": 3}],
+        "curve": {"valid": [{"step": 500, "bleu": bleu - 2.0}, {"step": 1000, "bleu": bleu + 1.0}], "train": []},
+    }
+    if status == "done":
+        record["test"] = {"avg": {"bleu": bleu, "chrf": 2 * bleu, "bleu_signature": "nrefs:1|tok:13a"},
+                          "best": {"bleu": bleu - 0.5, "chrf": 2 * bleu}}
+    if compare is not None:
+        record["compare_to_standard"] = compare
+    if analyses is not None:
+        record["analyses"] = analyses
+    if kappa_alpha is not None:
+        record["curve"]["kappa_alpha"] = kappa_alpha
+    return record
+
+
+def compared(baseline: float, system: float, p: float) -> dict[str, Any]:
+    return {"bleu": {"baseline": baseline, "system": system, "delta": system - baseline, "p_value": p},
+            "chrf": {"baseline": 2 * baseline, "system": 2 * system, "p_value": p}}
+
+
+def results(runs: list[dict], rows: list[dict] | None = None, *, max_updates: int = 12000, jobs: int = 3,
+            tiny: bool = False, seeds: tuple[int, ...] = (1, 2, 3), patience: int = 5) -> dict[str, Any]:
+    return {"environment": {"gpu": "NVIDIA H100 80GB HBM3", "commit": "0123456789abcdef", "commit_dirty": False,
+                            "device": "cuda", "torch": "2.11.0"},
+            "settings": {"tiny": tiny, "systems": sorted({r["system"] for r in runs}), "seeds": list(seeds),
+                         "max_updates": max_updates, "patience": patience, "valid_every": 500, "average_last": 5,
+                         "jobs": jobs, "data": {"vocab_size": {"src": 8000, "tgt": 8000}}},
+            "rows": rows or [], "runs": runs, "bleu_signatures": ["nrefs:1|tok:13a"]}
+
+
+def write(path: Path, data: Any) -> Path:
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+
+
+STANDARD = [run("standard", 1, 30.0, updates=1000, minutes=10.0), run("standard", 2, 31.0, updates=1200, minutes=12.0),
+            run("standard", 3, 32.0, updates=1400, minutes=14.0)]
+DROPHEAD = [run("drophead", 1, 31.0, compare=compared(30.0, 31.0, 0.01)),
+            run("drophead", 2, 31.5, compare=compared(31.0, 31.5, 0.2)),
+            run("drophead", 3, 33.5, compare=compared(30.5, 33.5, 0.001))]  # compared to another standard: stale
+DROPHEAD_ROW = {"system": "drophead", "parameters": 52_000_000, "paper_claim": {"delta_bleu": 0.7, "claim": "+0.7"}}
+
+
+def test_system_summary_pairs_seeds_with_the_standard_model():
+    standard = {r["seed"]: r for r in STANDARD}
+    base = system_summary("standard", STANDARD, standard)
+    assert base["test_bleu"]["mean"] == pytest.approx(31.0) and base["test_bleu"]["sd"] == pytest.approx(1.0)
+    assert base["updates"]["mean"] == pytest.approx(1200) and base["updates"]["sd"] == pytest.approx(200)
+    assert base["train_minutes"]["mean"] == pytest.approx(12.0) and base["train_minutes"]["sd"] == pytest.approx(2.0)
+    assert base["delta_bleu_to_standard"] is None and base["p_values"] == []
+
+    mine = system_summary("drophead", DROPHEAD, standard, DROPHEAD_ROW, p_values={3: 0.04})
+    delta = mine["delta_bleu_to_standard"]
+    assert delta["values"] == pytest.approx([1.0, 0.5, 1.5]) and delta["seeds"] == [1, 2, 3]
+    assert delta["mean"] == pytest.approx(1.0) and delta["sd"] == pytest.approx(0.5)
+    assert mine["test_bleu"]["mean"] == pytest.approx(32.0)
+    assert mine["test_bleu"]["sd"] == pytest.approx(statistics.stdev([31.0, 31.5, 33.5]))
+    assert mine["test_chrf"]["mean"] == pytest.approx(64.0)
+    # seed 3's recorded comparison scored another standard model: replaced by the p-value given
+    assert mine["p_values"] == [{"seed": 1, "p_value": 0.01, "from": "results"},
+                                {"seed": 2, "p_value": 0.2, "from": "results"},
+                                {"seed": 3, "p_value": 0.04, "from": "hyps"}]
+    assert (mine["parameters"], mine["paper_delta_bleu"]) == (52_000_000, 0.7)
+
+    one = system_summary("drophead", DROPHEAD[:1], {1: STANDARD[0]})
+    assert one["test_bleu"]["sd"] is None and one["delta_bleu_to_standard"]["sd"] is None
+    assert one["paper_delta_bleu"] == 0.7  # bench/reproduce.py's claims when no row is given
+
+
+def mat_runs() -> list[dict]:
+    return [run("standard-narrow", 1, 28.0), run("mat3-narrow", 1, 20.0, rho=0.1, grid=True),
+            run("mat3-narrow", 1, 25.0, rho=0.2, grid=True), run("mat3-narrow", 2, 26.0, rho=0.2),
+            run("mat3-narrow", 3, 27.0, rho=0.2), run("mat3-narrow", 3, 99.0, rho=0.3)]
+
+
+def test_a_mat_row_counts_only_the_runs_of_the_chosen_rho(tmp_path):
+    row = {"system": "mat3-narrow", "rho": 0.2, "rho_grid_valid_bleu": {"0.1": 21.0, "0.2": 26.0}}
+    merged = merge([load_results(write(tmp_path / "r.json", results([*STANDARD, *mat_runs()], [row])))])
+    runs = table_runs(merged)["mat3-narrow"]
+    assert [(r["seed"], r["rho"]) for r in runs] == [(1, 0.2), (2, 0.2), (3, 0.2)]
+    summary = system_summary("mat3-narrow", runs, {r["seed"]: r for r in STANDARD}, row)
+    assert summary["test_bleu"]["mean"] == pytest.approx(26.0) and summary["rho"] == 0.2
+    assert summary["delta_bleu_to_standard"]["values"] == pytest.approx([-5.0, -5.0, -5.0])
+
+
+def test_without_its_row_mat_takes_the_rho_of_its_combination_else_its_grid(tmp_path):
+    combination = {"system": "mat3-narrow-drophead", "rho": 0.3}
+    merged = merge([load_results(write(tmp_path / "a.json", results(mat_runs(), [combination])))])
+    assert chosen_rho("mat3-narrow", merged) == 0.3
+    grid_only = [r for r in mat_runs() if r.get("grid")]
+    merged = merge([load_results(write(tmp_path / "b.json", results(grid_only)))])
+    assert chosen_rho("mat3-narrow", merged) == 0.2  # best validation BLEU of the grid
+
+
+def test_the_later_file_wins_a_run_both_hold_and_a_note_says_so(tmp_path):
+    first = write(tmp_path / "reproduce_h100_2.json", results([*STANDARD, *DROPHEAD], [DROPHEAD_ROW]))
+    changed = run("drophead", 2, 35.0)  # retrained in a later call
+    unfinished = run("standard", 1, 0.0, status="unfinished")  # planned again, not finished: the old one stays
+    second = write(tmp_path / "reproduce_h100_10.json", results([changed, unfinished], jobs=1))
+    out = tmp_path / "rows.json"
+    proc = report(second, first, "--json", out)  # the order given: the _2 file wins
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("drophead/seed2") == 1 and "record of reproduce_h100_2.json is used" in proc.stderr
+    proc = report(first, second, "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("note:")]
+    assert len(notes) == 2 and "the record of reproduce_h100_10.json is used" in notes[0]
+    assert "standard/seed1" in notes[1] and "the finished record of reproduce_h100_2.json is kept" in notes[1]
+    rows = {row["system"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["drophead"]["test_bleu"]["values"] == pytest.approx([31.0, 35.0, 33.5])
+    assert rows["drophead"]["jobs"] == [1, 3] and rows["standard"]["seeds"] == [1, 2, 3]
+    assert "| drophead | 52.00M | 1, 2, 3 |" in proc.stdout and "(jobs 1/3)" in proc.stdout
+
+
+def test_files_of_different_recipes_are_refused_and_nothing_is_written(tmp_path):
+    first = write(tmp_path / "a.json", results(STANDARD))
+    second = write(tmp_path / "b.json", results(DROPHEAD, patience=3))
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"# t\n{START}\n{END}\n", encoding="utf-8")
+    before = doc.read_text()
+    proc = report(first, second, "--docs", doc, "--json", tmp_path / "rows.json")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "patience" in proc.stderr
+    assert proc.stdout == "" and doc.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json", "doc.md"]
+    assert report(first, second, "--accept-difference", "patience").returncode == 0
+    capped = write(tmp_path / "c.json", results(DROPHEAD, max_updates=8000))  # another update cap is comparable
+    assert report(first, capped).returncode == 0
+
+
+def test_an_unreadable_file_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json", encoding="utf-8")
+    for path in (bad, tmp_path / "missing.json", write(tmp_path / "list.json", [1, 2])):
+        proc = report(path)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr and path.name in proc.stderr
+
+
+def test_default_files_leave_out_hyps_tiny_and_unfinished_results(tmp_path):
+    write(tmp_path / "reproduce_h100_1.json", results(STANDARD))
+    write(tmp_path / "reproduce_h100_1_hyps.json", {"standard/seed1": {"avg": ["a"], "best": ["a"]}})
+    write(tmp_path / "reproduce_tiny.json", results(STANDARD, tiny=True))
+    write(tmp_path / "reproduce_today.json", results([run("standard", 1, 0.0, status="unfinished")]))
+    assert [f.path.name for f in default_files(tmp_path)] == ["reproduce_h100_1.json"]
+
+
+def test_docs_region_is_rewritten_alone_and_check_tells_when_it_is_stale(tmp_path):
+    results_file = write(tmp_path / "r.json", results([*STANDARD, *DROPHEAD], [DROPHEAD_ROW]))
+    head, tail = "# Reproduction\n\nBefore the table.\n", "\nAfter the table.\n"
+    (tmp_path / "docs").mkdir()
+    doc = tmp_path / "docs" / "reproduction.md"
+    doc.write_text(f"{head}{START}\nold table\n{END}{tail}", encoding="utf-8")
+    assert report(results_file, "--docs", doc, "--check").returncode == 1
+    proc = report(results_file, "--docs", doc)
+    assert proc.returncode == 0, proc.stderr
+    text = doc.read_text()
+    assert text.startswith(head + START + "\n") and text.endswith(END + tail) and "old table" not in text
+    row = ["drophead", "52.00M", "1, 2, 3", "1,000 ± 0 (best at 800)", "10.0 ± 0.0 (jobs 3)", "32.00 ± 1.32",
+           "+1.00 ± 0.50", "0.010, 0.200, –", "+0.7"]
+    assert "| " + " | ".join(row) + " |" in text.splitlines()
+    assert "`r.json` (NVIDIA H100 80GB HBM3, commit 0123456789" in " ".join(text.split())  # a wrapped paragraph
+    assert "![validation BLEU against updates, per system](images/reproduction/valid_curves.png)" in text
+    assert (tmp_path / "docs" / "images" / "reproduction" / "valid_curves.png").read_bytes().startswith(PNG)
+    check = report(results_file, "--docs", doc, "--check")
+    assert check.returncode == 0, check.stderr
+    no_markers = tmp_path / "plain.md"
+    no_markers.write_text("# no markers\n", encoding="utf-8")
+    proc = report(results_file, "--docs", no_markers)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert no_markers.read_text() == "# no markers\n" and not (tmp_path / "images").exists()
+
+
+def heads(role: str, layer: int, importance: list[float]) -> dict[str, Any]:
+    return {"name": f"{role}.{layer}", "role": role, "layer": layer, "heads": len(importance),
+            "importance": importance, "entropy": [1.0] * len(importance)}
+
+
+def pruning(scores: list[float]) -> dict[str, Any]:
+    points = [{"fraction": f, "masked_heads": int(8 * f), "score": s} for f, s in zip((0.0, 0.5, 1.0), scores)]
+    return {"modules": [heads("encoder_self", 0, [0.1, 0.2, 0.3, 0.4])], "pruning_curve": {"points": points},
+            "score": {"metric": "bleu"}}
+
+
+def lengths(scores: list[float]) -> dict[str, Any]:
+    buckets = [{"label": "1-8", "low": 1, "high": 8}, {"label": ">8", "low": 9, "high": None}]
+    return {"buckets": buckets, "models": [{"label": "avg_last5", "bleu": 30.0, "buckets": [
+        {**b, "sentences": n, "bleu": s} for b, n, s in zip(buckets, (10, 20), scores)]}]}
+
+
+def diversity(base: float) -> dict[str, Any]:
+    layers = [{"layer": i, "att_pos": base + i / 10, "att_sub": base + 0.1, "ffn_sub": base - 0.1} for i in range(2)]
+    return {"layers": layers, "mean": {}, "unit_weights": []}
+
+
+def kappa_alpha() -> list[dict[str, Any]]:
+    prefix = "encoder.layers.1.branched.weights"
+    return [{"step": 100 * k, f"{prefix}.kappa.0": 0.5 + k / 100, f"{prefix}.kappa.1": 0.5 - k / 100,
+             f"{prefix}.alpha.0": 0.4, f"{prefix}.alpha.1": 0.6, "encoder.layers.0.branched.weights.kappa.0": 1.0}
+            for k in range(1, 9)]
+
+
+def analysed_results() -> dict[str, Any]:
+    importance = {"importance": {"modules": [heads("encoder_self", 0, [float(i) for i in range(1, 13)]),
+                                             heads("cross", 0, [1.0] * 12)], "pruning_curve": None}}
+    runs = [run("standard", s, 30.0 + s, analyses={"pruning": pruning([30.0, 20.0 + s, 5.0]),
+                                                   "lengths": lengths([35.0, 28.0 + s])}) for s in (1, 2)]
+    runs += [run("drophead", s, 31.0, analyses={"pruning": pruning([31.0, 27.0, 8.0])}) for s in (1, 2)]
+    runs += [run("muse", 1, 31.0, analyses={"lengths": lengths([36.0, 30.0]), "gates": {"error": "failed"}})]
+    runs += [run(system, 1, 31.0, analyses={"diversity": diversity(0.4)}) for system in ("mute", "mute-bias-seq")]
+    runs += [run("weighted", 2, 30.0, kappa_alpha=kappa_alpha()), run("weighted", 1, 30.0)]
+    runs += [run("mat3-narrow", 1, 30.0, rho=0.2, grid=True, analyses=importance),
+             run("mat3-narrow", 1, 29.0, rho=0.1, grid=True)]
+    rows = [{"system": "mat3-narrow", "rho": 0.2, "rho_grid_valid_bleu": {"0.1": 29.5, "0.2": 30.5}}]
+    return results(runs, rows)
+
+
+def test_figure_data_against_hand_computed_numbers(tmp_path):
+    runs = table_runs(merge([load_results(write(tmp_path / "r.json", analysed_results()))]))
+    standard = pruning_curves_data(runs)[0]
+    assert standard["label"] == "standard (2 seeds)"
+    middle = standard["curve"][1]  # scores 21 and 22 at half the heads masked; changes -9 and -8
+    assert (middle["score"], middle["change"]) == pytest.approx((21.5, -8.5))
+    assert middle["score_sd"] == pytest.approx(statistics.stdev([21.0, 22.0]))
+    importance = branch_importance_data(runs)["mat3-narrow"]  # 12 heads, 3 branches of 4
+    assert importance["encoder_self"]["mean"] == pytest.approx([10.0, 26.0, 42.0])
+    assert importance["cross"]["mean"] == pytest.approx([4.0, 4.0, 4.0])
+
+
+def test_every_figure_is_drawn_as_a_png_when_its_data_exists(tmp_path, capsys):
+    results_file = write(tmp_path / "r.json", analysed_results())
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "other.png").write_bytes(b"kept")
+    assert main([str(results_file), "--images", str(images)]) == 0
+    drawn = {"valid_curves.png", "pruning_curves.png", "bleu_by_length.png", "mute_diversity.png", "kappa_alpha.png",
+             "mat_rho_grid.png", "mat_branch_importance.png"}
+    assert {p.name for p in images.iterdir()} == drawn | {"other.png"}
+    assert all((images / name).read_bytes().startswith(PNG) for name in drawn)
+    assert (images / "other.png").read_bytes() == b"kept"
+    assert "| mat3-narrow (ρ=0.2) |" in capsys.readouterr().out
+
+
+def test_p_values_come_from_saved_translations_when_the_results_have_none(tmp_path):
+    ref = tmp_path / "ref.de"
+    sentences = [f"ein Mann mit Hut geht über die Straße Nummer {i}" for i in range(30)]
+    ref.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    worse = [" ".join(s.split()[:4]) for s in sentences]
+    results_file = write(tmp_path / "reproduce_x.json", results([run("standard", 1, 20.0), run("drophead", 1, 60.0)]))
+    write(tmp_path / "reproduce_x_hyps.json", {"standard/seed1": {"avg": worse, "best": worse},
+                                               "drophead/seed1": {"avg": sentences, "best": sentences}})
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "MULTIBRANCH_MULTI30K": str(tmp_path / "absent")}
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(results_file), "--ref", str(ref), "--json", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    p = {row["system"]: row for row in json.loads(out.read_text())["rows"]}["drophead"]["p_values"][0]
+    assert p["from"] == "hyps" and 0.0 < p["p_value"] < 0.05
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(results_file), "--json", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)  # no reference: no p
+    assert proc.returncode == 0 and "reference" in proc.stderr
+    assert json.loads(out.read_text())["rows"][1]["p_values"][0]["p_value"] is None
