@@ -15,18 +15,18 @@
 # Carry runs/bench/m30k-data-8000 (made here by `python -c "from bench.common import multi30k_data;
 # multi30k_data()"` with MULTIBRANCH_BENCH_DIR=runs/bench): the prepared Multi30k that bench/reproduce.py also
 # trains on. The device copy has no .git, so pass MULTIBRANCH_COMMIT. Writes under $OUT: progress.log,
-# pytest_train.log, pytest_decode.log, train_speed.log, gpu_session_train_speed.json, reproduce.log, reproduce.json,
+# pytest_train.log, pytest_decode.log, train_speed.log, gpu_call_train_speed.json, reproduce.log, reproduce.json,
 # reproduce_hyps.json. Commit the JSON as bench/results/reproduce_<gpu>_<n>.json (+ _hyps.json), then
 # `python bench/reproduce_report.py --docs docs/reproduction.md` here.
 #
-#   MULTIBRANCH_COMMIT=<sha> OUT=$OUT bash bench/gpu_session.sh
-#   MULTIBRANCH_COMMIT=<sha> OUT=$OUT SKIP_CHECKS=1 SYSTEMS="drophead weighted" JOBS=6 bash bench/gpu_session.sh
+#   MULTIBRANCH_COMMIT=<sha> OUT=$OUT bash bench/gpu_call.sh
+#   MULTIBRANCH_COMMIT=<sha> OUT=$OUT SKIP_CHECKS=1 SYSTEMS="drophead weighted" JOBS=6 bash bench/gpu_call.sh
 #   DEVICE=cpu CALL_MINUTES=6 SPEED_SIZE=tiny REPRODUCE_ARGS="--tiny --valid-sentences 40 --analysis-sentences 40" \
-#     OUT=/tmp/gpu-session bash bench/gpu_session.sh
+#     OUT=/tmp/gpu-call bash bench/gpu_call.sh
 #       (the dry run on a CPU: the CUDA tests skip, the reproduction trains --tiny models on the carried data)
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-runs/gpu-session}
+OUT=${OUT:-runs/gpu-call}
 DEVICE=${DEVICE:-cuda}
 CALL_MINUTES=${CALL_MINUTES:-9.3}
 mkdir -p "$OUT"
@@ -54,10 +54,10 @@ if [ -z "${SKIP_CHECKS:-}" ]; then
   stamp speed
   timeout "${SPEED_TIMEOUT:-110}" python3 bench/train_speed.py --device "$DEVICE" --size "${SPEED_SIZE:-base}" \
     --amp bf16 --systems multibranch multibranch-eager hf-marian --max-tokens 4096 --steps 20 --warmup 3 --prewarm \
-    --profile-updates 5 --rounds 1 --threads 4 --name gpu_session_train_speed > "$OUT/train_speed.log" 2>&1
+    --profile-updates 5 --rounds 1 --threads 4 --name gpu_call_train_speed > "$OUT/train_speed.log" 2>&1
   echo "train_speed rc=$?" >> "$OUT/progress.log"
   # it comes back through $OUT; the copy in bench/results goes, so that a dry run changes no committed file
-  mv bench/results/gpu_session_train_speed.json "$OUT/" 2>/dev/null
+  mv bench/results/gpu_call_train_speed.json "$OUT/" 2>/dev/null
 fi
 
 budget=$(left_minutes)
