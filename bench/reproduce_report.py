@@ -51,7 +51,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's mul
 from bench.common import multi30k_dir  # noqa: E402
 from bench.reproduce_systems import MAT_SYSTEMS, PAPER_CLAIMS, SYSTEMS, grid_of  # noqa: E402
 from multibranch.atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
-from multibranch.json_file import write_json  # noqa: E402
+from multibranch.json_file import read_json_object, write_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 START = "<!-- reproduce-report:start -->"
@@ -123,14 +123,8 @@ class ResultsFile:
 
 def load_results(path: Path) -> ResultsFile:
     """A results file of bench/reproduce.py; ReportError (one line) when unreadable or of another kind."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ReportError(f"{path}: cannot be read ({error.strerror or error})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ReportError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not isinstance(
-            data.get("settings"), dict):
+    data = read_json_object(path, ReportError)
+    if not isinstance(data.get("runs"), list) or not isinstance(data.get("settings"), dict):
         raise ReportError(f"{path}: not a bench/reproduce.py results file (no settings and runs)")
     return ResultsFile(path, data)
 
