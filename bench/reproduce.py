@@ -21,7 +21,11 @@ Systems (--systems; each a model delta on the standard recipe, written to the ru
                   (pre-norm, relative positions 16: the model side of the `mute` presets)
   muse, muse-simple   MUSE (parallel attention + gated {3,15} dynamic convolution + FFN), without the conv
   drophead        Scheduled DropHead, V schedule, p = 0.2 on every attention, residual dropout 0.3 -> 0.2
-Training and decoding settings are the standard recipe's for every system.
+  mat3-narrow-drophead   beyond the papers: mat3-narrow (its rho, no grid of its own) with drophead's DropHead
+Training and decoding settings are the standard recipe's for every system (bench/reproduce_systems.py). Each
+finished run's averaged checkpoint gets its paper's analyses in the same call (bench/reproduce_analyses.py:
+pruning curve, BLEU by length, gates, MUTE diversity, MAT head importance; --no-analyses skips them), and
+bench/reproduce_report.py builds docs/reproduction.md's table and figures from several calls' results.
 
 It drives the toolkit only through its command line (`python -m multibranch ...`, this checkout's
 src/ first on PYTHONPATH) and tolerates being run in parts: every run lives in its own stable folder
