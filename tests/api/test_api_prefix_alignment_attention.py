@@ -240,26 +240,17 @@ def test_attention_of_a_mat_model_has_its_branches(tokenizer, tmp_path):
     """A MAT model (2 branches of 2 heads): per-branch maps are the means of their heads, as POST /attention
     draws a branch."""
     from multibranch.checkpoint.format import save_checkpoint
-    from multibranch.config import from_dict
     from multibranch.experiment import ExperimentConfig
     from multibranch.experiment.decoding import DecodeConfig
-    from multibranch.models import ModelConfig, build_model
     from multibranch.serve.engine import TorchEngine
+    from tests.helpers.models import noisy_mat_model
     from tests.helpers.translation import corpus_lines
 
-    torch.manual_seed(3)
-    vocab = tokenizer.src_vocab_size
-    branched = {"kind": "transformer", "attention_branches": 2}
-    cfg = from_dict(ModelConfig, {"d_model": 16, "heads": 2, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 2,
-                                  "src_vocab_size": vocab, "tgt_vocab_size": vocab, "encoder": branched,
-                                  "decoder": branched})
-    model = build_model(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
+    model = noisy_mat_model(tokenizer.src_vocab_size)
     decode = DecodeConfig(beam=2, max_len_a=1.0, max_len_b=3)
     path = tmp_path / "mat.pt"
-    save_checkpoint(path, {"config": ExperimentConfig(model=cfg, decode=decode).to_dict(), "model": model.state_dict(),
+    config = ExperimentConfig(model=model.config, decode=decode).to_dict()
+    save_checkpoint(path, {"config": config, "model": model.state_dict(),
                            "tokenizer": tokenizer.to_state(), "meta": {}})
     text = min(corpus_lines(20, seed=31), key=len)
     maps = multibranch.load(path).attention(text)

@@ -20,3 +20,11 @@ def noisy_model(vocab: int, noise: float, seed: int, **overrides) -> torch.nn.Mo
         for p in model.parameters():
             p.add_(torch.randn_like(p) * noise)
     return model.eval()
+
+
+def noisy_mat_model(vocab: int) -> torch.nn.Module:
+    """A random MAT model (2 branches of 2 heads in every attention, d=16, 1+2 layers) in eval mode, as
+    `noisy_model` makes them."""
+    branched = {"kind": "transformer", "attention_branches": 2}
+    return noisy_model(vocab, 0.3, 3, d_model=16, heads=2, ffn_dim=32, encoder_layers=1, decoder_layers=2,
+                       encoder=branched, decoder=branched)

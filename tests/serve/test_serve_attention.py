@@ -19,13 +19,12 @@ pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
 from multibranch.analysis.attention_maps import capture_maps  # noqa: E402
-from multibranch.config import from_dict  # noqa: E402
 from multibranch.experiment.decoding import DecodeConfig  # noqa: E402
-from multibranch.models import ModelConfig, build_model  # noqa: E402
 from multibranch.serve.app import PAGE_DIR, create_app  # noqa: E402
 from multibranch.serve.engine import TorchEngine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
 from multibranch.tasks.translation.translator import Translator  # noqa: E402
+from tests.helpers.models import noisy_mat_model  # noqa: E402
 from tests.helpers.serve import BlockingEngine, run, serving, wait_until  # noqa: E402
 from tests.helpers.translation import corpus_lines  # noqa: E402
 
@@ -53,17 +52,7 @@ def get(app: Any, path: str) -> Any:
 @pytest.fixture(scope="module")
 def mat(tokenizer) -> tuple[torch.nn.Module, DecodeConfig]:
     """A random MAT model: 2 branches of 2 heads in every attention."""
-    torch.manual_seed(3)
-    vocab = tokenizer.src_vocab_size
-    branched = {"kind": "transformer", "attention_branches": 2}
-    cfg = from_dict(ModelConfig, {"d_model": 16, "heads": 2, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 2,
-                                  "src_vocab_size": vocab, "tgt_vocab_size": vocab, "encoder": branched,
-                                  "decoder": branched})
-    model = build_model(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return model, DecodeConfig(beam=2, max_len_a=1.0, max_len_b=3)
+    return noisy_mat_model(tokenizer.src_vocab_size), DecodeConfig(beam=2, max_len_a=1.0, max_len_b=3)
 
 
 def expected_maps(model: Any, tokenizer: Any, decode: DecodeConfig, text: str) -> tuple[str, dict[str, torch.Tensor]]:
