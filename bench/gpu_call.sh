@@ -14,8 +14,8 @@
 #
 # Carry runs/bench/m30k-data-8000 (made here by `python -c "from bench.common import multi30k_data;
 # multi30k_data()"` with MULTIBRANCH_BENCH_DIR=runs/bench): the prepared Multi30k that bench/reproduce.py also
-# trains on. The device copy has no .git, so pass MULTIBRANCH_COMMIT. Writes under $OUT: progress.log,
-# pytest_train.log, pytest_decode.log, train_speed.log, gpu_call_train_speed.json, reproduce.log, reproduce.json,
+# trains on. The device copy has no .git, so pass MULTIBRANCH_COMMIT. Writes 7 files under $OUT (8 come back at
+# most): progress.log, pytest.log, train_speed.log, gpu_call_train_speed.json, reproduce.log, reproduce.json,
 # reproduce_hyps.json. Commit the JSON as bench/results/reproduce_<gpu>_<n>.json (+ _hyps.json), then
 # `python bench/reproduce_report.py --docs docs/reproduction.md` here.
 #
@@ -44,12 +44,12 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; } >> 
 if [ -z "${SKIP_CHECKS:-}" ]; then
   stamp tests
   timeout "${TESTS_TIMEOUT:-100}" python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib -rfE \
-    -k cuda tests/train/test_fixed_shapes.py > "$OUT/pytest_train.log" 2>&1
-  echo "pytest (training, cuda) rc=$? $(tail -n 1 "$OUT/pytest_train.log")" >> "$OUT/progress.log"
+    -k cuda tests/train/test_fixed_shapes.py > "$OUT/pytest.log" 2>&1
+  echo "pytest (training, cuda) rc=$? $(tail -n 1 "$OUT/pytest.log")" >> "$OUT/progress.log"
   OMP_NUM_THREADS=1 timeout "${TESTS_TIMEOUT:-100}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
     --import-mode=importlib -rfE -k cuda tests/inference/test_static_beam.py tests/inference/test_static_sampling.py \
-    > "$OUT/pytest_decode.log" 2>&1
-  echo "pytest (decoding, cuda) rc=$? $(tail -n 1 "$OUT/pytest_decode.log")" >> "$OUT/progress.log"
+    >> "$OUT/pytest.log" 2>&1
+  echo "pytest (decoding, cuda) rc=$? $(tail -n 1 "$OUT/pytest.log")" >> "$OUT/progress.log"
 
   stamp speed
   timeout "${SPEED_TIMEOUT:-110}" python3 bench/train_speed.py --device "$DEVICE" --size "${SPEED_SIZE:-base}" \
