@@ -4,8 +4,8 @@
 #
 #   1. env: nvidia-smi, torch, CUDA
 #   2. the CUDA cases of the fixed-shape tests (training graphs give eager's losses, with update_freq 1 and 2; every
-#      layer kind captures) and of the decoding tests (the fixed-shape beam search and sampler replay CUDA graphs
-#      and equal the eager search)
+#      layer kind captures; if they fail, the reproduction trains without graphs) and of the decoding tests (the
+#      fixed-shape beam search and sampler replay CUDA graphs and equal the eager search)
 #   3. bench/train_speed.py at transformer-base, bf16, 4096 tokens an update: multibranch (graphs),
 #      multibranch-eager and Hugging Face MarianMTModel, 5 updates profiled (GPU busy / wall)
 #   4. bench/reproduce.py: SYSTEMS (default `standard`) x SEEDS (1 2 3), JOBS (3) runs side by side on the GPU, with
@@ -33,6 +33,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MULTIBRANCH_CPU_KERNELS=0
 export MULTIBRANCH_BENCH_DIR="$PWD/runs/bench"
 DATA=runs/bench/m30k-data-8000
+GRAPHS=${GRAPHS:-auto}  # train.graphs of the reproduction; off when the CUDA graph tests fail
 stamp() { echo "== $(date +%T) +${SECONDS}s $*" | tee -a "$OUT/progress.log"; }
 left_minutes() { python3 -c "print(f'{$CALL_MINUTES - $SECONDS / 60:.2f}')"; }
 
@@ -45,7 +46,12 @@ if [ -z "${SKIP_CHECKS:-}" ]; then
   stamp tests
   timeout "${TESTS_TIMEOUT:-100}" python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib -rfE \
     -k cuda tests/train/test_fixed_shapes.py > "$OUT/pytest.log" 2>&1
-  echo "pytest (training, cuda) rc=$? $(tail -n 1 "$OUT/pytest.log")" >> "$OUT/progress.log"
+  rc=$?
+  echo "pytest (training, cuda) rc=$rc $(tail -n 1 "$OUT/pytest.log")" >> "$OUT/progress.log"
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then  # graphs that do not give eager's losses must not train the table
+    GRAPHS=off
+    echo "the CUDA graph tests failed: the reproduction trains eagerly (train.graphs=off)" >> "$OUT/progress.log"
+  fi
   OMP_NUM_THREADS=1 timeout "${TESTS_TIMEOUT:-100}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
     --import-mode=importlib -rfE -k cuda tests/inference/test_static_beam.py tests/inference/test_static_sampling.py \
     >> "$OUT/pytest.log" 2>&1
@@ -66,7 +72,8 @@ stamp "reproduce (budget $budget minutes)"
 # the outer timeout only guards against a hang
 timeout "$(python3 -c "print(int(max(30, $budget * 60 + 20)))")" python3 bench/reproduce.py --device "$DEVICE" \
   --amp bf16 --data "$DATA" --work runs/reproduce --systems ${SYSTEMS:-standard} --seeds ${SEEDS:-1 2 3} \
-  --jobs "${JOBS:-3}" --budget "$budget" --save-hyps --out "$OUT" --name reproduce ${REPRODUCE_ARGS:-} \
+  --jobs "${JOBS:-3}" --budget "$budget" --save-hyps --out "$OUT" --name reproduce --set "train.graphs=$GRAPHS" \
+  ${REPRODUCE_ARGS:-} \
   > "$OUT/reproduce.log" 2>&1
 echo "reproduce rc=$?" >> "$OUT/progress.log"
 
