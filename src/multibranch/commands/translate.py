@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-tokens", type=int, metavar="N", help="padded source tokens x beam per batch")
     group.add_argument("--batch-size", type=int, metavar="N", help="sentences per batch")
     group.add_argument("--max-input-tokens", type=int, metavar="N", help="truncate longer inputs (tokens incl. EOS)")
+    group.add_argument("--fixed-shapes", choices=["auto", "on", "off"],
+                       help="on: every batch keeps its rows until all are done (the engine a GPU replays as CUDA "
+                            "graphs); off: finished sentences leave the batch; auto: on on CUDA, off on a CPU")
     group.add_argument("--prefix", metavar="FILE",
                        help="line i is the start every translation of input line i must have (target text; an "
                             "empty line: no prefix); the search goes on after it")
@@ -118,7 +121,7 @@ def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
              "max_len_a": "max_len_a", "max_len_b": "max_len_b", "min_len": "min_len", "nbest": "nbest",
              "batch_tokens": "batch_tokens", "batch_size": "batch_size", "max_input_tokens": "max_input_tokens",
              "no_repeat_ngram_size": "no_repeat_ngram_size", "temperature": "temperature", "top_k": "top_k",
-             "top_p": "top_p", "seed": "seed"}
+             "top_p": "top_p", "seed": "seed", "fixed_shapes": "fixed_shapes"}
     overrides = {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
     if args.sampling:
         overrides["sampling"] = True

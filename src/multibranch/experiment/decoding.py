@@ -28,6 +28,10 @@ class DecodeConfig:
       and nbest is not bounded by it): each step samples from softmax(logits / temperature) restricted
       to the top_k most probable tokens (0: all) and then to the smallest set whose probability
       reaches top_p (1.0: all), renormalised. seed: the generator's seed (None: a random one).
+    fixed_shapes: which engine searches (or samples). "on": every batch keeps its rows until all its sentences
+      are done, in buffers of fixed shape that a GPU replays as one CUDA graph a step (on a CPU the same steps
+      run eagerly); "off": finished sentences leave the batch (the faster engine on a CPU); "auto": on on CUDA,
+      off on a CPU. Both find the same hypotheses (docs/decoding.md).
     """
 
     beam: int = 5
@@ -46,8 +50,11 @@ class DecodeConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    fixed_shapes: Literal["auto", "on", "off"] = "auto"
 
     def validate(self) -> None:
+        if self.fixed_shapes not in ("auto", "on", "off"):
+            raise ConfigError(f"fixed_shapes={self.fixed_shapes!r} must be auto, on or off")
         if self.beam < 1:
             raise ConfigError(f"beam={self.beam} must be >= 1")
         if self.sampling:

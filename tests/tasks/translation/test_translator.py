@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from multibranch.cli import main
+from multibranch.config import ConfigError
 from multibranch.data.tokenizer import EOS_ID
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.tasks.translation import translator as translator_module
@@ -52,6 +53,26 @@ def test_order_is_restored_and_batching_does_not_change_results(tokenizer, exper
     one_by_one = [translator.translate([line])[0] for line in LINES]
     assert batched == one_by_one
     assert len(set(batched)) > 1  # different inputs, different outputs (the test can tell order apart)
+
+
+def test_either_engine_runs_anywhere_and_searches_alike(tokenizer, experiment, device):
+    """decode.fixed_shapes picks the engine on any device: "on" and "off" find the same n-best lists (scores
+    to float rounding), "auto" picks the fixed shapes on CUDA only; the sampler follows the same choice."""
+    config, model = experiment
+    model = _on(model, device)
+    results = {}
+    for engine in ("on", "off", "auto"):
+        cfg = DecodeConfig(**{**config.decode.__dict__, "beam": 3, "nbest": 2, "fixed_shapes": engine})
+        translator = Translator(model, tokenizer, cfg, device)
+        fixed = engine == "on" or (engine == "auto" and device.type == "cuda")
+        assert (translator.searcher is not None) == fixed and (translator.sampler is not None) == fixed
+        results[engine] = translator.translate_nbest(LINES[:6], 2)
+    for on, off in zip(results["on"], results["off"], strict=True):
+        assert [text for text, _ in on] == [text for text, _ in off]
+        assert [score for _, score in on] == pytest.approx([score for _, score in off], abs=1e-4)
+    assert DecodeConfig(fixed_shapes="on").validate() is None
+    with pytest.raises(ConfigError, match="fixed_shapes='sometimes' must be auto, on or off"):
+        DecodeConfig(fixed_shapes="sometimes").validate()  # type: ignore[arg-type]
 
 
 def test_empty_and_whitespace_lines_give_empty_outputs_without_the_model(translator, monkeypatch):
@@ -131,6 +152,18 @@ def test_cli_file_to_file_matches_the_library(checkpoint, tokenizer, experiment,
                           device).translate(
         [LINES[0], "", LINES[1] + " \u2028 " + LINES[2], "   ", LINES[3]])
     assert lines[:-1] == expected
+
+
+def test_cli_fixed_shapes_on_and_off_translate_alike(checkpoint, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(LINES[:5]) + "\n", encoding="utf-8")
+    outputs = {}
+    for engine in ("on", "off"):
+        out = tmp_path / f"out.{engine}.txt"
+        assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "-o", str(out), "--beam", "3",
+                     "--device", "cpu", "--fixed-shapes", engine]) == 0
+        outputs[engine] = out.read_text(encoding="utf-8")
+    assert outputs["on"] == outputs["off"] and len(outputs["on"].splitlines()) == 5
 
 
 def test_cli_stdin_to_stdout_stays_clean(checkpoint, monkeypatch, capsys, caplog):

@@ -148,15 +148,17 @@ class Translator:
         if alignment_layer is not None:
             check_alignment_layer(self.model, alignment_layer)
         self.alignment_layer = alignment_layer
-        # on CUDA, the fixed-shape search with its buffers and graphs kept across batches
-        self.searcher = FixedShapeSearcher(self.model) if self.device.type == "cuda" else None
+        # the fixed-shape search (on CUDA unless decode.fixed_shapes says otherwise), its buffers and graphs kept
+        # across batches
+        fixed = self.cfg.fixed_shapes == "on" or (self.cfg.fixed_shapes == "auto" and self.device.type == "cuda")
+        self.searcher = FixedShapeSearcher(self.model) if fixed else None
         self.generator = torch.Generator(device=self.device)
         if self.cfg.seed is not None:
             self.generator.manual_seed(self.cfg.seed)
         else:
             self.generator.seed()
-        # on CUDA, the fixed-row sampler drawing from that generator, kept across batches like the search
-        self.sampler = FixedShapeSampler(self.model, generator=self.generator) if self.device.type == "cuda" else None
+        # with the fixed-shape search, the fixed-row sampler drawing from that generator, kept across batches
+        self.sampler = FixedShapeSampler(self.model, generator=self.generator) if fixed else None
 
     def translate(self, lines: list[str], progress: Progress = False, prefixes: Sequence[str] | None = None
                   ) -> list[str]:
@@ -297,8 +299,10 @@ class Translator:
     def _decode(self, src: torch.Tensor, n: int, prefix: torch.Tensor | None) -> list[list[Hypothesis]]:
         cfg = self.cfg
         if not cfg.sampling:
-            return search(self.model, src, cfg, nbest=n, prefix=prefix, searcher=self.searcher)
-        return sample(self.model, src, cfg, n, prefix=prefix, sampler=self.sampler, generator=self.generator)
+            return search(self.model, src, cfg, nbest=n, prefix=prefix, fixed_shapes=self.searcher is not None,
+                          searcher=self.searcher)
+        return sample(self.model, src, cfg, n, prefix=prefix, sampler=self.sampler, generator=self.generator,
+                      fixed_shapes=self.sampler is not None)
 
     def _alignments(self, src: torch.Tensor, hyps: list[list[Hypothesis]]) -> list[list[str]]:
         """Per sentence of src [b, S] and hypothesis, its Pharaoh alignment."""
