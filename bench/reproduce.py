@@ -538,7 +538,7 @@ class Harness:
         return record
 
     def parameters(self, run: Run) -> int | None:
-        """Parameter count of the run's model (`multibranch info --ckpt best.pt`), once per system."""
+        """Parameter count of the run's model (`multibranch info --ckpt best.pt --json`), once per system."""
         cache = self.work / "parameters.json"
         with self.lock:
             known = read_json(cache) or {}
@@ -547,14 +547,13 @@ class Harness:
         ckpt = self.run_dir(run) / "train" / "best.pt"
         if not ckpt.is_file():
             return None
-        result = subprocess.run([sys.executable, "-m", "multibranch", "info", "--ckpt", str(ckpt), "--no-config"],
-                                capture_output=True, text=True, env=self.env, cwd=ROOT)
-        found = re.search(r"^total\s+([\d,]+)", result.stdout, re.MULTILINE)
-        if not found:
+        result = subprocess.run([sys.executable, "-m", "multibranch", "info", "--ckpt", str(ckpt), "--no-config",
+                                 "--json"], capture_output=True, text=True, env=self.env, cwd=ROOT)
+        if result.returncode != 0:
             return None
         with self.lock:
             known = read_json(cache) or {}
-            known[run.name] = int(found.group(1).replace(",", ""))
+            known[run.name] = int(json.loads(result.stdout)["total"])
             write_json(cache, known)
         return known[run.name]
 

@@ -3,6 +3,8 @@ the standard-Transformer-shaped ones against a closed-form count written here.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from multibranch.cli import main
@@ -60,3 +62,20 @@ def test_info_counts_at_the_papers_vocabulary_and_prints_both(capsys):
     assert f"ours {_count('muse') / 1e6:.2f}M" in out.splitlines()[-1] and "paper 48.19M" in out
     assert main(["info", "--preset", "muse", "--no-config", "--vocab-size", "100"]) == 0
     assert "paper" not in capsys.readouterr().out  # another vocabulary: no comparison to print
+
+
+def test_info_json_holds_what_the_table_prints(capsys, tiny_checkpoint):
+    """`info --json`: the same parts and total as the text table (of a preset and of a checkpoint), one object."""
+    assert main(["info", "--preset", "muse", "--no-config"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert main(["info", "--preset", "muse", "--no-config", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["total"] == _count("muse") == sum(report["parameters"].values())
+    assert [f"{part} {count:,d}" for part, count in report["parameters"].items()] == [
+        " ".join(line.split()) for line in table[3:-2]]  # the rows between "# parameters" and the total
+    assert report["source"] == {"preset": "muse", "counting": "vocabulary 8848/6632"} and "config" not in report
+    assert report["paper"].startswith("paper 48.19M") and "ours 48.18M" in report["paper"]
+    assert main(["info", "--ckpt", str(tiny_checkpoint), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["source"]["checkpoint"] == str(tiny_checkpoint) and report["source"]["step"] == 12
+    assert report["config"]["model"]["d_model"] > 0 and report["total"] == sum(report["parameters"].values())

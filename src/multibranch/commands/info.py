@@ -25,9 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="number of labels used to count a classification preset's parameters "
                              "(default: the preset's classifier.num_labels, else 2)")
     parser.add_argument("--no-config", action="store_true", help="only the parameter table")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object instead (source, config unless --no-config, parameters by "
+                             "part, total) for scripts")
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
+
     import yaml
 
     from multibranch.errors import UserError
@@ -48,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_model(args.ckpt)
         cfg, model = loaded.config, loaded.model
         meta = loaded.payload.get("meta", {})
-        print(f"# checkpoint {args.ckpt}: step {meta.get('step')}, valid {meta.get('valid')}")
+        source = {"checkpoint": args.ckpt, "step": meta.get("step"), "valid": meta.get("valid")}
+        heading = f"# checkpoint {args.ckpt}: step {meta.get('step')}, valid {meta.get('valid')}"
     else:
         cfg = resolve_config(args.preset, None, args.overrides)
         if args.num_labels is not None and cfg.task != "classification":
@@ -63,16 +69,24 @@ def run(args: argparse.Namespace) -> int:
         else:
             vocab, tgt_vocab = 8000, None
         model, counting = model_for_counting(cfg, vocab, args.num_labels, tgt_vocab)
-        print(f"# preset {args.preset} ({counting} for counting)")
+        source = {"preset": args.preset, "counting": counting}
+        heading = f"# preset {args.preset} ({counting} for counting)"
+    rows = parameter_table(model)
+    total = sum(c for _, c in rows)
+    paper = published.describe(total) if published and not args.vocab_size and not args.overrides else None
+    if args.json:
+        report = {"source": source, **({} if args.no_config else {"config": cfg.to_dict()}),
+                  "parameters": dict(rows), "total": total, **({"paper": paper} if paper else {})}
+        print(json.dumps(report, indent=1))
+        return 0
+    print(heading)
     if not args.no_config:
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     print("\n# parameters")
-    rows = parameter_table(model)
     width = max(len(k) for k, _ in rows)
     for key, count in rows:
         print(f"{key:{width}s} {count:>12,d}")
-    total = sum(c for _, c in rows)
     print(f"{'total':{width}s} {total:>12,d}  ({total / 1e6:.2f}M)")
-    if published and not args.vocab_size and not args.overrides:
-        print(f"# {published.describe(total)}")
+    if paper:
+        print(f"# {paper}")
     return 0
