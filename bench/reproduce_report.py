@@ -7,7 +7,9 @@ FILES (default: every bench/results/reproduce_*.json but the *_hyps.json files, 
 finished run, in name order, numbers compared as numbers) are merged run by run, keyed by (run folder, seed): a
 run in two files is taken from the later one (a note on stderr), except that a record of an unfinished run never
 replaces a finished one. Files whose recipes differ (patience, valid_every, average_last, tiny, data.vocab_size;
-not the update cap) are refused (exit 2), unless --accept-difference names the setting.
+not the update cap) are refused (exit 2), unless --accept-difference names the setting. While no file holds a
+finished run, the docs region is a placeholder saying so (tests/bench/test_reproduce_report.py checks that
+docs/reproduction.md is current with bench/results).
 
 Per system (bench/reproduce.py's order; a MAT system with its chosen rho only) the report gives parameters,
 seeds, updates to stop and to the best validation BLEU, training minutes, test BLEU and chrF of the averaged
@@ -71,6 +73,11 @@ COLUMNS = ("system", "parameters", "seeds", "updates to stop", "GPU minutes", "t
            "Δ to standard (mean ± sd)", "p (per seed)", "paper's Δ")
 DASH = "–"
 DOC_WIDTH = 110  # docs/*.md wrap their prose here
+
+
+NO_RESULTS = """No GPU call has finished a run yet. `python bench/reproduce_report.py --docs docs/reproduction.md` writes
+the table and the figures here from `bench/results/reproduce_*.json` (every GPU call's results merged).
+"""
 
 
 class ReportError(Exception):
@@ -147,9 +154,6 @@ def default_files(folder: Path = RESULTS) -> list[ResultsFile]:
             note(f"{loaded.label} has no finished run; left out")
             continue
         files.append(loaded)
-    if not files:
-        raise ReportError(f"no results to report: {folder}/reproduce_*.json holds no finished run of a full-size "
-                          "call (--tiny results count only when named)")
     return files
 
 
@@ -469,7 +473,10 @@ def wrap(paragraph: str) -> str:
 
 
 def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: list[tuple[str, str]]) -> str:
-    """The text between the markers: the files merged, the table, its legend and the figures (link, caption)."""
+    """The text between the markers: the files merged, the table, its legend and the figures (link, caption);
+    NO_RESULTS while no file holds a finished run."""
+    if not rows:
+        return NO_RESULTS
     parts = ["", "<!-- written by bench/reproduce_report.py: rebuild it from the results, do not edit -->", "",
              wrap(files_line(files)), "", markdown_table(rows).rstrip("\n"), "", wrap(LEGEND), ""]
     for link, caption in figures:
@@ -849,7 +856,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     merged = merge(files)
     rows = summaries(merged, args.ref or default_ref())
-    print(markdown_table(rows), end="")
+    if rows:
+        print(markdown_table(rows), end="")
+    else:
+        note("no finished run to report yet")
     figures = figure_data(merged) if args.images is not None else []
     if doc_text is not None:
         links = [(Path(os.path.relpath(args.images / f.name, args.docs.parent)).as_posix(), f.caption)

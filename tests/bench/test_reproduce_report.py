@@ -310,3 +310,11 @@ def test_p_values_come_from_saved_translations_when_the_results_have_none(tmp_pa
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)  # no reference: no p
     assert proc.returncode == 0 and "reference" in proc.stderr
     assert json.loads(out.read_text())["rows"][1]["p_values"][0]["p_value"] is None
+
+
+@pytest.mark.multi30k  # p-values from saved translations are scored against Multi30k's test references
+def test_the_reproduction_page_shows_the_committed_results(multi30k):
+    """docs/reproduction.md's table region is what bench/reproduce_report.py makes of bench/results (a
+    placeholder while no call has finished a run): rebuild it after committing a GPU call's results."""
+    proc = report("--docs", ROOT / "docs" / "reproduction.md", "--ref", multi30k / "test_2016_flickr.de", "--check")
+    assert proc.returncode == 0, proc.stderr
