@@ -510,6 +510,11 @@ def sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def seeds_label(system: str, seeds: int) -> str:
+    """'drophead (3 seeds)': a figure's label for a system averaged over `seeds` runs."""
+    return f"{system} ({seeds} seed{'s' if seeds > 1 else ''})"
+
+
 def shared_points(series: list[dict[Any, float]]) -> list[Any]:
     """The x values every series has, sorted."""
     return sorted(set.intersection(*(set(s) for s in series))) if series else []
@@ -546,7 +551,7 @@ def pruning_curves_data(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str,
                 scores, changes = [c[f][0] for c in curves], [c[f][1] for c in curves]
                 curve.append({"fraction": f, "score": mean(scores), "score_sd": sd(scores), "change": mean(changes),
                               "change_sd": sd(changes)})
-            models.append({"label": f"{system} ({len(curves)} seed{'s' if len(curves) > 1 else ''})", "curve": curve})
+            models.append({"label": seeds_label(system, len(curves)), "curve": curve})
     return models or None
 
 
@@ -567,7 +572,7 @@ def lengths_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None
             sentences = next((p[bucket["label"]].get("sentences") for p in per_seed if bucket["label"] in p), 0)
             rows.append({"label": bucket["label"], "bleu": mean(scores) if scores else None,
                          "sentences": sentences})
-        models.append({"label": f"{system} ({len(reports)} seed{'s' if len(reports) > 1 else ''})", "buckets": rows})
+        models.append({"label": seeds_label(system, len(reports)), "buckets": rows})
     return {"buckets": buckets, "models": models} if models else None
 
 
@@ -581,7 +586,7 @@ def diversity_data(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]
         per_seed = [{row["layer"]: row for row in report["layers"]} for report in reports]
         layers = [{"layer": layer, **{k: mean([p[layer][k] for p in per_seed if p[layer].get(k) is not None])
                                       for k in DIVERSITY_TITLES}} for layer in shared_points(per_seed)]
-        models.append({"label": f"{system} ({len(reports)} seed{'s' if len(reports) > 1 else ''})", "layers": layers})
+        models.append({"label": seeds_label(system, len(reports)), "layers": layers})
     return models or None
 
 
@@ -765,7 +770,7 @@ def draw_branch_importance(data: dict[str, Any]) -> Any:
         ax.set_xticks(range(len(roles)), [ROLE_TITLES.get(r, r).replace(" attention", "\nattention") for r in roles],
                       fontsize=8)
         seeds = max(r["seeds"] for r in roles.values())
-        ax.set_title(f"{system} ({seeds} seed{'s' if seeds > 1 else ''})", fontsize=10)
+        ax.set_title(seeds_label(system, seeds), fontsize=10)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("head importance summed per branch\n(mean over layers)")
