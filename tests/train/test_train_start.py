@@ -197,3 +197,71 @@ def test_auto_resume_starts_fresh_then_continues_and_refuses_resume_or_force(tin
         assert main([*base, "--max-steps", "6", extra]) == 2
         assert "--auto-resume decides by itself" in one_error_line(capsys)
     assert load_checkpoint(run / "last.pt")["meta"]["step"] == 4
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_started_over_by_auto_resume(tiny_data, tmp_path, capsys):
+    """SIGKILL after the first logged update, long before the first validation: the directory holds config.yaml,
+    tokenizer/, train.log and metrics.jsonl but no checkpoint. --resume and a plain start name the remedies;
+    --auto-resume (as a launcher reruns the same command) starts the run over, with nothing of the killed one
+    left in its log."""
+    import json
+    import signal
+    import time
+
+    from multibranch.cli import main
+    from tests.helpers.cli import TINY_MODEL, one_error_line
+
+    run = tmp_path / "run"
+    base = ["train", "--data", str(tiny_data), "--out", str(run), "--preset", "transformer-tiny", *TINY_MODEL,
+            "--threads", "1", "--no-progress", "--log-every", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIBRANCH_CPU_KERNELS": "0"}
+    victim = subprocess.Popen([sys.executable, "-m", "multibranch", *base, "--max-steps", "100000",
+                               "--valid-every", "100000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not (run / "metrics.jsonl").exists() and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    assert victim.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert (run / "config.yaml").is_file() and (run / "train.log").is_file() and (run / "tokenizer").is_dir()
+    assert not list(run.rglob("*.pt"))
+    before = snapshot(run)
+
+    capsys.readouterr()
+    assert main([*base, "--max-steps", "2", "--resume"]) == 2
+    err = one_error_line(capsys)
+    assert "no " in err and "last.pt to resume from" in err and "--auto-resume or --force" in err
+    assert main([*base, "--max-steps", "2"]) == 2
+    err = one_error_line(capsys)
+    assert "stopped before its first checkpoint" in err and "--auto-resume or --force" in err
+    assert snapshot(run) == before
+
+    assert main([*base, "--max-steps", "2", "--valid-every", "2", "--auto-resume"]) == 0
+    assert load_checkpoint(run / "last.pt")["meta"]["step"] == 2
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "train"] == [1, 2]  # the killed run's lines are gone
+    assert main([*base, "--max-steps", "4", "--valid-every", "2", "--auto-resume"]) == 0  # now a resume
+    assert load_checkpoint(run / "last.pt")["meta"]["step"] == 4
+
+
+def test_auto_resume_keeps_checkpoints_without_last_pt_and_a_folder_of_other_files(tiny_data, tmp_path, capsys):
+    """Only a run with no checkpoint at all is started over: best.pt without last.pt, or a directory that is no
+    run, is refused as a plain start is, and stays as it was."""
+    from multibranch.cli import main
+    from tests.helpers.cli import TINY_MODEL, one_error_line
+
+    run = tmp_path / "run"
+    base = ["train", "--data", str(tiny_data), "--preset", "transformer-tiny", *TINY_MODEL, "--threads", "1",
+            "--no-progress", "--max-steps", "2", "--valid-every", "2"]
+    assert main([*base, "--out", str(run)]) == 0
+    (run / "last.pt").unlink()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine\n")
+    capsys.readouterr()
+    for out in (run, notes):
+        before = snapshot(out)
+        assert main([*base, "--out", str(out), "--auto-resume"]) == 2
+        err = one_error_line(capsys)
+        assert "no last.pt to resume from; pass --force" in err, err
+        assert snapshot(out) == before

@@ -50,8 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--resume", action="store_true",
                      help="continue the run in --out from last.pt (without --preset/--config: the run's config.yaml)")
     run.add_argument("--auto-resume", action="store_true",
-                     help="--resume when OUT/last.pt exists, else start a new run: for launchers that rerun the same "
-                          "command after a failure (torchrun --max-restarts, SLURM --requeue; docs/scale.md)")
+                     help="--resume when OUT/last.pt exists, else start a new run (over a run stopped before its first "
+                          "checkpoint, too): for launchers that rerun the same command after a failure (torchrun "
+                          "--max-restarts, SLURM --requeue; docs/scale.md)")
     run.add_argument("--force", action="store_true", help="start over in an existing run directory")
     run.add_argument("--init-from", type=Path, metavar="CKPT", help="initialise weights from a checkpoint (e.g. proximal init)")
     run.add_argument("--reset-optimizer", action="store_true", help="resume with a fresh optimizer state")
@@ -76,12 +77,13 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.experiment import train_config
     from multibranch.tasks import train
     from multibranch.train.distributed import exit_worker, is_worker_of_a_job
+    from multibranch.train.run_directory import auto_resume
     from multibranch.train.trainer import RunOptions
 
     if args.auto_resume and (args.resume or args.force):
         raise UserError("--auto-resume decides by itself whether to resume; leave out --resume and --force")
     if args.auto_resume:
-        args.resume = (args.out / "last.pt").exists()
+        args.resume, args.force = auto_resume(args.out)
 
     overrides = list(args.overrides)
     for flag, key in SHORTCUTS.items():

@@ -55,7 +55,6 @@ from multibranch.checkpoint.format import (
 from multibranch.checkpoint.origin import make_origin, new_run_id, origin_of, weights_fingerprint
 from multibranch.config import ConfigError, config_hash
 from multibranch.data.batching import shard_batches
-from multibranch.data.directories import RUN, refuse_other_kind
 from multibranch.device import resolve_amp, resolve_device
 from multibranch.experiment import ExperimentConfig
 from multibranch.experiment.training import RESUMABLE_CHANGES
@@ -68,6 +67,7 @@ from multibranch.train.graphs import GraphedUpdates, upload
 from multibranch.train.metrics_log import MetricsLog
 from multibranch.train.optim import LRScheduler, build_optimizer, make_capturable, optimizer_state_to_save
 from multibranch.train.rng import rng_state, seed_everything, set_rng_state
+from multibranch.train.run_directory import check_run_directory
 from multibranch.train.task import Task
 from multibranch.train.tensorboard import TensorBoardSink, check_tensorboard
 
@@ -151,7 +151,7 @@ class Trainer:
         self.run_dir = Path(opts.run_dir)
         self.device = resolve_device(opts.device)
         self.dist = D.init_distributed(self.device.type)
-        self._check_run_dir()
+        check_run_directory(self.run_dir, resume=opts.resume, force=opts.force)
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
             torch.cuda.set_device(self.device)
@@ -236,20 +236,6 @@ class Trainer:
         if cfg.get("task", "translation") == "translation":
             return {"model": cfg["model"]}
         return {k: cfg.get(k) for k in ("model", "task", "classifier")}
-
-    def _check_run_dir(self) -> None:
-        """Refuse an existing run without --resume/--force, and a --resume without last.pt (reads only)."""
-        run = self.run_dir
-        if run.exists() and not run.is_dir():
-            raise FileExistsError(f"run directory {run} exists and is not a directory")
-        refuse_other_kind(run, RUN)
-        if self.opts.resume:
-            if not (run / "last.pt").exists():
-                raise CheckpointError(f"--resume: no {run / 'last.pt'} to resume from")
-        elif run.exists() and any(run.iterdir()) and not self.opts.force:
-            raise FileExistsError(
-                f"run directory {run} already exists; pass --resume to continue it or --force to start over"
-            )
 
     def _init_from(self, path: Path) -> None:
         """Load --init-from weights; a mismatch names the differing config fields (else the tensors).

@@ -1,0 +1,59 @@
+"""What a training run directory holds, and which start it allows: a new run, --resume, --force, --auto-resume.
+
+A start writes config.yaml, tokenizer/ and train.log (and metrics.jsonl as it logs) before its first checkpoint;
+the first validation writes last.pt, then checkpoints/step_*.pt and best.pt. A run stopped in between (killed,
+preempted) holds no checkpoint: nothing to resume, and nothing a fresh start would not write again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from multibranch.checkpoint.format import CheckpointError
+from multibranch.data.directories import RUN, directory_kind, refuse_other_kind
+
+LAST = "last.pt"
+
+
+def saved_checkpoints(run: Path) -> list[Path]:
+    """The checkpoints `run` holds: last.pt, best.pt and checkpoints/step_*.pt (those that exist)."""
+    named = [run / name for name in (LAST, "best.pt") if (run / name).exists()]
+    return named + sorted((run / "checkpoints").glob("step_*.pt"))
+
+
+def stopped_before_first_checkpoint(run: Path) -> bool:
+    """Whether `run` is a run directory (config.yaml) that holds no checkpoint yet."""
+    return directory_kind(run) == RUN and not saved_checkpoints(run)
+
+
+def auto_resume(run_dir: str | Path) -> tuple[bool, bool]:
+    """(resume, force) of `train --auto-resume`: resume where RUN/last.pt exists; start over a run stopped before
+    its first checkpoint (force); else a plain start (a new or empty directory; anything else is refused there)."""
+    run = Path(run_dir)
+    if (run / LAST).exists():
+        return True, False
+    return False, stopped_before_first_checkpoint(run)
+
+
+def check_run_directory(run: Path, *, resume: bool, force: bool) -> None:
+    """Refuse an existing run without --resume/--force, and a --resume without last.pt (reads only); each
+    refusal names what the directory allows."""
+    if run.exists() and not run.is_dir():
+        raise FileExistsError(f"run directory {run} exists and is not a directory")
+    refuse_other_kind(run, RUN)
+    if resume:
+        if not (run / LAST).exists():
+            early = (" (the run stopped before its first checkpoint; start it over with --auto-resume or --force "
+                     "instead of --resume)") if stopped_before_first_checkpoint(run) else ""
+            raise CheckpointError(f"--resume: no {run / LAST} to resume from{early}")
+        return
+    if force or not run.exists() or not any(run.iterdir()):
+        return
+    if (run / LAST).exists():
+        raise FileExistsError(f"run directory {run} already exists; pass --resume to continue it or --force to "
+                              "start over")
+    if stopped_before_first_checkpoint(run):
+        raise FileExistsError(f"run directory {run} holds a run stopped before its first checkpoint (no {LAST} to "
+                              "resume from); pass --auto-resume or --force to start it over")
+    raise FileExistsError(f"run directory {run} already exists and holds no {LAST} to resume from; pass --force to "
+                          "start over in it")
