@@ -27,13 +27,29 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def cpu_flags() -> frozenset[str]:
+    """This CPU's instruction-set flags as Linux lists them (/proc/cpuinfo); empty where they cannot be read,
+    so every capability below then reads as absent and the portable path is taken."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
 def native_cpu_bf16() -> bool:
     """True on CPUs that compute bf16 natively (AVX512-BF16 or AMX), where bf16 autocast pays off."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return not cpu_flags().isdisjoint({"avx512_bf16", "amx_bf16"})
+
+
+def native_cpu_int8() -> bool:
+    """True on CPUs whose int8 dot products sum u8 x s8 products in 32 bits (AVX512-VNNI's vpdpbusd, AMX-INT8),
+    so that int8 kernels may take 8-bit unsigned inputs. Elsewhere (AVX2, AVX-512 without VNNI) they multiply
+    with vpmaddubsw, which adds two adjacent products into 16 bits with saturation: 255 x 127 x 2 overflows, so
+    inputs are quantized to 7 bits (127 x 127 x 2 < 2^15), as PyTorch's fbgemm does (`reduce_range`). AVX-VNNI
+    (the 256-bit form) alone is not counted: oneDNN is not known to use it for these kernels."""
+    return not cpu_flags().isdisjoint({"avx512_vnni", "amx_int8"})
 
 
 def resolve_amp(amp: str, device: torch.device) -> str:

@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from multibranch import device as device_module
 from multibranch.config import ConfigError
+from multibranch.device import native_cpu_int8
 from multibranch.inference import precision as precision_module
 from multibranch.inference.precision import (
     HALF_DTYPES,
@@ -17,6 +19,7 @@ from multibranch.inference.precision import (
     check_precision,
     for_decoding,
 )
+from multibranch.modules import packed_linear
 from multibranch.modules.packed_linear import (
     ONEDNN_INT8_MIN_OUT,
     Int8Linear,
@@ -74,9 +77,11 @@ def test_bf16_linear_is_the_exact_product_of_bf16_rounded_values():
     assert (got.double() - F.linear(x, w, b).double()).abs().max() > 1e-3  # it really is bf16
 
 
-INT8_KERNELS = {  # kernel -> (its class, the input levels: fbgemm quantizes inputs to 7 bits, oneDNN to 8)
+# kernel -> (its class, the input levels): fbgemm quantizes inputs to 7 bits; oneDNN to 8 bits where the CPU sums
+# u8 x s8 products in 32 bits, else to 7 (on AVX2 two products are added into 16 bits with saturation)
+INT8_KERNELS = {
     "fbgemm": pytest.param(Int8Linear, 127, marks=needs_int8, id="fbgemm"),
-    "onednn": pytest.param(OneDnnInt8Linear, 255, marks=needs_onednn_int8, id="onednn"),
+    "onednn": pytest.param(OneDnnInt8Linear, 255 if native_cpu_int8() else 127, marks=needs_onednn_int8, id="onednn"),
 }
 
 
@@ -105,6 +110,26 @@ def test_int8_linear_error_stays_within_the_quantization_bound(kernel, levels, r
     qweight, scale = kernel(w, b).int8_weight()  # what the kernel multiplies with is int8_rows' quantization
     expected_q, expected_scale = int8_rows(w)
     assert torch.equal(qweight, expected_q) and torch.allclose(scale, expected_scale)
+
+
+@pytest.mark.parametrize(("kernel", "levels"), INT8_KERNELS.values())
+def test_int8_linear_adds_the_largest_products_without_saturating(kernel, levels):
+    """Inputs of ones through weights of ones are quantized without rounding (the top input level, weight 127)
+    and sum to exactly the input width: the largest products there are. A kernel adding pairs of them into 16 bits
+    with saturation (vpmaddubsw on CPUs without VNNI: 2 x 255 x 127 > 2^15 - 1) returns about half."""
+    x, w, b = torch.ones(3, 64), torch.ones(5, 64), torch.arange(5.0)
+    torch.testing.assert_close(kernel(w, b)(x), 64 + b.expand(3, 5), rtol=1e-6, atol=1e-4)
+
+
+@pytest.mark.parametrize(("flags", "native"), [({"avx2"}, False), ({"avx2", "avx512f", "avx512bw"}, False),
+                                               ({"avx2", "avx_vnni"}, False), ({"avx512f", "avx512_vnni"}, True),
+                                               ({"avx512f", "amx_tile", "amx_int8"}, True), (set(), False)])
+def test_native_int8_is_vnni_or_amx_and_sets_the_onednn_input_levels(monkeypatch, flags, native):
+    monkeypatch.setattr(device_module, "cpu_flags", lambda: frozenset(flags))
+    assert device_module.native_cpu_int8() is native
+    monkeypatch.setattr(packed_linear, "native_cpu_int8", device_module.native_cpu_int8)
+    if onednn_int8_supported():
+        assert OneDnnInt8Linear(torch.ones(2, 4)).input_levels == (255 if native else 127)
 
 
 @needs_int8

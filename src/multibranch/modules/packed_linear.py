@@ -9,7 +9,9 @@ weight prepared once for one kernel:
   `Int8Linear`, fbgemm's dynamic quantization (PyTorch's `quantize_dynamic` of `nn.Linear`, applied to the
   fused projections our modules compute with `F.linear`, which `quantize_dynamic` cannot see), with 7-bit
   inputs; and for wide projections (the vocabulary's output layer) `OneDnnInt8Linear`, oneDNN's int8 GEMM on
-  8-bit inputs. Timed call by call in the same beam search (1 thread, AMD EPYC; docs/benchmarks.md), oneDNN
+  8-bit inputs where the CPU sums u8 x s8 products in 32 bits (AVX512-VNNI, AMX) and on 7-bit inputs elsewhere
+  (`device.native_cpu_int8`: on AVX2 the products are added in pairs into 16 bits with saturation, which 8-bit
+  inputs overflow). Timed call by call in the same beam search (1 thread, AMD EPYC; docs/benchmarks.md), oneDNN
   took 0.84x fbgemm's time on the 8000x256 output layer, while on the 256..1024-wide projections of a layer
   fbgemm's call, which quantizes the input inside, was faster (oneDNN needs a separate quantize call, ~40 us).
 - `"fp32"` (`OneDnnLinear`): W reordered once into oneDNN's blocked layout (the prepacking PyTorch's
@@ -33,6 +35,8 @@ from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
+
+from multibranch.device import native_cpu_int8
 
 PackKind = Literal["fp32", "int8", "bf16"]
 
@@ -111,7 +115,9 @@ class Int8Linear:
 
 class OneDnnInt8Linear:
     """y = x W^T + b (optionally ReLU'd) with int8 weights (per output row scale) prepacked for oneDNN, inputs
-    quantized per call to 8 bits (unsigned, affine over their range including 0), int32 sums scaled to fp32.
+    quantized per call to `input_levels` + 1 unsigned values (affine over their range including 0): 8 bits where
+    the CPU sums u8 x s8 products in 32 bits, 7 bits elsewhere (`device.native_cpu_int8`); int32 sums scaled to
+    fp32.
 
     weight [out, in], bias [out] or None, both float; called on x [..., in] (float32) -> [..., out].
     """
@@ -123,6 +129,8 @@ class OneDnnInt8Linear:
         self._bias = None if bias is None else bias.detach().float().contiguous()
         self._post_op = "relu" if relu else "none"
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self._reduce_range = not native_cpu_int8()
+        self.input_levels = 127 if self._reduce_range else 255  # steps of the inputs' quantization grid
 
     def int8_weight(self) -> tuple[Tensor, Tensor]:
         """(int8 weight [out, in], scale [out]) as packed."""
@@ -134,7 +142,7 @@ class OneDnnInt8Linear:
             return x.new_zeros(*x.shape[:-1], self.out_features, dtype=torch.float32)
         with warnings.catch_warnings():  # quantized tensors warn that they are deprecated
             warnings.simplefilter("ignore")
-            q = torch.quantize_per_tensor_dynamic(rows, torch.quint8, False)
+            q = torch.quantize_per_tensor_dynamic(rows, torch.quint8, self._reduce_range)
         out = torch.ops.onednn.qlinear_pointwise(q.int_repr(), q.q_scale(), q.q_zero_point(), self._packed,
                                                  self._scale, self._zero, self._bias, 1.0, 0, torch.float32,
                                                  self._post_op, [], "")  # [N, out]
@@ -142,7 +150,7 @@ class OneDnnInt8Linear:
 
     def __repr__(self) -> str:
         return (f"OneDnnInt8Linear(in_features={self.in_features}, out_features={self.out_features}, "
-                f"post_op={self._post_op})")
+                f"input_levels={self.input_levels}, post_op={self._post_op})")
 
 
 class OneDnnLinear:
