@@ -211,7 +211,7 @@ def cases(fx: Fixtures) -> list[Case]:
         Case("force-average-onto-text", lambda f: ["average", "--ckpts", str(fx.run / "best.pt"),
                                                    str(fx.run / "last.pt"), "--out",
                                                    str(notes(f) / "ideas.txt"), "--force"],
-             "is a file that is not a multibranch checkpoint"),
+             "is a file, not a multibranch checkpoint"),
         # a failed start leaves no run directory
         Case("train-max-tokens-20", lambda f: train_args(fx.data, f / "run", "--max-tokens", "20"),
              "--max-tokens"),

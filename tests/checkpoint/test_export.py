@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import shutil
 
 import pytest
 import sentencepiece as spm
@@ -112,6 +113,23 @@ def test_cli_export_and_exported_dir_as_input(tmp_path, capsys):
     avg = tmp_path / "avg.pt"
     assert main(["average", "--ckpts", str(out), str(ckpt), "--out", str(avg)]) == 0
     assert main(["convert", "fold", "--ckpt", str(out), "--out", str(tmp_path / "f.pt")]) == 0
+
+
+def test_cli_export_never_writes_over_its_own_input(tmp_path, capsys):
+    """An export directory is a checkpoint `convert export` reads: exporting it into itself (say as fp16) would
+    replace the weights it reads, so it is refused as `convert ct2` refuses it, with or without --force."""
+    ckpt, out = tmp_path / "x.pt", tmp_path / "release"
+    save_checkpoint(ckpt, make_payload(False, "decoder"))
+    assert main(["convert", "export", "--ckpt", str(ckpt), "--out", str(out)]) == 0
+    shutil.copy(ckpt, out / "x.pt")  # a checkpoint file inside --out is its input too
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    for given in (out, out / "x.pt", tmp_path / "release" / ".." / "release"):
+        assert main(["convert", "export", "--ckpt", str(given), "--out", str(out), "--force", "--dtype", "fp16"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{out}: holds the input {given}" in err, err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main(["convert", "export", "--ckpt", str(out), "--out", str(tmp_path / "half"), "--dtype", "fp16"]) == 0
 
 
 def test_exported_files_and_saved_checkpoints_get_ordinary_modes(tmp_path):

@@ -56,7 +56,7 @@ def assert_refused(args: list, out: Path, found: str, kind: str, capfd, caplog, 
                    process: bool = False) -> None:
     before = snapshot(out)
     line = refusal(args, capfd, caplog, process=process)
-    assert str(out) in line and f"is a {found}" in line and f"not a {kind}" in line, line
+    assert str(out) in line and f"is a {found}," in line and line.count(f"not a {kind}") == 1, line
     assert snapshot(out) == before
 
 
@@ -93,14 +93,14 @@ def test_average_force_keeps_a_text_file(tiny_checkpoint, tmp_path, capfd, caplo
     out = tmp_path / "notes.txt"
     out.write_text("not a checkpoint\n", encoding="utf-8")
     assert_refused(["average", "--ckpts", tiny_checkpoint, "--out", out, "--force"], out,
-                   "file that is not a multibranch checkpoint", "multibranch checkpoint", capfd, caplog, process=True)
+                   "file", "multibranch checkpoint", capfd, caplog, process=True)
 
 
 def test_checkpoint_conversions_force_keep_a_text_file(tiny_checkpoint, tmp_path, capfd, caplog):
     out = tmp_path / "notes.txt"
     out.write_text("not a checkpoint\n", encoding="utf-8")
     assert_refused(["convert", "fold", "--ckpt", tiny_checkpoint, "--out", out, "--force"], out,
-                   "file that is not a multibranch checkpoint", "multibranch checkpoint", capfd, caplog,
+                   "file", "multibranch checkpoint", capfd, caplog,
                    process=True)
 
 

@@ -2,8 +2,8 @@
 
 A prepared data directory (data.json), a training run (config.yaml, last.pt, checkpoints/) and an
 analysis report folder (index.md) are each only replaced or written into by the command that made them;
-`average` never writes over the last.pt a resume needs; `translate -o` / `classify -o` refuse an existing
-file without --force, before a model is loaded.
+no checkpoint command writes over a run's last.pt (which a resume needs) or best.pt; `translate -o` /
+`classify -o` refuse an existing file without --force, before a model is loaded.
 """
 
 from __future__ import annotations
@@ -99,6 +99,19 @@ def test_average_never_replaces_the_last_checkpoint_of_a_run(run_dir, capsys):
         assert main(["average", "--run", str(run_dir), "--last", "1", "--out", str(out), "--force"]) == 2
         err = one_error_line(capsys)
         assert "last.pt" in err and "--resume" in err
+    assert snapshot(run_dir) == before
+
+
+def test_no_checkpoint_command_replaces_the_best_checkpoint_of_a_run(run_dir, tiny_checkpoint, capsys):
+    """best.pt is protected as last.pt is: an average or a conversion written over it would be taken for the
+    run's best validated weights (and training compares against it), with or without --force."""
+    before = snapshot(run_dir)
+    for argv in (["average", "--run", str(run_dir), "--last", "1"],
+                 ["convert", "fold", "--ckpt", str(tiny_checkpoint)]):
+        for out in (run_dir / "best.pt", run_dir / "checkpoints" / ".." / "best.pt"):
+            assert main([*argv, "--out", str(out), "--force"]) == 2
+            err = one_error_line(capsys)
+            assert f"--out {out}: is the best.pt of a training run" in err, err
     assert snapshot(run_dir) == before
 
 

@@ -13,7 +13,6 @@ not always help).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 HELP = "average checkpoints (last N / best N of a run, or an explicit list) into one weights-only checkpoint"
 
@@ -35,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import save_checkpoint
     from multibranch.convert.average import average_checkpoints, select_checkpoints
     from multibranch.convert.payload import refuse_overwrite
-    from multibranch.data.directories import CHECKPOINT, is_run_checkpoint, refuse_replacing
+    from multibranch.data.directories import CHECKPOINT, refuse_replacing
     from multibranch.data.text import check_output_file
     from multibranch.errors import UserError
 
@@ -43,9 +42,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--run needs --last N or --best N")
     if args.ckpts and (args.last is not None or args.best is not None or args.upper_bound is not None):
         raise UserError("--last/--best/--upper-bound select from --run; they cannot be combined with --ckpts")
-    if is_run_checkpoint(args.out) or is_run_checkpoint(Path(args.out).resolve()):
-        raise UserError(f"--out {args.out}: is the last.pt of a training run, which --resume continues from; "
-                        "write the average to another file")
     if args.ckpts:
         paths = select_checkpoints(paths=args.ckpts)
     else:

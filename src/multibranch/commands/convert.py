@@ -184,7 +184,8 @@ def _export(args: argparse.Namespace) -> int:
     from multibranch.checkpoint.format import load_checkpoint
     from multibranch.convert.export import export_release
 
-    files = export_release(load_checkpoint(args.ckpt), args.out, force=args.force, dtype=args.dtype)
+    files = export_release(load_checkpoint(args.ckpt), args.out, force=args.force, dtype=args.dtype,
+                           source=args.ckpt)
     print(f"exported {args.ckpt} to {args.out} ({args.dtype} weights): {', '.join(p.name for p in files)}")
     return 0
 

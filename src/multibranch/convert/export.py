@@ -13,18 +13,19 @@ from multibranch.checkpoint.export import export
 from multibranch.checkpoint.payload import storage_key
 from multibranch.config import to_dict
 from multibranch.convert.payload import experiment_config
-from multibranch.data.directories import EXPORT, refuse_replacing
+from multibranch.data.directories import EXPORT, check_output_directory
 from multibranch.errors import ConfigError
 
 EXPORT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def export_release(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False,
-                   dtype: str = "fp32") -> list[Path]:
-    """Write `payload` to `out_dir` with its config validated and every default resolved, its floating-point
-    weights in `dtype` (fp32, fp16 or bf16); the written files. Nothing is written if the weights do not fit,
-    or if `out_dir` is not empty and not a release export (--force replaces only output of its own kind)."""
-    refuse_replacing(out_dir, EXPORT)
+                   dtype: str = "fp32", source: str | Path | None = None) -> list[Path]:
+    """Write `payload` (read from `source`, when given) to `out_dir` with its config validated and every default
+    resolved, its floating-point weights in `dtype` (fp32, fp16 or bf16); the written files. Nothing is written if
+    the weights do not fit, if `out_dir` holds `source`, or if `out_dir` is not empty and not a release export
+    (--force replaces only output of its own kind)."""
+    check_output_directory(out_dir, EXPORT, force=force, inputs=[source] if source is not None else [])
     config = to_dict(experiment_config(payload))
     model = cast_weights(payload["model"], dtype)
     meta = {**(payload.get("meta") or {}), "export_dtype": dtype}

@@ -13,7 +13,8 @@ Files:
 The one rule (`refuse_replacing`): an existing output may be replaced (with --force) only when it is
 an empty directory or recognisably of the kind the command writes; anything else (another command's
 output, a folder of notes, a text file) is refused with one line naming what it is, and nothing is
-changed. `refuse_other_kind` is the looser check of commands that write into a directory without
+changed; and no checkpoint is written as a run's last.pt or best.pt, which belong to its training (with or
+without --force). `refuse_other_kind` is the looser check of commands that write into a directory without
 deleting what is there (`analyze` into a folder of notes): it refuses only another recognised kind.
 `check_output_directory` is every check of a command that writes a whole directory (`prepare`, `convert`).
 """
@@ -39,8 +40,11 @@ DATA_FORMATS = ("multibranch-data", "multibranch-classification-data")  # transl
 DATA, RUN, REPORT = "prepared data directory", "training run directory", "analysis report folder"
 CT2, EXPORT, HF = "CTranslate2 model directory", "release export directory", "Hugging Face model folder"
 CHECKPOINT = "multibranch checkpoint"
-OTHER_DIRECTORY, OTHER_FILE = "directory of other files", "file that is not a multibranch checkpoint"
+OTHER_DIRECTORY, OTHER_FILE = "directory of other files", "file"  # "PATH is a file, not a ..."
 EMPTY = "empty directory"
+# the checkpoints a run's training writes and reads again, which no other command may write over
+RUN_CHECKPOINTS = {"last.pt": "which --resume continues from",
+                   "best.pt": "the best validated weights, which its training compares against and replaces"}
 DIRECTORY_KINDS = (DATA, RUN, REPORT, CT2, EXPORT, HF)
 _JSON_LIMIT = 1 << 20  # marker JSON files are small; a larger one is not a marker
 
@@ -109,10 +113,21 @@ def _refusal(path: str | Path, found: str, kind: str, option: str, error: type[U
 
 def refuse_replacing(path: str | Path, kind: str, option: str = "--out", error: type[UserError] = UserError) -> None:
     """`error` (a UserError: one CLI line) unless `path` is absent, an empty directory, or recognisably of
-    `kind` (with or without --force: what `--force` may then replace is only output of its own kind)."""
+    `kind` (with or without --force: what `--force` may then replace is only output of its own kind). A
+    checkpoint is never written as a run's last.pt or best.pt: those belong to the run's training."""
     found = output_kind(path)
     if found is not None and found not in (EMPTY, kind):
         raise _refusal(path, found, kind, option, error)
+    if kind == CHECKPOINT:
+        refuse_run_checkpoint(path, option, error)
+
+
+def refuse_run_checkpoint(path: str | Path, option: str = "--out", error: type[UserError] = UserError) -> None:
+    """`error` when `path` is (or will be) the last.pt or best.pt of a training run, as written or resolved."""
+    for candidate in (Path(path), Path(path).resolve()):
+        role = RUN_CHECKPOINTS.get(candidate.name)
+        if role is not None and directory_kind(candidate.parent) == RUN:
+            raise error(f"{option} {path}: is the {candidate.name} of a training run, {role}; write to another file")
 
 
 def check_output_directory(out: str | Path, kind: str, *, force: bool, inputs: Iterable[str | Path] = (),
@@ -139,7 +154,3 @@ def refuse_other_kind(path: str | Path, kind: str, option: str = "--out") -> Non
         raise _refusal(path, found, kind, option)
 
 
-def is_run_checkpoint(path: str | Path, name: str = "last.pt") -> bool:
-    """True if `path` is RUN/`name` of a training run directory (whether or not the file exists yet)."""
-    path = Path(path)
-    return path.name == name and directory_kind(path.parent) == RUN
