@@ -113,6 +113,22 @@ def test_classification_preset_on_classification_data_does_not_warn(classify_dat
     assert not [r for r in caplog.records if "not a classification one" in r.getMessage()]
 
 
+@pytest.mark.parametrize("preset", ["trec6-tiny", "transformer-tiny"])
+def test_missing_data_is_named_as_missing_whatever_the_preset(preset, tmp_path, capsys):
+    """No data.json tells nothing of the data's task: every preset says the directory does not exist (a
+    classification preset used to call it translation data)."""
+    missing = tmp_path / "nowhere"
+    assert main(["train", "--data", str(missing), "--out", str(tmp_path / "run"), "--preset", preset]) == 2
+    err = one_error_line(capsys)
+    assert f"{missing / 'data.json'}: not found (the directory does not exist)" in err and "holds" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_classification_preset_on_translation_data_names_the_data(tiny_data, tmp_path, capsys):
+    assert main(["train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), "--preset", "trec6-tiny"]) == 2
+    assert f"the config is for classification but {tiny_data} holds translation data" in one_error_line(capsys)
+
+
 def test_prepare_spm_sample_names_the_option_and_its_range(tmp_path, capsys):
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
 

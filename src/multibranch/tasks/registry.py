@@ -37,18 +37,18 @@ def task_class(name: str) -> type[Task]:
     return TASKS[name]
 
 
-def task_name_of(data_dir: str | Path) -> str:
-    """The task of a prepared data directory, from its data.json; the default task if unreadable: its
-    loader then reports what is wrong."""
+def task_name_of(data_dir: str | Path, default: str = DEFAULT_TASK) -> str:
+    """The task of a prepared data directory, from its data.json; `default` if it is missing, unreadable or of
+    no known task: that task's loader then reports what is wrong."""
     try:
         meta: Any = json.loads((Path(data_dir) / "data.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return DEFAULT_TASK
+        return default
     if isinstance(meta, dict):
         for name, task in TASKS.items():
             if task.owns_data(meta):
                 return name
-    return DEFAULT_TASK
+    return default
 
 
 def task_for_data(cfg: ExperimentConfig, data_dir: str | Path) -> Task:
@@ -59,7 +59,7 @@ def task_for_data(cfg: ExperimentConfig, data_dir: str | Path) -> Task:
     code data (code generation is translation with code metrics). On classification data it trains a
     classifier from the config's model section (its encoder), with a warning: the default cannot tell a
     translation preset from a config that names no task."""
-    found = task_name_of(data_dir)
+    found = task_name_of(data_dir, default=cfg.task)  # no data of a known task: the config's task loader says why
     if cfg.task not in (DEFAULT_TASK, found):
         raise DataError(f"the config is for {cfg.task} but {data_dir} holds {found} data; prepare it with "
                         f"`multibranch prepare --task {task_class(cfg.task).prepare_flag}` or pick a {found} preset")
