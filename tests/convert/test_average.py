@@ -90,6 +90,16 @@ def test_average_refuses_mismatches(tmp_path):
         average_checkpoints([good, str(tmp_path / "nope.pt")])
 
 
+def test_a_config_mismatch_between_two_runs_best_pt_names_their_paths(tmp_path):
+    """Two files of one name (each run's best.pt) are told apart by their paths, not both called best.pt."""
+    first = write(tmp_path / "a" / "best.pt", make_payload(1, 1))
+    second = write(tmp_path / "b" / "best.pt", make_payload(2, 2, dropout=0.3))
+    with pytest.raises(CheckpointError) as refused:
+        average_checkpoints([first, second])
+    assert str(refused.value) == (f"{second}: model config differs from {first} (model.dropout: {first} 0.1, "
+                                  f"{second} 0.3); cannot average")
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     """A fake run: step checkpoints 100..500 with validation scores, plus best.pt/last.pt."""

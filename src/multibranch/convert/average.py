@@ -103,7 +103,7 @@ def _require_compatible(
     """CheckpointError naming `path` and the first offending key unless `other` can be averaged with `ref`."""
     a, b = ref["config"].get("model"), other["config"].get("model")
     if a != b:
-        diff = config_differences(a, b, "model", Path(ref_path).name, Path(path).name)[0]
+        diff = config_differences(a, b, "model", *_labels(ref_path, path))[0]
         raise CheckpointError(f"{path}: model config differs from {ref_path} ({diff}); cannot average")
     if not same_tokenizer(ref.get("tokenizer"), other.get("tokenizer")):
         raise CheckpointError(f"{path}: tokenizer differs from {ref_path}; cannot average")
@@ -123,6 +123,13 @@ def _require_compatible(
             raise CheckpointError(f"{path}: {key} is {t.dtype}, {ref_path} has {tensor.dtype}; cannot average")
     if tied_groups(s_other) != aliases:
         raise CheckpointError(f"{path}: tied (shared) tensors differ from {ref_path}; cannot average")
+
+
+def _labels(first: str, second: str) -> tuple[str, str]:
+    """Names that tell two checkpoints apart: their file names, or their paths where the names agree (the best.pt
+    of two runs)."""
+    names = Path(first).name, Path(second).name
+    return names if names[0] != names[1] else (first, second)
 
 
 def _check_origins(origins: dict[str, dict[str, str] | None], force: bool) -> None:
