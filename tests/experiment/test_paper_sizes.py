@@ -79,3 +79,14 @@ def test_info_json_holds_what_the_table_prints(capsys, tiny_checkpoint):
     report = json.loads(capsys.readouterr().out)
     assert report["source"]["checkpoint"] == str(tiny_checkpoint) and report["source"]["step"] == 12
     assert report["config"]["model"]["d_model"] > 0 and report["total"] == sum(report["parameters"].values())
+
+
+def test_info_list_json_holds_what_the_list_prints(capsys):
+    """`info --list --json`: one JSON object with every preset the text list names, in its order, and the same
+    descriptions."""
+    assert main(["info", "--list"]) == 0
+    listed = [line.split(None, 1) for line in capsys.readouterr().out.splitlines()]
+    assert main(["info", "--list", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [[p["name"], p["description"]] for p in report["presets"]] == listed
+    assert {"demo", "mat-tiny", "trec6-tiny"} <= {p["name"] for p in report["presets"]}

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-config", action="store_true", help="only the parameter table")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead (source, config unless --no-config, parameters by "
-                             "part, total) for scripts")
+                             "part, total; with --list: the presets' names and descriptions) for scripts")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,9 +42,13 @@ def run(args: argparse.Namespace) -> int:
     from multibranch.tasks import model_for_counting
 
     if args.list:
-        for name in list_presets():
-            description = load_preset_dict(name).get("description", "")
-            print(f"{name:24s} {' '.join(description.split())}")
+        presets = {name: " ".join(load_preset_dict(name).get("description", "").split()) for name in list_presets()}
+        if args.json:
+            print(json.dumps({"presets": [{"name": name, "description": text} for name, text in presets.items()]},
+                             indent=1))
+            return 0
+        for name, description in presets.items():
+            print(f"{name:24s} {description}")
         return 0
     published = None
     if args.ckpt:
