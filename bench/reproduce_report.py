@@ -69,7 +69,7 @@ DIVERSITY_TITLES = {"att_pos": "Att Pos.", "att_sub": "Att Sub.", "ffn_sub": "FF
 ROLES = ("encoder_self", "decoder_self", "cross")
 KAPPA_ALPHA_LAYER = 1  # the paper's "second encoder layer"
 KAPPA_ALPHA_WINDOW = 5  # moving-average window, in logged records
-COLUMNS = ("system", "parameters", "seeds", "updates to stop", "GPU minutes", "test BLEU (mean ± sd)",
+COLUMNS = ("system", "parameters", "seeds", "updates to stop", "{minutes}", "test BLEU (mean ± sd)",
            "Δ to standard (mean ± sd)", "p (per seed)", "paper's Δ")
 DASH = "–"
 DOC_WIDTH = 110  # docs/*.md wrap their prose here
@@ -118,6 +118,14 @@ class ResultsFile:
 
     def done_runs(self) -> int:
         return sum(1 for r in self.data.get("runs") or [] if is_done(r))
+
+    @property
+    def device(self) -> str | None:
+        """"GPU" or "CPU": what the call trained on (its environment's GPU name or --device); None when unrecorded."""
+        env = self.environment
+        if env.get("gpu") or str(env.get("device") or "").startswith("cuda"):
+            return "GPU"
+        return "CPU" if env.get("device") == "cpu" or "gpu" in env else None
 
     def date(self) -> str | None:
         """The call's date: environment.date when recorded, else the latest segment start of its runs."""
@@ -440,8 +448,21 @@ def table_cells(summary: dict[str, Any]) -> list[str]:
             DASH if paper is None else f"{paper:+g}"]
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+def devices(files: list[ResultsFile]) -> str | None:
+    """What every merged call trained on ("GPU" or "CPU"); None when they differ or one does not say."""
+    found = {file.device for file in files}
+    return found.pop() if len(found) == 1 else None
+
+
+def minutes_label(device: str | None) -> str:
+    """The minutes column's label: "GPU minutes", "CPU minutes", or "training minutes" for mixed or unknown."""
+    return f"{device} minutes" if device else "training minutes"
+
+
+def markdown_table(rows: list[dict[str, Any]], device: str | None = None) -> str:
+    """The table of `rows`, its minutes labelled by the `device` the runs trained on (`devices`)."""
+    header = [column.format(minutes=minutes_label(device)) for column in COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(table_cells(summary)) + " |" for summary in rows]
     return "\n".join(lines) + "\n"
 
@@ -463,8 +484,8 @@ def files_line(files: list[ResultsFile]) -> str:
 LEGEND = ("Test BLEU and chrF: sacreBLEU on test_2016_flickr, the average of the last checkpoints, mean ± sd over "
           "seeds. Δ: the system's test BLEU minus the standard model's of the same seed. p: sacreBLEU's paired "
           "bootstrap against that standard model, one per seed. Updates to stop: where early stopping or the cap "
-          "ended training (best at: the update of the best validation BLEU). GPU minutes: training minutes per "
-          "run; with jobs N, N runs shared one GPU. Paper's Δ: the paper's own gain on its own data and shape.")
+          "ended training (best at: the update of the best validation BLEU). {minutes}: training minutes per "
+          "run; with jobs N, N runs shared one {device}. Paper's Δ: the paper's own gain on its own data and shape.")
 
 
 def wrap(paragraph: str) -> str:
@@ -477,8 +498,11 @@ def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: l
     NO_RESULTS while no file holds a finished run."""
     if not rows:
         return NO_RESULTS
+    device = devices(files)
+    minutes = minutes_label(device)
     parts = ["", "<!-- written by bench/reproduce_report.py: rebuild it from the results, do not edit -->", "",
-             wrap(files_line(files)), "", markdown_table(rows).rstrip("\n"), "", wrap(LEGEND), ""]
+             wrap(files_line(files)), "", markdown_table(rows, device).rstrip("\n"), "",
+             wrap(LEGEND.format(minutes=minutes[0].upper() + minutes[1:], device=device or "device")), ""]
     for link, caption in figures:
         parts += [f"![{caption}]({link})", ""]
     return "\n".join(parts)
@@ -862,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     merged = merge(files)
     rows = summaries(merged, args.ref or default_ref())
     if rows:
-        print(markdown_table(rows), end="")
+        print(markdown_table(rows, devices(files)), end="")
     else:
         note("no finished run to report yet")
     figures = figure_data(merged) if args.images is not None else []

@@ -221,6 +221,26 @@ def test_docs_region_is_rewritten_alone_and_check_tells_when_it_is_stale(tmp_pat
     assert no_markers.read_text() == "# no markers\n" and not (tmp_path / "images").exists()
 
 
+def test_the_minutes_are_labelled_by_the_device_the_runs_trained_on(tmp_path):
+    """GPU minutes only for GPU calls: a CPU call's table and legend say CPU, a mix of the two says neither."""
+    cpu_results = results([*STANDARD, *DROPHEAD], [DROPHEAD_ROW])
+    cpu_results["environment"] = {"gpu": None, "device": "cpu", "commit": "0123456789abcdef", "torch": "2.13.0"}
+    gpu = write(tmp_path / "r_gpu.json", results(STANDARD))
+    cpu = write(tmp_path / "r_cpu.json", cpu_results)
+    for files, label, shared in (([gpu], "GPU minutes", "one GPU"), ([cpu], "CPU minutes", "one CPU"),
+                                 ([gpu, cpu], "training minutes", "one device")):
+        doc = tmp_path / "reproduction.md"
+        doc.write_text(f"{START}\n{END}\n", encoding="utf-8")
+        proc = report(*files, "--docs", doc)
+        assert proc.returncode == 0, proc.stderr
+        header = next(line for line in doc.read_text().splitlines() if line.startswith("| system |"))
+        assert header.split(" | ")[4] == label, header
+        assert proc.stdout.splitlines()[0] == header  # the table on stdout too
+        legend, capital = " ".join(doc.read_text().split()), label[0].upper() + label[1:]
+        assert f"{capital}: training minutes per run; with jobs N, N runs shared {shared}." in legend
+        assert ("GPU" in label) == ("GPU minutes" in legend)
+
+
 def heads(role: str, layer: int, importance: list[float]) -> dict[str, Any]:
     return {"name": f"{role}.{layer}", "role": role, "layer": layer, "heads": len(importance),
             "importance": importance, "entropy": [1.0] * len(importance)}
