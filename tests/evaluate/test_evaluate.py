@@ -202,6 +202,29 @@ def test_paired_bootstrap_perfect_system_is_significant_identical_is_not(tmp_pat
     assert report["compare"]["bleu"]["p_value"] < 0.02 and report["compare"]["system"] == sys2
 
 
+def test_outputs_with_the_same_line_statistics_have_no_difference_to_test(tmp_path, capsys):
+    """Lines that differ only in spacing tokenize alike: every resample scores both systems the same, so there is
+    no difference to test. That is said, with p = 1, rather than sacreBLEU's 1 / (samples + 1) = 0.001, which
+    reads as a significant difference."""
+    from multibranch.evaluate.metrics import paired_bootstrap
+
+    refs, noisy = _bootstrap_corpus()
+    spaced = [f" {line.replace(' ', '  ')} " for line in noisy]  # the same tokens, other spacing
+    same = paired_bootstrap(noisy, spaced, refs, metrics=("bleu", "chrf"), samples=1000)
+    for name in ("bleu", "chrf"):
+        assert same[name]["baseline"]["score"] == same[name]["system"]["score"]
+        assert same[name]["no_difference"] is True and same[name]["p_value"] == 1.0
+    nearly = list(noisy)
+    nearly[0] = " ".join(reversed(nearly[0].split()))  # one line really differs: the bootstrap decides
+    close = paired_bootstrap(noisy, nearly, refs, metrics=("bleu",), samples=200)
+    assert close["bleu"]["no_difference"] is False and close["bleu"]["p_value"] > 0.05
+
+    hyp, ref, sys2 = _write(tmp_path / "hyp", noisy), _write(tmp_path / "ref", refs), _write(tmp_path / "sys2", spaced)
+    assert main(["evaluate", "--hyp", hyp, "--ref", ref, "--compare", sys2]) == 0
+    compared = capsys.readouterr().out.split("paired bootstrap")[1].splitlines()[1:]
+    assert len(compared) == 2 and all("no difference" in line and "p = " not in line for line in compared)
+
+
 def test_a_directory_as_hyp_says_so(tmp_path, capsys):
     ref = _write(tmp_path / "ref", REF)
     assert main(["evaluate", "--hyp", str(tmp_path), "--ref", ref]) == 2

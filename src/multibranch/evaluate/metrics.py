@@ -162,10 +162,11 @@ def paired_bootstrap(
     Per metric: both corpus scores, the bootstrap mean and 95% confidence half-width of each, and the
     p-value of the difference (small p: the difference is unlikely to be chance). sacreBLEU seeds its
     RNG with $SACREBLEU_SEED (default 12345), so results are reproducible; the signature records it.
-    Identical outputs get p = 1 (sacreBLEU counts only resampled differences strictly above the
-    observed one, which gives 1 / (samples + 1) when every difference is exactly 0).
+    Two outputs with the same per-line statistics of a metric (identical lines, or lines that differ only
+    where the metric's tokenizer does not look, e.g. in spacing) have no difference to test: that metric's
+    entry says so ("no_difference": true) with p = 1, where sacreBLEU would quote 1 / (samples + 1) (it
+    counts resampled differences strictly above the observed one, and every one is exactly 0).
     """
-
 
     if samples < 1:
         raise DataError(f"bootstrap samples must be >= 1, got {samples}")
@@ -186,24 +187,41 @@ def paired_bootstrap(
     result: dict[str, Any] = {"lines": len(baseline), "samples": samples}
     for name, score_name in zip(metrics, test.metrics, strict=True):  # score names: BLEU, chrF2, ...
         base, other = table[score_name]
+        same = _same_statistics(named[name], baseline, system, streams)
         result[name] = {
             "name": score_name,
             "baseline": {"score": float(base.score), "mean": float(base.mean), "ci95": float(base.ci)},
             "system": {"score": float(other.score), "mean": float(other.mean), "ci95": float(other.ci)},
-            "p_value": 1.0 if list(system) == list(baseline) else float(other.p_value),
+            "p_value": 1.0 if same else float(other.p_value),
+            "no_difference": same,
             "signature": str(signatures[score_name]),
         }
     return result
 
 
+def _same_statistics(metric: Any, baseline: Sequence[str], system: Sequence[str],
+                     streams: list[list[str]]) -> bool:
+    """Whether the two outputs have the same per-line sufficient statistics of `metric` (sacreBLEU's, what its
+    resampling sums): then every resample scores both alike, and no difference exists."""
+    if list(system) == list(baseline):
+        return True
+    stats = [metric._extract_corpus_statistics(list(lines), streams) for lines in (baseline, system)]
+    return len(stats[0]) == len(stats[1]) and all(list(a) == list(b) for a, b in zip(*stats, strict=True))
+
+
 def format_bootstrap(result: dict[str, Any]) -> list[str]:
-    """One line per metric: both scores with mean +- 95% CI, the p-value, and the signature."""
+    """One line per metric: both scores with mean +- 95% CI, the p-value, and the signature; for outputs with
+    the same per-line statistics, that no difference exists instead."""
     lines = []
     for name in METRICS:
         if name not in result:
             continue
         entry = result[name]
         base, other = entry["baseline"], entry["system"]
+        if entry.get("no_difference"):
+            lines.append(f"{entry['name']}: baseline {base['score']:.2f}, system {other['score']:.2f}: no "
+                         f"difference (every line has the same {entry['name']} statistics in both; nothing to test)")
+            continue
         lines.append(
             f"{entry['name']}: baseline {base['score']:.2f} ({base['mean']:.2f} +- {base['ci95']:.2f}), "
             f"system {other['score']:.2f} ({other['mean']:.2f} +- {other['ci95']:.2f}), "
