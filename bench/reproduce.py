@@ -62,12 +62,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's mul
 
 from bench.common import cpu_model, multi30k_dir  # noqa: E402
 from bench.reproduce_analyses import AnalysisSettings, analyses_for, run_analyses  # noqa: E402
+from bench.reproduce_cost import cpu_flags, cpu_precision, estimate_minutes  # noqa: E402
 from bench.reproduce_report import markdown_table, mean_sd, system_summary  # noqa: E402
 from bench.reproduce_systems import (  # noqa: E402
-    BASE_PRESET,
     DEFAULT_RHO_GRID,
     MAT_SYSTEMS,
     PAPER_CLAIMS,
+    RECIPES,
     SOURCES,
     SYSTEMS,
     TINY,
@@ -75,6 +76,7 @@ from bench.reproduce_systems import (  # noqa: E402
     grid_of,
     system_delta,
 )
+from multibranch.evaluate.metrics import sufficient_statistics  # noqa: E402
 from multibranch.json_file import write_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -82,11 +84,11 @@ RESULTS = ROOT / "bench" / "results"
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 TINY_DEFAULTS = {"train_lines": 300, "valid_lines": 40, "test_lines": 40, "vocab_size": 300, "max_updates": 30,
                  "valid_every": 10, "patience": 3, "average_last": 3, "log_every": 5, "analysis_sentences": 40}
-FULL_DEFAULTS = {"train_lines": None, "valid_lines": None, "test_lines": None, "vocab_size": 8000,
-                 "max_updates": 12000, "valid_every": 500, "patience": 5, "average_last": 5, "log_every": 100,
-                 "analysis_sentences": 500}
 
 FINISHED_REASONS = ("reached max_steps", "no improvement", "reached max_epochs")
+# the settings that decide how a run trains and is scored: a reported run counts for a call with the same ones
+RUN_SETTINGS = ("recipe", "tiny", "max_updates", "patience", "valid_every", "valid_sentences", "average_last",
+                "warmup", "lr", "overrides", "analyses")
 
 _print_lock = threading.Lock()
 
@@ -235,6 +237,9 @@ class Harness:
                 if seed != a.grid_seed or grid_system != system:  # the grid holds its own system's grid seed
                     # rho is chosen once the grid has finished (resolve); None until then
                     add(Run(system, seed, rho=None, needs=[add(Run(source, seed)), *grid]))
+        recipe = RECIPES[a.recipe]
+        if recipe.seed_major:  # seed by seed in the recipe's order (a source comes before the MAT it initialises)
+            return sorted(runs.values(), key=lambda r: (r.seed, recipe.systems.index(r.system), r.rho or 0.0))
         # standard models first (MAT starts from them), then the rho grid, then seed by seed
         return sorted(runs.values(), key=lambda r: (r.system not in SOURCES, not r.grid, r.seed,
                                                     SYSTEMS.index(r.system), r.rho or 0.0))
@@ -267,7 +272,8 @@ class Harness:
         a = self.args
         config = {"train": {"max_steps": a.max_updates, "patience": a.patience, "valid_every": a.valid_every,
                             "keep_last": max(a.average_last, 1), "log_every": a.log_every, "amp": a.amp,
-                            "seed": run.seed, "best_metric": "bleu", "max_epochs": a.max_epochs}}
+                            "seed": run.seed, "best_metric": "bleu", "max_epochs": a.max_epochs,
+                            "max_minutes": None}}
         if a.valid_sentences:
             config["train"]["valid_max_sentences"] = a.valid_sentences
         if a.warmup is not None:
@@ -276,16 +282,20 @@ class Harness:
             config["train"]["lr"] = {**config["train"].get("lr", {}), "lr": a.lr}
         if a.tiny:
             config = deep_merge(TINY, config)
-        config = deep_merge(config, system_delta(run.system, a.max_updates, run.rho, tiny=a.tiny))
+        config = deep_merge(config, system_delta(run.system, a.max_updates, run.rho, tiny=a.tiny, recipe=a.recipe))
         sets = [s.split(":", 1)[1] if ":" in s.split("=", 1)[0] else s for s in a.overrides
                 if ":" not in s.split("=", 1)[0] or s.split(":", 1)[0] in (run.system, run.name)]
-        return {"preset": BASE_PRESET, "config": config, "sets": sets}
+        return {"preset": RECIPES[a.recipe].base_preset, "config": config, "sets": sets}
 
     def execute(self, run: Run) -> str:
         """Train (or resume) one run, then evaluate it once its training has finished; returns its status."""
         folder = self.run_dir(run)
         if (folder / "done.json").is_file():
-            return "skipped (done before)" if self.analyse(run, folder) else "done (analysed now)"
+            status = "skipped (done before)" if self.analyse(run, folder) else "done (analysed now)"
+            self.report_run(run)
+            return status
+        if self.reported(run):
+            return "reported before"
         folder.mkdir(parents=True, exist_ok=True)
         log = folder / "harness.log"
         if self.trained(run) is None:
@@ -294,7 +304,40 @@ class Harness:
                 return status
         self.evaluate(run, folder, log)
         self.analyse(run, folder)
+        self.report_run(run)
         return "done"
+
+    # ---- one results file per finished run (--results-per-run) ------------------------------------------
+
+    def run_results_name(self, run: Run) -> str:
+        return f"{self.args.name}_{run.name}_seed{run.seed}"
+
+    def reported(self, run: Run) -> bool:
+        """--results-per-run: whether OUT holds this run's results, finished, to the same recipe (a run that
+        an earlier call reported, whose work folder has gone with its machine, is not trained again)."""
+        if not self.args.results_per_run:
+            return False
+        mine = self.settings()
+        for folder in dict.fromkeys([self.args.out, RESULTS]):
+            old = read_json(folder / f"{self.run_results_name(run)}.json")
+            if isinstance(old, dict) and all(old.get("settings", {}).get(key) == mine[key] for key in RUN_SETTINGS) \
+                    and any(r.get("status") == "done" and r.get("seed") == run.seed for r in old.get("runs", [])):
+                return True
+        return False
+
+    def report_run(self, run: Run) -> None:
+        """--results-per-run: write OUT/NAME_RUN_seedK.json (and its _hyps.json) for a finished run."""
+        if not self.args.results_per_run:
+            return
+        comparison = None
+        if run.system != "standard":
+            try:
+                comparison = self.compare(run)
+            except Exception as error:  # the report computes it from the saved translations instead
+                say(f"{run.key}: comparison FAILED: {error}")
+        path = self.write_results([run], {run.key: comparison} if comparison else None,
+                                  name=self.run_results_name(run), save_hyps=False)
+        say(f"{run.key}: wrote {path}")
 
     def analyse(self, run: Run, folder: Path) -> bool:
         """The system's analyses on the averaged checkpoint (bench/reproduce_analyses.py), unless they are
@@ -308,8 +351,8 @@ class Harness:
         if ckpt is None:
             return True  # scored by an older call whose average is gone: nothing to analyse
         device = a.device if a.device != "auto" else ("cuda" if self.run_environment().get("gpu") else "cpu")
-        settings = AnalysisSettings(device=device,
-                                    examples=a.analysis_examples, score_sentences=a.analysis_sentences)
+        settings = AnalysisSettings(device=device, examples=a.analysis_examples, score_sentences=a.analysis_sentences,
+                                    dominant=a.recipe == "cpu")
         began = time.time()
         results = run_analyses(run.system, ckpt, self.data, folder, settings, self.cli)
         failed = [name for name, value in results.items() if "error" in value]
@@ -338,6 +381,9 @@ class Harness:
             left = (self.deadline - time.monotonic()) / 60 - a.reserve
             if left < a.min_segment:
                 return "not started (budget)"
+            need = self.estimate_minutes(run, self.current_step(train_dir)) if a.whole_runs else None
+            if need is not None and need > left + a.reserve:
+                return f"not started (needs about {need:.0f} minutes, {left + a.reserve:.0f} left)"
             args += ["--max-minutes", f"{self.elapsed_minutes(train_dir) + left:.3f}"]
         step = self.current_step(train_dir)
         resume = (train_dir / "last.pt").is_file()
@@ -373,6 +419,13 @@ class Harness:
         self.cli(["convert", "proximal", "--ckpt", str(source), "--branches", str(branches),
                   "--drop-branch", f"{run.rho:g}", "--out", str(out), "--force"], log)
         return out
+
+    def estimate_minutes(self, run: Run, step: int) -> float | None:
+        """Wall minutes `run` still needs on this CPU (bench/reproduce_cost.py), None where unknown (a GPU)."""
+        a = self.args
+        if a.recipe != "cpu" or self.run_environment().get("gpu"):
+            return None
+        return estimate_minutes(run.system, a.max_updates - step, cpu_precision(a.amp), a.max_updates)
 
     @staticmethod
     def current_step(train_dir: Path) -> int:
@@ -415,6 +468,11 @@ class Harness:
                              "bleu_signature": result["bleu"]["signature"],
                              "chrf_signature": result["chrf"]["signature"], "bleu_text": result["bleu"]["text"]}
         scores["avg"]["checkpoints"] = [p.name for p in kept]
+        # per-line BLEU statistics: the report's paired bootstrap against a standard model of another call,
+        # without keeping the translations
+        scores["avg"]["bleu_sentence_stats"] = sufficient_statistics(
+            (folder / "test.avg.hyp").read_text(encoding="utf-8").splitlines(),
+            (data / "test.tgt.txt").read_text(encoding="utf-8").splitlines())
         record = {"test": scores, "eval_wall_s": time.time() - began, **(self.trained(run) or {})}
         write_json(folder / "done.json", record)
         if not a.keep_checkpoints:  # finished: best.pt and the average stay; resume state and step checkpoints go
@@ -491,7 +549,8 @@ class Harness:
                         run.status, run.error = "failed", str(error)
                         say(f"{run.key}: FAILED: {error}")
                     self.note(run, run.status, run.error)
-                self.write_results(runs)
+                if not self.args.results_per_run:  # (each finished run has written its own file)
+                    self.write_results(runs)
 
     def note(self, run: Run, status: str, error: str | None) -> None:
         with self.lock:
@@ -514,13 +573,16 @@ class Harness:
             status = "unfinished" if self.trained(run) is None else "trained (not evaluated)"
         else:
             status = "not started"
+        autocast = self.autocast(run)
         record = {
             "system": run.system, "seed": run.seed, "rho": run.rho, "grid": run.grid, "dir": str(folder),
+            "autocast": autocast, "precision": {"none": "fp32"}.get(autocast, autocast),
             "status": status, "stop": (self.trained(run) or {}).get("stop") or (segments[-1]["stop"] if segments else None),
             "updates": max((r["step"] for r in records), default=0), "best_valid_bleu": best_bleu,
             "best_valid_step": best_step,
             "train_minutes": train[-1]["elapsed_s"] / 60 if train else None,
-            "wall_minutes": sum(s["wall_s"] for s in segments) / 60 + ((done or {}).get("eval_wall_s", 0) / 60),
+            "wall_minutes": sum(s["wall_s"] for s in segments) / 60 + ((done or {}).get("eval_wall_s", 0) / 60)
+            + sum(v.get("wall_s", 0) for v in (read_json(folder / "analyses.json") or {}).values()) / 60,
             "segments": segments,
             "curve": {"valid": [{k: r.get(k) for k in ("step", "epoch", "loss", "nll", "ppl", "bleu")} for r in valid],
                       "train": [{k: r.get(k) for k in ("step", "loss", "nll", "lr", "tokens_per_s", "elapsed_s")}
@@ -536,6 +598,12 @@ class Harness:
         if analyses:
             record["analyses"] = analyses
         return record
+
+    def autocast(self, run: Run) -> str | None:
+        """The autocast the run trained under ("none", "bf16", "fp16"), as its train.log says."""
+        log = self.run_dir(run) / "train" / "train.log"
+        found = re.findall(r"autocast (\w+)", log.read_text(encoding="utf-8")) if log.is_file() else []
+        return found[-1] if found else None
 
     def parameters(self, run: Run) -> int | None:
         """Parameter count of the run's model (`multibranch info --ckpt best.pt --json`), once per system."""
@@ -557,7 +625,23 @@ class Harness:
             write_json(cache, known)
         return known[run.name]
 
-    def write_results(self, runs: list[Run], comparisons: dict[str, Any] | None = None) -> Path:
+    def settings(self) -> dict[str, Any]:
+        """The settings block of a results file: the recipe and what this call was asked."""
+        a = self.args
+        return {"recipe": a.recipe, "tiny": a.tiny, "base_preset": RECIPES[a.recipe].base_preset,
+                "shape_override": TINY if a.tiny else None,
+                "systems": a.systems, "seeds": a.seeds, "grid_seed": a.grid_seed,
+                "rho_grid": None if a.rho is not None else a.rho_grid, "rho": a.rho,
+                "max_updates": a.max_updates, "patience": a.patience, "valid_every": a.valid_every,
+                "valid_sentences": a.valid_sentences, "average_last": a.average_last, "warmup": a.warmup,
+                "lr": a.lr, "overrides": a.overrides, "budget_minutes": a.budget,
+                "segment_updates": a.segment_updates, "jobs": a.jobs, "work": str(self.work),
+                "analyses": a.analyses, "analysis_sentences": a.analysis_sentences,
+                "analysis_examples": a.analysis_examples,
+                "data": self.data_summary(), "bootstrap_samples": a.bootstrap}
+
+    def write_results(self, runs: list[Run], comparisons: dict[str, Any] | None = None, *, name: str | None = None,
+                      save_hyps: bool | None = None) -> Path:
         a = self.args
         records = {run.key: self.run_record(run) for run in runs}
         for run in runs:
@@ -565,8 +649,10 @@ class Harness:
                 records[run.key]["compare_to_standard"] = comparisons[run.key]
         rows = []
         standard = {r["seed"]: r for r in records.values() if r["system"] == "standard" and r["status"] == "done"}
-        for system in [s for s in SYSTEMS if s in a.systems]:
+        for system in [s for s in SYSTEMS if s in a.systems or (name and any(r.system == s for r in runs))]:
             mine = [run for run in runs if run.system == system]
+            if name and not mine:  # a one-run file has its own system's row only
+                continue
             row: dict[str, Any] = {"system": system, "paper_claim": PAPER_CLAIMS.get(system)}
             if system in MAT_SYSTEMS:
                 rho, scores = self.chosen_rho(system)
@@ -579,33 +665,26 @@ class Harness:
             row["parameters"] = self.parameters(finished[0]) if finished else None
             done = [records[run.key] for run in finished]
             rows.append({**system_summary(system, done, standard, row), **row, "planned_runs": [run.key for run in mine],
-                         "config": system_delta(system, a.max_updates, row.get("rho"), tiny=a.tiny),
+                         "config": system_delta(system, a.max_updates, row.get("rho"), tiny=a.tiny,
+                                                recipe=a.recipe),
                          "wall_minutes": mean_sd([r["wall_minutes"] for r in done])})
         signatures = sorted({r["test"]["avg"]["bleu_signature"] for r in records.values() if "test" in r})
         payload = {
             "environment": self.run_environment(),
-            "settings": {"tiny": a.tiny, "base_preset": BASE_PRESET, "shape_override": TINY if a.tiny else None,
-                         "systems": a.systems, "seeds": a.seeds, "grid_seed": a.grid_seed, "rho_grid": None if a.rho is not None else a.rho_grid, "rho": a.rho,
-                         "max_updates": a.max_updates, "patience": a.patience, "valid_every": a.valid_every,
-                         "valid_sentences": a.valid_sentences, "average_last": a.average_last, "warmup": a.warmup,
-                         "lr": a.lr, "overrides": a.overrides, "budget_minutes": a.budget,
-                         "segment_updates": a.segment_updates, "jobs": a.jobs, "work": str(self.work),
-                         "analyses": a.analyses, "analysis_sentences": a.analysis_sentences,
-                         "analysis_examples": a.analysis_examples,
-                         "data": self.data_summary(), "bootstrap_samples": a.bootstrap},
+            "settings": self.settings(),
             "bleu_signatures": signatures, "paper_claims_source": "docs/papers.md", "rows": rows, "runs": list(records.values()),
             "this_call": {"actions": list(self.actions), "wall_minutes": (time.monotonic() - self.start) / 60},
         }
-        path = a.out / f"{a.name}.json"
+        path = a.out / f"{name or a.name}.json"
         write_json(path, payload)
-        if a.save_hyps:  # the test translations (system output only), for re-analysis after the GPU is gone
+        if a.save_hyps if save_hyps is None else save_hyps:  # the test translations, for the report's bootstrap
             hyps = {}
             for run in runs:
                 folder = self.run_dir(run)
                 if (folder / "done.json").is_file():
                     hyps[run.key] = {label: (folder / f"test.{label}.hyp").read_text(encoding="utf-8").splitlines()
                                      for label in ("avg", "best")}
-            write_json(a.out / f"{a.name}_hyps.json", hyps)
+            write_json(a.out / f"{name or a.name}_hyps.json", hyps)
         return path
 
     def data_summary(self) -> dict[str, Any]:
@@ -634,7 +713,8 @@ class Harness:
                                             capture_output=True, text=True, cwd=ROOT)
                     dirty = bool(status.stdout.strip())
             self._env_cache = {"commit": commit, "commit_dirty": dirty, "command": " ".join([Path(sys.executable).name, *sys.argv]),
-                               "python": platform.python_version(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+                               "python": platform.python_version(), "cpu": cpu_model(), "cpu_flags": cpu_flags(),
+                               "cpu_count": os.cpu_count(),
                                "threads": self.args.threads or os.environ.get("OMP_NUM_THREADS"),
                                "device": self.args.device, "amp": self.args.amp, **torch_info}
         return self._env_cache
@@ -657,6 +737,10 @@ class Harness:
             return 0
         self.run_environment()
         self.run_all(runs)
+        if a.results_per_run:
+            for run in runs:
+                say(f"{run.key:28s} {run.status}{': ' + run.error if run.error else ''}")
+            return 1 if any(run.status == "failed" for run in runs) else 0
         comparisons: dict[str, Any] = {}
         targets = [run for run in runs if run.system != "standard"]  # compare() skips runs not done
         with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
@@ -680,8 +764,12 @@ class Harness:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS, metavar="SYSTEM",
-                   help=f"systems to train (default: all: {' '.join(SYSTEMS)})")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="iwslt", help="iwslt: the papers' IWSLT shape "
+                   "(the `transformer` preset); cpu: the CPU shape (the `-tiny` presets, the same number of updates "
+                   "for every system; bench/reproduce_runner.py builds it in the background) (default: iwslt)")
+    p.add_argument("--systems", nargs="+", default=None, choices=SYSTEMS, metavar="SYSTEM",
+                   help=f"systems to train (default: the recipe's table: iwslt: {' '.join(RECIPES['iwslt'].systems)}; "
+                   f"cpu: {' '.join(RECIPES['cpu'].table_systems)})")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds (default: 1 2 3)")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder of the results JSON (default: bench/results; "
                    "on the device: $OUT)")
@@ -693,16 +781,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="raw Multi30k (default: $MULTIBRANCH_MULTI30K or $MULTIBRANCH_SHARED_DATA/multi30k)")
     p.add_argument("--tiny", action="store_true", help="CPU size: tiny model, a few hundred sentences, a few dozen updates")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
-    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16", "auto"], help="training autocast (default: none)")
+    p.add_argument("--amp", default=None, choices=["none", "bf16", "fp16", "auto"],
+                   help="training autocast (default: iwslt none, cpu auto: bf16 where the CPU computes it natively)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of every command (default: unset; with --jobs N: cores / N; --tiny: 1)")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
     stop = p.add_argument_group("stopping and budget")
-    stop.add_argument("--max-updates", type=int, default=None, help="update cap of every run (full: 12000; tiny: 30); "
-                      "also the length DropHead's V schedule and Weighted's kappa/alpha freeze plan for")
+    stop.add_argument("--max-updates", type=int, default=None, help="update cap of every run (iwslt: 12000; cpu: "
+                      f"{RECIPES['cpu'].defaults['max_updates']}; tiny: 30); also the length DropHead's V schedule and "
+                      "Weighted's kappa/alpha freeze plan for")
     stop.add_argument("--patience", type=int, default=None, help="stop after N validations without a better "
-                      "valid BLEU (full: 5; tiny: 3)")
-    stop.add_argument("--valid-every", type=int, default=None, help="validate and checkpoint every N updates (full: 500)")
+                      "valid BLEU (iwslt: 5; cpu: none, every run trains --max-updates; tiny: 3)")
+    stop.add_argument("--valid-every", type=int, default=None, help="validate and checkpoint every N updates "
+                      "(iwslt: 500; cpu: 250)")
     stop.add_argument("--valid-sentences", type=int, default=None, help="validation BLEU on the first N of val (default: all)")
     stop.add_argument("--max-epochs", type=int, default=200, help="epoch cap (default: the preset's 200)")
     stop.add_argument("--budget", type=float, default=None, help="minutes this call may take: no run starts later, and "
@@ -710,12 +801,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     stop.add_argument("--reserve", type=float, default=None, help="minutes of --budget kept for scoring and the "
                       "analyses (full: 2.5; 1.5 with --no-analyses)")
     stop.add_argument("--min-segment", type=float, default=0.5, help="no training starts with fewer --budget minutes left")
+    stop.add_argument("--whole-runs", action="store_true", help="with --budget on a CPU (--recipe cpu): start a run "
+                      "only when its estimated minutes fit what is left (bench/reproduce_cost.py), since a run cut "
+                      "short is lost where the work folder does not outlive the call")
     stop.add_argument("--segment-updates", type=int, default=None, help="pause each run after N more updates (resume later)")
     recipe = p.add_argument_group("recipe")
     recipe.add_argument("--average-last", type=int, default=None, help="checkpoints averaged (full: 5; tiny: 3)")
     recipe.add_argument("--rho-grid", type=lambda s: [float(x) for x in s.split(",")], default=list(DEFAULT_RHO_GRID),
                         help="MAT drop-branch rates tried at --grid-seed (default: 0.1,0.2,0.3)")
-    recipe.add_argument("--rho", type=float, default=None, help="fix MAT's rho (no grid)")
+    recipe.add_argument("--rho", type=float, default=None, help="fix MAT's rho (no grid; cpu: 0.1, mat-tiny's)")
     recipe.add_argument("--grid-seed", type=int, default=1, help="seed of the rho grid runs (default: 1)")
     recipe.add_argument("--warmup", type=int, default=None, help="LR warm-up updates (default: the preset's 4000)")
     recipe.add_argument("--lr", type=float, default=None, help="peak LR (default: the preset's 5e-4)")
@@ -726,6 +820,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--valid-lines", type=int, default=None, help="use the first N validation pairs (tiny: 40)")
     p.add_argument("--test-lines", type=int, default=None, help="use the first N test pairs (tiny: 40)")
     p.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples (default: 1000)")
+    p.add_argument("--results-per-run", action="store_true", help="write one results file per finished run, "
+                   "OUT/NAME_RUN_seedK.json, instead of OUT/NAME.json (its per-line BLEU statistics give the "
+                   "paired bootstrap; no translations are kept); a run whose file is already in OUT or "
+                   "bench/results, finished to the same settings, is not trained again")
     p.add_argument("--save-hyps", action="store_true", help="also write OUT/NAME_hyps.json: every finished run's "
                    "test translations (averaged and best checkpoint)")
     p.add_argument("--no-analyses", dest="analyses", action="store_false", help="skip the papers' analyses of "
@@ -739,20 +837,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prepare-only", action="store_true", help="prepare the data and stop (e.g. before carrying it)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their dependencies and stop")
     args = p.parse_args(argv)
-    defaults = TINY_DEFAULTS if args.tiny else FULL_DEFAULTS
+    recipe = RECIPES[args.recipe]
+    defaults = {**recipe.defaults, **TINY_DEFAULTS} if args.tiny else recipe.defaults
     for key, value in defaults.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    if args.systems is None:
+        args.systems = list(recipe.table_systems)
+    foreign = [s for s in args.systems if s not in recipe.systems]
+    if foreign:
+        p.error(f"--systems {' '.join(foreign)}: not in the {args.recipe} recipe ({' '.join(recipe.systems)})")
+    if args.rho is None:
+        args.rho = recipe.rho
     if args.reserve is None:
         args.reserve = 0.0 if args.tiny else (2.5 if args.analyses else 1.5)
     if args.threads is None and args.tiny:
         args.threads = 1
     elif args.threads is None and args.jobs > 1:  # runs side by side share the cores, none oversubscribes them
         args.threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    stem = "reproduce" if args.recipe == "iwslt" else f"reproduce_{args.recipe}"
     if args.name is None:
-        args.name = "reproduce_tiny" if args.tiny else "reproduce"
+        args.name = f"{stem}_tiny" if args.tiny else stem
     if args.work is None:
-        args.work = ROOT / "runs" / ("reproduce-tiny" if args.tiny else "reproduce")
+        args.work = ROOT / "runs" / (f"{stem}-tiny" if args.tiny else stem).replace("_", "-")
     args.work = args.work.resolve()
     args.out = args.out.resolve()
     args.data = args.data.resolve() if args.data else None

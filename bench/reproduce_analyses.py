@@ -6,8 +6,10 @@ run's averaged checkpoint as soon as it is scored. The numbers go into the resul
 
 Which analysis each system gets (the paper that makes the claim, docs/papers.md):
   pruning     `analyze heads`: head importance on valid, then the pruning curve (BLEU on the first
-              --analysis-sentences of test as the least important heads are masked, 10% at a time).
-              Scheduled DropHead claims a flatter curve than the standard model's.
+              --analysis-sentences of test as the least important heads are masked, 10% at a time), and with
+              `dominant` the BLEU change when each attention's most important head alone is masked (one
+              translation per head). Scheduled DropHead claims a flatter curve and a smaller drop (its Tables 3
+              and 4) than the standard model's.
   importance  `analyze heads --no-curve`: head importance and entropy only. For MAT the report sums it per
               branch (head h belongs to branch h // M).
   lengths     `analyze lengths`: BLEU by source length on test (MUSE Fig. 3: standard vs MUSE vs MUSE-simple).
@@ -19,6 +21,7 @@ Which analysis each system gets (the paper that makes the claim, docs/papers.md)
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,9 @@ ANALYSES: dict[str, tuple[str, ...]] = {
     "weighted": ("gates",),
     "mute": ("diversity",), "mute-bias": ("diversity",), "mute-bias-seq": ("diversity",),
     "muse": ("gates", "lengths"), "muse-simple": ("lengths",),
+    # the CPU recipe's own systems
+    "mat": ("importance",), "mat-proximal": ("importance",), "mat-drophead": ("pruning",),
+    "drophead-constant": ("pruning",),
 }
 REPORT_FILES = {"pruning": "heads.json", "importance": "heads.json", "lengths": "lengths.json",
                 "gates": "gates.json", "diversity": "diversity.json"}
@@ -46,6 +52,7 @@ class AnalysisSettings:
     examples: int | None = None  # valid examples for importance and diversity (None: all of val)
     score_sentences: int = 500  # test sentences translated per pruning-curve point
     step: float = 0.1  # pruning-curve step, as a fraction of all heads
+    dominant: bool = False  # the pruning analysis also masks each attention's dominant head alone
     length_buckets: str = LENGTH_BUCKETS
 
 
@@ -61,7 +68,8 @@ def command(name: str, ckpt: Path, data: Path, out: Path, settings: AnalysisSett
         curve = (["--bleu-split", "test", "--bleu-max-sentences", str(settings.score_sentences),
                   "--step", f"{settings.step:g}"] if name == "pruning" else ["--no-curve"])
         return ["analyze", "heads", "--ckpt", str(ckpt), "--data", str(data), "--split", "valid", *examples, *curve,
-                "--no-dominant", "--no-progress", *device, "--out", str(out), "--force"]
+                *([] if settings.dominant and name == "pruning" else ["--no-dominant"]), "--no-progress", *device,
+                "--out", str(out), "--force"]
     if name == "lengths":
         return ["analyze", "lengths", "--ckpt", str(ckpt), "--data", str(data), "--split", "test",
                 "--buckets", settings.length_buckets, *device, "--out", str(out), "--force"]
@@ -96,10 +104,11 @@ def run_analyses(system: str, ckpt: Path, data: Path, folder: Path, settings: An
         if name in results and "error" not in results[name]:
             continue
         out = folder / "analysis" / name
+        began = time.monotonic()
         try:
             cli(command(name, ckpt, data, out, settings), folder / "harness.log")
             report = json.loads((out / REPORT_FILES[name]).read_text(encoding="utf-8"))
-            results[name] = condense(name, report)
+            results[name] = {**condense(name, report), "wall_s": time.monotonic() - began}
         except Exception as error:  # recorded beside the scores; the run stays done
             results[name] = {"error": str(error).splitlines()[0]}
         write_json(path, results)  # after each analysis: a call killed later keeps what it finished

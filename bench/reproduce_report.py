@@ -51,19 +51,38 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's multibranch (no torch needed)
 
 from bench.common import multi30k_dir  # noqa: E402
-from bench.reproduce_systems import MAT_SYSTEMS, PAPER_CLAIMS, SYSTEMS, grid_of  # noqa: E402
+from bench.reproduce_systems import MAT_SYSTEMS, PAPER_CLAIMS, RECIPES, SYSTEMS, grid_of  # noqa: E402
+from multibranch.evaluate.metrics import paired_bootstrap_statistics  # noqa: E402
 from multibranch.atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
 from multibranch.json_file import read_json_object, write_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 START = "<!-- reproduce-report:start -->"
 END = "<!-- reproduce-report:end -->"
+PLAN_START = "<!-- reproduce-plan:start -->"
+PLAN_END = "<!-- reproduce-plan:end -->"
+
+
+def markers(recipe: str) -> tuple[str, str]:
+    """The lines around a recipe's region of the docs (the IWSLT recipe's are the plain ones)."""
+    return (START, END) if recipe == "iwslt" else (f"<!-- reproduce-report:{recipe}:start -->",
+                                                     f"<!-- reproduce-report:{recipe}:end -->")
+
+
+def has_line(text: str, line: str) -> bool:
+    return line in (candidate.strip() for candidate in text.splitlines())
+
+
+def figure_prefix(recipe: str) -> str:
+    return "" if recipe == "iwslt" else f"{recipe}_"
+
 # what must be equal for runs of two calls to share a table; the update cap may differ (a call sets it near the
 # updates the standard model needed, so that DropHead's V schedule and Weighted's kappa/alpha freeze fit the run)
 RECIPE_KEYS = ("patience", "valid_every", "average_last", "tiny", "data.vocab_size")
 BOOTSTRAP_SAMPLES = 1000
-PRUNING_SYSTEMS = ("standard", "drophead", "mat3-narrow-drophead")
+PRUNING_SYSTEMS = ("standard", "drophead", "drophead-constant", "mat3-narrow-drophead", "mat-drophead")
 LENGTH_SYSTEMS = ("standard", "muse", "muse-simple")
+DOMINANT_ROLES = {"encoder_self": "encoder self", "decoder_self": "decoder self", "cross": "cross"}
 MUTE_SYSTEMS = ("mute", "mute-bias", "mute-bias-seq")
 DIVERSITY_TITLES = {"att_pos": "Att Pos.", "att_sub": "Att Sub.", "ffn_sub": "FFN Sub."}
 ROLES = ("encoder_self", "decoder_self", "cross")
@@ -75,9 +94,13 @@ DASH = "–"
 DOC_WIDTH = 110  # docs/*.md wrap their prose here
 
 
-NO_RESULTS = """No GPU call has finished a run yet. `python bench/reproduce_report.py --docs docs/reproduction.md` writes
+NO_RESULTS = {
+    "iwslt": """No GPU call has finished a run yet. `python bench/reproduce_report.py --docs docs/reproduction.md` writes
 the table and the figures here from `bench/results/reproduce_*.json` (every GPU call's results merged).
-"""
+""",
+    "cpu": """No run of the CPU recipe has finished yet. `python bench/reproduce_report.py --docs docs/reproduction.md` writes
+the table and the figures here from `bench/results/reproduce_cpu_*.json` (one file per finished run).
+"""}
 
 
 class ReportError(Exception):
@@ -165,6 +188,19 @@ def default_files(folder: Path = RESULTS) -> list[ResultsFile]:
     return files
 
 
+def recipe_of(file: ResultsFile) -> str:
+    """The recipe the file's runs trained to (results files without one are the IWSLT recipe's)."""
+    return str(file.settings.get("recipe") or "iwslt")
+
+
+def by_recipe(files: list[ResultsFile]) -> dict[str, list[ResultsFile]]:
+    """The files of each recipe, in their order: each recipe has a table of its own."""
+    groups: dict[str, list[ResultsFile]] = {}
+    for file in files:
+        groups.setdefault(recipe_of(file), []).append(file)
+    return groups
+
+
 def recipe_value(file: ResultsFile, key: str) -> Any:
     value: Any = file.settings
     for part in key.split("."):
@@ -205,7 +241,11 @@ def run_key(record: dict[str, Any]) -> str:
 @dataclass
 class Merged:
     files: list[ResultsFile]
+    recipe: str = "iwslt"
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # run key -> record (+ results_file, jobs)
+    # run key -> a finished record of the same run trained on the other kind of device (CPU or GPU): the table
+    # counts the first device's, the report sets the two side by side
+    other_device: dict[str, dict[str, Any]] = field(default_factory=dict)
     sources: dict[str, ResultsFile] = field(default_factory=dict)  # run key -> the file its record came from
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # system -> row fields, later non-empty wins
     seeds: set[int] = field(default_factory=set)  # every file's settings.seeds
@@ -213,20 +253,25 @@ class Merged:
 
 def merge(files: list[ResultsFile]) -> Merged:
     """The run records of `files` by run key (a later file's record replaces an earlier one, but an unfinished
-    record never replaces a finished one; a note each), and their rows field by field."""
-    merged = Merged(files)
+    record never replaces a finished one; a note each; a finished record from the other kind of device is kept
+    apart, in `other_device`), and their rows field by field."""
+    merged = Merged(files, recipe=recipe_of(files[0]) if files else "iwslt")
     for file in files:
         merged.seeds.update(file.settings.get("seeds") or [])
         for record in file.data["runs"]:
             key = run_key(record)
             old = merged.runs.get(key)
+            if old is not None and is_done(old) and is_done(record) and old.get("device") != file.device:
+                merged.other_device[key] = {**record, "results_file": file.label, "device": file.device}
+                continue
             if old is not None:
                 if is_done(old) and not is_done(record):
                     note(f"{key} is in {old['results_file']} (done) and {file.label} ({record.get('status')}): "
                          f"the finished record of {old['results_file']} is kept")
                     continue
                 note(f"{key} is in {old['results_file']} and {file.label}: the record of {file.label} is used")
-            merged.runs[key] = {**record, "results_file": file.label, "jobs": file.settings.get("jobs")}
+            merged.runs[key] = {**record, "results_file": file.label, "jobs": file.settings.get("jobs"),
+                                "device": file.device}
             merged.sources[key] = file
         for row in file.data.get("rows") or []:
             target = merged.rows.setdefault(row["system"], {})
@@ -235,9 +280,10 @@ def merge(files: list[ResultsFile]) -> Merged:
 
 
 def systems_present(merged: Merged) -> list[str]:
-    """bench/reproduce.py's systems, then any other system the records name, in order of appearance."""
+    """The recipe's systems in its table order, then any other system the records name, in order of appearance."""
+    order = RECIPES[merged.recipe].systems if merged.recipe in RECIPES else SYSTEMS
     found = dict.fromkeys(r["system"] for r in merged.runs.values())
-    return [s for s in SYSTEMS if s in found] + [s for s in found if s not in SYSTEMS]
+    return [s for s in order if s in found] + [s for s in found if s not in order]
 
 
 def same_rho(a: float | None, b: float | None) -> bool:
@@ -333,7 +379,7 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
         p = recorded_p_value(r, standard_by_seed[r["seed"]])
         origin = "results" if p is not None else None
         if p is None and (p_values or {}).get(r["seed"]) is not None:
-            p, origin = p_values[r["seed"]], "hyps"
+            p, origin = p_values[r["seed"]], "computed"
         summary["p_values"].append({"seed": r["seed"], "p_value": p, "from": origin})
     return summary
 
@@ -367,7 +413,8 @@ def bootstrap_p_value(baseline: list[str], system: list[str], ref: Path) -> floa
 
 def hyps_p_values(merged: Merged, runs: dict[str, list[dict[str, Any]]], ref: Path | None
                   ) -> dict[str, dict[int, float | None]]:
-    """system -> seed -> p-value computed from the *_hyps.json files, for the runs that record no current one."""
+    """system -> seed -> p-value for the runs that record no current one: from both runs' per-line BLEU
+    statistics (`bleu_sentence_stats`), else from the *_hyps.json files."""
     standard = {r["seed"]: r for r in runs.get("standard", [])}
     hyps: dict[Path, dict[str, Any]] = {}
 
@@ -383,15 +430,20 @@ def hyps_p_values(merged: Merged, runs: dict[str, list[dict[str, Any]]], ref: Pa
         return found if isinstance(found, list) else None
 
     tasks: dict[tuple[str, int], tuple[list[str], list[str]]] = {}
+    out: dict[str, dict[int, float | None]] = {}
     for system, mine in runs.items():
         for run in mine:
             base = standard.get(run["seed"])
             if system == "standard" or base is None or recorded_p_value(run, base) is not None:
                 continue
+            stats = [r["test"]["avg"].get("bleu_sentence_stats") for r in (base, run)]
+            if all(stats):
+                out.setdefault(system, {})[run["seed"]] = paired_bootstrap_statistics(
+                    stats[0], stats[1], samples=BOOTSTRAP_SAMPLES)["p_value"]
+                continue
             pair = (lines(base), lines(run))
             if pair[0] is not None and pair[1] is not None:
                 tasks[(system, run["seed"])] = pair  # type: ignore[assignment]
-    out: dict[str, dict[int, float | None]] = {}
     if not tasks:
         return out
     if ref is None or not ref.is_file():
@@ -493,28 +545,77 @@ def wrap(paragraph: str) -> str:
     return textwrap.fill(paragraph, DOC_WIDTH, break_long_words=False, break_on_hyphens=False)
 
 
-def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: list[tuple[str, str]]) -> str:
-    """The text between the markers: the files merged, the table, its legend and the figures (link, caption);
-    NO_RESULTS while no file holds a finished run."""
+def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: list[tuple[str, str]],
+                merged: Merged | None = None) -> str:
+    """The text between the markers: the files merged, the table, its legend, the dominant-head table, the runs
+    trained on both kinds of device, and the figures (link, caption); NO_RESULTS while no file holds a finished
+    run."""
+    recipe = merged.recipe if merged is not None else "iwslt"
     if not rows:
-        return NO_RESULTS
+        return NO_RESULTS.get(recipe, NO_RESULTS["iwslt"])
     device = devices(files)
     minutes = minutes_label(device)
     parts = ["", "<!-- written by bench/reproduce_report.py: rebuild it from the results, do not edit -->", "",
              wrap(files_line(files)), "", markdown_table(rows, device).rstrip("\n"), "",
              wrap(LEGEND.format(minutes=minutes[0].upper() + minutes[1:], device=device or "device")), ""]
+    if merged is not None:
+        dominant = dominant_table(table_runs(merged))
+        if dominant:
+            parts += [dominant, ""]
+        both = device_agreement(merged)
+        if both:
+            parts += [both, ""]
     for link, caption in figures:
         parts += [f"![{caption}]({link})", ""]
     return "\n".join(parts)
 
 
-def replace_region(text: str, body: str, path: Path) -> str:
-    """`text` with the lines between its START and END marker lines replaced by `body`."""
+def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
+    """Scheduled DropHead's Table 4: the test BLEU change when each attention's most important head alone is
+    masked, averaged over the layers of each role, mean ± sd over seeds (from the pruning analysis)."""
+    lines = []
+    for system in PRUNING_SYSTEMS:
+        per_seed = [((analysis(run, "pruning") or {}).get("mean_dominant_delta") or {}) for run in runs.get(system, [])]
+        per_seed = [d for d in per_seed if d]
+        if per_seed:
+            cells = [fmt(mean_sd([d[role] for d in per_seed if d.get(role) is not None]), sign=True)
+                     for role in DOMINANT_ROLES]
+            lines.append(f"| {system} | {len(per_seed)} | " + " | ".join(cells) + " |")
+    if not lines:
+        return None
+    header = ("BLEU change when the dominant head of one attention is masked (Scheduled DropHead, Table 4; "
+              "mean over the layers of each kind, mean ± sd over seeds):")
+    return "\n".join([wrap(header), "", "| system | seeds | " + " | ".join(DOMINANT_ROLES.values()) + " |",
+                      "|" + "---|" * (2 + len(DOMINANT_ROLES)), *lines])
+
+
+def device_agreement(merged: Merged) -> str | None:
+    """The runs trained on both a CPU and a GPU: both test BLEU scores, and whether they agree within the
+    spread of the system's seeds (2 sd of the table's runs; a difference beyond it is a defect to find)."""
+    if not merged.other_device:
+        return None
+    runs = table_runs(merged)
+    lines = []
+    for key, other in sorted(merged.other_device.items()):
+        mine = merged.runs[key]
+        spread = mean_sd([r["test"]["avg"]["bleu"] for r in runs.get(mine["system"], [])])["sd"]
+        diff = other["test"]["avg"]["bleu"] - mine["test"]["avg"]["bleu"]
+        verdict = DASH if spread is None else ("within" if abs(diff) <= 2 * spread else "OUTSIDE")
+        lines.append(f"| {key} | {mine['test']['avg']['bleu']:.2f} ({mine.get('device') or '?'}) | "
+                     f"{other['test']['avg']['bleu']:.2f} ({other.get('device') or '?'}) | {diff:+.2f} | {verdict} |")
+    return "\n".join(["Runs trained on both kinds of device (test BLEU; agreement: the difference within 2 sd of "
+                      "the system's seeds):", "", "| run | table | other device | difference | agreement |",
+                      "|---|---|---|---|---|", *lines])
+
+
+def replace_region(text: str, body: str, path: Path, marks: tuple[str, str] = (START, END)) -> str:
+    """`text` with the lines between its start and end marker lines (`marks`) replaced by `body`."""
+    start, end = marks
     lines = text.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.strip() == START]
-    ends = [i for i, line in enumerate(lines) if line.strip() == END]
+    starts = [i for i, line in enumerate(lines) if line.strip() == start]
+    ends = [i for i, line in enumerate(lines) if line.strip() == end]
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        raise ReportError(f"{path}: needs one line {START} and, after it, one line {END}")
+        raise ReportError(f"{path}: needs one line {start} and, after it, one line {end}")
     return "".join(lines[:starts[0] + 1]) + body + "".join(lines[ends[0]:])
 
 
@@ -828,9 +929,11 @@ FIGURES = (
 
 
 def figure_data(merged: Merged) -> list[tuple[Figure, Any]]:
-    """The figures the merged results hold data for, with that data."""
+    """The figures the merged results hold data for, with that data (named with the recipe's prefix)."""
     runs = table_runs(merged)
-    return [(figure, data) for figure in FIGURES if (data := figure.data(merged, runs))]
+    prefix = figure_prefix(merged.recipe)
+    return [(Figure(prefix + figure.name, figure.caption, figure.data, figure.draw), data) for figure in FIGURES
+            if (data := figure.data(merged, runs))]
 
 
 def write_png(path: Path, fig: Any) -> None:
@@ -872,36 +975,52 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         files = [load_results(path) for path in args.files] if args.files else default_files()
-        check_recipes(files, tuple(args.accept_difference))
+        groups = by_recipe(files)
+        for group in groups.values():
+            check_recipes(group, tuple(args.accept_difference))
         doc_text = None
+        recipes = list(groups) or ["iwslt"]
         if args.docs is not None:
             try:
                 doc_text = args.docs.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as error:
                 raise ReportError(f"{args.docs}: cannot be read ({error})") from None
-            replace_region(doc_text, "", args.docs)  # the markers are there before anything is computed
+            # every recipe whose region the page has is rewritten (a placeholder while it has no finished run);
+            # the markers of a recipe with results must be there before anything is computed
+            recipes = [r for r in RECIPES if r in groups or has_line(doc_text, markers(r)[0])]
+            for recipe in recipes:
+                replace_region(doc_text, "", args.docs, markers(recipe))
     except ReportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    merged = merge(files)
-    rows = summaries(merged, args.ref or default_ref())
-    if rows:
-        print(markdown_table(rows, devices(files)), end="")
-    else:
-        note("no finished run to report yet")
-    figures = figure_data(merged) if args.images is not None else []
-    if doc_text is not None:
-        links = [(Path(os.path.relpath(args.images / f.name, args.docs.parent)).as_posix(), f.caption)
-                 for f, _ in figures]
-        new_text = replace_region(doc_text, docs_region(files, rows, links), args.docs)
-        if args.check:
-            stale = [f"{args.docs}: the {START} region is not current"] if new_text != doc_text else []
-            stale += [f"{args.images / f.name}: missing" for f, _ in figures if not (args.images / f.name).is_file()]
-            for line in stale:
-                print(f"stale: {line}", file=sys.stderr)
-            if not stale:
-                print(f"{args.docs}: current", file=sys.stderr)
-            return 1 if stale else 0
+    new_text, all_rows, figures = doc_text, {}, []
+    for recipe in recipes:
+        group = groups.get(recipe, [])
+        merged = merge(group)
+        merged.recipe = recipe
+        rows = summaries(merged, args.ref or default_ref())
+        all_rows[recipe] = rows
+        if rows:
+            heading = f"{recipe} recipe:\n" if len(recipes) > 1 else ""  # stdout is the table alone otherwise
+            print(f"{heading}{markdown_table(rows, devices(group))}", end="")
+        else:
+            note(f"no finished run of the {recipe} recipe to report yet")
+        mine = figure_data(merged) if args.images is not None else []
+        figures += mine
+        if new_text is not None:
+            links = [(Path(os.path.relpath(args.images / f.name, args.docs.parent)).as_posix(), f.caption)
+                     for f, _ in mine]
+            new_text = replace_region(new_text, docs_region(group, rows, links, merged), args.docs, markers(recipe))
+    if new_text is not None and has_line(new_text, PLAN_START):
+        new_text = replace_region(new_text, plan_region(), args.docs, (PLAN_START, PLAN_END))
+    if doc_text is not None and args.check:
+        stale = [f"{args.docs}: a generated region is not current"] if new_text != doc_text else []
+        stale += [f"{args.images / f.name}: missing" for f, _ in figures if not (args.images / f.name).is_file()]
+        for line in stale:
+            print(f"stale: {line}", file=sys.stderr)
+        if not stale:
+            print(f"{args.docs}: current", file=sys.stderr)
+        return 1 if stale else 0
     if figures:
         args.images.mkdir(parents=True, exist_ok=True)
         for figure, data in figures:
@@ -911,10 +1030,32 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.docs, new_text)
         print(f"wrote {args.docs}", file=sys.stderr)
     if args.json is not None:
-        write_json(args.json, {"files": [{"file": f.label, **{k: f.environment.get(k) for k in ("gpu", "commit")},
-                                          "date": f.date()} for f in files], "rows": rows})
+        write_json(args.json, {"files": [{"file": f.label, "recipe": recipe_of(f),
+                                          **{k: f.environment.get(k) for k in ("gpu", "commit")}, "date": f.date()}
+                                         for f in files],
+                               "rows": [row for rows in all_rows.values() for row in rows],
+                               "rows_by_recipe": all_rows})
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def plan_region() -> str:
+    """The CPU recipe's plan as it stands in bench/results: runs done and left, and the core-hours the ones left
+    need at each precision measured (bench/reproduce_cost.py; the same on every machine)."""
+    from bench.reproduce_cost import cost_file
+    from bench.reproduce_runner import plan_status
+
+    precisions = [p for p in ("fp32", "bf16") if cost_file(p).is_file()] or ["fp32"]
+    plans = {p: plan_status(RESULTS, None, precision=p) for p in precisions}
+    first = plans[precisions[0]]
+    done = [r["run"] for r in first["runs"] if r["state"] == "done"]
+    hours = "; ".join(f"about {plan['core_hours_left']:.0f} core-hours at {p}"
+                      + (f" (not estimated: {len(plan['not_estimated'])} runs)" if plan["not_estimated"] else "")
+                      for p, plan in plans.items())
+    text = (f"CPU recipe ({first['updates']:,} updates a run, seeds 1-3): {first['done']} of {len(first['runs'])} "
+            f"runs done, {first['left']} left; {hours}, two runs side by side. Done: "
+            + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")
+    return "\n" + wrap(text) + "\n\n"
 
 
 if __name__ == "__main__":

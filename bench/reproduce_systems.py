@@ -1,22 +1,35 @@
 """The systems of the reproduction: each one's config delta on the standard recipe, how MAT systems are
 initialised and choose rho, and the papers' claims beside them (bench/reproduce.py trains them,
-bench/reproduce_report.py tabulates them)."""
+bench/reproduce_report.py tabulates them).
+
+Two recipes share the pipeline and the system names:
+  iwslt  the papers' IWSLT shape (the `transformer` preset, d=512, 6+6 layers), for GPUs
+  cpu    the CPU shape (the `-tiny` presets, d=224-256, 3+3 layers, parameter-matched where the papers allow),
+         a fixed number of updates for every system, built in the background one run at a time
+         (bench/reproduce_runner.py) or finished on a GPU"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 BASE_PRESET = "transformer"  # fairseq transformer_iwslt_de_en: 6+6, d=512, FFN 1024, 4 heads, dropout 0.3
 
-SYSTEMS = ("standard", "mat2", "mat3", "standard-narrow", "mat2-narrow", "mat3-narrow", "weighted", "mute", "mute-bias",
-           "mute-bias-seq", "muse", "muse-simple", "drophead", "mat3-narrow-drophead")
+# the IWSLT recipe's systems, in table order
+IWSLT_SYSTEMS = ("standard", "mat2", "mat3", "standard-narrow", "mat2-narrow", "mat3-narrow", "weighted", "mute",
+                 "mute-bias", "mute-bias-seq", "muse", "muse-simple", "drophead", "mat3-narrow-drophead")
+# the CPU recipe's systems, in the order the runs are worth having (seed by seed): the table's rows first
+CPU_SYSTEMS = ("standard", "drophead", "mat", "weighted", "muse", "mute-bias-seq", "mat-drophead", "muse-simple",
+               "mute", "mute-bias", "drophead-constant", "mat-source", "mat-proximal")
+SYSTEMS = IWSLT_SYSTEMS + tuple(s for s in CPU_SYSTEMS if s not in IWSLT_SYSTEMS)
 # MAT system -> (the standard system it is initialised from, N_a)
 MAT_SYSTEMS = {"mat2": ("standard", 2), "mat3": ("standard", 3), "mat2-narrow": ("standard-narrow", 2),
-               "mat3-narrow": ("standard-narrow", 3), "mat3-narrow-drophead": ("standard-narrow", 3)}
-# a combination no paper tried: MAT 3/256/2048 by proximal initialisation with Scheduled DropHead on its heads,
-# at the rho chosen for mat3-narrow (no grid of its own)
-COMBINATIONS = {"mat3-narrow-drophead": ("mat3-narrow", "drophead")}
-SOURCES = ("standard", "standard-narrow")
+               "mat3-narrow": ("standard-narrow", 3), "mat3-narrow-drophead": ("standard-narrow", 3),
+               "mat-proximal": ("mat-source", 2)}
+# combinations no paper tried: MAT with Scheduled DropHead on its heads (IWSLT: MAT 3/256/2048 by proximal
+# initialisation at the rho chosen for mat3-narrow, no grid of its own; CPU: mat-tiny from scratch)
+COMBINATIONS = {"mat3-narrow-drophead": ("mat3-narrow", "drophead"), "mat-drophead": ("mat", "drophead")}
+SOURCES = ("standard", "standard-narrow", "mat-source")
 
 # The papers' own results (their data sets and shapes, not Multi30k; the headline sections of docs/papers.md), for
 # the column beside ours: BLEU gained over their standard Transformer where they give one.
@@ -41,6 +54,15 @@ PAPER_CLAIMS: dict[str, dict[str, Any]] = {
                  "and a flatter pruning curve (Scheduled DropHead Table 1, §4.3)"},
     "mat3-narrow-drophead": {"delta_bleu": None, "claim": "none: a combination no paper tried (MAT 3/256/2048 "
                              "with Scheduled DropHead)"},
+    "mat": {"delta_bleu": 1.27, "claim": "MAT 3/256/2048, rho=0.3, proximal init: +1.27 BLEU, IWSLT14 De->En (MAT "
+            "Table 1); at equal parameters 2/256/2048 +1.25 to +1.90 (MAT Table 3)"},
+    "mat-source": {"delta_bleu": None, "claim": "none: the source model of proximal initialisation (mat-tiny's width, "
+                   "one branch)"},
+    "mat-proximal": {"delta_bleu": 1.27, "claim": "MAT with proximal initialisation: +1.27 BLEU, IWSLT14 De->En "
+                     "(MAT Table 1, §4.3)"},
+    "mat-drophead": {"delta_bleu": None, "claim": "none: a combination no paper tried (MAT with Scheduled DropHead)"},
+    "drophead-constant": {"delta_bleu": 0.5, "claim": "the paper's ablation: DropHead at a constant rate, about +0.5 "
+                          "BLEU, the V schedule about 0.2 more, WMT14 En-De, big (Scheduled DropHead Tables 1 and 7)"},
 }
 
 # the papers' drop-branch grid for MAT (MAT Table 1: rho in {0, .1, .2, .3}; recommended 0.2-0.3)
@@ -51,11 +73,56 @@ TINY = {"model": {"d_model": 32, "ffn_dim": 64, "encoder_layers": 2, "decoder_la
         "train": {"max_tokens": 512, "lr": {"lr": 0.005, "warmup": 10}}, "decode": {"beam": 2}}
 
 
-def system_delta(system: str, max_updates: int, rho: float | None = None, *, tiny: bool = False) -> dict[str, Any]:
-    """The config that `system` adds to the standard recipe (deep-merged by `train --config`)."""
+@dataclass(frozen=True)
+class Recipe:
+    """A shape of the reproduction: the preset every system starts from, its systems and the harness's defaults."""
+
+    name: str
+    base_preset: str
+    systems: tuple[str, ...]
+    defaults: dict[str, Any]  # bench/reproduce.py's defaults (its option names with _)
+    rho: float | None = None  # MAT's drop-branch rate when fixed (no grid)
+    seed_major: bool = False  # plan seed by seed (the runs worth having first) rather than standard models first
+    optional: tuple[str, ...] = ()  # systems trained only when asked for by name
+
+    @property
+    def table_systems(self) -> tuple[str, ...]:
+        """The systems planned by default."""
+        return tuple(s for s in self.systems if s not in self.optional)
+
+
+RECIPES = {
+    "iwslt": Recipe("iwslt", BASE_PRESET, IWSLT_SYSTEMS, {
+        "train_lines": None, "valid_lines": None, "test_lines": None, "vocab_size": 8000, "max_updates": 12000,
+        "valid_every": 500, "patience": 5, "average_last": 5, "log_every": 100, "analysis_sentences": 500,
+        "amp": "none"}),
+    # every system trains the same CPU_UPDATES updates (no early stopping), validating and checkpointing once
+    # an epoch or so; the number of updates comes from the standard model's validation curve (docs/reproduction.md)
+    "cpu": Recipe("cpu", "transformer-tiny", CPU_SYSTEMS, {
+        "train_lines": None, "valid_lines": None, "test_lines": None, "vocab_size": 8000, "max_updates": 4000,
+        "valid_every": 250, "patience": None, "average_last": 5, "log_every": 50, "analysis_sentences": 500,
+        "amp": "auto"}, rho=0.1, seed_major=True,
+        # proximal MAT needs its source model's best.pt in the same work folder: a chain of two whole runs
+        optional=("mat-source", "mat-proximal")),
+}
+
+# the CPU recipe's systems: the `-tiny` preset whose model section each one trains (training and decoding stay
+# transformer-tiny's for every system, as the IWSLT recipe keeps the standard recipe's)
+CPU_PRESETS = {"standard": "transformer-tiny", "drophead": "drophead-tiny", "drophead-constant": "drophead-tiny",
+               "mat": "mat-tiny", "mat-source": "mat-tiny", "mat-proximal": "mat-tiny", "weighted": "weighted-tiny",
+               "muse": "muse-tiny", "muse-simple": "muse-simple-tiny", "mute": "mute-tiny",
+               "mute-bias": "mute-bias-tiny", "mute-bias-seq": "mute-bias-seq-tiny"}
+
+
+def system_delta(system: str, max_updates: int, rho: float | None = None, *, tiny: bool = False,
+                 recipe: str = "iwslt") -> dict[str, Any]:
+    """The config that `system` adds to its recipe's base preset (deep-merged by `train --config`)."""
     if system in COMBINATIONS:
         first, second = COMBINATIONS[system]
-        return deep_merge(system_delta(first, max_updates, rho, tiny=tiny), system_delta(second, max_updates, tiny=tiny))
+        return deep_merge(system_delta(first, max_updates, rho, tiny=tiny, recipe=recipe),
+                          system_delta(second, max_updates, tiny=tiny, recipe=recipe))
+    if recipe == "cpu":
+        return cpu_system_delta(system, max_updates, rho, tiny=tiny)
     d, ffn = (TINY["model"]["d_model"], TINY["model"]["ffn_dim"]) if tiny else (512, 1024)
     narrow = {"d_model": d // 2, "ffn_dim": 2 * ffn} if "-narrow" in system else {}
     if system in SOURCES:
@@ -64,9 +131,7 @@ def system_delta(system: str, max_updates: int, rho: float | None = None, *, tin
         layer = {"kind": "transformer", "attention_branches": MAT_SYSTEMS[system][1], "drop_branch": rho}
         return {"model": {**narrow, "encoder": dict(layer), "decoder": dict(layer)}}
     if system == "weighted":
-        freeze = max(1, max_updates // 6)  # the paper freezes kappa/alpha for its last 10k of 60k updates
-        return {"model": {"encoder": {"kind": "weighted", "freeze_last": freeze},
-                          "decoder": {"kind": "weighted", "decoder_branched": "cross", "freeze_last": freeze}}}
+        return {"model": weighted_freeze(max_updates)}
     if system.startswith("mute"):
         encoder: dict[str, Any] = {"kind": "mute", "units": 4}
         if system in ("mute-bias", "mute-bias-seq"):
@@ -82,6 +147,57 @@ def system_delta(system: str, max_updates: int, rho: float | None = None, *, tin
     if system == "drophead":
         return {"model": {"dropout": 0.2, "drophead": {"rate": {"schedule": "v", "rate": 0.2}}}}
     raise ValueError(f"unknown system {system!r}")
+
+
+def weighted_freeze(max_updates: int) -> dict[str, Any]:
+    """The Weighted Transformer's layers with kappa/alpha frozen for the last sixth of the run (the paper's 10k of
+    60k updates)."""
+    freeze = max(1, max_updates // 6)
+    return {"encoder": {"kind": "weighted", "freeze_last": freeze},
+            "decoder": {"kind": "weighted", "decoder_branched": "cross", "freeze_last": freeze}}
+
+
+def cpu_system_delta(system: str, max_updates: int, rho: float | None = None, *, tiny: bool = False) -> dict[str, Any]:
+    """The CPU recipe's `system`: the model section of its `-tiny` preset (CPU_PRESETS), with MAT's rho, the
+    Weighted Transformer's freeze and DropHead's schedule planned for `max_updates`. --tiny keeps TINY's sizes."""
+    if system not in CPU_PRESETS:
+        raise ValueError(f"system {system!r} is not in the CPU recipe ({', '.join(CPU_SYSTEMS)})")
+    model = changes(preset_model(CPU_PRESETS[system]), preset_model(RECIPES["cpu"].base_preset))
+    if system == "mat-source":  # mat-tiny's width with one branch: what proximal initialisation copies
+        for side in ("encoder", "decoder"):
+            model[side] = {**model[side], "attention_branches": 1, "drop_branch": 0.0}
+    elif system in ("mat", "mat-proximal") and rho is not None:
+        for side in ("encoder", "decoder"):
+            model[side] = {**model[side], "drop_branch": rho}
+    elif system == "weighted":
+        model = deep_merge(model, weighted_freeze(max_updates))
+    elif system == "drophead-constant":
+        model["drophead"] = {**model["drophead"], "rate": {"schedule": "constant", "rate": model["drophead"]["rate"]["rate"]}}
+    if tiny:  # the plumbing size: TINY's width and depth whatever the preset's (layer kinds stay)
+        model.update(TINY["model"])
+    return {"model": model}
+
+
+def changes(config: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """What `config` sets differently from `base`: the part that deep-merged onto `base` gives `config` back (a
+    section whose layer `kind` differs is kept whole, as `train --config` replaces it whole)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        old = base.get(key)
+        if isinstance(value, dict) and isinstance(old, dict) and value.get("kind") == old.get("kind"):
+            inner = changes(value, old)
+            if inner:
+                out[key] = {"kind": value["kind"], **inner} if "kind" in value else inner
+        elif key not in base or value != old:
+            out[key] = value
+    return out
+
+
+def preset_model(name: str) -> dict[str, Any]:
+    """The model section of preset `name` with its base chain merged (src/multibranch/configs/NAME.yaml)."""
+    from multibranch.experiment import load_preset_dict  # torch comes with it: only when a CPU run is planned
+
+    return load_preset_dict(name)["model"]
 
 
 def grid_of(system: str) -> str:

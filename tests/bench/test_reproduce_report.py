@@ -110,7 +110,7 @@ def test_system_summary_pairs_seeds_with_the_standard_model():
     # seed 3's recorded comparison scored another standard model: replaced by the p-value given
     assert mine["p_values"] == [{"seed": 1, "p_value": 0.01, "from": "results"},
                                 {"seed": 2, "p_value": 0.2, "from": "results"},
-                                {"seed": 3, "p_value": 0.04, "from": "hyps"}]
+                                {"seed": 3, "p_value": 0.04, "from": "computed"}]
     assert (mine["parameters"], mine["paper_delta_bleu"]) == (52_000_000, 0.7)
 
     one = system_summary("drophead", DROPHEAD[:1], {1: STANDARD[0]})
@@ -325,7 +325,7 @@ def test_p_values_come_from_saved_translations_when_the_results_have_none(tmp_pa
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     p = {row["system"]: row for row in json.loads(out.read_text())["rows"]}["drophead"]["p_values"][0]
-    assert p["from"] == "hyps" and 0.0 < p["p_value"] < 0.05
+    assert p["from"] == "computed" and 0.0 < p["p_value"] < 0.05
     proc = subprocess.run([sys.executable, str(SCRIPT), str(results_file), "--json", str(out)],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)  # no reference: no p
     assert proc.returncode == 0 and "reference" in proc.stderr

@@ -9,12 +9,14 @@ refused unless `allow_download=True`; test sets (`sacrebleu -t`) are never fetch
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.bleu import _TOKENIZERS
-from sacrebleu.significance import PairedTest
+from sacrebleu.significance import PairedTest, _compute_p_value
 
 from multibranch.errors import DataError
 from multibranch.evaluate.tokenized import tokenized_bleu
@@ -197,6 +199,43 @@ def paired_bootstrap(
             "signature": str(signatures[score_name]),
         }
     return result
+
+
+def sufficient_statistics(hypotheses: Sequence[str], references: Sequence[str], metric: str = "bleu",
+                          tokenize: str = "13a", lowercase: bool = False) -> list[list[float]]:
+    """sacreBLEU's per-line sufficient statistics of `metric` (BLEU: hypothesis and reference length, then the
+    matches and totals of each n-gram order): all that a corpus score and a paired bootstrap need, without the
+    text itself."""
+    streams = _checked_streams(hypotheses, references)
+    _check_metrics([metric], tokenize, False)
+    return [list(map(float, row)) for row in _metric(metric, tokenize, lowercase)._extract_corpus_statistics(
+        list(hypotheses), streams)]
+
+
+def paired_bootstrap_statistics(baseline: Sequence[Sequence[float]], system: Sequence[Sequence[float]],
+                                metric: str = "bleu", tokenize: str = "13a", lowercase: bool = False,
+                                samples: int = 1000) -> dict[str, Any]:
+    """`paired_bootstrap` of one metric from `sufficient_statistics` of both outputs: the same resamples, scores
+    and p-value as sacreBLEU's paired test on the text ($SACREBLEU_SEED, default 12345)."""
+    if samples < 1:
+        raise DataError(f"bootstrap samples must be >= 1, got {samples}")
+    if len(baseline) != len(system) or not len(baseline):
+        raise DataError(f"statistics of {len(baseline)} baseline lines and {len(system)} system lines: "
+                        "give both for the same, non-empty test set")
+    scorer = _metric(metric, tokenize, lowercase)
+    seed = os.environ.get("SACREBLEU_SEED", "12345")
+    rng = np.random.default_rng(None if seed.lower() == "none" else int(seed))
+    idxs = rng.choice(len(baseline), size=(samples, len(baseline)), replace=True)  # [samples, lines]
+    base, other = np.array(baseline, dtype="float32"), np.array(system, dtype="float32")  # [lines, stats]
+    base_score = scorer._compute_score_from_stats(base.sum(0)).score
+    system_score = scorer._compute_score_from_stats(other.sum(0)).score
+    base_scores = np.array([scorer._compute_score_from_stats(s.sum(0)).score for s in base[idxs]])
+    system_scores = np.array([scorer._compute_score_from_stats(s.sum(0)).score for s in other[idxs]])
+    diffs = np.abs(system_scores - base_scores)
+    p_value = 1.0 if np.array_equal(base, other) else _compute_p_value(diffs - diffs.mean(),
+                                                                       abs(base_score - system_score))
+    return {"lines": len(baseline), "samples": samples, "baseline": float(base_score), "system": float(system_score),
+            "p_value": float(p_value)}
 
 
 def _same_statistics(metric: Any, baseline: Sequence[str], system: Sequence[str],

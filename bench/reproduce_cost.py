@@ -1,0 +1,195 @@
+"""What a run of the CPU recipe costs on this machine: CPU seconds per update of each system at one thread,
+and the planning estimate of a whole run built from it.
+
+    python bench/reproduce_cost.py [--systems SYSTEM ...] [--updates 40] [--jobs 2] [--data DIR]
+
+trains every CPU-recipe system (bench/reproduce_systems.py, the `-tiny` presets) for --updates updates, --jobs
+at a time, one thread each, and writes bench/results/reproduce_cpu_cost_<precision>.json: per system the CPU
+seconds per update after the first 10 (the rate of a long run on a core of its own; CPU time, so that other
+work on the machine does not enter it; the wall seconds are kept beside), the parameters, and the environment
+(CPU model and flags, precision, load). bf16 is the precision where the CPU computes it natively (the recipe's
+`amp: auto`), else fp32.
+
+`estimate_minutes` turns it into the minutes a whole run takes: a finished run of the same system and
+precision in bench/results says it exactly (its training and evaluation wall minutes); otherwise the measured
+rate times the updates, times the overhead that finished runs of other systems show (validation, evaluation
+and analyses over pure training), else times OVERHEAD, plus EVALUATION_MINUTES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+from bench.common import cpu_model, cpu_native_bf16  # noqa: E402
+from bench.reproduce_systems import RECIPES, system_delta  # noqa: E402
+from multibranch.json_file import write_json  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+OVERHEAD = 1.15  # validation every 250 updates, at the rate of the first finished runs' before they existed
+EVALUATION_MINUTES = 15.0  # averaging, two test translations, the analyses (the pruning curve's ~50 decodes)
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's flags that decide its training speed and precision (/proc/cpuinfo), in CPU_FLAGS order."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return [flag for flag in CPU_FLAGS if flag in flags]
+
+
+def cpu_precision(amp: str = "auto") -> str:
+    """The precision a CPU run of autocast setting `amp` trains in here: "bf16" or "fp32"."""
+    return "bf16" if amp == "bf16" or (amp == "auto" and cpu_native_bf16()) else "fp32"
+
+
+def cost_file(precision: str, folder: Path = RESULTS) -> Path:
+    return folder / f"reproduce_cpu_cost_{precision}.json"
+
+
+def load_rates(precision: str, folder: Path = RESULTS) -> dict[str, float]:
+    """Seconds per update per system at `precision` (the fp32 file where none was measured at bf16: slower, so
+    the plan errs on the safe side)."""
+    for candidate in (precision, "fp32"):
+        path = cost_file(candidate, folder)
+        if path.is_file():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return {row["system"]: row["seconds_per_update"] for row in data["rows"]}
+    return {}
+
+
+def finished_runs(precision: str, max_updates: int, folder: Path = RESULTS) -> list[dict[str, Any]]:
+    """The finished CPU-recipe runs in `folder` trained at `precision` to `max_updates`: their records."""
+    runs = []
+    for path in sorted(folder.glob("reproduce_cpu_*.json")):
+        if path.name.endswith("_hyps.json") or path.name.startswith("reproduce_cpu_cost"):
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        settings = data.get("settings") or {}
+        if settings.get("recipe") != "cpu" or settings.get("tiny") or settings.get("max_updates") != max_updates:
+            continue
+        runs += [r for r in data.get("runs", []) if r.get("status") == "done" and r.get("precision") == precision]
+    return runs
+
+
+def estimate_minutes(system: str, updates: int, precision: str, max_updates: int,
+                     folder: Path = RESULTS) -> float | None:
+    """Wall minutes a run of `system` needs for `updates` more updates and its evaluation, or None when nothing
+    was measured for it."""
+    done = finished_runs(precision, max_updates, folder)
+    mine = [r["wall_minutes"] for r in done if r["system"] == system and r.get("wall_minutes")]
+    if mine and updates >= max_updates:
+        return max(mine)
+    rates = load_rates(precision, folder)
+    if system not in rates:
+        return None
+    ratios = [r["wall_minutes"] / (max_updates * rates[r["system"]] / 60 + EVALUATION_MINUTES)
+              for r in done if r["system"] in rates and r.get("wall_minutes")]
+    overhead = max(ratios) if ratios else 1.0
+    return overhead * (updates * rates[system] * OVERHEAD / 60 + EVALUATION_MINUTES)
+
+
+# ---- the measurement -------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(system: str, data: Path, updates: int, work: Path) -> dict[str, Any]:
+    """Train `system` for `updates` updates at one thread: the CPU seconds per update after the first 10 (CPU
+    time, not wall time, so that other work on the machine does not enter the number; one thread on an idle core
+    takes as long)."""
+    recipe = RECIPES["cpu"]
+    config = {"train": {"max_steps": updates, "max_minutes": None, "valid_every": 10 * updates, "log_every": 10,
+                        "amp": recipe.defaults["amp"], "seed": 1},
+              **system_delta(system, recipe.defaults["max_updates"], recipe.rho, recipe="cpu")}
+    folder = work / system
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(json.dumps(config) + "\n", encoding="utf-8")
+    command = [sys.executable, "-m", "multibranch", "train", "--preset", recipe.base_preset, "--config",
+               str(folder / "config.yaml"), "--data", str(data), "--out", str(folder / "train"), "--threads", "1",
+               "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    metrics = folder / "train" / "metrics.jsonl"
+    marks: dict[int, tuple[float, float]] = {}  # step -> (CPU seconds, wall seconds) when its record appeared
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT) as proc:
+        while proc.poll() is None:
+            steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()
+                     if '"train"' in line] if metrics.is_file() else []
+            for step in steps:
+                if step not in marks:
+                    try:
+                        marks[step] = (cpu_seconds(proc.pid), time.monotonic())
+                    except OSError:  # the process ended meanwhile
+                        break
+            time.sleep(0.2)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{system}: train failed: {proc.stderr.read().decode()[-2000:]}")
+    timed = sorted(step for step in marks if step >= 10)
+    first, last = timed[0], timed[-1]
+    seconds = (marks[last][0] - marks[first][0]) / (last - first)
+    info = subprocess.run([sys.executable, "-m", "multibranch", "info", "--ckpt", str(folder / "train" / "last.pt"),
+                           "--no-config", "--json"], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+    return {"system": system, "seconds_per_update": seconds, "minutes_per_1000_updates": seconds * 1000 / 60,
+            "wall_seconds_per_update": (marks[last][1] - marks[first][1]) / (last - first),
+            "updates_timed": last - first, "parameters": int(json.loads(info.stdout)["total"])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", nargs="+", default=list(RECIPES["cpu"].systems), choices=RECIPES["cpu"].systems)
+    p.add_argument("--updates", type=int, default=40, help="updates per system (the first 10 are not timed)")
+    p.add_argument("--jobs", type=int, default=2, help="systems trained at the same time, one thread each")
+    p.add_argument("--data", type=Path, default=ROOT / "runs" / "reproduce-cpu" / "data",
+                   help="prepared Multi30k (default: the CPU recipe's, `bench/reproduce.py --recipe cpu "
+                   "--prepare-only`)")
+    args = p.parse_args(argv)
+    if not (args.data / "data.json").is_file():
+        sys.exit(f"--data {args.data}: no prepared data (run `python bench/reproduce.py --recipe cpu --prepare-only`)")
+    from concurrent.futures import ThreadPoolExecutor
+
+    began = time.time()
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(lambda s: measure(s, args.data, args.updates, Path(tmp)), args.systems))
+    standard = next((r["seconds_per_update"] for r in rows if r["system"] == "standard"), None)
+    for row in rows:
+        row["relative_to_standard"] = row["seconds_per_update"] / standard if standard else None
+    precision = cpu_precision(RECIPES["cpu"].defaults["amp"])
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    payload = {"environment": {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
+                               "precision": precision, "threads_per_run": 1, "jobs": args.jobs,
+                               "load_average_at_start": load, "commit": commit,
+                               "command": " ".join(["python", *sys.argv]),
+                               "date": time.strftime("%Y-%m-%d"), "wall_minutes": (time.time() - began) / 60},
+               "rows": rows}
+    path = cost_file(precision)
+    write_json(path, payload)
+    for row in rows:
+        print(f"{row['system']:18s} {row['minutes_per_1000_updates']:6.1f} min / 1000 updates "
+              f"({row['relative_to_standard'] or 0:.2f}x standard), {row['parameters'] / 1e6:.2f}M parameters")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The CPU recipe of the reproduction, built in the background at the lowest priority.
+
+    python bench/reproduce_runner.py start [--hours H] [--jobs 2] [-- REPRODUCE_ARGS...]
+    python bench/reproduce_runner.py status [--json]
+    python bench/reproduce_runner.py stop
+
+`start` launches `bench/reproduce.py --recipe cpu --results-per-run --out bench/results` on every run of the
+table that bench/results does not yet hold, --jobs runs side by side with one thread each, and returns at once.
+The job runs in a process group and scheduling group of its own (setsid) whose autogroup nice value is set to
+19, then at nice 19 itself: on Linux with autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled = 1)
+`nice` alone only orders processes inside one group, and a job started from another terminal would get an equal
+share of the CPU whatever its nice value; with its group lowered, the commands and tests of whoever uses the
+machine keep their priority. Its state stays in runs/reproduce-cpu/ (git-ignored): `runner.log`, the pid file
+and every run's folder. A run whose folder is there resumes from its `last.pt`; one whose folder is gone
+starts again from the beginning. Each finished run writes bench/results/reproduce_cpu_RUN_seedK.json (with
+the device, CPU model and flags, autocast, commit, threads and wall minutes); an unfinished run writes
+nothing. With --hours, no run starts that its estimate (bench/reproduce_cost.py) says would not finish in time,
+and every training stops by then.
+
+`status` prints the runs done, running and left, and the hours of one core the ones left need here.
+`stop` ends the job (its trainings save a checkpoint to resume from). Then `python bench/reproduce_report.py
+--docs docs/reproduction.md` rebuilds the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+from bench.reproduce_cost import cpu_precision, estimate_minutes  # noqa: E402
+from bench.reproduce_systems import RECIPES  # noqa: E402
+from multibranch.atomic import atomic_write_text  # noqa: E402
+
+WORK = ROOT / "runs" / "reproduce-cpu"
+RESULTS = ROOT / "bench" / "results"
+NAME = "reproduce_cpu"
+SEEDS = (1, 2, 3)
+
+
+def pid_file(work: Path) -> Path:
+    return work / "runner.pid"
+
+
+def running_pid(work: Path) -> int | None:
+    """The pid of this work folder's runner while it lives, else None."""
+    try:
+        pid = int(pid_file(work).read_text().strip())
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if state == "Z" else pid  # an ended process its parent has not reaped yet is not running
+
+
+def lower_priority() -> None:
+    """In the new process group (after setsid): the lowest priority for its autogroup, then for the process."""
+    try:
+        Path("/proc/self/autogroup").write_text("19")
+    except OSError:  # no autogroup scheduling here: nice alone is what there is
+        pass
+    os.nice(19)
+
+
+def start(args: argparse.Namespace) -> int:
+    work: Path = args.work
+    pid = running_pid(work)
+    if pid is not None:
+        print(f"the runner is already going (pid {pid}); `python bench/reproduce_runner.py status` says where it is")
+        return 1
+    work.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(ROOT / "bench" / "reproduce.py"), "--recipe", "cpu", "--jobs", str(args.jobs),
+               "--threads", "1", "--results-per-run", "--out", str(args.out), "--work", str(work), "--name", NAME,
+               "--device", "cpu"]
+    if args.hours is not None:
+        command += ["--budget", f"{args.hours * 60:.1f}", "--whole-runs"]
+    command += args.reproduce_args
+    pid = launch(command, work)
+    print(f"the runner is going (pid {pid}, its own scheduling group at the lowest priority); log: "
+          f"{work / 'runner.log'}")
+    return 0
+
+
+def launch(command: list[str], work: Path) -> int:
+    """Start `command` in the background, in a process group and scheduling group of its own at the lowest
+    priority, its output appended to WORK/runner.log; its pid goes to the pid file."""
+    with (work / "runner.log").open("a", encoding="utf-8") as log:
+        log.write(f"\n[{time.strftime('%Y-%m-%d %H:%M:%S')}] $ {' '.join(command)}\n")
+        log.flush()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=env, start_new_session=True, preexec_fn=lower_priority)
+    atomic_write_text(pid_file(work), f"{proc.pid}\n")
+    return proc.pid
+
+
+def stop(args: argparse.Namespace) -> int:
+    pid = running_pid(args.work)
+    if pid is None:
+        print("no runner is going")
+        return 0
+    os.killpg(pid, signal.SIGTERM)  # the harness and its trainings: each training saves a checkpoint first
+    for _ in range(120):
+        if running_pid(args.work) is None:
+            break
+        time.sleep(0.5)
+    print(f"stopped the runner (pid {pid})")
+    return 0
+
+
+def progress(work: Path, system: str, seed: int) -> int | None:
+    """The last update a run in `work` logged, None when it has no folder there."""
+    metrics = work / "runs" / system / f"seed{seed}" / "train" / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines() if line.startswith("{")]
+    return max(steps, default=0)
+
+
+def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[int, ...] = SEEDS,
+                precision: str | None = None) -> dict[str, Any]:
+    """Every run of the CPU recipe's table: done (its results file is in `results`), running (its folder in
+    `work` has logged updates) or left, and the minutes each one left needs at `precision` (this CPU's)."""
+    recipe = RECIPES["cpu"]
+    updates = recipe.defaults["max_updates"]
+    precision = precision or cpu_precision(recipe.defaults["amp"])
+    rows = []
+    for seed in seeds:
+        for system in recipe.table_systems:
+            path = results / f"{NAME}_{system}_seed{seed}.json"
+            step = progress(work, system, seed) if work else None
+            if path.is_file():
+                state, step = "done", updates
+            else:
+                state = "running" if step else "left"
+            minutes = None if state == "done" else estimate_minutes(system, updates - (step or 0), precision,
+                                                                    updates, results)
+            rows.append({"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes})
+    left = [r for r in rows if r["state"] != "done"]
+    unknown = [r["run"] for r in left if r["minutes_left"] is None]
+    return {"updates": updates, "precision": precision, "runs": rows,
+            "done": len(rows) - len(left), "left": len(left),
+            "core_hours_left": sum(r["minutes_left"] or 0 for r in left) / 60, "not_estimated": unknown}
+
+
+def status(args: argparse.Namespace) -> int:
+    plan = plan_status(args.out, args.work)
+    pid = running_pid(args.work)
+    if args.json:
+        print(json.dumps({**plan, "runner_pid": pid}, indent=1))
+        return 0
+    print(f"runner: {'going, pid ' + str(pid) if pid else 'not going'}")
+    print(f"CPU recipe, {plan['updates']} updates a run: {plan['done']} of {len(plan['runs'])} runs done, "
+          f"{plan['left']} left, about {plan['core_hours_left']:.1f} core-hours left at {plan['precision']} here"
+          + (f" (not estimated: {', '.join(plan['not_estimated'])})" if plan["not_estimated"] else ""))
+    for row in plan["runs"]:
+        if row["state"] == "running":
+            print(f"  running {row['run']}: update {row['update']}, about {row['minutes_left'] or 0:.0f} minutes left")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", type=Path, default=WORK, help=f"the runs and the runner's state (default: {WORK})")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where finished runs' results go (default: bench/results)")
+    sub = p.add_subparsers(dest="command", required=True)
+    go = sub.add_parser("start", help="start the background runner")
+    go.add_argument("--hours", type=float, default=None, help="start no run that would not finish within H hours, "
+                    "and stop every training by then (default: run until the table is complete)")
+    go.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each (default: 2)")
+    go.add_argument("reproduce_args", nargs="*", help="after --: more bench/reproduce.py options")
+    show = sub.add_parser("status", help="runs done, running and left")
+    show.add_argument("--json", action="store_true")
+    sub.add_parser("stop", help="stop the runner")
+    args = p.parse_args(argv)
+    args.work, args.out = args.work.resolve(), args.out.resolve()
+    return {"start": start, "status": status, "stop": stop}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

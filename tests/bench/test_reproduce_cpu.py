@@ -1,0 +1,200 @@
+"""The CPU recipe of the reproduction and its background runner, without training: each system is its `-tiny`
+preset's model on the standard recipe's training, the plan goes seed by seed, a run already reported is not
+trained again, the run-time estimates against hand-computed numbers, the runner's process in a scheduling group
+of its own at the lowest priority, and the report's CPU table (p-values from per-line statistics, the
+dominant-head table, runs trained on both kinds of device)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import reproduce, reproduce_cost, reproduce_runner
+from bench.reproduce_report import docs_region, merge, summaries, table_runs
+from bench.reproduce_systems import CPU_PRESETS, RECIPES, system_delta
+from multibranch.config import deep_merge
+from multibranch.evaluate.metrics import paired_bootstrap_statistics
+from multibranch.experiment import load_preset_dict
+from tests.bench.test_reproduce_report import results, run, write
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = load_preset_dict("transformer-tiny")["model"]
+
+
+@pytest.mark.parametrize("system", ["standard", "drophead", "mat", "muse", "muse-simple", "mute", "mute-bias",
+                                    "mute-bias-seq"])
+def test_a_cpu_system_trains_its_tiny_presets_model(system):
+    """The delta merged onto transformer-tiny (as `train --config` merges it) is the preset's own model."""
+    delta = system_delta(system, 3000, 0.1, recipe="cpu")
+    assert set(delta) == {"model"}  # training and decoding stay transformer-tiny's for every system
+    assert deep_merge(BASE, delta["model"]) == load_preset_dict(CPU_PRESETS[system])["model"]
+
+
+def test_the_recipes_schedules_plan_for_its_updates_and_the_combination_is_both():
+    weighted = system_delta("weighted", 3000, recipe="cpu")["model"]
+    assert weighted["encoder"]["freeze_last"] == weighted["decoder"]["freeze_last"] == 500  # the last sixth
+    combined = deep_merge(BASE, system_delta("mat-drophead", 3000, 0.1, recipe="cpu")["model"])
+    mat = load_preset_dict("mat-tiny")["model"]
+    assert {k: v for k, v in combined.items() if k != "drophead"} == mat  # mat-tiny's width and branches
+    assert combined["drophead"] == load_preset_dict("drophead-tiny")["model"]["drophead"]  # V, 0.1
+    constant = system_delta("drophead-constant", 3000, recipe="cpu")["model"]["drophead"]["rate"]
+    assert constant == {"schedule": "constant", "rate": 0.1}
+    source = deep_merge(BASE, system_delta("mat-source", 3000, recipe="cpu")["model"])
+    assert source["d_model"] == mat["d_model"] and source["encoder"]["attention_branches"] == 1
+
+
+def test_the_plan_goes_seed_by_seed_and_refuses_other_recipes_systems(tmp_path, capsys):
+    args = ["--recipe", "cpu", "--dry-run", "--work", str(tmp_path), "--out", str(tmp_path)]
+    assert reproduce.main([*args, "--seeds", "1", "2"]) == 0
+    plan = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    table = RECIPES["cpu"].table_systems
+    assert plan == [f"{s}/seed{k}" for k in (1, 2) for s in table]
+    assert "mat-proximal" not in table  # a chain of two runs: only when asked for
+    assert reproduce.main([*args, "--systems", "mat-proximal", "--seeds", "1"]) == 0
+    assert capsys.readouterr().out.split() == ["mat-source/seed1", "mat-proximal-rho0.1/seed1", "needs",
+                                               "mat-source/seed1"]
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main([*args, "--systems", "mat3-narrow"])
+    assert stop.value.code == 2 and "not in the cpu recipe" in capsys.readouterr().err
+
+
+def test_a_run_reported_to_the_same_settings_is_not_trained_again(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    harness = reproduce.Harness(reproduce.parse_args(
+        ["--recipe", "cpu", "--results-per-run", "--out", str(out), "--work", str(tmp_path / "w")]))
+    standard = reproduce.Run("standard", 1)
+    assert not harness.reported(standard)
+    record = {"settings": harness.settings(), "runs": [{"system": "standard", "seed": 1, "status": "done"}]}
+    write(out / "reproduce_cpu_standard_seed1.json", record)
+    assert harness.reported(standard) and not harness.reported(reproduce.Run("standard", 2))
+    assert harness.execute(standard) == "reported before"
+    record["settings"] = {**record["settings"], "max_updates": 999}  # another recipe length: not the same run
+    write(out / "reproduce_cpu_standard_seed1.json", record)
+    assert not harness.reported(standard)
+
+
+def cost_files(folder: Path) -> None:
+    write(folder / "reproduce_cpu_cost_fp32.json", {"rows": [{"system": "standard", "seconds_per_update": 3.0},
+                                                             {"system": "mute", "seconds_per_update": 6.0}]})
+
+
+def test_estimates_from_the_measured_rate_then_from_finished_runs(tmp_path):
+    cost_files(tmp_path)
+    updates = 1000
+    # nothing finished: rate x updates x OVERHEAD, plus the evaluation
+    expected = 1000 * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", updates, tmp_path) == pytest.approx(expected)
+    assert reproduce_cost.estimate_minutes("weighted", 1000, "fp32", updates, tmp_path) is None
+    # bf16 never measured: the fp32 rates
+    assert reproduce_cost.estimate_minutes("mute", 1000, "bf16", updates, tmp_path) == pytest.approx(expected)
+    # a finished standard run took 130 minutes where 50 + 15 were planned: twice the plan for the others too
+    finished = run("standard", 1, 30.0, minutes=129.0) | {"precision": "fp32"}
+    write(tmp_path / "reproduce_cpu_standard_seed1.json",
+          {"settings": {"recipe": "cpu", "max_updates": updates}, "runs": [finished]})
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", updates, tmp_path) == pytest.approx(130.0)
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", updates, tmp_path) == pytest.approx(2 * expected)
+    assert reproduce_cost.estimate_minutes("mute", 500, "fp32", updates, tmp_path) == pytest.approx(
+        2 * (500 * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES))
+
+
+def test_plan_status_counts_runs_done_running_and_left(tmp_path):
+    cost_files(tmp_path)
+    updates = RECIPES["cpu"].defaults["max_updates"]
+    write(tmp_path / "reproduce_cpu_standard_seed1.json", {"settings": {"recipe": "cpu"}, "runs": []})
+    metrics = tmp_path / "w" / "runs" / "mute" / "seed1" / "train" / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text('{"type": "train", "step": 100}\n{"type": "valid", "step": 250}\n')
+    plan = reproduce_runner.plan_status(tmp_path, tmp_path / "w", seeds=(1,), precision="fp32")
+    states = {r["run"]: r for r in plan["runs"]}
+    assert states["standard/seed1"]["state"] == "done" and states["mute/seed1"]["state"] == "running"
+    assert states["mute/seed1"]["update"] == 250
+    assert plan["done"] == 1 and plan["left"] == len(RECIPES["cpu"].table_systems) - 1
+    mute_left = (updates - 250) * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES
+    assert states["mute/seed1"]["minutes_left"] == pytest.approx(mute_left)
+    assert "weighted/seed1" in plan["not_estimated"] and "standard/seed1" not in plan["not_estimated"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling on this kernel")
+def test_the_runner_runs_in_a_group_of_its_own_at_the_lowest_priority(tmp_path):
+    pid = reproduce_runner.launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path)
+    try:
+        assert reproduce_runner.running_pid(tmp_path) == pid
+        assert os.getpgid(pid) == pid and os.getsid(pid) == pid  # setsid: its own process group and session
+        assert Path(f"/proc/{pid}/autogroup").read_text().split()[-1] == "19"
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 19
+        assert Path("/proc/self/autogroup").read_text().split()[-1] != "19"  # the caller's group is untouched
+        assert reproduce_runner.main(["--work", str(tmp_path), "stop"]) == 0
+        assert reproduce_runner.running_pid(tmp_path) is None
+    finally:
+        try:
+            os.killpg(pid, 9)
+        except OSError:
+            pass
+
+
+def stats(correct: int, lines: int = 40) -> list[list[float]]:
+    """Per-line BLEU statistics of a system whose first `correct` lines are right (4-word lines)."""
+    right, wrong = [4, 4, 4, 3, 2, 1, 4, 3, 2, 1], [4, 4, 1, 0, 0, 0, 4, 3, 2, 1]
+    return [list(map(float, right if i < correct else wrong)) for i in range(lines)]
+
+
+def cpu_results(records: list[dict], device: str = "cpu") -> dict:
+    data = results(records)
+    data["settings"]["recipe"] = "cpu"
+    data["environment"] = {"gpu": None, "device": device, "commit": "0123456789abcdef"}
+    if device == "cuda":
+        data["environment"]["gpu"] = "NVIDIA H200"
+    return data
+
+
+def test_the_cpu_table_takes_p_values_from_line_statistics_and_shows_dominant_heads_and_devices(tmp_path):
+    base, better = stats(10), stats(30)
+    standard = run("standard", 1, 30.0, analyses={"pruning": {"mean_dominant_delta": {
+        "encoder_self": -2.0, "decoder_self": -1.0, "cross": -4.0}}})
+    standard["test"]["avg"]["bleu_sentence_stats"] = base
+    drophead = run("drophead", 1, 31.0, analyses={"pruning": {"mean_dominant_delta": {
+        "encoder_self": -0.5, "decoder_self": -0.25, "cross": -1.0}}})
+    drophead["test"]["avg"]["bleu_sentence_stats"] = better
+    first = write(tmp_path / "reproduce_cpu_a.json", cpu_results([standard, drophead]))
+    gpu_standard = run("standard", 1, 30.6)
+    second = write(tmp_path / "reproduce_cpu_b.json", cpu_results([gpu_standard], device="cuda"))
+    from bench.reproduce_report import load_results
+
+    merged = merge([load_results(first), load_results(second)])
+    assert merged.recipe == "cpu" and list(merged.other_device) == ["standard/seed1"]
+    assert merged.runs["standard/seed1"]["test"]["avg"]["bleu"] == 30.0  # the table keeps the first device's
+    rows = summaries(merged, None)
+    (p,) = next(r for r in rows if r["system"] == "drophead")["p_values"]
+    assert p["from"] == "computed"
+    assert p["p_value"] == pytest.approx(paired_bootstrap_statistics(base, better)["p_value"])
+    region = docs_region(merged.files, rows, [], merged)
+    assert "| standard | 1 | -2.00 | -1.00 | -4.00 |" in region
+    assert "| drophead | 1 | -0.50 | -0.25 | -1.00 |" in region
+    assert "| standard/seed1 | 30.00 (CPU) | 30.60 (GPU) | +0.60 | – |" in region  # one seed: no spread yet
+    assert set(table_runs(merged)) == {"standard", "drophead"}
+
+
+def test_the_report_rewrites_each_recipes_region_and_the_plan(tmp_path):
+    doc = tmp_path / "reproduction.md"
+    doc.write_text("<!-- reproduce-plan:start -->\n<!-- reproduce-plan:end -->\n"
+                   "<!-- reproduce-report:start -->\n<!-- reproduce-report:end -->\n"
+                   "<!-- reproduce-report:cpu:start -->\nold\n<!-- reproduce-report:cpu:end -->\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "bench/reproduce_report.py", "--docs", str(doc), "--images",
+                           str(tmp_path / "img"), str(write(tmp_path / "reproduce_cpu_x.json",
+                                                            cpu_results([run("standard", 1, 30.0)])))],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = doc.read_text()
+    cpu = text.split("<!-- reproduce-report:cpu:start -->")[1].split("<!-- reproduce-report:cpu:end -->")[0]
+    assert "| standard |" in cpu and "old" not in cpu and "../img/cpu_valid_curves.png" not in cpu
+    assert "img/cpu_valid_curves.png" in cpu and (tmp_path / "img" / "cpu_valid_curves.png").is_file()
+    iwslt = text.split("<!-- reproduce-report:start -->")[1].split("<!-- reproduce-report:end -->")[0]
+    assert "No GPU call has finished a run yet" in iwslt
+    plan = text.split("<!-- reproduce-plan:start -->")[1].split("<!-- reproduce-plan:end -->")[0]
+    assert "CPU recipe" in plan and "runs done" in plan  # its numbers are bench/results' (checked elsewhere)
