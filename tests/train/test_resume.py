@@ -76,6 +76,45 @@ def test_in_process_resume_extends_a_finished_run_exactly(tiny_data, tmp_path, d
     assert _train_losses(tmp_path / "two_legs") == _train_losses(tmp_path / "straight")
 
 
+def test_a_log_window_cut_by_a_pause_logs_the_uninterrupted_losses(tiny_data, tmp_path):
+    """Train lines every 4 updates; the run pauses inside a window (after update 6, saving last.pt as a SIGTERM
+    does) and is resumed: every logged loss, that of updates 5-8 included, equals the uninterrupted run's (the
+    window's sums travel in last.pt)."""
+    cfg = {"max_steps": 8, "valid_every": 6, "log_every": 4, "deterministic": True}
+    train(tiny_experiment(**cfg), RunOptions(tiny_data, tmp_path / "straight", device="cpu", progress=False))
+    expected = _train_losses(tmp_path / "straight")
+    assert sorted(expected) == [4, 8]
+    paused = tmp_path / "paused"
+    train(tiny_experiment(**cfg), RunOptions(tiny_data, paused, device="cpu", progress=False, stop_at_step=6))
+    assert load_checkpoint(paused / "last.pt")["meta"]["step"] == 6 and sorted(_train_losses(paused)) == [4]
+    train(tiny_experiment(**cfg), RunOptions(tiny_data, paused, device="cpu", progress=False, resume=True))
+    assert _train_losses(paused) == expected
+
+
+def test_a_log_window_cut_by_sigkill_logs_the_uninterrupted_losses(tiny_data, tmp_path):
+    """Killed with SIGKILL after a checkpoint inside a log window (checkpoints every 6 updates, train lines every
+    5): the resumed run logs the uninterrupted run's losses."""
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(tiny_experiment(max_steps=18, valid_every=6, log_every=5).to_dict()))
+    straight = _cli(config, tiny_data, tmp_path / "straight")
+    victim = _cli(config, tiny_data, tmp_path / "killed")
+    first_save = tmp_path / "killed" / "last.pt"
+    deadline = time.time() + 240
+    while not first_save.exists() and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    assert victim.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert load_checkpoint(first_save)["meta"]["step"] in (6, 12)  # inside a window of train lines
+    _, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err
+    resumed = _cli(config, tiny_data, tmp_path / "killed", "--resume")
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    expected = _train_losses(tmp_path / "straight")
+    assert sorted(expected) == [5, 10, 15] and _train_losses(tmp_path / "killed") == expected
+
+
 def test_mismatched_resume_is_refused_unless_reset_flags(tiny_data, tmp_path):
     run = tmp_path / "run"
     train(tiny_experiment(max_steps=4), RunOptions(tiny_data, run))

@@ -179,6 +179,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == "fp16")
         self.config_hash = config_hash(self._model_sections(self.cfg.to_dict()))
         self.origin: dict[str, str] | None = None
+        self._resumed_window: dict[str, Any] | None = None  # the log window last.pt saved (`_window_state`)
         if opts.tensorboard is not None:
 
             check_tensorboard()
@@ -221,6 +222,9 @@ class Trainer:
         self._scale = torch.zeros((), device=self.device)  # world size / target tokens of the update
         self._sums: dict[str, Tensor] = {}  # size, loss, nll, the task's counts: summed over the log window (fp64)
         self._last: dict[str, Tensor] = {}  # grad_norm, aux_*: the last update's
+        self._window = self._empty_window()  # what the host sums over the log window (the update time)
+        if self._resumed_window is not None:
+            self._restore_window(self._resumed_window)
         # fixed shapes: the gradients stay in one buffer, zeroed in place (built after the first backward)
         self.gradients: FlatGradients | None = None
         self.graphed: GraphedUpdates | None = None
@@ -392,6 +396,9 @@ class Trainer:
             log.warning("%s was written before runs recorded their origin; its checkpoints cannot be checked by "
                         "`average`", path)
         rng = training["rng"]
+        windows = training.get("log_window")  # absent in runs saved before the window was kept
+        if windows and len(windows) == self.dist.world_size and not self.opts.reset_schedule:
+            self._resumed_window = windows[self.dist.rank]
         if len(rng) != self.dist.world_size:
             log.warning("resuming with %d processes instead of %d: data order and dropout will not repeat exactly",
                         self.dist.world_size, len(rng))
@@ -512,6 +519,19 @@ class Trainer:
             self._last[name] = torch.zeros((), dtype=torch.float64, device=self.device)
         self._last[name].copy_(value.detach().reshape(()))
 
+    def _window_state(self) -> dict[str, Any]:
+        """The log window so far (its device sums read back, exactly: fp64), for last.pt: a resume continues the
+        window, so that the train lines after it log what an uninterrupted run logs."""
+        names = list(self._sums)
+        values = torch.stack(list(self._sums.values())).tolist() if names else []
+        return {"sums": dict(zip(names, values)), **self._window}
+
+    def _restore_window(self, saved: dict[str, Any]) -> None:
+        """Continue the log window `_window_state` saved."""
+        for name, value in saved["sums"].items():
+            self._sums[name] = torch.tensor(value, dtype=torch.float64, device=self.device)
+        self._window = {**self._empty_window(), **{k: v for k, v in saved.items() if k != "sums"}}
+
     def _read_window(self) -> dict[str, float]:
         """The log window's sums and last values, read back from the device at once; the sums restart at 0."""
         names = [*self._sums, *self._last]
@@ -544,12 +564,14 @@ class Trainer:
         saving is held back until the files are written; a second one abandons the file being written
         (its temporary is removed, the previous file stays)."""
         rngs = D.all_gather_objects(rng_state(), self.dist)
+        windows = D.all_gather_objects(self._window_state(), self.dist)
         if not self.dist.is_main:
             return
         base = {"config": self.cfg.to_dict(), "model": unwrap(self.model).state_dict(),
                 "tokenizer": self.tokenizer.to_state(), "meta": self._meta()}
         training = {"state": self.state.__dict__.copy(), "optimizer": optimizer_state_to_save(self.optimizer),
-                    "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None, "rng": rngs}
+                    "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None, "rng": rngs,
+                    "log_window": windows}
         self._saving = True  # stays set if a signal stops the save: `_stop_on_interrupt` then saves nothing more
         with deferred_interrupt():  # Ctrl-C/SIGTERM: the save finishes first, then the clean "interrupted" exit
             save_checkpoint(self.run_dir / "last.pt", {**base, "training": training})  # first: resume needs it
@@ -624,7 +646,6 @@ class Trainer:
                  self.task.train_size, self.dist.world_size, self.device, torch.get_num_threads(), self.amp)
         log.info("batches: %s | CUDA graphs: %s", getattr(self, "_shapes_note", "each of its own shape"),
                  "on (one per batch shape)" if self.graphs else f"off ({self._graphs_blocker() or 'train.graphs=off'})")
-        window = self._empty_window()
         shown: dict[str, str] = {}
         start = time.perf_counter()
         stop = self._stop_reason(start)
@@ -643,10 +664,10 @@ class Trainer:
                         with deferred_interrupt():  # Ctrl-C/SIGTERM: the update (and its log) finishes, then
                             stats = self._update([self._collate(ix) for ix in group])  # last.pt is saved
                             s.batch_in_epoch += len(group)
-                            window["time"] += time.perf_counter() - tick
+                            self._window["time"] += time.perf_counter() - tick
                             if s.step % t.log_every == 0:
-                                record = self._log_train(window, stats["lr"], start)
-                                window = self._empty_window()
+                                record = self._log_train(self._window, stats["lr"], start)
+                                self._window = self._empty_window()
                                 shown = {"loss": f"{record['loss']:.3f}"}  # the bar shows the last interval's loss
                             self._mid_update = False
                         if progress is not None:
