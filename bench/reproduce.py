@@ -788,8 +788,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
     stop = p.add_argument_group("stopping and budget")
     stop.add_argument("--max-updates", type=int, default=None, help="update cap of every run (iwslt: 12000; cpu: "
-                      f"{RECIPES['cpu'].defaults['max_updates']}; tiny: 30); also the length DropHead's V schedule and "
-                      "Weighted's kappa/alpha freeze plan for")
+                      "the update count bench/reproduce_curve.py chose, in bench/results/reproduce_cpu_curve.json; "
+                      "tiny: 30); also the length DropHead's V schedule and Weighted's kappa/alpha freeze plan for")
     stop.add_argument("--patience", type=int, default=None, help="stop after N validations without a better "
                       "valid BLEU (iwslt: 5; cpu: none, every run trains --max-updates; tiny: 3)")
     stop.add_argument("--valid-every", type=int, default=None, help="validate and checkpoint every N updates "
@@ -849,6 +849,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--systems {' '.join(foreign)}: not in the {args.recipe} recipe ({' '.join(recipe.systems)})")
     if args.rho is None:
         args.rho = recipe.rho
+    if args.max_updates is None and not (args.dry_run or args.prepare_only):
+        p.error("the CPU recipe's number of updates is not chosen yet: bench/reproduce_curve.py measures it on the "
+                "standard model's validation curve (or give --max-updates)")
     if args.reserve is None:
         args.reserve = 0.0 if args.tiny else (2.5 if args.analyses else 1.5)
     if args.threads is None and args.tiny:

@@ -559,6 +559,11 @@ def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: l
              wrap(files_line(files)), "", markdown_table(rows, device).rstrip("\n"), "",
              wrap(LEGEND.format(minutes=minutes[0].upper() + minutes[1:], device=device or "device")), ""]
     if merged is not None:
+        verdicts = [line for row in rows if (line := verdict_line(row))]
+        if verdicts:
+            parts += ["Each system against the standard model, in one sentence (reproduced: a gain with p < 0.05 "
+                      "on every seed; the opposite: a loss with p < 0.05 on every seed; else not visible at this "
+                      "shape):", "", *verdicts, ""]
         dominant = dominant_table(table_runs(merged))
         if dominant:
             parts += [dominant, ""]
@@ -568,6 +573,40 @@ def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: l
     for link, caption in figures:
         parts += [f"![{caption}]({link})", ""]
     return "\n".join(parts)
+
+
+SIGNIFICANCE = 0.05
+PLANNED_SEEDS = 3
+
+
+def verdict(summary: dict[str, Any]) -> str | None:
+    """"reproduced", "the opposite" or "not visible at this shape" for a system's runs against the standard
+    model of their seeds (every seed's paired bootstrap p < SIGNIFICANCE, in one direction, for the first two);
+    None for the standard model and for a system without a seed paired with one."""
+    delta = summary.get("delta_bleu_to_standard") or {}
+    if summary["system"] == "standard" or delta.get("mean") is None:
+        return None
+    ps = [p["p_value"] for p in summary["p_values"]]
+    significant = bool(ps) and all(p is not None and p < SIGNIFICANCE for p in ps)
+    values = delta.get("values") or []
+    if significant and all(v > 0 for v in values):
+        return "reproduced"
+    if significant and all(v < 0 for v in values):
+        return "the opposite"
+    return "not visible at this shape"
+
+
+def verdict_line(summary: dict[str, Any]) -> str | None:
+    """One Markdown list item: the system, the paper's claim, our Δ with its spread and p-values, the verdict."""
+    found = verdict(summary)
+    if found is None:
+        return None
+    seeds = len(summary["delta_bleu_to_standard"].get("seeds") or [])
+    ps = ", ".join(DASH if p["p_value"] is None else f"{p['p_value']:.3f}" for p in summary["p_values"])
+    claim = (summary.get("paper_claim") or {}).get("claim") or "no paper claims an effect"
+    partial = f" so far ({seeds} of {PLANNED_SEEDS} seeds)" if seeds < PLANNED_SEEDS else ""
+    return (f"- `{summary['system']}`: Δ {fmt(summary['delta_bleu_to_standard'], sign=True)} BLEU (p {ps}): "
+            f"**{found}**{partial}. The paper: {claim}.")
 
 
 def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
@@ -1052,6 +1091,9 @@ def plan_region() -> str:
     hours = "; ".join(f"about {plan['core_hours_left']:.0f} core-hours at {p}"
                       + (f" (not estimated: {len(plan['not_estimated'])} runs)" if plan["not_estimated"] else "")
                       for p, plan in plans.items())
+    if first["updates"] is None:
+        return "\n" + wrap(f"CPU recipe: its number of updates is not chosen yet (`bench/reproduce_curve.py`, the "
+                           f"standard model's validation curve); {len(first['runs'])} runs to train then.") + "\n\n"
     text = (f"CPU recipe ({first['updates']:,} updates a run, seeds 1-3): {first['done']} of {len(first['runs'])} "
             f"runs done, {first['left']} left; {hours}, two runs side by side. Done: "
             + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from bench.reproduce_cost import cpu_precision, estimate_minutes  # noqa: E402
-from bench.reproduce_systems import RECIPES  # noqa: E402
+from bench.reproduce_systems import RECIPES, chosen_cpu_updates  # noqa: E402
 from multibranch.atomic import atomic_write_text  # noqa: E402
 
 WORK = ROOT / "runs" / "reproduce-cpu"
@@ -78,13 +78,11 @@ def start(args: argparse.Namespace) -> int:
         print(f"the runner is already going (pid {pid}); `python bench/reproduce_runner.py status` says where it is")
         return 1
     work.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(ROOT / "bench" / "reproduce.py"), "--recipe", "cpu", "--jobs", str(args.jobs),
-               "--threads", "1", "--results-per-run", "--out", str(args.out), "--work", str(work), "--name", NAME,
-               "--device", "cpu"]
+    command = [sys.executable, str(Path(__file__).resolve()), "--work", str(work), "--out", str(args.out), "work",
+               "--jobs", str(args.jobs)]
     if args.hours is not None:
-        command += ["--budget", f"{args.hours * 60:.1f}", "--whole-runs"]
-    command += args.reproduce_args
-    pid = launch(command, work)
+        command += ["--until", f"{time.time() + 3600 * args.hours:.0f}"]
+    pid = launch(command + ["--", *args.reproduce_args], work)
     print(f"the runner is going (pid {pid}, its own scheduling group at the lowest priority); log: "
           f"{work / 'runner.log'}")
     return 0
@@ -101,6 +99,29 @@ def launch(command: list[str], work: Path) -> int:
                                 env=env, start_new_session=True, preexec_fn=lower_priority)
     atomic_write_text(pid_file(work), f"{proc.pid}\n")
     return proc.pid
+
+
+def work(args: argparse.Namespace) -> int:
+    """What the background job does: the update count first when it is not chosen yet (bench/reproduce_curve.py,
+    the standard model's validation curve, one run at --jobs threads), then the table's runs."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if chosen_cpu_updates() is None:
+        print(f"[{time.strftime('%H:%M:%S')}] the number of updates is not chosen yet: measuring the standard "
+              "model's validation curve first", flush=True)
+        code = subprocess.run([sys.executable, str(ROOT / "bench" / "reproduce_curve.py"), "--threads",
+                               str(args.jobs), "--work", str(args.work)], env=env, cwd=ROOT).returncode
+        if code != 0 or chosen_cpu_updates() is None:
+            return code or 1
+    command = [sys.executable, str(ROOT / "bench" / "reproduce.py"), "--recipe", "cpu", "--jobs", str(args.jobs),
+               "--threads", "1", "--results-per-run", "--out", str(args.out), "--work", str(args.work),
+               "--name", NAME, "--device", "cpu", "--max-updates", str(chosen_cpu_updates())]
+    if args.until is not None:
+        minutes = (args.until - time.time()) / 60
+        if minutes < 1:
+            print("no time left for a run", flush=True)
+            return 0
+        command += ["--budget", f"{minutes:.1f}", "--whole-runs"]
+    return subprocess.run(command + args.reproduce_args, env=env, cwd=ROOT).returncode
 
 
 def stop(args: argparse.Namespace) -> int:
@@ -131,7 +152,7 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
     """Every run of the CPU recipe's table: done (its results file is in `results`), running (its folder in
     `work` has logged updates) or left, and the minutes each one left needs at `precision` (this CPU's)."""
     recipe = RECIPES["cpu"]
-    updates = recipe.defaults["max_updates"]
+    updates = chosen_cpu_updates(results / "reproduce_cpu_curve.json")
     precision = precision or cpu_precision(recipe.defaults["amp"])
     rows = []
     for seed in seeds:
@@ -142,8 +163,8 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
                 state, step = "done", updates
             else:
                 state = "running" if step else "left"
-            minutes = None if state == "done" else estimate_minutes(system, updates - (step or 0), precision,
-                                                                    updates, results)
+            minutes = None if state == "done" or updates is None else estimate_minutes(
+                system, updates - (step or 0), precision, updates, results)
             rows.append({"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes})
     left = [r for r in rows if r["state"] != "done"]
     unknown = [r["run"] for r in left if r["minutes_left"] is None]
@@ -159,6 +180,12 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps({**plan, "runner_pid": pid}, indent=1))
         return 0
     print(f"runner: {'going, pid ' + str(pid) if pid else 'not going'}")
+    if plan["updates"] is None:
+        curve = progress(args.work, "../curve", 0) if (args.work / "curve").is_dir() else None
+        print(f"CPU recipe: the number of updates is not chosen yet; the runner measures the standard model's "
+              f"validation curve first (bench/reproduce_curve.py{f', at update {curve}' if curve else ''}), then "
+              f"trains the {len(plan['runs'])} runs of the table")
+        return 0
     print(f"CPU recipe, {plan['updates']} updates a run: {plan['done']} of {len(plan['runs'])} runs done, "
           f"{plan['left']} left, about {plan['core_hours_left']:.1f} core-hours left at {plan['precision']} here"
           + (f" (not estimated: {', '.join(plan['not_estimated'])})" if plan["not_estimated"] else ""))
@@ -181,9 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     show = sub.add_parser("status", help="runs done, running and left")
     show.add_argument("--json", action="store_true")
     sub.add_parser("stop", help="stop the runner")
+    job = sub.add_parser("work", help="what the background job runs (in the foreground; `start` runs it)")
+    job.add_argument("--jobs", type=int, default=2)
+    job.add_argument("--until", type=float, default=None, help="the time (seconds since the epoch) to be done by")
+    job.add_argument("reproduce_args", nargs="*")
     args = p.parse_args(argv)
     args.work, args.out = args.work.resolve(), args.out.resolve()
-    return {"start": start, "status": status, "stop": stop}[args.command](args)
+    return {"start": start, "status": status, "stop": stop, "work": work}[args.command](args)
 
 
 if __name__ == "__main__":

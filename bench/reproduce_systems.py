@@ -10,7 +10,9 @@ Two recipes share the pipeline and the system names:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 BASE_PRESET = "transformer"  # fairseq transformer_iwslt_de_en: 6+6, d=512, FFN 1024, 4 heads, dropout 0.3
@@ -91,15 +93,29 @@ class Recipe:
         return tuple(s for s in self.systems if s not in self.optional)
 
 
+CURVE_FILE = Path(__file__).resolve().parent / "results" / "reproduce_cpu_curve.json"
+
+
+def chosen_cpu_updates(path: Path = CURVE_FILE) -> int | None:
+    """The CPU recipe's number of updates, chosen from the standard model's validation curve
+    (bench/reproduce_curve.py); None until that measurement has found where the curve flattens."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("chosen_updates")
+    except (OSError, ValueError):
+        return None
+    return int(value) if value else None
+
+
 RECIPES = {
     "iwslt": Recipe("iwslt", BASE_PRESET, IWSLT_SYSTEMS, {
         "train_lines": None, "valid_lines": None, "test_lines": None, "vocab_size": 8000, "max_updates": 12000,
         "valid_every": 500, "patience": 5, "average_last": 5, "log_every": 100, "analysis_sentences": 500,
         "amp": "none"}),
-    # every system trains the same CPU_UPDATES updates (no early stopping), validating and checkpointing once
-    # an epoch or so; the number of updates comes from the standard model's validation curve (docs/reproduction.md)
+    # every system trains the same number of updates (no early stopping), validating and checkpointing about once
+    # an epoch; that number comes from the standard model's validation curve (bench/reproduce_curve.py)
     "cpu": Recipe("cpu", "transformer-tiny", CPU_SYSTEMS, {
-        "train_lines": None, "valid_lines": None, "test_lines": None, "vocab_size": 8000, "max_updates": 4000,
+        "train_lines": None, "valid_lines": None, "test_lines": None, "vocab_size": 8000,
+        "max_updates": chosen_cpu_updates(),
         "valid_every": 250, "patience": None, "average_last": 5, "log_every": 50, "analysis_sentences": 500,
         "amp": "auto"}, rho=0.1, seed_major=True,
         # proximal MAT needs its source model's best.pt in the same work folder: a chain of two whole runs
