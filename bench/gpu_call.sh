@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One GPU call (CALL_MINUTES, default 9.3) for a lent GPU machine: first the checks of the GPU paths that no GPU
-# has run yet (about 3 minutes), then bench/reproduce.py with every minute left.
+# One GPU call (CALL_MINUTES, default 9.3) for a GPU machine lent for a few minutes that keeps nothing afterwards:
+# first the checks of the GPU paths that no GPU has run yet (about 3 minutes), then the reproduction with every
+# minute left: what is left of the CPU recipe's table first, then the IWSLT recipe.
 #
 #   1. env: nvidia-smi, torch, CUDA
 #   2. the CUDA cases of the fixed-shape tests (training graphs give eager's losses, with update_freq 1 and 2; every
@@ -9,16 +10,19 @@
 #      reproduction decodes with decode.fixed_shapes=off)
 #   3. bench/train_speed.py at transformer-base, bf16, 4096 tokens an update: multibranch (graphs),
 #      multibranch-eager and Hugging Face MarianMTModel, 5 updates profiled (GPU busy / wall)
-#   4. bench/reproduce.py: SYSTEMS (default `standard`) x SEEDS (1 2 3), JOBS (3) runs side by side on the GPU, with
-#      the papers' analyses of every finished run; --budget is what is left of CALL_MINUTES. The plan of calls that
-#      finishes the table is in docs/reproduction.md.
+#   4. the CPU recipe (docs/reproduction.md#the-cpu-recipe): its number of updates first when bench/results has
+#      none chosen yet (bench/reproduce_curve.py on the GPU), then every run of its table that bench/results does not
+#      hold yet, CPU_JOBS (8) side by side, with their analyses; CPU_MINUTES (default: all that is left) of the call
+#   5. bench/reproduce.py at the IWSLT recipe: SYSTEMS (default `standard`) x SEEDS (1 2 3), JOBS (3) runs side by
+#      side on the GPU, with the papers' analyses of every finished run, for the rest of the call
 #
 # Carry runs/bench/m30k-data-8000 (made here by `python -c "from bench.common import multi30k_data;
 # multi30k_data()"` with MULTIBRANCH_BENCH_DIR=runs/bench): the prepared Multi30k that bench/reproduce.py also
-# trains on. The device copy has no .git, so pass MULTIBRANCH_COMMIT. Writes 7 files under $OUT (8 come back at
-# most): progress.log, pytest.log, train_speed.log, gpu_call_train_speed.json, reproduce.log, reproduce.json,
-# reproduce_hyps.json. Commit the JSON as bench/results/reproduce_<gpu>_<n>.json (+ _hyps.json), then
-# `python bench/reproduce_report.py --docs docs/reproduction.md` here.
+# trains on. The device copy has no .git, so pass MULTIBRANCH_COMMIT. Writes at most 7 files under $OUT (8 come back
+# at most): progress.log, checks.log, gpu_call_train_speed.json, reproduce.log, reproduce_cpu_curve.json,
+# reproduce_cpu.json, reproduce.json. Commit reproduce_cpu_curve.json as bench/results/reproduce_cpu_curve.json when
+# bench/results has no chosen update count, the others as bench/results/reproduce_cpu_<gpu>_<n>.json and
+# reproduce_<gpu>_<n>.json, then `python bench/reproduce_report.py --docs docs/reproduction.md` here.
 #
 #   MULTIBRANCH_COMMIT=<sha> OUT=$OUT bash bench/gpu_call.sh
 #   MULTIBRANCH_COMMIT=<sha> OUT=$OUT SKIP_CHECKS=1 SYSTEMS="drophead weighted" JOBS=6 bash bench/gpu_call.sh
@@ -47,18 +51,18 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; } >> 
 if [ -z "${SKIP_CHECKS:-}" ]; then
   stamp tests
   timeout "${TESTS_TIMEOUT:-100}" python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib -rfE \
-    -k cuda tests/train/test_fixed_shapes.py > "$OUT/pytest.log" 2>&1
+    -k cuda tests/train/test_fixed_shapes.py > "$OUT/checks.log" 2>&1
   rc=$?
-  echo "pytest (training, cuda) rc=$rc $(tail -n 1 "$OUT/pytest.log")" >> "$OUT/progress.log"
+  echo "pytest (training, cuda) rc=$rc $(tail -n 1 "$OUT/checks.log")" >> "$OUT/progress.log"
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then  # graphs that do not give eager's losses must not train the table
     GRAPHS=off
     echo "the CUDA graph tests failed: the reproduction trains eagerly (train.graphs=off)" >> "$OUT/progress.log"
   fi
   OMP_NUM_THREADS=1 timeout "${TESTS_TIMEOUT:-100}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
     --import-mode=importlib -rfE -k cuda tests/inference/test_static_beam.py tests/inference/test_static_sampling.py \
-    >> "$OUT/pytest.log" 2>&1
+    >> "$OUT/checks.log" 2>&1
   rc=$?
-  echo "pytest (decoding, cuda) rc=$rc $(tail -n 1 "$OUT/pytest.log")" >> "$OUT/progress.log"
+  echo "pytest (decoding, cuda) rc=$rc $(tail -n 1 "$OUT/checks.log")" >> "$OUT/progress.log"
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then  # a search that differs from the CPU's must not score the table
     FIXED_SHAPES=off
     echo "the CUDA decoding tests failed: the reproduction decodes without fixed shapes" >> "$OUT/progress.log"
@@ -67,10 +71,27 @@ if [ -z "${SKIP_CHECKS:-}" ]; then
   stamp speed
   timeout "${SPEED_TIMEOUT:-110}" python3 bench/train_speed.py --device "$DEVICE" --size "${SPEED_SIZE:-base}" \
     --amp bf16 --systems multibranch multibranch-eager hf-marian --max-tokens 4096 --steps 20 --warmup 3 --prewarm \
-    --profile-updates 5 --rounds 1 --threads 4 --name gpu_call_train_speed > "$OUT/train_speed.log" 2>&1
+    --profile-updates 5 --rounds 1 --threads 4 --name gpu_call_train_speed >> "$OUT/checks.log" 2>&1
   echo "train_speed rc=$?" >> "$OUT/progress.log"
   # it comes back through $OUT; the copy in bench/results goes, so that a dry run changes no committed file
   mv bench/results/gpu_call_train_speed.json "$OUT/" 2>/dev/null
+fi
+
+if [ -z "${SKIP_CPU_RECIPE:-}" ]; then
+  if ! python3 -c "import sys; sys.path[:0] = ['.', 'src']; from bench.reproduce_systems import chosen_cpu_updates as c; sys.exit(c() is None)"; then
+    stamp "CPU recipe: the update count (standard model's validation curve)"
+    timeout "$(python3 -c "print(int(max(30, ($(left_minutes) - 1) * 60)))")" python3 bench/reproduce_curve.py \
+      --device "$DEVICE" --threads 4 --data "$DATA" --work runs/reproduce-cpu >> "$OUT/reproduce.log" 2>&1
+    echo "curve rc=$?" >> "$OUT/progress.log"
+    cp bench/results/reproduce_cpu_curve.json "$OUT/" 2>/dev/null
+  fi
+  cpu_budget=${CPU_MINUTES:-$(left_minutes)}
+  stamp "CPU recipe: the runs bench/results does not hold (budget $cpu_budget minutes)"
+  timeout "$(python3 -c "print(int(max(30, $cpu_budget * 60 + 20)))")" python3 bench/reproduce.py --recipe cpu \
+    --device "$DEVICE" --data "$DATA" --work runs/reproduce-cpu --jobs "${CPU_JOBS:-8}" --budget "$cpu_budget" \
+    --skip-reported --out "$OUT" --name reproduce_cpu --set "train.graphs=$GRAPHS" \
+    --set "decode.fixed_shapes=$FIXED_SHAPES" >> "$OUT/reproduce.log" 2>&1
+  echo "reproduce (cpu recipe) rc=$?" >> "$OUT/progress.log"
 fi
 
 budget=$(left_minutes)
@@ -79,13 +100,13 @@ stamp "reproduce (budget $budget minutes)"
 # the outer timeout only guards against a hang
 timeout "$(python3 -c "print(int(max(30, $budget * 60 + 20)))")" python3 bench/reproduce.py --device "$DEVICE" \
   --amp bf16 --data "$DATA" --work runs/reproduce --systems ${SYSTEMS:-standard} --seeds ${SEEDS:-1 2 3} \
-  --jobs "${JOBS:-3}" --budget "$budget" --save-hyps --out "$OUT" --name reproduce --set "train.graphs=$GRAPHS" \
+  --jobs "${JOBS:-3}" --budget "$budget" --out "$OUT" --name reproduce --set "train.graphs=$GRAPHS" \
   --set "decode.fixed_shapes=$FIXED_SHAPES" \
   ${REPRODUCE_ARGS:-} \
-  > "$OUT/reproduce.log" 2>&1
+  >> "$OUT/reproduce.log" 2>&1
 echo "reproduce rc=$?" >> "$OUT/progress.log"
 
 stamp done
 cat "$OUT/progress.log"
-grep -A6 "^max_tokens" "$OUT/train_speed.log" 2>/dev/null
+grep -A6 "^max_tokens" "$OUT/checks.log" 2>/dev/null
 tail -n 25 "$OUT/reproduce.log"

@@ -313,9 +313,10 @@ class Harness:
         return f"{self.args.name}_{run.name}_seed{run.seed}"
 
     def reported(self, run: Run) -> bool:
-        """--results-per-run: whether OUT holds this run's results, finished, to the same recipe (a run that
-        an earlier call reported, whose work folder has gone with its machine, is not trained again)."""
-        if not self.args.results_per_run:
+        """--results-per-run or --skip-reported: whether OUT or bench/results holds this run's own results file,
+        finished, to the same settings (a run that an earlier call reported, whose work folder has gone with its
+        machine, is not trained again)."""
+        if not (self.args.results_per_run or self.args.skip_reported):
             return False
         mine = self.settings()
         for folder in dict.fromkeys([self.args.out, RESULTS]):
@@ -643,6 +644,7 @@ class Harness:
     def write_results(self, runs: list[Run], comparisons: dict[str, Any] | None = None, *, name: str | None = None,
                       save_hyps: bool | None = None) -> Path:
         a = self.args
+        runs = [run for run in runs if run.status != "reported before"]  # their own files hold them
         records = {run.key: self.run_record(run) for run in runs}
         for run in runs:
             if run.key in (comparisons or {}):
@@ -824,6 +826,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "OUT/NAME_RUN_seedK.json, instead of OUT/NAME.json (its per-line BLEU statistics give the "
                    "paired bootstrap; no translations are kept); a run whose file is already in OUT or "
                    "bench/results, finished to the same settings, is not trained again")
+    p.add_argument("--skip-reported", action="store_true", help="do not train a run whose own results file "
+                   "(OUT or bench/results/NAME_RUN_seedK.json, as --results-per-run writes them) is finished to the "
+                   "same settings, while writing one OUT/NAME.json")
     p.add_argument("--save-hyps", action="store_true", help="also write OUT/NAME_hyps.json: every finished run's "
                    "test translations (averaged and best checkpoint)")
     p.add_argument("--no-analyses", dest="analyses", action="store_false", help="skip the papers' analyses of "

@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from bench.common import cpu_model, cpu_native_bf16  # noqa: E402
+from bench.common import cpu_model, cpu_native_bf16, environment  # noqa: E402
 from bench.reproduce_systems import RECIPES, system_delta  # noqa: E402
 from multibranch.json_file import write_json  # noqa: E402
 
@@ -39,6 +39,11 @@ RESULTS = ROOT / "bench" / "results"
 OVERHEAD = 1.15  # validation every 250 updates, at the rate of the first finished runs' before they existed
 EVALUATION_MINUTES = 15.0  # averaging, two test translations, the analyses (the pruning curve's ~50 decodes)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def command_line() -> str:
+    """This process's command, as run from the checkout (its paths relative to it)."""
+    return " ".join(["python", *sys.argv]).replace(f"{ROOT}{os.sep}", "")
 
 
 def cpu_flags() -> list[str]:
@@ -175,11 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["relative_to_standard"] = row["seconds_per_update"] / standard if standard else None
     precision = cpu_precision(RECIPES["cpu"].defaults["amp"])
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    payload = {"environment": {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
+    payload = {"environment": {**environment(amp=f"auto: {'bf16' if precision == 'bf16' else 'none'}"),
+                               "cpu": cpu_model(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
                                "precision": precision, "threads_per_run": 1, "jobs": args.jobs,
-                               "load_average_at_start": load, "commit": commit,
-                               "command": " ".join(["python", *sys.argv]),
+                               "load_average_at_start": load, "command": command_line(),
                                "date": time.strftime("%Y-%m-%d"), "wall_minutes": (time.time() - began) / 60},
                "rows": rows}
     path = cost_file(precision)

@@ -29,8 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from bench.common import cpu_model  # noqa: E402
-from bench.reproduce_cost import cpu_flags  # noqa: E402
+from bench.common import cpu_model, environment  # noqa: E402
+from bench.reproduce_cost import command_line, cpu_flags, cpu_precision  # noqa: E402
 from bench.reproduce_systems import CURVE_FILE, RECIPES  # noqa: E402
 from multibranch.json_file import write_json  # noqa: E402
 
@@ -72,12 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gain", type=float, default=0.2, help="BLEU a window must add for the curve to still rise")
     p.add_argument("--window", type=int, default=1000, help="updates of the window (default: 1000)")
     p.add_argument("--work", type=Path, default=WORK, help=f"prepared data and the run (default: {WORK})")
+    p.add_argument("--data", type=Path, default=None, help="an already prepared Multi30k (default: WORK/data, "
+                   "prepared as `bench/reproduce.py --recipe cpu` prepares it)")
     p.add_argument("--out", type=Path, default=CURVE_FILE, help=f"the results file (default: {CURVE_FILE})")
     args = p.parse_args(argv)
     recipe = RECIPES["cpu"]
-    data = args.work / "data"
+    data = args.data or args.work / "data"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(args.threads)}
-    if not (data / "data.json").is_file():  # the recipe's own preparation
+    if args.data is None and not (data / "data.json").is_file():  # the recipe's own preparation
         subprocess.run([sys.executable, str(ROOT / "bench" / "reproduce.py"), "--recipe", "cpu", "--prepare-only",
                         "--work", str(args.work)], check=True, env=env, cwd=ROOT)
     folder = args.work / "curve"
@@ -120,11 +122,12 @@ def write_results(args: argparse.Namespace, curve: list[tuple[int, float]], chos
         previous = json.loads(args.out.read_text(encoding="utf-8"))
     if previous.get("chosen_updates") is not None and chosen is None:
         return  # a finished measurement is never replaced by an unfinished one
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    amp = RECIPES["cpu"].defaults["amp"]
+    precision = cpu_precision(amp) if args.device == "cpu" else "auto (GPU)"
     write_json(args.out, {
-        "environment": {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": args.threads, "device": args.device,
-                        "commit": commit, "date": time.strftime("%Y-%m-%d"),
-                        "command": " ".join(["python", *sys.argv])},
+        "environment": {**environment(amp=f"{amp}: {precision}"), "cpu": cpu_model(), "cpu_flags": cpu_flags(),
+                        "threads": args.threads, "device": args.device, "date": time.strftime("%Y-%m-%d"),
+                        "command": command_line()},
         "recipe": "cpu", "system": "standard", "seed": 1,
         "rule": {"gain": args.gain, "window": args.window, "cap": args.cap,
                  "text": f"the first validation where the best validation BLEU so far rose by at most {args.gain} "

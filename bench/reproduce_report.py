@@ -173,11 +173,12 @@ def name_order(path: Path) -> list[Any]:
 
 
 def default_files(folder: Path = RESULTS) -> list[ResultsFile]:
-    """Every FOLDER/reproduce_*.json but *_hyps.json, --tiny results and results without a finished run."""
+    """Every FOLDER/reproduce_*.json but *_hyps.json, the CPU recipe's curve and cost files, --tiny results and
+    results without a finished run."""
     files = []
     for path in sorted(folder.glob("reproduce_*.json"), key=name_order):
-        if path.name.endswith("_hyps.json"):
-            continue
+        if path.name.endswith("_hyps.json") or path.name.startswith(("reproduce_cpu_curve", "reproduce_cpu_cost")):
+            continue  # translations, the CPU recipe's update count and its costs: not run records
         loaded = load_results(path)
         if loaded.settings.get("tiny"):
             continue
@@ -358,6 +359,7 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
     summary: dict[str, Any] = {
         "system": system, "rho": row.get("rho") if system in MAT_SYSTEMS else None,
         "parameters": row.get("parameters"), "runs": [run_key(r) for r in runs], "seeds": [r["seed"] for r in runs],
+        "precisions": [r.get("precision") for r in runs],
         "updates": mean_sd([r["updates"] for r in runs if r.get("updates") is not None]),
         "updates_to_best_valid": mean_sd([r["best_valid_step"] for r in runs if r.get("best_valid_step")]),
         "train_minutes": mean_sd([r["train_minutes"] for r in runs if r.get("train_minutes") is not None]),
@@ -494,10 +496,21 @@ def table_cells(summary: dict[str, Any]) -> list[str]:
         minutes += f" (jobs {'/'.join(str(j) for j in summary['jobs'])})"
     p_values = [DASH if p["p_value"] is None else f"{p['p_value']:.3f}" for p in summary["p_values"]]
     paper = summary.get("paper_delta_bleu")
-    return [name, params, ", ".join(str(s) for s in summary["seeds"]) or DASH, updates, minutes,
+    return [name, params, seeds_cell(summary), updates, minutes,
             fmt(summary["test_bleu"]), fmt(summary["delta_bleu_to_standard"], sign=True),
             ", ".join(p_values) if any(p != DASH for p in p_values) else DASH,
             DASH if paper is None else f"{paper:+g}"]
+
+
+def seeds_cell(summary: dict[str, Any]) -> str:
+    """'1, 2, 3 (fp32)' when the seeds share a precision, '1 (fp32), 2 (bf16)' when they do not, '1, 2' when it
+    was not recorded."""
+    seeds, precisions = summary["seeds"], summary.get("precisions") or [None] * len(summary["seeds"])
+    if not seeds:
+        return DASH
+    if len(set(precisions)) == 1:
+        return ", ".join(map(str, seeds)) + (f" ({precisions[0]})" if precisions[0] else "")
+    return ", ".join(f"{seed} ({precision or '?'})" for seed, precision in zip(seeds, precisions, strict=True))
 
 
 def devices(files: list[ResultsFile]) -> str | None:
@@ -1092,12 +1105,54 @@ def plan_region() -> str:
                       + (f" (not estimated: {len(plan['not_estimated'])} runs)" if plan["not_estimated"] else "")
                       for p, plan in plans.items())
     if first["updates"] is None:
-        return "\n" + wrap(f"CPU recipe: its number of updates is not chosen yet (`bench/reproduce_curve.py`, the "
-                           f"standard model's validation curve); {len(first['runs'])} runs to train then.") + "\n\n"
-    text = (f"CPU recipe ({first['updates']:,} updates a run, seeds 1-3): {first['done']} of {len(first['runs'])} "
-            f"runs done, {first['left']} left; {hours}, two runs side by side. Done: "
-            + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")
-    return "\n" + wrap(text) + "\n\n"
+        text = (f"CPU recipe: its number of updates is not chosen yet (`bench/reproduce_curve.py`, the standard "
+                f"model's validation curve{curve_progress()}); {len(first['runs'])} runs to train then.")
+    else:
+        text = (f"CPU recipe ({first['updates']:,} updates a run, seeds 1-3): {first['done']} of "
+                f"{len(first['runs'])} runs done, {first['left']} left; {hours}, two runs side by side. Done: "
+                + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")
+    costs = cost_table()
+    return "\n" + wrap(text) + "\n" + (f"\n{costs}" if costs else "") + "\n"
+
+
+def curve_progress() -> str:
+    """', measured to update N so far' from bench/results/reproduce_cpu_curve.json, or ''."""
+    from bench.reproduce_systems import CURVE_FILE
+
+    try:
+        curve = json.loads(CURVE_FILE.read_text(encoding="utf-8")).get("curve") or []
+    except (OSError, ValueError):
+        return ""
+    return f", measured to update {curve[-1]['step']:,} so far (best validation BLEU {max(p['bleu'] for p in curve):.2f})" \
+        if curve else ""
+
+
+def cost_table() -> str:
+    """Minutes per 1,000 updates of each CPU-recipe system at one thread, per precision measured
+    (bench/results/reproduce_cpu_cost_<precision>.json), or '' when none was."""
+    from bench.reproduce_cost import cost_file
+
+    measured = {}
+    for precision in ("fp32", "bf16"):
+        if cost_file(precision).is_file():
+            data = json.loads(cost_file(precision).read_text(encoding="utf-8"))
+            measured[precision] = ({row["system"]: row for row in data["rows"]}, data["environment"])
+    if not measured:
+        return ""
+    systems = list(dict.fromkeys(s for rows, _ in measured.values() for s in rows))
+    lines = ["| system | parameters | " + " | ".join(f"min / 1,000 updates ({p})" for p in measured) + " |",
+             "|---|---|" + "---|" * len(measured)]
+    for system in systems:
+        row = next(rows[system] for rows, _ in measured.values() if system in rows)
+        cells = [f"{rows[system]['minutes_per_1000_updates']:.0f} ({rows[system]['relative_to_standard']:.2f}×)"
+                 if system in rows and rows[system].get("relative_to_standard") else DASH
+                 for rows, _ in measured.values()]
+        lines.append(f"| {system} | {row['parameters'] / 1e6:.2f}M | " + " | ".join(cells) + " |")
+    sources = "; ".join(f"{p}: {env['cpu']} ({', '.join(env['cpu_flags']) or 'no flags read'}), {env['date']}, "
+                        f"`{env['command']}`" for p, (_, env) in measured.items())
+    return ("What a run costs here: CPU minutes per 1,000 updates at one thread (in brackets: relative to the "
+            "standard model), validation and evaluation not included.\n\n" + "\n".join(lines) + "\n\n"
+            + wrap(f"Measured with `bench/reproduce_cost.py` ({sources}).") + "\n")
 
 
 if __name__ == "__main__":
