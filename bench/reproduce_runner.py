@@ -130,12 +130,27 @@ def stop(args: argparse.Namespace) -> int:
         print("no runner is going")
         return 0
     os.killpg(pid, signal.SIGTERM)  # the harness and its trainings: each training saves a checkpoint first
-    for _ in range(120):
-        if running_pid(args.work) is None:
-            break
+    deadline = time.monotonic() + args.wait
+    while group_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.5)
+    if group_alive(pid):  # a training that has not ended by now (a starved one, say) must not write on later
+        os.killpg(pid, signal.SIGKILL)
+        print(f"the runner's processes did not end within {args.wait:g} s of SIGTERM: killed")
     print(f"stopped the runner (pid {pid})")
     return 0
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live process of process group `pgid` (the runner's, which its trainings share) is still there
+    (/proc; an ended process its parent has not reaped yet does not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            return True
+    return False
 
 
 def progress(work: Path, system: str, seed: int) -> int | None:
@@ -207,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     go.add_argument("reproduce_args", nargs="*", help="after --: more bench/reproduce.py options")
     show = sub.add_parser("status", help="runs done, running and left")
     show.add_argument("--json", action="store_true")
-    sub.add_parser("stop", help="stop the runner")
+    halt = sub.add_parser("stop", help="stop the runner")
+    halt.add_argument("--wait", type=float, default=120.0, help="seconds its trainings get to save a checkpoint "
+                      "and end before they are killed (default: 120)")
     job = sub.add_parser("work", help="what the background job runs (in the foreground; `start` runs it)")
     job.add_argument("--jobs", type=int, default=2)
     job.add_argument("--until", type=float, default=None, help="the time (seconds since the epoch) to be done by")

@@ -132,7 +132,7 @@ def test_the_runner_runs_in_a_group_of_its_own_at_the_lowest_priority(tmp_path):
         assert os.getpriority(os.PRIO_PROCESS, pid) == 19
         assert Path("/proc/self/autogroup").read_text().split()[-1] != "19"  # the caller's group is untouched
         assert reproduce_runner.main(["--work", str(tmp_path), "stop"]) == 0
-        assert reproduce_runner.running_pid(tmp_path) is None
+        assert reproduce_runner.running_pid(tmp_path) is None and not reproduce_runner.group_alive(pid)
     finally:
         try:
             os.killpg(pid, 9)
