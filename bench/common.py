@@ -3,7 +3,7 @@ memory, checkpoint sizes, the results files' environment block.
 
 Benchmarks are not part of the test suite. They write JSON into bench/results/ and print a table; the
 numbers quoted in docs/benchmarks.md come from those files, with the command that made them. Every
-results file starts with `environment(amp=...)`: the commit and command, and the CPU model and the
+results file starts with `environment(amp=...)`: the date, commit and command, and the CPU model and the
 autocast setting the numbers were measured with.
 """
 
@@ -173,10 +173,12 @@ def preset_amp(preset: str, overrides: list[str] | None = None) -> str:
 
 
 def environment(*, amp: str | Mapping[str, str]) -> dict[str, Any]:
-    """The environment block of a results file: commit, torch, threads, the CPU's architecture and model
-    name, whether it computes bf16 natively, Python, the exact command, and the autocast setting of the
-    run(s): `amp` is one setting for all ("none", "bf16", ...; inference runs without autocast, so "none")
-    or one per system (`{"codegen-tiny": "auto: bf16", "tfidf-lr": "none"}`)."""
+    """The environment block of a results file: the date (docs/benchmarks.md prints it under the table), commit,
+    torch, threads, the CPU's architecture and model name, whether it computes bf16 natively, Python, the exact
+    command, and the autocast setting of the run(s): `amp` is one setting for all ("none", "bf16", ...;
+    inference runs without autocast, so "none") or one per system (`{"codegen-tiny": "auto: bf16", "tfidf-lr":
+    "none"}`)."""
+    import datetime
     import platform
 
     import torch
@@ -187,7 +189,8 @@ def environment(*, amp: str | Mapping[str, str]) -> dict[str, Any]:
     elif not amp or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in amp.items()):
         raise ValueError(f"amp: a setting, or a non-empty mapping system -> setting; got {amp!r}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    return {"commit": commit, "torch": str(torch.__version__), "threads": torch.get_num_threads(),
-            "cpu": platform.processor() or platform.machine(), "cpu_model": cpu_model(),
-            "cpu_native_bf16": cpu_native_bf16(), "amp": amp if isinstance(amp, str) else dict(amp),
-            "python": platform.python_version(), "command": " ".join([Path(sys.executable).name, *sys.argv])}
+    return {"date": datetime.date.today().isoformat(), "commit": commit, "torch": str(torch.__version__),
+            "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+            "cpu_model": cpu_model(), "cpu_native_bf16": cpu_native_bf16(),
+            "amp": amp if isinstance(amp, str) else dict(amp), "python": platform.python_version(),
+            "command": " ".join([Path(sys.executable).name, *sys.argv])}

@@ -5,7 +5,8 @@
     python bench/report.py --doc-table NAME     # one of them (names: --list)
     python bench/report.py --update-doc docs/benchmarks.md   # rewrite the doc's marked tables in place
 
-docs/benchmarks.md holds each doc table between `<!-- table: NAME -->` and `<!-- /table -->`;
+docs/benchmarks.md holds each doc table between `<!-- table: NAME -->` and `<!-- /table -->`, the table followed
+by its footnote: per results file the command that wrote it, the date it was recorded and the machine;
 tests/bench/test_benchmarks_doc.py fails when the text there differs from what `doc_table(NAME)` prints.
 """
 
@@ -254,13 +255,27 @@ def where(name: str) -> str:
     return ", ".join(parts)
 
 
-def sources(*names: str) -> list[str]:
-    """One line per results file: its path, the exact command that wrote it, its commit and machine."""
-    lines = []
+MACHINE_RUNS = re.compile(r"(?<![\w.$~-])/(?:[\w.+-]+/)*?(?=runs/)")  # /work/runs/x -> runs/x
+MACHINE_TEMP = re.compile(r"(?<![\w.$~-])/(?:var/)?tmp/")  # /tmp/x -> $TMPDIR/x
+
+
+def portable(command: str) -> str:
+    """A results file's command as one types it in a checkout: the absolute paths of the machine that ran it are
+    shown from their `runs/` folder on (`/work/runs/m30k/best.pt` -> `runs/m30k/best.pt`), and a temporary
+    directory as `$TMPDIR/...`."""
+    return MACHINE_TEMP.sub("$TMPDIR/", MACHINE_RUNS.sub("", command))
+
+
+def footnote(*names: str, merged: list[str] | None = None) -> list[str]:
+    """The generated footnote under a table: per results file its path, the exact command that wrote it, the date
+    it was recorded and the machine (GPU, CPU, torch, autocast); `merged`: the commands of rows merged into it."""
+    lines = ["", "Source" + ("s" if len(names) > 1 else "") + " (results file: command; date recorded, machine):", ""]
     for name in names:
         env = load(name)["environment"]
-        lines.append(f"- `bench/results/{name}.json`: `{env['command']}` (commit {env['commit']}; {where(name)})")
-    return lines + [""]
+        lines.append(f"- `bench/results/{name}.json`: `{portable(env['command'])}`; {env['date']}, {where(name)}")
+    if merged:
+        lines += ["", "Rows merged into it, each from its own command:", "", *(f"- `{portable(c)}`" for c in merged)]
+    return lines
 
 
 def table(columns: list[str], rows: list[list]) -> list[str]:
@@ -280,8 +295,8 @@ def doc_cpu_train() -> list[str]:
                          f"{row['tokens_per_s'] / hf['tokens_per_s']:.2f}x",
                          f"{row['peak_rss_mb'] / hf['peak_rss_mb']:.2f}x",
                          f"{row['ms_per_update'] / ours['ms_per_update']:.2f}x"])
-    return sources(*names) + table(["autocast", "system", "parameters", "target tokens/s (median round)", "ms/update",
-                                    "peak RSS MB", "tokens/s vs HF", "peak RSS vs HF", "step time vs multibranch"], rows)
+    return table(["autocast", "system", "parameters", "target tokens/s (median round)", "ms/update", "peak RSS MB",
+                  "tokens/s vs HF", "peak RSS vs HF", "step time vs multibranch"], rows) + footnote(*names)
 
 
 def doc_cpu_train_presets() -> list[str]:
@@ -295,9 +310,9 @@ def doc_cpu_train_presets() -> list[str]:
         rows.append([row["system"], f"{row['parameters'] / 1e6:.2f}M", f"{row['ms_per_update']:.0f}",
                      f"{row['tokens_per_s']:.0f}", f"{row['peak_rss_mb']:.0f}", f"{step:.2f}x",
                      f"{flops[row['system']]['gflops_per_update']:.1f}", f"{flop:.2f}x", f"{step / flop:.2f}"])
-    return sources("presets_speed_bf16", "presets_flops") + table(
-        ["preset", "parameters", "ms/update", "target tokens/s", "peak RSS MB", "step time vs transformer-tiny",
-         "GFLOP/update", "FLOPs vs transformer-tiny", "step-time ratio / FLOP ratio"], rows)
+    return table(["preset", "parameters", "ms/update", "target tokens/s", "peak RSS MB", "step time vs transformer-tiny",
+                  "GFLOP/update", "FLOPs vs transformer-tiny", "step-time ratio / FLOP ratio"], rows) + footnote(
+        "presets_speed_bf16", "presets_flops")
 
 
 def round_ratios(names: tuple[str, ...], ours: str, peer: str) -> list[float]:
@@ -315,24 +330,23 @@ def doc_cpu_decode_ct2() -> list[str]:
     rows = [[r["engine"], f"{r['sentences_per_s']:.1f}",
              f"{r['ratio_median']:.2f}x ({r['ratio_min']:.2f}–{r['ratio_max']:.2f})", f"{r['bleu']:.2f}",
              f"{r['bleu'] - first['rows'][0]['bleu']:+.2f}"] for r in first["rows"]]
-    lines = sources(*names) + table(
-        ["engine", "sentences/s (best round)", "vs multibranch-fp32 (median of rounds, min–max)", "BLEU",
-         "BLEU - multibranch-fp32"], rows) + [""]
+    lines = table(["engine", "sentences/s (best round)", "vs multibranch-fp32 (median of rounds, min–max)", "BLEU",
+                   "BLEU - multibranch-fp32"], rows) + [""]
     pooled = []
     for ours, peer in (("multibranch-fp32", "ct2-float32"), ("multibranch-int8", "ct2-int8")):
         ratios = round_ratios(names, ours, peer)
         pooled.append([ours, peer, len(ratios), f"{statistics.median(ratios):.2f}x",
                        f"{min(ratios):.2f}–{max(ratios):.2f}", sum(r >= 1 for r in ratios)])
     return lines + table(["ours", "peer", "rounds (both files)", "speed of ours / peer, median", "min–max",
-                          "rounds ≥ 1"], pooled)
+                          "rounds ≥ 1"], pooled) + footnote(*names)
 
 
 def doc_cpu_decode_hf() -> list[str]:
     result = load("decode_speed")
     rows = [[r["system"], f"{r['sentences_per_s']:.1f}", f"{r['words_per_s']:.0f}", f"{r['bleu']:.2f}",
              f"{r['sentences_per_s'] / result['rows'][-1]['sentences_per_s']:.2f}x"] for r in result["rows"]]
-    return sources("decode_speed") + table(["system", "sentences/s", "output words/s", "BLEU (300 valid sentences)",
-                                           "sentences/s vs hf-generate"], rows)
+    return table(["system", "sentences/s", "output words/s", "BLEU (300 valid sentences)",
+                  "sentences/s vs hf-generate"], rows) + footnote("decode_speed")
 
 
 def doc_cpu_decode_presets() -> list[str]:
@@ -347,9 +361,8 @@ def doc_cpu_decode_presets() -> list[str]:
         out.append([system, f"{row['parameters'] / 1e6:.2f}M", f"{row['sentences_per_s']:.1f}",
                     f"{row['sentences_per_s'] / base:.2f}x", f"{composed:.1f}",
                     f"{row['sentences_per_s'] / composed:.2f}x"])
-    return sources("decode_presets_fixed_kernels") + table(
-        ["preset", "parameters", "sentences/s (fp32)", "vs transformer-tiny", "sentences/s (fp32-composed)",
-         "fp32 / fp32-composed"], out)
+    return table(["preset", "parameters", "sentences/s (fp32)", "vs transformer-tiny", "sentences/s (fp32-composed)",
+                  "fp32 / fp32-composed"], out) + footnote("decode_presets_fixed_kernels")
 
 
 def doc_gpu_train() -> list[str]:
@@ -364,22 +377,21 @@ def doc_gpu_train() -> list[str]:
                      f"{100 * r['model_tflops_per_s'] / peak:.1f}%", f"{r['peak_gpu_memory_mb']:,.0f}",
                      f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer else "not measured"])
     m30k = load("gpu_train_m30k")
-    return sources("gpu_train_speed", "gpu_train_m30k") + table(
-        ["max tokens", "system", "CUDA graphs", "target tokens/s", "ms/update", "model TFLOP/s",
-         f"MFU (of {peak:.0f})", "peak GPU MB", "tokens/s vs hf-marian"], rows) + [
+    return table(["max tokens", "system", "CUDA graphs", "target tokens/s", "ms/update", "model TFLOP/s",
+                  f"MFU (of {peak:.0f})", "peak GPU MB", "tokens/s vs hf-marian"], rows) + [
         "", f"`gpu_train_m30k`: {m30k['updates']:,} updates in {m30k['train_minutes']:g} training minutes "
-        f"({m30k['updates_per_s']:.0f} updates/s), {m30k['shapes']}."]
+        f"({m30k['updates_per_s']:.0f} updates/s), {m30k['shapes']}."] + footnote("gpu_train_speed", "gpu_train_m30k")
 
 
 def doc_gpu_decode() -> list[str]:
     result = load("decode_gpu")
     rows = [[r["engine"], r["batch"], f"{r['sentences_per_s']:.1f}", f"{r['bleu']:.2f}"] for r in result["rows"]]
-    lines = sources("decode_gpu") + table(["engine", "batch", "sentences/s (best round)", "BLEU"], rows) + [""]
+    lines = table(["engine", "batch", "sentences/s (best round)", "BLEU"], rows) + [""]
     best = {(r["engine"], r["batch"]): r["sentences_per_s"] for r in result["rows"]}
     pairs = [[p["ours"], p["peer"], p["batch"], f"{best[(p['ours'], p['batch'])] / best[(p['peer'], p['batch'])]:.2f}x",
               f"{p['speed_median']:.2f}x ({p['speed_min']:.2f}–{p['speed_max']:.2f})"] for p in result["pairs"]]
     return lines + table(["ours", "peer", "batch", "speed of ours / peer, best rounds",
-                          "median of rounds (min–max)"], pairs)
+                          "median of rounds (min–max)"], pairs) + footnote("decode_gpu")
 
 
 def doc_quality() -> list[str]:
@@ -391,10 +403,9 @@ def doc_quality() -> list[str]:
                          f"{row['tokens_per_s']:.0f}", f"{row['best']['bleu']:.2f}",
                          "–" if avg is None else f"{avg:.2f}", f"{row['best']['chrf']:.2f}"])
     signatures = {row["best"]["signature"] for name in ("quality", "quality_presets") for row in load(name)["rows"]}
-    return sources("quality", "quality_presets") + table(
-        ["training minutes", "system", "parameters", "updates", "target tokens/s", "test BLEU (best by valid loss)",
-         "test BLEU (average of last 3)", "chrF (best)"], rows) + [
-        "", f"sacreBLEU signature: `{' / '.join(sorted(signatures))}`"]
+    return table(["training minutes", "system", "parameters", "updates", "target tokens/s",
+                  "test BLEU (best by valid loss)", "test BLEU (average of last 3)", "chrF (best)"], rows) + [
+        "", f"sacreBLEU signature: `{' / '.join(sorted(signatures))}`"] + footnote("quality", "quality_presets")
 
 
 
@@ -421,10 +432,8 @@ def doc_classify() -> list[str]:
                                                   "minilm" not in r["system"]))
     lines = [summary_row({"trec6": "TREC-6", "sst2": "SST-2"}[r["dataset"]], r["system"], r["runs"],
                          r.get("parameters")) for r in rows]
-    commands = dict.fromkeys((r.get("command", "(not recorded)"), r.get("commit", "?")) for r in result["rows"])
-    return sources("classify_quality") + [
-        "Rows merged into it, with their commands:", "",
-        *(f"- `{command}` (commit {commit})" for command, commit in commands), ""] + table(CLASSIFY_COLUMNS, lines)
+    commands = list(dict.fromkeys(r.get("command", "(not recorded)") for r in result["rows"]))
+    return table(CLASSIFY_COLUMNS, lines) + footnote("classify_quality", merged=commands)
 
 
 def doc_classify_pairs() -> list[str]:
@@ -442,7 +451,7 @@ def doc_classify_pairs() -> list[str]:
                 entry["runs"].setdefault(run["seed"], run)
     rows = [summary_row(dataset.upper(), system, list(entry["runs"].values()), entry["parameters"])
             for (dataset, system), entry in sorted(merged.items(), key=lambda kv: kv[0][0] != "rte")]
-    return sources(*names) + table(CLASSIFY_COLUMNS, rows)
+    return table(CLASSIFY_COLUMNS, rows) + footnote(*names)
 
 
 def doc_classify_speed() -> list[str]:
@@ -456,8 +465,8 @@ def doc_classify_speed() -> list[str]:
                          f"{row['sentences_per_s']:.0f}", f"{row['ms_per_update']:.0f}", f"{row['peak_rss_mb']:.0f}",
                          f"{row['sentences_per_s'] / hf['sentences_per_s']:.2f}x",
                          f"{row['peak_rss_mb'] / hf['peak_rss_mb']:.2f}x"])
-    return sources(*names) + table(["architecture", "autocast", "system", "parameters", "sentences/s (median round)",
-                                    "ms/update", "peak RSS MB", "sentences/s vs HF", "peak RSS vs HF"], rows)
+    return table(["architecture", "autocast", "system", "parameters", "sentences/s (median round)", "ms/update",
+                  "peak RSS MB", "sentences/s vs HF", "peak RSS vs HF"], rows) + footnote(*names)
 
 
 def doc_prepare_scale() -> list[str]:
@@ -468,13 +477,10 @@ def doc_prepare_scale() -> list[str]:
                      f"{size['prepare']['peak_rss_mb']:.0f}", f"{size['prepare']['worker_peak_rss_mb']:.0f}",
                      f"{size['prepare_reuse']['pairs_per_s']:,.0f}", f"{size['spm_encode']['pairs_per_s']:,.0f}",
                      f"{size['train']['seconds']:.1f}", f"{size['train_long']['peak_rss_mb']:.0f}"])
-    goals = [[goal, f"{value['value']:.2f}", value["goal"], "yes" if value["met"] else "no"]
-             for goal, value in result["goals"].items()]
-    return sources("prepare_scale_pread") + table(
-        ["pairs", "prepare s", "prepare pairs/s", "peak RSS MB", "worker peak RSS MB",
-         "pairs/s with the vocabulary reused", "SentencePiece's own encoder, pairs/s", "train start s",
-         f"train peak RSS MB ({result['settings']['train_updates']} updates)"], rows) + [""] + table(
-        ["goal", "measured", "goal", "met"], goals)
+    return table(["pairs", "prepare s", "prepare pairs/s", "peak RSS MB", "worker peak RSS MB",
+                  "pairs/s with the vocabulary reused", "SentencePiece's own encoder, pairs/s", "train start s",
+                  f"train peak RSS MB ({result['settings']['train_updates']} updates)"], rows) + footnote(
+        "prepare_scale_pread")
 
 
 def doc_serve_load() -> list[str]:
@@ -483,9 +489,10 @@ def doc_serve_load() -> list[str]:
              f"{phase['latency_p50_ms']:.0f}", f"{phase['latency_p99_ms']:.0f}", phase["5xx_other_than_503"],
              phase["accepted_unanswered"]]
             for label, phase in (("one at a time", result["sequential"]), ("concurrent", result["concurrent"]))]
-    return sources("serve_load") + table(["phase", "clients", "requests", "sentences/s", "p50 ms", "p99 ms",
-                                          "5xx other than 503", "accepted, unanswered"], rows) + [
-        "", f"Throughput of the concurrent phase over one-at-a-time requests: {result['speedup']:.1f}x."]
+    return table(["phase", "clients", "requests", "sentences/s", "p50 ms", "p99 ms", "5xx other than 503",
+                  "accepted, unanswered"], rows) + [
+        "", f"Throughput of the concurrent phase over one-at-a-time requests: {result['speedup']:.1f}x."] + footnote(
+        "serve_load")
 
 
 DOC_TABLES = {

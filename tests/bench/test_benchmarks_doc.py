@@ -1,6 +1,7 @@
 """docs/benchmarks.md holds every table between `<!-- table: NAME -->` and `<!-- /table -->`; each must be exactly
 what `python bench/report.py --doc-table NAME` prints from bench/results/*.json now, so a number on the page cannot
-drift from its results file (regenerate with `python bench/report.py --update-doc docs/benchmarks.md`)."""
+drift from its results file (regenerate with `python bench/report.py --update-doc docs/benchmarks.md`). Under each
+table a generated footnote names its results files with their command, date and machine."""
 
 from __future__ import annotations
 
@@ -51,3 +52,25 @@ def test_update_doc_rewrites_a_stale_table(tmp_path):
     text = doc.read_text()
     assert report.doc_markers(text) == {"serve-load": report.doc_table("serve-load")}
     assert text.startswith("before\n\n") and text.endswith("\n\nafter\n") and "stale" not in text
+
+
+@pytest.mark.parametrize("name", sorted(report.DOC_TABLES))
+def test_every_table_ends_with_a_footnote_of_dated_sources(name):
+    lines = report.doc_table(name).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Source"))
+    assert all(not line.startswith("|") for line in lines[start:]), "the footnote comes after the tables"
+    entries = [line for line in lines[start:] if line.startswith("- `bench/results/")]
+    assert entries
+    for entry in entries:
+        results = re.match(r"- `bench/results/([\w.-]+)\.json`: `[^`]+`; (\d{4}-\d{2}-\d{2}), ", entry)
+        assert results, entry
+        assert results[2] == report.load(results[1])["environment"]["date"]
+    assert "commit" not in "\n".join(lines[start:])
+
+
+def test_portable_shows_machine_paths_as_a_checkout_has_them():
+    assert report.portable("x.py --ckpt /work/runs/m30k/t/best.pt --src /home/u/runs/d/test.txt --threads 2") == (
+        "x.py --ckpt runs/m30k/t/best.pt --src runs/d/test.txt --threads 2")
+    assert report.portable("x.py --dir /tmp/pscale --out /var/tmp/o") == "x.py --dir $TMPDIR/pscale --out $TMPDIR/o"
+    unchanged = "x.py --ckpt runs/bench/a.pt --set train.x=1 --src .gpu/data/test.src.txt --url http://h/tmp/"
+    assert report.portable(unchanged) == unchanged

@@ -5,6 +5,7 @@ and the amp setting, and every bench script that writes a results file passes th
 from __future__ import annotations
 
 import ast
+import datetime
 import json
 import platform
 from pathlib import Path
@@ -72,6 +73,7 @@ def test_environment_records_this_cpus_model_name_and_the_amp_setting():
     assert isinstance(env["cpu_native_bf16"], bool)
     for key in ("commit", "torch", "threads", "python", "command"):
         assert key in env
+    assert env["date"] == datetime.date.today().isoformat()  # the footnote of docs/benchmarks.md prints it
     per_system = common.environment(amp={"codegen-tiny": "auto: bf16", "tfidf-lr": "none"})
     assert per_system["amp"] == {"codegen-tiny": "auto: bf16", "tfidf-lr": "none"}
 
