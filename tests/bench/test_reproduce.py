@@ -216,3 +216,39 @@ def test_tiny_all_systems_two_seeds(multi30k, tmp_path):
         for seed in (1, 2):
             log = (Path(runs[f"{system}-rho{chosen:g}/seed{seed}"]["dir"]) / "harness.log").read_text()
             assert f"convert proximal --ckpt {Path(runs[f'{source}/seed{seed}']['dir']) / 'train' / 'best.pt'}" in log
+
+
+@pytest.mark.slow
+def test_cpu_recipe_tiny_writes_one_file_per_finished_run_and_skips_it_later(multi30k, tmp_path):
+    """The CPU recipe end to end at the plumbing size: each finished run has its own results file, with the
+    precision it trained in and per-line BLEU statistics that give the report's paired bootstrap; a later call
+    trains nothing that has its file."""
+    from bench.reproduce_report import load_results, merge, summaries
+    from multibranch.evaluate.metrics import paired_bootstrap_statistics
+
+    out = tmp_path / "out"
+    common = ["--recipe", "cpu", "--tiny", "--work", str(tmp_path / "work"), "--out", str(out), "--multi30k",
+              str(multi30k), "--seeds", "1", "--device", "cpu", "--results-per-run", "--systems", "standard",
+              "drophead"]
+    first = reproduce(*common).stdout
+    files = sorted(p.name for p in out.glob("*.json"))
+    assert files == ["reproduce_cpu_tiny_drophead_seed1.json", "reproduce_cpu_tiny_standard_seed1.json"]
+    runs = {}
+    for name in files:
+        data = json.loads((out / name).read_text())
+        assert data["settings"]["recipe"] == "cpu" and data["environment"]["cpu_flags"] is not None
+        (record,) = data["runs"]
+        assert record["status"] == "done" and record["precision"] in ("fp32", "bf16")
+        assert len(record["test"]["avg"]["bleu_sentence_stats"]) == 40  # one row per test line
+        runs[record["system"]] = record
+    assert set(runs["standard"]["analyses"]) == {"pruning", "lengths"}
+    assert "dominant_heads" in runs["drophead"]["analyses"]["pruning"]  # the CPU recipe masks dominant heads too
+    merged = merge([load_results(out / name) for name in files])
+    (p,) = next(r for r in summaries(merged, None) if r["system"] == "drophead")["p_values"]
+    assert p["p_value"] == pytest.approx(runs["drophead"]["compare_to_standard"]["bleu"]["p_value"])
+    assert p["p_value"] == pytest.approx(paired_bootstrap_statistics(
+        runs["standard"]["test"]["avg"]["bleu_sentence_stats"],
+        runs["drophead"]["test"]["avg"]["bleu_sentence_stats"])["p_value"])
+    assert "done" in first
+    second = reproduce(*[a if a != str(tmp_path / "work") else str(tmp_path / "fresh") for a in common]).stdout
+    assert second.count("reported before") == 2 and "train from update" not in second
