@@ -89,6 +89,7 @@ FINISHED_REASONS = ("reached max_steps", "no improvement", "reached max_epochs")
 # the settings that decide how a run trains and is scored: a reported run counts for a call with the same ones
 RUN_SETTINGS = ("recipe", "tiny", "max_updates", "patience", "valid_every", "valid_sentences", "average_last",
                 "warmup", "lr", "overrides", "analyses")
+ENGINE_SETTINGS = ("train.graphs=", "decode.fixed_shapes=")  # how a run is computed, not what it trains
 
 _print_lock = threading.Lock()
 
@@ -313,18 +314,36 @@ class Harness:
         return f"{self.args.name}_{run.name}_seed{run.seed}"
 
     def reported(self, run: Run) -> bool:
-        """--results-per-run or --skip-reported: whether OUT or bench/results holds this run's own results file,
-        finished, to the same settings (a run that an earlier call reported, whose work folder has gone with its
-        machine, is not trained again)."""
+        """--results-per-run or --skip-reported: whether a results file in OUT or bench/results holds this run
+        finished, trained to the same settings (a run that an earlier call reported, on this machine or another,
+        whose work folder has gone with its machine, is not trained again)."""
         if not (self.args.results_per_run or self.args.skip_reported):
             return False
-        mine = self.settings()
+        if self._reported is None:
+            self._reported = self.reported_runs()
+        return run.key in self._reported
+
+    _reported: set[str] | None = None
+
+    def reported_runs(self) -> set[str]:
+        """The keys (RUN/seedK) of the finished runs in OUT's and bench/results' results files of this recipe and
+        settings (the engine choices train.graphs and decode.fixed_shapes aside: they train the same model)."""
+        def training(settings: dict[str, Any]) -> dict[str, Any]:
+            sets = [o for o in settings.get("overrides") or [] if not o.startswith(ENGINE_SETTINGS)]
+            return {**{key: settings.get(key) for key in RUN_SETTINGS}, "overrides": sets}
+
+        mine = training(self.settings())
+        found: set[str] = set()
         for folder in dict.fromkeys([self.args.out, RESULTS]):
-            old = read_json(folder / f"{self.run_results_name(run)}.json")
-            if isinstance(old, dict) and all(old.get("settings", {}).get(key) == mine[key] for key in RUN_SETTINGS) \
-                    and any(r.get("status") == "done" and r.get("seed") == run.seed for r in old.get("runs", [])):
-                return True
-        return False
+            for path in sorted(folder.glob("reproduce*.json")):
+                data = read_json(path) if not path.name.endswith("_hyps.json") else None
+                if not isinstance(data, dict) or not isinstance(data.get("settings"), dict):
+                    continue  # curve and cost files, translations
+                if training(data["settings"]) != mine:
+                    continue
+                found.update(f"{Path(r['dir']).parent.name}/seed{r['seed']}" for r in data.get("runs") or []
+                             if r.get("status") == "done" and r.get("dir") and r.get("seed") is not None)
+        return found
 
     def report_run(self, run: Run) -> None:
         """--results-per-run: write OUT/NAME_RUN_seedK.json (and its _hyps.json) for a finished run."""
@@ -824,11 +843,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples (default: 1000)")
     p.add_argument("--results-per-run", action="store_true", help="write one results file per finished run, "
                    "OUT/NAME_RUN_seedK.json, instead of OUT/NAME.json (its per-line BLEU statistics give the "
-                   "paired bootstrap; no translations are kept); a run whose file is already in OUT or "
-                   "bench/results, finished to the same settings, is not trained again")
-    p.add_argument("--skip-reported", action="store_true", help="do not train a run whose own results file "
-                   "(OUT or bench/results/NAME_RUN_seedK.json, as --results-per-run writes them) is finished to the "
-                   "same settings, while writing one OUT/NAME.json")
+                   "paired bootstrap; no translations are kept); a run that a results file in OUT or "
+                   "bench/results holds finished, trained to the same settings, is not trained again")
+    p.add_argument("--skip-reported", action="store_true", help="do not train a run that a results file in OUT "
+                   "or bench/results holds finished, trained to the same settings (as --results-per-run does), "
+                   "while writing one OUT/NAME.json")
     p.add_argument("--save-hyps", action="store_true", help="also write OUT/NAME_hyps.json: every finished run's "
                    "test translations (averaged and best checkpoint)")
     p.add_argument("--no-analyses", dest="analyses", action="store_false", help="skip the papers' analyses of "

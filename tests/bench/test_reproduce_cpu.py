@@ -66,18 +66,30 @@ def test_the_plan_goes_seed_by_seed_and_refuses_other_recipes_systems(tmp_path, 
 def test_a_run_reported_to_the_same_settings_is_not_trained_again(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    harness = reproduce.Harness(reproduce.parse_args(
-        ["--recipe", "cpu", "--max-updates", "3000", "--results-per-run", "--out", str(out), "--work",
-         str(tmp_path / "w")]))
+
+    def harness(*more: str) -> reproduce.Harness:
+        return reproduce.Harness(reproduce.parse_args(
+            ["--recipe", "cpu", "--max-updates", "3000", "--results-per-run", "--out", str(out), "--work",
+             str(tmp_path / "w"), *more]))
+
     standard = reproduce.Run("standard", 1)
-    assert not harness.reported(standard)
-    record = {"settings": harness.settings(), "runs": [{"system": "standard", "seed": 1, "status": "done"}]}
+    assert not harness().reported(standard)
+    done = {"system": "standard", "seed": 1, "status": "done", "dir": "/elsewhere/runs/standard/seed1"}
+    record = {"settings": harness().settings(), "runs": [done]}
     write(out / "reproduce_cpu_standard_seed1.json", record)
-    assert harness.reported(standard) and not harness.reported(reproduce.Run("standard", 2))
-    assert harness.execute(standard) == "reported before"
-    record["settings"] = {**record["settings"], "max_updates": 999}  # another recipe length: not the same run
-    write(out / "reproduce_cpu_standard_seed1.json", record)
-    assert not harness.reported(standard)
+    assert harness().reported(standard) and not harness().reported(reproduce.Run("standard", 2))
+    assert harness().execute(standard) == "reported before"
+    # a GPU call's one file for all its runs counts too, its engine settings aside
+    (out / "reproduce_cpu_standard_seed1.json").unlink()
+    gpu = {"settings": {**harness().settings(), "overrides": ["train.graphs=auto", "decode.fixed_shapes=auto"]},
+           "runs": [done, {**done, "seed": 2, "status": "unfinished", "dir": "/g/runs/standard/seed2"}]}
+    write(out / "reproduce_cpu_h200.json", gpu)
+    assert harness().reported(standard) and not harness().reported(reproduce.Run("standard", 2))
+    # trained to another length, or with a setting that changes the training: not the same run
+    write(out / "reproduce_cpu_h200.json", {**gpu, "settings": {**gpu["settings"], "max_updates": 999}})
+    assert not harness().reported(standard)
+    write(out / "reproduce_cpu_h200.json", {**gpu, "settings": {**gpu["settings"], "overrides": ["train.lr.lr=1"]}})
+    assert not harness().reported(standard)
 
 
 def cost_files(folder: Path) -> None:
