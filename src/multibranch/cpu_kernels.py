@@ -51,7 +51,7 @@ from torch import Tensor
 SOURCES = [Path(__file__).with_name("csrc") / name
            for name in ("bindings.cpp", "decoder_attention.cpp", "beam_step.cpp", "layer_norm.cpp")]
 # -ffast-math: vectorised expf (glibc's libmvec); compile flags only, so the library does not set
-# flush-to-zero for the whole process (tests/test_cpu_kernels.py checks)
+# flush-to-zero for the whole process (tests/core/test_cpu_kernels.py checks)
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
 
 

@@ -1,4 +1,4 @@
-"""MUTE unit diversity (eq. 21, SEEDS-SPEC §3.7) against an independent computation.
+"""MUTE unit diversity (eq. 21, docs/papers.md#mute-diversity) against an independent computation.
 
 The reference below recomputes every MUTE encoder layer by hand in float64 numpy from the layer's
 input (captured during a plain `model.encoder(src)` forward) and its own parameters: LN_a, each

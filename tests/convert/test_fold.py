@@ -1,4 +1,5 @@
-"""MAT folding (SEEDS-SPEC §1.6): N_a branches of M heads == one attention of N_a*M heads in eval."""
+"""MAT folding (docs/papers.md#mat-folding): N_a branches of M heads == one attention of N_a*M heads in
+eval."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Proximal initialisation (SEEDS-SPEC §1.5): a MAT built from a standard model reproduces it."""
+"""Proximal initialisation (docs/papers.md#mat-proximal-initialisation): a MAT built from a standard model
+reproduces it."""
 
 from __future__ import annotations
 

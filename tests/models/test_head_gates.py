@@ -1,5 +1,5 @@
-"""Head gates on every attention of every layer kind (SEEDS-SPEC §5.5): a gate of ones changes
-nothing, masking equals removing the head's contribution computed independently."""
+"""Head gates on every attention of every layer kind (docs/papers.md#drophead-head-gates): a gate of ones
+changes nothing, masking equals removing the head's contribution computed independently."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model-level invariants of the standard Transformer and MAT (SEEDS-SPEC §1, §8)."""
+"""Model-level invariants of the standard Transformer and MAT (docs/papers.md#mat)."""
 
 from __future__ import annotations
 

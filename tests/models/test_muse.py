@@ -1,4 +1,4 @@
-"""MUSE / MUSE-simple layers and models (SEEDS-SPEC §4, §8): beam scores == rescoring, MUSE-simple
+"""MUSE / MUSE-simple layers and models (docs/papers.md#muse): beam scores == rescoring, MUSE-simple
 == MUSE without its conv, one parallel block per layer, DropHead on the MUSE attention, padding,
 init, trainer hooks, presets and parameter counts against the reference run log. (Incremental
 decoding, state reordering, eval determinism and save/load: tests/models/test_layer_contract.py.)"""

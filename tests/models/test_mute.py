@@ -1,4 +1,4 @@
-"""MUTE encoder layer and models (SEEDS-SPEC §3, §8): equivalences computed at test time."""
+"""MUTE encoder layer and models (docs/papers.md#mute): equivalences computed at test time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Weighted Transformer layer kind (SEEDS-SPEC §2, invariants §8): batched branches, MHA recovery,
+"""Weighted Transformer layer kind (docs/papers.md#weighted-transformer): batched branches, MHA recovery,
 parameter counts, beam search, DropHead, kappa/alpha through the real trainer (incremental decoding,
 eval determinism and save/load: tests/models/test_layer_contract.py)."""
 

@@ -157,8 +157,8 @@ def test_sdpa_reference_for_need_weights_path():
 
 
 def _hand_head_drop_attention(att: ParallelAttention, x: torch.Tensor, head_scale: torch.Tensor) -> torch.Tensor:
-    """MAT head-drop (SEEDS-SPEC §1.3) written out head by head: every head output times its own scale
-    before W_O^i, the branch biases untouched: c * sum_i (sum_j s_ij head_ij W_O^ij + b_O^i).
+    """MAT head-drop (docs/papers.md#mat-head-drop-variant) written out head by head: every head output times
+    its own scale before W_O^i, the branch biases untouched: c * sum_i (sum_j s_ij head_ij W_O^ij + b_O^i).
     head_scale [B, N_a*M] (branch-major heads)."""
     dk, inner, d = att.head_dim, att.inner_dim, att.d_model
     w, b = att.in_proj.weight, att.in_proj.bias

@@ -1,4 +1,5 @@
-"""AutoShuffle (SEEDS-SPEC §3.5, §8): normalisation, penalty, sequential fusion, hooks, load, rounding."""
+"""AutoShuffle (docs/papers.md#mute-autoshuffle-normalisation): normalisation, penalty, sequential fusion,
+hooks, load, rounding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""MUTE bias modules (SEEDS-SPEC §3.3, §8): noise only among real tokens, right rates, torch RNG only."""
+"""MUTE bias modules (docs/papers.md#mute-swap-and-disorder): noise only among real tokens, right rates,
+torch RNG only."""
 
 from __future__ import annotations
 

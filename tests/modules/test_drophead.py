@@ -1,4 +1,5 @@
-"""Scheduled DropHead (SEEDS-SPEC §5): per-sample masks, >= 1 head kept, rescale H/#kept, eval identity."""
+"""Scheduled DropHead (docs/papers.md#scheduled-drophead-equations): per-sample masks, >= 1 head kept,
+rescale H/#kept, eval identity."""
 
 from __future__ import annotations
 

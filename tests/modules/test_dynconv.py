@@ -1,5 +1,5 @@
-"""Dynamic depthwise convolution (SEEDS-SPEC §4.3, §8 MUSE): the three contraction paths agree, an
-explicit-loop reference agrees, causality, padding masking, kernel normalisation, the gate."""
+"""Dynamic depthwise convolution (docs/papers.md#muse-kernel-prediction): the three contraction paths agree,
+an explicit-loop reference agrees, causality, padding masking, kernel normalisation, the gate."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""MAT multi-branch FFN with drop-branch (SEEDS-SPEC §1.2, §1.4) against a per-branch hand computation."""
+"""MAT multi-branch FFN with drop-branch (docs/papers.md#mat-ffn-drop-branch) against a per-branch hand
+computation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Simplex projection and the kappa/alpha weight module (SEEDS-SPEC §2.2-2.3, §8 Weighted)."""
+"""Simplex projection and the kappa/alpha weight module
+(docs/papers.md#weighted-kappa-and-alpha-on-the-simplex)."""
 
 from __future__ import annotations
 
