@@ -11,9 +11,10 @@ kernels do a step's small parts in one call each, fp32 on the CPU:
 - `csrc/bindings.cpp`: the Python module.
 
 The extension is built (a C++ compiler and ninja; the `ninja` package is a dependency) into PyTorch's
-extension cache (`TORCH_EXTENSIONS_DIR`) the first time it is needed (about a minute, once per machine and
-source version; a one-line note says so on stderr). Where it cannot be built, `kernels()` returns None after one
-warning and decoding composes PyTorch operations as before; `MULTIBRANCH_CPU_KERNELS=0` turns the kernels off.
+extension cache (`TORCH_EXTENSIONS_DIR`) the first time it is needed, once per machine and source version
+(`BUILD_TIME`; a note on stderr says so while it runs, and how long it took). Where it cannot be built,
+`kernels()` returns None after one warning and decoding composes PyTorch operations as before;
+`MULTIBRANCH_CPU_KERNELS=0` turns the kernels off.
 
 The build's directory is named by a hash of what the library depends on: the sources' contents, the flags, this
 CPU's instruction sets, the PyTorch version and the Python ABI, and nothing else. So every environment that agrees
@@ -21,6 +22,12 @@ on these (two virtualenvs, one reached through a symlink) loads the same build: 
 complete and then imported directly, without asking PyTorch (whose build line holds the sources' and PyTorch's
 install paths, and so rebuilds for another environment). The sources are compiled from a copy in the build
 directory, so the build line does not hold this package's path.
+
+The build runs in a child process started in a process group of its own (`start_new_session`), which ninja
+joins; ninja puts each compiler in a group of its own. When the command stops (Ctrl-C, SIGTERM, an error) it
+ends the build's group with SIGTERM, on which ninja ends each compiler's group before exiting (a SIGKILL, which
+`subprocess.run` sends, would orphan them); when the command is killed outright (SIGKILL), the child sees its
+parent gone and does the same (`WATCH_PARENT`). The compiler's output goes to `BUILD_LOG` in the build directory.
 
 A build holds an OS file lock (`fcntl.flock`, released by the kernel when its process ends, however it ends), so a
 build killed midway never leaves a lock behind: the next process takes the lock, clears PyTorch's own `lock` file
@@ -34,9 +41,12 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import sysconfig
 import time
@@ -67,6 +77,32 @@ DEFAULT_WAIT_S = 900.0
 LOCK_FILE = "multibranch.lock"  # the build lock (flock); holds its owner's "pid@host" for the waiting message
 COMPLETE_FILE = "multibranch.complete"  # written once the library is built: later processes import it directly
 SOURCE_COPY = "src"  # the sources, copied into the build directory (the build line then holds no install path)
+BUILD_LOG = "multibranch.build.log"  # the build child's output (the compiler's messages when it fails)
+FAILED_MARK = "multibranch: the build failed:"  # in BUILD_LOG, the line before the build's error message
+# measured on 2-core AMD EPYC machines: 80-110 s idle, about 4.5 minutes busy with other work, 10.5 at a load of 12;
+# ninja compiles the four sources side by side, so more cores take about as long as the slowest source
+BUILD_TIME = "1.5-5 minutes, longer on a busy machine"
+STOP_GRACE_S = 10.0  # after SIGTERM, how long the build's group has to end before SIGKILL
+
+# The build child's first lines: when the command that started it is gone (killed outright, with no chance to end
+# the build itself), end the build's process group; ninja passes the SIGTERM on to each compiler's group.
+WATCH_PARENT = r'''
+import json, os, signal, sys, threading, time
+spec = json.loads(sys.argv[1])
+def _watch_parent():
+    while os.getppid() == spec["parent"]:
+        time.sleep(0.2)
+    os.killpg(os.getpgrp(), signal.SIGTERM)
+threading.Thread(target=_watch_parent, daemon=True).start()
+'''
+BUILD_SCRIPT = WATCH_PARENT + r'''
+from torch.utils import cpp_extension
+try:
+    cpp_extension.load(name=spec["name"], sources=spec["sources"], extra_cflags=spec["cflags"],
+                       extra_ldflags=spec["ldflags"], build_directory=spec["directory"], verbose=False)
+except Exception as error:
+    sys.exit("\n" + FAILED_MARK + "\n" + str(error))
+'''.replace("FAILED_MARK", repr(FAILED_MARK))
 
 
 def _build_name() -> str:
@@ -101,13 +137,15 @@ def _wait_limit() -> float:
 
 
 @contextlib.contextmanager
-def _build_lock(directory: Path) -> Iterator[None]:
-    """The build directory's lock, waited for at most `_wait_limit()` seconds (TimeoutError after). An flock is
-    released by the kernel when its holder exits, even by SIGKILL: a lock held is always a build under way."""
+def _build_lock(directory: Path) -> Iterator[int | None]:
+    """The build directory's lock, waited for at most `_wait_limit()` seconds (TimeoutError after); yields its
+    file descriptor (None where there is no flock), which a build child inherits so that the lock outlives a killed
+    command until its build has stopped too. An flock is released by the kernel when the last process holding
+    it exits, even by SIGKILL: a lock held is always a build under way."""
     try:
         import fcntl
     except ImportError:  # no flock on this platform: build unguarded, as PyTorch alone would
-        yield
+        yield None
         return
     path = directory / LOCK_FILE
     with open(path, "a+") as handle:
@@ -134,7 +172,7 @@ def _build_lock(directory: Path) -> Iterator[None]:
             handle.truncate()
             handle.write(f"pid {os.getpid()}@{socket.gethostname()}")
             handle.flush()
-            yield
+            yield handle.fileno()
         finally:
             handle.seek(0)
             handle.truncate()
@@ -165,22 +203,65 @@ def _import_built(name: str, directory: Path) -> ModuleType:
     return module
 
 
-def _build(name: str, directory: Path) -> ModuleType:
-    """Compile the library into `directory` (the caller holds the build lock) and mark it complete."""
-    import torch.utils.cpp_extension as cpp_extension
+def _build_command(spec: dict[str, object]) -> list[str]:
+    """The build child's command line: `BUILD_SCRIPT` (PyTorch's `cpp_extension.load`) on `spec`."""
+    return [sys.executable, "-c", BUILD_SCRIPT, json.dumps(spec)]
 
+
+def _stop_group(child: subprocess.Popen) -> None:
+    """End the build child's process group: SIGTERM (ninja ends its compilers), SIGKILL after `STOP_GRACE_S`."""
+    if not hasattr(os, "killpg"):  # no process groups: the child alone
+        child.terminate()
+        child.wait()
+        return
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signum)
+        try:
+            child.wait(STOP_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _run_build(spec: dict[str, object], directory: Path, lock: int | None) -> None:
+    """Run the build child in a process group of its own and wait for it; whatever stops the wait (Ctrl-C, SIGTERM as
+    the CLI's Terminated, any error) ends the build's process group first. RuntimeError (the child's message) when
+    the build fails."""
+    log = directory / BUILD_LOG
+    with open(log, "wb") as output:
+        child = subprocess.Popen(_build_command(spec), stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                                 start_new_session=True, pass_fds=() if lock is None else (lock,))
+        try:
+            status = child.wait()
+        except BaseException:
+            _stop_group(child)
+            raise
+    if status != 0:
+        output = log.read_text(errors="replace")
+        message = output.rpartition(FAILED_MARK)[2].strip() or f"the build exited with status {status}"
+        first, _, rest = message.partition("\n")
+        raise RuntimeError(f"{first} (the build's output: {log})\n{rest}")
+
+
+def _build(name: str, directory: Path, lock: int | None = None) -> ModuleType:
+    """Compile the library into `directory` (the caller holds the build lock, `lock` its descriptor), mark it
+    complete and import it."""
     # PyTorch's own lock file, without an owner: under our lock, one found here was left by a killed build and
     # would make PyTorch wait for ever
     with contextlib.suppress(FileNotFoundError):
         (directory / "lock").unlink()
-    print(f"building multibranch's CPU kernels in {directory} (once per machine, about a minute)",
-          file=sys.stderr, flush=True)
-    module = cpp_extension.load(name=name, sources=_copy_sources(directory), extra_cflags=CFLAGS + _capability_flags(),
-                                extra_ldflags=["-lm"], build_directory=str(directory), verbose=False)
+    print(f"building multibranch's CPU kernels in {directory}: a one-time build for this machine and source "
+          f"version, {BUILD_TIME}; later runs load it at once", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    spec = {"name": name, "sources": _copy_sources(directory), "cflags": CFLAGS + _capability_flags(),
+            "ldflags": ["-lm"], "directory": str(directory), "parent": os.getpid()}
+    _run_build(spec, directory, lock)
+    print(f"built multibranch's CPU kernels in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
     marker = directory / f".{COMPLETE_FILE}.{os.getpid()}"
     marker.write_text(f"{name}.so\n")
     os.replace(marker, directory / COMPLETE_FILE)
-    return module
+    return _import_built(name, directory)
 
 
 @functools.cache
@@ -196,10 +277,10 @@ def kernels() -> ModuleType | None:
         directory = Path(_get_build_directory(name, verbose=False))
         if (directory / COMPLETE_FILE).is_file():
             return _import_built(name, directory)
-        with _build_lock(directory):
+        with _build_lock(directory) as lock:
             if (directory / COMPLETE_FILE).is_file():  # built by the process this one waited for
                 return _import_built(name, directory)
-            return _build(name, directory)
+            return _build(name, directory, lock)
     except Exception as error:  # noqa: BLE001 - any build failure means "decode without the kernels"
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         warnings.warn(f"multibranch's CPU kernels could not be built ({first_line}); decoding composes PyTorch "

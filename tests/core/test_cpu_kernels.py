@@ -19,19 +19,31 @@ def test_loading_the_kernels_leaves_denormals_alone():
     assert (torch.tensor([1e-40]) * 1.0).item() != 0.0
 
 
-def test_a_failed_build_warns_once_and_leaves_the_kernels_off(monkeypatch):
-    import torch.utils.cpp_extension as cpp_extension
+BROKEN_COMPILER = """#!/bin/sh
+case " $* " in *" -dumpfullversion "*) echo 13.3.0; exit 0 ;; esac
+echo "fake-g++: fatal error: no compiler here" >&2
+exit 1
+"""
 
-    def broken(**_):
-        raise RuntimeError("Ninja is required to load C++ extensions\nmore detail")
 
+def test_a_failed_build_warns_once_and_leaves_the_kernels_off(monkeypatch, tmp_path):
+    """The real build (its child, PyTorch's cpp_extension and ninja) with a compiler that fails: one warning
+    naming the failure and the build's log, which holds the compiler's message; no second attempt."""
+    compiler = tmp_path / "fake-g++"
+    compiler.write_text(BROKEN_COMPILER)
+    compiler.chmod(0o755)
     monkeypatch.delenv(cpu_kernels.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(cpp_extension, "load", broken)
+    monkeypatch.setenv("CXX", str(compiler))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     monkeypatch.setattr(cpu_kernels, "_build_name", lambda: "multibranch_cpu_kernels_never_built")
     cpu_kernels.kernels.cache_clear()
     try:
-        with pytest.warns(UserWarning, match=r"could not be built \(Ninja is required to load C\+\+ extensions\)"):
+        with pytest.warns(UserWarning, match=r"could not be built \(Error building extension "
+                                             r"'multibranch_cpu_kernels_never_built'") as caught:
             assert cpu_kernels.kernels() is None
+        log = tmp_path / "extensions" / "multibranch_cpu_kernels_never_built" / cpu_kernels.BUILD_LOG
+        assert len(caught) == 1 and str(log) in str(caught[0].message)
+        assert "no compiler here" in log.read_text()
         assert cpu_kernels.kernels() is None  # cached: no second attempt, no second warning
         assert not cpu_kernels.usable(torch.zeros(1))
     finally:

@@ -1,9 +1,11 @@
-"""The CPU kernels' build cache (cpu_kernels.py) across processes: a build killed midway leaves nothing that
-blocks the next one, a process that finds another one building waits a bounded time and then decodes without the
-kernels, and environments that differ only in their install paths share one build.
+"""The CPU kernels' build (cpu_kernels.py) across processes: a build killed midway leaves nothing that blocks the
+next one, a process that finds another one building waits a bounded time and then decodes without the kernels,
+environments that differ only in their install paths share one build, and a command stopped during its build
+(SIGTERM, SIGKILL) leaves no compiler running.
 
-The fast tests never compile: PyTorch's compile step is replaced, in the child process, by a copy of the library
-this test session built (the `cpu_kernels_built` fixture); the `slow` ones compile for real (about a minute each)."""
+The fast tests never compile. The lock tests replace the build child's command, in the child process, by one that
+copies the library this test session built (the `cpu_kernels_built` fixture); the stop tests run the real build
+(PyTorch's `cpp_extension` and ninja) with a fake compiler that sleeps. The `slow` one compiles for real."""
 
 from __future__ import annotations
 
@@ -23,31 +25,33 @@ from multibranch import cpu_kernels
 SRC = Path(cpu_kernels.__file__).resolve().parents[1]
 CHILD_TIMEOUT_S = 180  # generous for a loaded machine; a hang is what these tests catch
 
-# A child process: PyTorch's compile step replaced by a copy of the built library (argv[1], a directory; empty:
-# the real compile) that first sleeps argv[2] seconds; prints what kernels() gave and how many compiles ran.
+# A child process: the build child's command replaced by one that sleeps argv[2] seconds and copies the built
+# library (argv[1], a directory; empty: the real build), behind the real build child's watch of its parent; prints
+# what kernels() gave and how many builds it started.
 CHILD = r"""
-import json, shutil, sys, time, warnings
-from pathlib import Path
-
-import torch.utils.cpp_extension as cpp_extension
-
-built, sleep_s = sys.argv[1], float(sys.argv[2])
-compiles = []
-if built:
-    def compile_by_copy(name, build_directory, **_):
-        compiles.append(name)
-        print("compiling", file=sys.stderr, flush=True)
-        time.sleep(sleep_s)
-        shutil.copyfile(Path(built) / f"{name}.so", Path(build_directory) / f"{name}.so")
-    cpp_extension._write_ninja_file_and_build_library = compile_by_copy
-else:
-    real = cpp_extension._write_ninja_file_and_build_library
-    def counted(**kwargs):
-        compiles.append(kwargs["name"])
-        return real(**kwargs)
-    cpp_extension._write_ninja_file_and_build_library = counted
+import json, sys, warnings
 
 from multibranch import cpu_kernels
+
+built, sleep_s = sys.argv[1], float(sys.argv[2])
+COPY = cpu_kernels.WATCH_PARENT + '''
+import shutil
+time.sleep(spec["sleep"])
+shutil.copyfile(f"{spec['built']}/{spec['name']}.so", f"{spec['directory']}/{spec['name']}.so")
+'''
+real_command = cpu_kernels._build_command
+compiles = []
+
+
+def command(spec):
+    compiles.append(spec["name"])
+    print("compiling", file=sys.stderr, flush=True)
+    if not built:
+        return real_command(spec)
+    return [sys.executable, "-c", COPY, json.dumps({**spec, "built": built, "sleep": sleep_s})]
+
+
+cpu_kernels._build_command = command
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -205,9 +209,74 @@ def test_environments_at_other_paths_share_one_build(built, extensions, tmp_path
         assert "building" not in err
 
 
+# ---- a command stopped during its build -----------------------------------------------------------------------
+
+# A compiler that answers PyTorch's version check, then records its pid and sleeps: a compile that never ends
+FAKE_COMPILER = """#!/bin/sh
+case " $* " in *" -dumpfullversion "*) echo 13.3.0; exit 0 ;; esac
+echo $$ > "$FAKE_COMPILER_PIDS/$$"
+exec sleep 300
+"""
+# A command as the CLI runs one: SIGTERM raises Terminated, which ends it with status 143
+COMMAND = r"""
+import sys
+from multibranch import cpu_kernels
+from multibranch.interrupts import Terminated, sigterm_as_interrupt
+try:
+    with sigterm_as_interrupt():
+        cpu_kernels.kernels()
+except Terminated:
+    sys.exit(143)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.is_file() or stat.read_text().rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_command_stopped_during_its_build_leaves_no_compiler_running(extensions, tmp_path, stop):
+    """SIGTERM: the command ends the build's process group and exits 143; SIGKILL, which it cannot handle: the
+    build child sees it gone and ends the group itself. Either way ninja ends every compiler it started."""
+    compiler, pids = tmp_path / "bin" / "fake-g++", tmp_path / "compilers"
+    compiler.parent.mkdir()
+    pids.mkdir()
+    compiler.write_text(FAKE_COMPILER)
+    compiler.chmod(0o755)
+    sources = len(cpu_kernels.SOURCES)
+    env = _env(extensions, CXX=str(compiler), FAKE_COMPILER_PIDS=str(pids), MAX_JOBS=str(sources))
+    command = subprocess.Popen([sys.executable, "-c", COMMAND], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    compilers: list[int] = []
+    try:
+        _wait_for_line(command, "a one-time build")
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        while len(compilers) < sources and time.monotonic() < deadline:  # every source compiling at once
+            time.sleep(0.1)
+            compilers = [int(p.read_text()) for p in pids.iterdir() if p.read_text().strip()]
+        assert len(compilers) == sources and all(map(_running, compilers)), (compilers, command.poll())
+        command.send_signal(stop)
+        assert command.wait(30) == (143 if stop == signal.SIGTERM else -signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(map(_running, compilers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_running, compilers)), [p for p in compilers if _running(p)]
+    finally:
+        _end(command)
+        for pid in filter(_running, compilers):  # a failure leaves nothing behind
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_a_real_build_killed_by_sigterm_then_rebuilt_and_shared(extensions, tmp_path):
-    """For real (a full compile, about a minute): a build killed by SIGTERM, a build that completes, and the
+    """For real (a full compile, minutes): a build killed by SIGTERM, a build that completes, and the
     build loaded without compiling from another environment."""
     env = _env(extensions)
     killed = _start(env, None, group=True)
