@@ -5,9 +5,10 @@ decoder step (attention Q/K/V and output projections, the FFN, the output layer)
 (`modules/packed_linear.py`):
 
 - fp32: the weights reordered for oneDNN: fp32 arithmetic, as trained, up to summation order;
-- int8: int8 weights with a scale per output row, inputs quantized per call, fbgemm kernels. Inputs are
-  quantized over a whole call's tensor (PyTorch's dynamic quantization), so in int8 a sentence's
-  translation may depend on the sentences batched with it;
+- int8: int8 weights with a scale per output row, inputs quantized per call, fbgemm's kernels and oneDNN's for
+  the output layer; inputs take 7 bits, or 8 in oneDNN's where the CPU sums int8 products in 32 bits
+  (`device.native_cpu_int8`). Inputs are quantized over a whole call's tensor (PyTorch's dynamic
+  quantization), so in int8 a sentence's translation may depend on the sentences batched with it;
 - bf16: bf16 weights and inputs with fp32 sums and outputs, only where the CPU runs bf16 natively
   (AVX512-BF16/AMX; elsewhere oneDNN emulates bf16, slower than fp32).
 
