@@ -14,7 +14,7 @@ SRC = TESTS.parent / "src" / "multibranch"
 
 ROOT_MODULES = {"test_layering.py", "test_test_layout.py", "test_architecture_examples.py",
                 "test_no_work_log_words.py", "test_docs_citations.py",
-                "test_docs_site.py"}  # about the whole tree, so at the root
+                "test_docs_site.py", "test_docs_manual.py"}  # about the whole tree, so at the root
 EXTRA_FOLDERS = {"cli", "integration", "core", "bench"}  # folders that mirror no package
 HELPERS = "helpers"  # the one support package: plain helpers, no tests, no fixtures
 
