@@ -25,18 +25,20 @@ from multibranch import cpu_kernels
 SRC = Path(cpu_kernels.__file__).resolve().parents[1]
 CHILD_TIMEOUT_S = 180  # generous for a loaded machine; a hang is what these tests catch
 
-# A child process: the build child's command replaced by one that sleeps argv[2] seconds and copies the built
-# library (argv[1], a directory; empty: the real build), behind the real build child's watch of its parent; prints
-# what kernels() gave and how many builds it started.
+# A child process: the build child's command replaced by one that copies the built library (argv[1], a directory;
+# empty: the real build) after argv[2] seconds, or sooner once the file argv[3] exists, behind the real build
+# child's watch of its parent; prints what kernels() gave and how many builds it started.
 CHILD = r"""
 import json, sys, warnings
 
 from multibranch import cpu_kernels
 
-built, sleep_s = sys.argv[1], float(sys.argv[2])
+built, sleep_s, release = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 COPY = cpu_kernels.WATCH_PARENT + '''
 import shutil
-time.sleep(spec["sleep"])
+deadline = time.monotonic() + spec["sleep"]
+while time.monotonic() < deadline and not (spec["release"] and os.path.exists(spec["release"])):
+    time.sleep(0.05)
 shutil.copyfile(f"{spec['built']}/{spec['name']}.so", f"{spec['directory']}/{spec['name']}.so")
 '''
 real_command = cpu_kernels._build_command
@@ -48,7 +50,7 @@ def command(spec):
     print("compiling", file=sys.stderr, flush=True)
     if not built:
         return real_command(spec)
-    return [sys.executable, "-c", COPY, json.dumps({**spec, "built": built, "sleep": sleep_s})]
+    return [sys.executable, "-c", COPY, json.dumps({**spec, "built": built, "sleep": sleep_s, "release": release})]
 
 
 cpu_kernels._build_command = command
@@ -68,11 +70,13 @@ def _env(extensions: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _start(env: dict[str, str], built: Path | None, sleep_s: float = 0.0, group: bool = False) -> subprocess.Popen:
+def _start(env: dict[str, str], built: Path | None, sleep_s: float = 0.0, group: bool = False,
+           release: Path | None = None) -> subprocess.Popen:
     """The child; `group`: in a process group of its own (with the compilers it starts), as a command run by
-    `timeout` or from a terminal."""
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(built or ""), str(sleep_s)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group)
+    `timeout` or from a terminal; `release`: a file whose creation ends the fake build's wait early."""
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(built or ""), str(sleep_s), str(release or "")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=group)
 
 
 def _finish(process: subprocess.Popen) -> tuple[dict, str]:
@@ -166,19 +170,23 @@ def test_a_process_that_finds_a_build_under_way_waits_a_bounded_time_then_decode
     assert "waiting for pid" in err and "(at most 1 s)" in err
 
 
-def test_a_process_that_waited_loads_the_build_it_waited_for(built, extensions):
-    env = _env(extensions)
-    building = _start(env, built, sleep_s=3)
+def test_a_process_that_waited_loads_the_build_it_waited_for(built, extensions, tmp_path):
+    env, release = _env(extensions), tmp_path / "release"
+    building = _start(env, built, sleep_s=CHILD_TIMEOUT_S, release=release)
+    waiter = None
     try:
         _wait_for_line(building, "compiling")
         waiter = _start(env, built)
-        result, err = _finish(waiter)
+        _wait_for_line(waiter, "waiting for pid")  # the build ends only once the waiter waits for it
+        release.touch()
+        result, _ = _finish(waiter)
         first, _ = _finish(building)
     finally:
         _end(building)
+        if waiter is not None:
+            _end(waiter)
     assert first == {"loaded": True, "compiles": 1, "warnings": []}
     assert result == {"loaded": True, "compiles": 0, "warnings": []}
-    assert "waiting for pid" in err
 
 
 def _other_environment(tmp_path: Path) -> dict[str, str]:
