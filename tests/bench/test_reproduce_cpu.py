@@ -6,7 +6,6 @@ dominant-head table, runs trained on both kinds of device)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from bench.reproduce_systems import CPU_PRESETS, RECIPES, system_delta
 from multibranch.config import deep_merge
 from multibranch.evaluate.metrics import paired_bootstrap_statistics
 from multibranch.experiment import load_preset_dict
-from tests.bench.test_reproduce_report import results, run, write
+from tests.helpers.reproduction import results, run, write
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = load_preset_dict("transformer-tiny")["model"]
