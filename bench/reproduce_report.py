@@ -52,8 +52,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's mul
 
 from bench.common import multi30k_dir  # noqa: E402
 from bench.reproduce_systems import MAT_SYSTEMS, PAPER_CLAIMS, RECIPES, SYSTEMS, grid_of  # noqa: E402
-from multibranch.evaluate.metrics import paired_bootstrap_statistics  # noqa: E402
 from multibranch.atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
+from multibranch.evaluate.metrics import paired_bootstrap_statistics  # noqa: E402
 from multibranch.json_file import read_json_object, write_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
