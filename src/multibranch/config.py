@@ -4,14 +4,22 @@ Every config in the toolkit is a dataclass. `from_dict` builds one from a plain 
 unknown keys (with a "did you mean" suggestion), wrong types and values outside a `Literal`.
 Polymorphic sections (a layer's `kind`) are dataclasses derived from a `Tagged` base whose
 subclasses register under a name; the dict's `kind` key picks the subclass.
+
+Numbers: every float is finite (YAML's .nan and .inf are refused), and a field declared with
+`bounded(default, ge=..., gt=..., le=..., lt=...)` keeps its value in that range. `check_fields(obj)` checks
+an object's every field so (a config's `validate` starts with it, so that an object made by `replace` or by
+hand is held to the rules `from_dict` applies); `check_value` checks one value for one field before any
+object exists (a command's option, an API argument, a request field).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
+import math
 import re
 import types
 import typing
@@ -130,6 +138,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             return float(value)  # YAML 1.1 reads 5e-5 and 1e3 (no dot) as strings
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -138,6 +148,78 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     if isinstance(tp, type) and isinstance(value, tp):
         return value
     raise ConfigError(f"{where}: cannot read {value!r} as {_type_name(tp)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The range of a numeric config field: each end optional, closed (ge, le) or open (gt, lt); `note` says
+    what particular values mean ("0: no limit") and ends the message of a value outside the range."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    note: str = ""
+
+    def holds(self, value: float) -> bool:
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def describe(self) -> str:
+        """">= 1", "> 0", "in (0, 1]", ..."""
+        low, start = (self.ge, "[") if self.ge is not None else (self.gt, "(")
+        high, end = (self.le, "]") if self.le is not None else (self.lt, ")")
+        if low is not None and high is not None:
+            return f"in {start}{_number(low)}, {_number(high)}{end}"
+        if low is not None:
+            return f"{'>=' if self.ge is not None else '>'} {_number(low)}"
+        return f"{'<=' if self.le is not None else '<'} {_number(high)}"
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+BOUNDS = "multibranch.bounds"  # the field metadata key of a `bounded` field
+
+
+def bounded(default: Any = dataclasses.MISSING, *, ge: float | None = None, gt: float | None = None,
+            le: float | None = None, lt: float | None = None, note: str = "") -> Any:
+    """A dataclass field whose value (unless None) must lie in the given range: `beam: int = bounded(5, ge=1)`."""
+    return dataclasses.field(default=default, metadata={BOUNDS: Bounds(ge, gt, le, lt, note)})
+
+
+@functools.cache
+def _fields(cls: type) -> dict[str, tuple[Any, Bounds | None]]:
+    """Each init field of dataclass `cls`: (its type, its bounds)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (hints[f.name], f.metadata.get(BOUNDS)) for f in dataclasses.fields(cls) if f.init}
+
+
+def check_value(cls: type, name: str, value: Any, option: str | None = None) -> Any:
+    """`value` as field `name` of config dataclass `cls` holds it: of the field's type (read as `from_dict`
+    reads it: 3.0 for an int is 3), finite, and within the field's bounds. ConfigError otherwise, naming the
+    field (`name=value must be >= 1`) or, given, the `option` it came from (`--beam 0: must be >= 1`)."""
+    fields = _fields(cls)
+    if name not in fields:
+        raise ConfigError(f"{option or name}: unknown field of {cls.__name__}{_suggest(name, fields)}")
+    tp, bounds = fields[name]
+    converted = _convert(value, tp, option or name)
+    if bounds is not None and isinstance(converted, (int, float)) and not isinstance(converted, bool) \
+            and not bounds.holds(converted):
+        subject = f"{option} {converted}:" if option else f"{name}={converted}"
+        raise ConfigError(f"{subject} must be {bounds.describe()}{f' ({bounds.note})' if bounds.note else ''}")
+    return converted
+
+
+def check_fields(obj: Any) -> None:
+    """Every field of config dataclass `obj` through `check_value` (in place: a whole float read for an int
+    field becomes the int); ConfigError naming the first that fails."""
+    for name in _fields(type(obj)):
+        value = getattr(obj, name)
+        converted = check_value(type(obj), name, value)
+        if converted is not value:
+            object.__setattr__(obj, name, converted)  # frozen dataclasses too
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from multibranch.config import ConfigError
+from multibranch.config import ConfigError, bounded, check_fields
 
 RateSchedule = Literal["constant", "linear", "v", "curriculum", "anti_curriculum"]
 
@@ -33,12 +33,12 @@ class RateConfig:
     """
 
     schedule: RateSchedule = "constant"
-    rate: float = 0.0
-    start: float | None = None
-    end: float | None = None
-    warmup: int | None = None
-    warmup_ratio: float | None = None
-    total: int | None = None
+    rate: float = bounded(0.0, ge=0, lt=1)
+    start: float | None = bounded(None, ge=0, lt=1)
+    end: float | None = bounded(None, ge=0, lt=1)
+    warmup: int | None = bounded(None, ge=0)
+    warmup_ratio: float | None = bounded(None, gt=0, lt=1)
+    total: int | None = bounded(None, ge=1)
 
     @classmethod
     def coerce(cls, value: Any) -> Any:
@@ -47,15 +47,9 @@ class RateConfig:
         return value
 
     def validate(self) -> None:
-        for name in ("rate", "start", "end"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value < 1.0:
-                raise ConfigError(f"{name}={value} must be in [0, 1)")
-        if self.warmup_ratio is not None:
-            if self.warmup is not None:
-                raise ConfigError("give at most one of warmup and warmup_ratio")
-            if not 0.0 < self.warmup_ratio < 1.0:
-                raise ConfigError(f"warmup_ratio={self.warmup_ratio} must be in (0, 1)")
+        check_fields(self)
+        if self.warmup_ratio is not None and self.warmup is not None:
+            raise ConfigError("give at most one of warmup and warmup_ratio")
 
     @property
     def is_zero(self) -> bool:
@@ -147,16 +141,15 @@ class LRConfig:
     """
 
     schedule: Literal["inverse_sqrt", "noam", "cosine", "constant"] = "inverse_sqrt"
-    lr: float = 5e-4
-    warmup: int = 4000
-    init_lr: float = 1e-7
-    min_lr: float = 1e-7
-    period: int | None = None
-    factor: float = 1.0
+    lr: float = bounded(5e-4, gt=0)
+    warmup: int = bounded(4000, ge=0)
+    init_lr: float = bounded(1e-7, ge=0)
+    min_lr: float = bounded(1e-7, ge=0)
+    period: int | None = bounded(None, ge=1)
+    factor: float = bounded(1.0, gt=0)
 
     def validate(self) -> None:
-        if self.lr <= 0 or self.warmup < 0:
-            raise ConfigError(f"lr must be > 0 and warmup >= 0 (got lr={self.lr}, warmup={self.warmup})")
+        check_fields(self)
 
 
 def learning_rate_at(cfg: LRConfig, t: int, d_model: int | None = None, total: int | None = None) -> float:

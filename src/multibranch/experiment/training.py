@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from multibranch.config import ConfigError
+from multibranch.config import ConfigError, bounded, check_fields
 from multibranch.schedules import LRConfig
 
 
@@ -29,45 +29,38 @@ class TrainConfig:
     length is a multiple of it (8 suits tensor cores; 4 pads Multi30k's short sentences 20% instead of 32%).
     """
 
-    seed: int = 1
-    max_tokens: int = 4096
-    max_sentences: int | None = None
-    update_freq: int = 1
+    seed: int = bounded(1, ge=0)
+    max_tokens: int = bounded(4096, ge=1)
+    max_sentences: int | None = bounded(None, ge=1)
+    update_freq: int = bounded(1, ge=1)
     lr: LRConfig = field(default_factory=LRConfig)
     betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
-    clip_norm: float = 0.0
-    label_smoothing: float = 0.1
+    adam_eps: float = bounded(1e-8, gt=0)
+    weight_decay: float = bounded(0.0, ge=0)
+    clip_norm: float = bounded(0.0, ge=0, note="0: no clipping")
+    label_smoothing: float = bounded(0.1, ge=0, lt=1)
     label_smoothing_kind: Literal["fairseq", "onmt"] = "fairseq"
-    max_steps: int | None = None
-    max_epochs: int | None = None
-    max_minutes: float | None = None
-    patience: int | None = None
+    max_steps: int | None = bounded(None, ge=1)
+    max_epochs: int | None = bounded(None, ge=1)
+    max_minutes: float | None = bounded(None, gt=0)
+    patience: int | None = bounded(None, ge=1)
     best_metric: Literal["bleu", "loss", "accuracy", "macro_f1", "pov", "sentence_bleu"] = "bleu"
-    valid_every: int = 1000
+    valid_every: int = bounded(1000, ge=1)
     valid_bleu: bool = True
-    valid_max_sentences: int | None = None
-    keep_last: int = 5
-    log_every: int = 50
+    valid_max_sentences: int | None = bounded(None, ge=1)
+    keep_last: int = bounded(5, ge=0)
+    log_every: int = bounded(50, ge=1)
     amp: Literal["none", "bf16", "fp16", "auto"] = "none"
-    threads: int | None = None
+    threads: int | None = bounded(None, ge=1)
     deterministic: bool = False
     graphs: Literal["auto", "on", "off"] = "auto"
-    length_buckets: int | None = None
-    length_multiple: int = 8
+    length_buckets: int | None = bounded(None, ge=1, note="or null: chosen by train.graphs")
+    length_multiple: int = bounded(8, ge=1, note="1: any length")
 
     def validate(self) -> None:
-        if self.seed < 0:
-            raise ConfigError(f"seed={self.seed} must be >= 0")
-        if self.max_tokens < 1 or self.update_freq < 1:
-            raise ConfigError("max_tokens and update_freq must be >= 1")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
-        if self.length_buckets is not None and self.length_buckets < 1:
-            raise ConfigError(f"length_buckets={self.length_buckets} must be >= 1 (or null: chosen by train.graphs)")
-        if self.length_multiple < 1:
-            raise ConfigError(f"length_multiple={self.length_multiple} must be >= 1 (1: any length)")
+        check_fields(self)
+        if not all(0.0 <= beta < 1.0 for beta in self.betas):
+            raise ConfigError(f"betas={list(self.betas)} must each be in [0, 1)")
         if self.max_steps is None and self.max_epochs is None and self.max_minutes is None:
             raise ConfigError("set at least one of max_steps, max_epochs, max_minutes")
 
