@@ -271,6 +271,14 @@ def test_max_length_follows_each_source_length_and_the_learned_position_limit():
     assert [len(h[0].tokens) for h in hyps] == [3, 4]  # capped at max_positions - 1
 
 
+def test_sinusoidal_positions_bound_the_output_at_the_models_max_positions_too():
+    """A sinusoidal table would extend without end: max_len_b = 10**6 still stops at max_positions - 1 tokens."""
+    sinusoidal = ScriptedModel({1: -30.0, 2: -30.0}, positions="sinusoidal", max_positions=6)
+    hyps = beam_search(sinusoidal, batch(src_of(1, 2), src_of(2, 5)), DecodeConfig(beam=2, max_len_a=0.0,
+                                                                                  max_len_b=10**6))
+    assert [len(h[0].tokens) for h in hyps] == [5, 5]
+
+
 # ---- batches: finished sentences leave, results equal decoding alone -----------------------------
 
 

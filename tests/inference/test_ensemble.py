@@ -121,3 +121,11 @@ def test_members_of_another_vocabulary_are_refused_with_the_reason():
 def test_the_tightest_learned_position_limit_caps_the_output():
     ensemble = Ensemble([random_model(1), random_model(2, max_positions=8)])
     assert ensemble.config.max_positions == 8
+
+
+def test_the_tightest_position_limit_of_sinusoidal_members_caps_the_ensemble_too():
+    ensemble = Ensemble([random_model(1, positions="sinusoidal", max_positions=12),
+                         random_model(2, positions="sinusoidal", max_positions=9)])
+    assert ensemble.config.max_positions == 9 and ensemble.config.positions == "sinusoidal"
+    mixed = Ensemble([random_model(1, positions="sinusoidal", max_positions=7), random_model(2)])
+    assert mixed.config.max_positions == 7 and mixed.config.positions == "learned"

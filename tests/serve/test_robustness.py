@@ -430,3 +430,98 @@ def test_a_second_ctrl_c_while_draining_stops_at_once(records):
     waiting.join(30)
     assert server.force_exit
     assert any(r.getMessage().startswith("forced stop") for r in records.records)
+
+
+# ---- numbers JSON cannot carry, large bodies, long texts -------------------------------------------
+
+
+def strict_json(reply: httpx.Response) -> Any:
+    """The answer's JSON, refusing NaN and Infinity (which no standard JSON reader takes)."""
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} in the answer")
+
+    return json.loads(reply.text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b'{"texts": ["A dog"], "lenpen": NaN}', "Extra inputs are not permitted"),
+    (b'{"texts": ["A dog"], "temperature": 1e400}', '"temperature" applies only to "sampling": true'),
+    (b'{"texts": ["A dog"], "sampling": true, "temperature": 1e400}', "temperature: expected a finite number, got inf"),
+    (b'{"texts": ["A dog"], "sampling": true, "temperature": NaN}', "temperature: expected a finite number, got nan"),
+    (b'{"texts": ["A dog"], "sampling": true, "top_p": -Infinity}', "top_p: expected a finite number, got -inf"),
+    (b'{"texts": ["A dog"], "beam": Infinity}', "Input should be a valid integer"),
+    (b'{"texts": [NaN]}', "Input should be a valid string"),
+])
+def test_nan_and_infinity_in_a_request_are_a_422_not_a_500(body, message):
+    stub = StubEngine()
+    [reply] = post_all(create_app(stub), [("/translate", body)], raise_app_exceptions=False)
+    assert reply.status_code == 422
+    assert message in str(strict_json(reply)["detail"])
+    assert stub.calls == []
+
+
+def test_a_422_shows_back_short_values_only():
+    """A 100,000-character value of the wrong type is named, not echoed; a short one is shown."""
+    long_value, short_value = "x" * 100_000, "yes"
+    [long, short] = post_all(create_app(StubEngine()), [("/translate", {"texts": long_value}),
+                                                        ("/translate", {"texts": ["a"], "alignment": short_value})])
+    assert long.status_code == short.status_code == 422
+    assert len(long.content) < 1000 and strict_json(long)["detail"][0]["loc"] == ["body", "texts"]
+    assert strict_json(short)["detail"][0]["input"] == short_value
+
+
+def test_a_body_over_max_body_bytes_is_a_413_whether_its_length_is_declared_or_not():
+    stub = StubEngine()
+    app = create_app(stub, ServeLimits(max_body_bytes=2048))
+    body = json.dumps({"texts": ["a dog"] * 1000}).encode()
+
+    async def go() -> list[httpx.Response]:
+        async with serving(app) as client:
+            declared = await client.post("/translate", content=body, headers={"content-type": "application/json"})
+
+            async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: chunked
+                for start in range(0, len(body), 500):
+                    yield body[start:start + 500]
+
+            streamed = await client.post("/translate", content=chunks(), headers={"content-type": "application/json"})
+            small = await client.post("/translate", json={"texts": ["a dog"]})
+            return [declared, streamed, small]
+
+    declared, streamed, small = run(go())
+    assert declared.status_code == streamed.status_code == 413
+    assert declared.json()["detail"] == (f"the request body has {len(body)} bytes: this server takes at most 2048 "
+                                         "(serve --max-body-bytes)")
+    assert streamed.json()["detail"].startswith("the request body is over 2048 bytes")
+    assert small.status_code == 200 and stub.calls == [["a dog"]]
+    assert latency_counts(app)["413"] == 2
+
+
+def test_over_uvicorn_a_declared_50_mb_body_is_refused_before_a_byte_of_it_is_sent():
+    """The answer comes at once, while the client has sent only the headers: the server never waits for (or
+    reads, or parses) the body."""
+    with uvicorn_thread(create_app(StubEngine())) as server:
+        with socket.create_connection(("127.0.0.1", port_of(server)), timeout=20) as sock:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 50000000\r\n\r\n")
+            reply = sock.makefile("rb").readline()
+    assert reply.split()[1] == b"413"
+
+
+def test_a_text_over_the_models_token_limit_is_truncated_or_with_long_inputs_refuse_a_413(translation_engine):
+    import dataclasses
+
+    from multibranch.serve.engine import TorchEngine
+
+    engine = translation_engine
+    refusing = TorchEngine(engine.model, engine.tokenizer, dataclasses.replace(engine.decode, long_inputs="refuse"),
+                           kind="transformer")
+    limit = engine.model.config.max_positions
+    long_text = " ".join(["ka lo mi ne su"] * 20)
+    count = engine.count_tokens([long_text])[0]
+    assert count > limit
+    body = {"texts": ["ka lo", long_text]}
+    [truncated] = post_all(create_app(engine), [("/translate", body)])
+    [refused] = post_all(create_app(refusing), [("/translate", body)])
+    assert truncated.status_code == 200 and len(truncated.json()["translations"]) == 2
+    assert refused.status_code == 413
+    assert refused.json()["detail"] == f"texts[1] has {count} tokens (EOS included): the model takes at most {limit}"

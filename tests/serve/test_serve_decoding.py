@@ -70,8 +70,8 @@ def test_prefixes_start_the_translations_as_translate_decodes_them(engine, token
 
 
 @pytest.mark.parametrize(("body", "message"), [
-    ({"texts": ["a"], "temperature": 0.5}, '"temperature" applies only to sampling: add "sampling": true'),
-    ({"texts": ["a"], "top_k": 3, "seed": 1}, '"top_k", "seed" apply only to sampling'),
+    ({"texts": ["a"], "temperature": 0.5}, '"temperature" applies only to "sampling": true; add "sampling": true'),
+    ({"texts": ["a"], "top_k": 3, "seed": 1}, '"top_k", "seed" apply only to "sampling": true'),
     ({"texts": ["a"], "sampling": True, "beam": 2}, "drop beam"),
     ({"texts": ["a"], "sampling": True, "temperature": 0.0}, "temperature=0.0 must be > 0"),
     ({"texts": ["a"], "sampling": True, "top_p": 1.5}, "top_p=1.5 must be in (0, 1]"),

@@ -63,8 +63,8 @@ def test_real_uvicorn_server_on_loopback(checkpoint):
     (["--ckpt", "missing.pt"], "missing.pt"),
     (["--ckpt", "CKPT", "--port", "70000"], "--port 70000"),
     (["--ckpt", "CKPT", "--engine", "ct2"], "needs a directory"),
-    (["--ckpt", "CKPT", "--max-queue", "0"], "max_queue=0"),
-    (["--ckpt", "CKPT", "--timeout", "0"], "timeout_s=0"),
+    (["--ckpt", "CKPT", "--max-queue", "0"], "--max-queue 0: must be >= 1"),
+    (["--ckpt", "CKPT", "--timeout", "0"], "--timeout 0.0: must be > 0"),
 ])
 def test_serve_argument_errors_are_one_line(argv, message, checkpoint, capsys):
     argv = [str(checkpoint) if a == "CKPT" else a for a in argv]

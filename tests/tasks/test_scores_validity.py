@@ -217,7 +217,7 @@ def test_source_constant_is_what_translate_writes():
     from multibranch.tasks.translation.files import format_translations
 
     class Echo:
-        def translate(self, chunk, progress=False):
+        def translate(self, chunk, progress=False, first_line=1):
             return list(chunk)
 
     assert format_translations(Echo(), ESCAPED, 1, 0, render=code_source) == SOURCE

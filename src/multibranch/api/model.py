@@ -6,6 +6,7 @@ use it, returning Python values."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,10 +17,11 @@ import torch
 from multibranch.analysis.attention_maps import SelectionError
 from multibranch.api.results import AlignedTranslation, AttentionMaps
 from multibranch.commands.translate import CT2_REFUSED
+from multibranch.config import check_value
 from multibranch.device import resolve_device
 from multibranch.errors import CheckpointError, ConfigError, DataError, UserError
 from multibranch.experiment import ExperimentConfig
-from multibranch.experiment.decoding import DecodeConfig
+from multibranch.experiment.decoding import SAMPLING_ONLY, DecodeConfig, check_sampling_only
 from multibranch.inference.ensemble import Ensemble
 from multibranch.inference.precision import check_precision, for_decoding
 from multibranch.serve.attention import sentence_ids, sentence_maps
@@ -43,7 +45,7 @@ DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 TRANSLATION_TASKS = ("translation", "code")
 # the CLI's names in the library's messages -> the API's arguments
 DECODE_RENAMES = {"--max-len-a/--max-len-b": "max_len_a/max_len_b", "--alignment-layer": "alignment_layer",
-                  "--print-alignment": "alignment=True"}
+                  "--print-alignment": "alignment=True", "--long-inputs truncate": "long_inputs='truncate'"}
 
 
 class WrongTaskError(CheckpointError):
@@ -82,24 +84,44 @@ def user_errors(rename: Mapping[str, str] | None = None) -> Iterator[None]:
         raise kind(message) from None
 
 
-def _decode_fields(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Decode overrides under DecodeConfig's field names; ConfigError naming an unknown one."""
+def _decode_fields(overrides: Mapping[str, Any], sampling: bool = False) -> dict[str, Any]:
+    """The given (not None) decode overrides under DecodeConfig's field names, each checked as the CLI checks
+    its options (type, range, finiteness: `config.check_value`), and the options that apply only to sampling
+    refused without it (`sampling`: whether the decoder samples unless the overrides say); ConfigError naming
+    an unknown or a bad one."""
     out = {}
     for name, value in overrides.items():
         field = DECODE_ALIASES.get(name, name)
         if field not in DECODE_FIELDS:
             raise ConfigError(f"unknown decoding option {name!r}; known: {', '.join(DECODE_FIELDS)}")
-        out[field] = value
+        if value is not None:
+            out[field] = check_value(DecodeConfig, field, value)
+    check_sampling_only([name for name in SAMPLING_ONLY if name in out], out.get("sampling", sampling),
+                        "sampling=True")
     return out
 
 
-def _as_list(texts: str | Sequence[Any], what: str) -> tuple[list[Any], bool]:
-    """(the items, whether one item was given on its own); TypeError-free: a UserError for another type."""
+def _as_list(texts: str | Sequence[str], what: str) -> tuple[list[str], bool]:
+    """(the texts, whether one text was given on its own); a UserError for anything but a str or a list of
+    str (bytes included: decode them first)."""
     if isinstance(texts, str):
         return [texts], True
-    if isinstance(texts, Sequence):
+    if isinstance(texts, Sequence) and not isinstance(texts, (bytes, bytearray)):
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise UserError(f"{what}: item {i} is {_kind(text)}; give a str or a list of str")
         return list(texts), False
-    raise UserError(f"{what}: give a str or a list of str, not {type(texts).__name__}")
+    raise UserError(f"{what}: give a str or a list of str, not {_kind(texts)}")
+
+
+def _kind(value: Any) -> str:
+    """What a wrong value is, for a message: `None`, `an int (5)`, `bytes (decode them first)`."""
+    if value is None:
+        return "None"
+    if isinstance(value, (bytes, bytearray)):
+        return "bytes (decode them to a str first)"
+    name, shown = type(value).__name__, repr(value)
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}" + (f" ({shown})" if len(shown) <= 40 else "")
 
 
 class Model:
@@ -188,7 +210,7 @@ class Model:
         """The decoder, or (per-call options given, or an alignment layer) one with those decode fields
         replaced that aligns with decoder layer `alignment_layer` (UserError when there is no such layer)."""
         decoder = self._decoder(method)
-        fields = {k: v for k, v in _decode_fields(options).items() if v is not None and v != getattr(decoder.cfg, k)}
+        fields = {k: v for k, v in _decode_fields(options, decoder.cfg.sampling).items() if v != getattr(decoder.cfg, k)}
         if not fields and alignment_layer is None:
             return decoder
         if isinstance(decoder, Ct2Translator):
@@ -239,6 +261,7 @@ class Model:
         layer = (-1 if alignment_layer is None else alignment_layer) if alignment else None
         with user_errors(DECODE_RENAMES):
             decoder = self._with("translate", {"beam": beam, "nbest": nbest, **options}, layer)
+            nbest = decoder.cfg.nbest  # checked: an int within its bounds
             if not alignment and wanted is None:  # CTranslate2 too
                 out: list[Any] = (decoder.translate(lines) if nbest == 1 else
                                   [[text for text, _ in entries] for entries in decoder.translate_nbest(lines, nbest)])
@@ -276,8 +299,8 @@ class Model:
         text; one pair of strings gives one result."""
         lines, single = _as_list(texts, "score")
         refs, _ = _as_list(references, "score")
-        decoder = self._with("score", options)
-        out = decoder.score(lines, refs)
+        with user_errors(DECODE_RENAMES):
+            out = self._with("score", options).score(lines, refs)
         return out[0] if single else out
 
     # ---- attention maps ----------------------------------------------------------------------------
@@ -328,12 +351,18 @@ class Model:
         or with `probs` a {label: probability} dict; None for an empty text."""
         if not self._members:
             raise WrongTaskError(f"classify: {self._name} is a {self.task} model, not a classifier; use translate()")
-        if batch_size < 1:
-            raise UserError(f"batch_size {batch_size}: must be >= 1")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise UserError(f"batch_size {batch_size!r}: give an int >= 1")
         single = isinstance(texts, str) or (isinstance(texts, tuple) and len(texts) == 2
                                             and all(isinstance(t, str) for t in texts))
+        if not single and (isinstance(texts, (str, bytes, bytearray)) or not isinstance(texts, Sequence)):
+            raise UserError(f"classify: give a str, an (a, b) pair of str, or a list of them, not {_kind(texts)}")
         items = [texts] if single else list(texts)  # type: ignore[list-item]
         examples = [tuple(x) if isinstance(x, list) else x for x in items]  # a pair as a list too
+        for i, example in enumerate(examples):
+            pair = isinstance(example, tuple) and len(example) == 2 and all(isinstance(t, str) for t in example)
+            if not (isinstance(example, str) or pair):
+                raise UserError(f"classify: item {i} is {_kind(example)}; give a str or an (a, b) pair of str")
         keep = [i for i, x in enumerate(examples) if not (isinstance(x, str) and not x.strip())]
         total = None
         for member in self._members:
@@ -357,11 +386,30 @@ def load(path_or_paths: str | Path | Sequence[str | Path], device: str | torch.d
     "log-prob"; classification: the mean of their probabilities). `device`: "cpu", "cuda", "cuda:N" or
     "auto"; `precision`: "fp32", "int8", "bf16" or "fp16" as `translate --precision`; `decode`: fields of
     the decode config to replace for every call (beam=4, lenpen=0.6, ...)."""
-    paths = [str(path_or_paths)] if isinstance(path_or_paths, (str, Path)) else [str(p) for p in path_or_paths]
-    if not paths:
-        raise UserError("load: give a checkpoint path (or several for an ensemble)")
+    paths = _paths(path_or_paths)
     if ensemble_mean not in ("prob", "log-prob"):
         raise UserError(f"ensemble_mean {ensemble_mean!r}: choose 'prob' or 'log-prob'")
+    if not isinstance(device, (str, torch.device)):
+        raise UserError(f"device: give a str (\"cpu\", \"cuda\", \"cuda:N\", \"auto\") or a torch.device, not "
+                        f"{_kind(device)}")
     resolved = resolve_device(device) if isinstance(device, str) else device
-    with user_errors():
+    with user_errors(DECODE_RENAMES):
         return Model(paths, resolved, precision, _decode_fields(decode), ensemble_mean)
+
+
+def _paths(path_or_paths: Any) -> list[str]:
+    """The checkpoint paths `load` was given (one path, or a list for an ensemble); UserError for anything else."""
+    def is_path(value: Any) -> bool:
+        return isinstance(value, (str, os.PathLike))
+
+    if is_path(path_or_paths):
+        return [os.fspath(path_or_paths)]
+    if isinstance(path_or_paths, Sequence) and not isinstance(path_or_paths, (bytes, bytearray)):
+        if not path_or_paths:
+            raise UserError("load: give a checkpoint path (or several for an ensemble)")
+        for i, path in enumerate(path_or_paths):
+            if not is_path(path):
+                raise UserError(f"load: path {i} is {_kind(path)}; give a str or Path per checkpoint")
+        return [os.fspath(path) for path in path_or_paths]
+    raise UserError(f"load: give a checkpoint path (a str or Path, or a list of them for an ensemble), not "
+                    f"{_kind(path_or_paths)}")

@@ -46,11 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["fp32", "int8", "bf16", "fp16"], default="fp32",
                         help="torch only: fp32; int8 / bf16 linear layers on the CPU; bf16 / fp16 weights on CUDA "
                              "(faster, BLEU may move slightly)")
+    parser.add_argument("--long-inputs", choices=["truncate", "refuse"],
+                        help="a text over the model's token limit (max_positions): translated from its first "
+                             "tokens (truncate, the default, as `translate`) or refused with 413 (refuse)")
     group = parser.add_argument_group("limits and batching")
     group.add_argument("--max-items", type=int, default=d.max_items, metavar="N", help="texts per request (413)")
     group.add_argument("--max-chars", type=int, default=d.max_chars, metavar="N", help="characters per text (413)")
     group.add_argument("--max-total-chars", type=int, default=d.max_total_chars, metavar="N",
                        help="characters per request (413)")
+    group.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, metavar="N",
+                       help="bytes of a request body; a larger one gets 413 before it is read whole or parsed")
     group.add_argument("--max-beam", type=int, default=d.max_beam, metavar="N", help="largest beam a request may ask")
     group.add_argument("--max-queue", type=int, default=d.max_queue, metavar="N",
                        help="requests waiting for the worker; beyond it 503 with Retry-After")
@@ -61,12 +66,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--timeout", type=float, default=d.timeout_s, metavar="S", help="request timeout (504)")
 
 
+# the limit options -> the ServeLimits fields they set
+LIMIT_OPTIONS = {"max_items": "max_items", "max_chars": "max_chars", "max_total_chars": "max_total_chars",
+                 "max_body_bytes": "max_body_bytes", "max_queue": "max_queue", "batch_tokens": "batch_tokens",
+                 "max_wait_ms": "max_wait_ms", "timeout": "timeout_s", "max_beam": "max_beam"}
+
+
 def limits_from_args(args: argparse.Namespace):  # noqa: ANN201
+    """The ServeLimits of the options, each checked by the field's rules and named by its option."""
+    from multibranch.config import check_value
     from multibranch.serve.limits import ServeLimits
 
-    limits = ServeLimits(max_items=args.max_items, max_chars=args.max_chars, max_total_chars=args.max_total_chars,
-                         max_queue=args.max_queue, batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms,
-                         timeout_s=args.timeout, max_beam=args.max_beam)
+    values = {field: check_value(ServeLimits, field, getattr(args, name), f"--{name.replace('_', '-')}")
+              for name, field in LIMIT_OPTIONS.items()}
+    limits = ServeLimits(**values)
     limits.validate()
     return limits
 
@@ -91,8 +104,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise UserError(f"--port {args.port}: must be between 0 and 65535")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: must be >= 1")
-    if args.beam is not None and args.beam < 1:
-        raise UserError(f"--beam {args.beam}: must be >= 1")
+    if args.beam is not None:
+        from multibranch.config import check_value
+        from multibranch.experiment.decoding import DecodeConfig
+
+        check_value(DecodeConfig, "beam", args.beam, "--beam")
     args.engine = engine_of(args.ckpt, args.engine)
     ct2 = [path for path in args.ckpt if is_ct2_directory(path)]
     if ct2 and len(args.ckpt) > 1:
@@ -135,7 +151,8 @@ def build_server(args: argparse.Namespace):  # noqa: ANN201
     from multibranch.serve.server import create_server, load_engine
 
     engine = load_engine(args.engine, args.ckpt if len(args.ckpt) > 1 else args.ckpt[0], args.device,
-                         threads=args.threads, precision=args.precision, beam=args.beam)
+                         threads=args.threads, precision=args.precision, beam=args.beam,
+                         long_inputs=args.long_inputs)
     return create_server(engine, limits, args.host, args.port)
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from pathlib import Path
 
@@ -73,7 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--nbest", type=int, metavar="N", help="print N hypotheses per line as 'index ||| text ||| score'")
     group.add_argument("--batch-tokens", type=int, metavar="N", help="padded source tokens x beam per batch")
     group.add_argument("--batch-size", type=int, metavar="N", help="sentences per batch")
-    group.add_argument("--max-input-tokens", type=int, metavar="N", help="truncate longer inputs (tokens incl. EOS)")
+    group.add_argument("--max-input-tokens", type=int, metavar="N",
+                       help="the most source tokens (incl. EOS) a line may have (unset: the model's max_positions, "
+                            "which also bounds it)")
+    group.add_argument("--long-inputs", choices=["truncate", "refuse"],
+                       help="a line over the limit: translate its first tokens with one warning naming the line "
+                            "(truncate, the default), or stop with an error naming it (refuse)")
     group.add_argument("--fixed-shapes", choices=["auto", "on", "off"],
                        help="on: every batch keeps its rows until all are done (the engine a GPU replays as CUDA "
                             "graphs); off: finished sentences leave the batch; auto: on on CUDA, off on a CPU")
@@ -116,13 +120,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---- the command ---------------------------------------------------------------------------------
 
 
+# the decoding options -> the DecodeConfig fields they set
+DECODE_OPTIONS = {"beam": "beam", "lenpen": "length_penalty", "lenpen_kind": "length_penalty_kind",
+                  "max_len_a": "max_len_a", "max_len_b": "max_len_b", "min_len": "min_len", "nbest": "nbest",
+                  "batch_tokens": "batch_tokens", "batch_size": "batch_size", "max_input_tokens": "max_input_tokens",
+                  "long_inputs": "long_inputs", "no_repeat_ngram_size": "no_repeat_ngram_size",
+                  "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "seed",
+                  "fixed_shapes": "fixed_shapes"}
+
+
+def option_name(dest: str) -> str:
+    """`--max-len-a` of the argument `max_len_a`."""
+    return f"--{dest.replace('_', '-')}"
+
+
 def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
-    names = {"beam": "beam", "lenpen": "length_penalty", "lenpen_kind": "length_penalty_kind",
-             "max_len_a": "max_len_a", "max_len_b": "max_len_b", "min_len": "min_len", "nbest": "nbest",
-             "batch_tokens": "batch_tokens", "batch_size": "batch_size", "max_input_tokens": "max_input_tokens",
-             "no_repeat_ngram_size": "no_repeat_ngram_size", "temperature": "temperature", "top_k": "top_k",
-             "top_p": "top_p", "seed": "seed", "fixed_shapes": "fixed_shapes"}
-    overrides = {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
+    overrides = {field: getattr(args, arg) for arg, field in DECODE_OPTIONS.items() if getattr(args, arg) is not None}
     if args.sampling:
         overrides["sampling"] = True
     return overrides
@@ -151,7 +164,7 @@ CT2_REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
 
 def typed_option(name: str, value: object) -> str:
     """An option as the user typed it: `--sampling` for a flag, `--precision int8` for a value."""
-    option = f"--{name.replace('_', '-')}"
+    option = option_name(name)
     return option if isinstance(value, bool) else f"{option} {value}"
 
 
@@ -214,21 +227,18 @@ def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
 
 
 def _check_decoding(args: argparse.Namespace, interactive: bool) -> None:
-    """Sampling, prefix and alignment options that cannot work (before anything is loaded)."""
+    """Decoding values out of their range (the decode config's rules: `config.check_value`), and sampling,
+    prefix and alignment options that cannot work (before anything is loaded)."""
+    from multibranch.config import check_value
     from multibranch.errors import UserError
-    from multibranch.experiment.decoding import check_sampling
+    from multibranch.experiment.decoding import SAMPLING_ONLY, DecodeConfig, check_sampling_only
 
-    given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p", "seed")
-             if getattr(args, name) is not None]
-    if given and not args.sampling:
-        raise UserError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to --sampling; add "
-                        f"--sampling or drop {'it' if len(given) == 1 else 'them'}")
+    for name, field in DECODE_OPTIONS.items():
+        if getattr(args, name) is not None:
+            check_value(DecodeConfig, field, getattr(args, name), option_name(name))
+    check_sampling_only([option_name(name) for name in SAMPLING_ONLY if getattr(args, name) is not None],
+                        args.sampling, "--sampling")
     if args.sampling:
-        if args.temperature is not None and not math.isfinite(args.temperature):
-            raise UserError(f"--temperature {args.temperature}: must be a finite number > 0 (1: the model's "
-                            "distribution; lower: sharper, higher: flatter)")
-        check_sampling(1.0 if args.temperature is None else args.temperature, args.top_k or 0,
-                       1.0 if args.top_p is None else args.top_p)
         if args.beam is not None:
             raise UserError("--sampling draws --nbest samples per line instead of a beam search; drop --beam")
         if args.score_reference is not None:
@@ -324,9 +334,12 @@ def _remove_stale_temporaries(output: str) -> None:
 
 def _translate(args: argparse.Namespace, translator, render, interactive: bool,  # noqa: ANN001
                pairs: tuple[list[str], list[str]] | None) -> int:
-    """Translate (or score) with `translator` as the arguments ask; its `cfg` is the decode config."""
+    """Translate (or score) with `translator` as the arguments ask; its `cfg` is the decode config. With
+    --long-inputs refuse, a line over the model's limit is an error before anything is decoded or written
+    (stdin, read as a stream: before its chunk is)."""
     from multibranch.data.text import count_lines, open_input, open_output
     from multibranch.tasks.translation.files import (
+        check_lengths,
         format_translations,
         score_text,
         translate_interactive,
@@ -334,6 +347,10 @@ def _translate(args: argparse.Namespace, translator, render, interactive: bool, 
     )
     from multibranch.tasks.translation.translator import progress_bar, show_progress
 
+    if pairs is not None:
+        translator.check_lengths(pairs[0])
+    elif not interactive and args.input != "-":
+        check_lengths(translator, args.input, args.encoding_errors)
     cfg = translator.cfg
     logger.info(
         "beam=%d lenpen=%g (%s) max_len=%g*src+%d min_len=%d no_repeat_ngram=%d nbest=%d batch_tokens=%d device=%s "

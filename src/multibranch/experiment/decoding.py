@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from multibranch.config import ConfigError
+from multibranch.config import ConfigError, bounded, check_fields
 
 
 @dataclass
@@ -15,15 +16,16 @@ class DecodeConfig:
     length_penalty_kind: "fairseq" (score / len^alpha) or "gnmt" (score / ((5 + len) / 6)^alpha),
       alpha = length_penalty; len counts the output tokens *including* EOS (as fairseq does).
     Maximum output length (tokens before EOS): floor(max_len_a * source_length + max_len_b), where
-      source_length counts the source tokens including its EOS; capped by the model's positional
-      limit when it has learned positions. EOS is forbidden before min_len output tokens.
+      source_length counts the source tokens including its EOS; capped at the model's max_positions - 1
+      (every kind of positions). EOS is forbidden before min_len output tokens.
     nbest: hypotheses returned per sentence (<= beam).
     no_repeat_ngram_size: n > 0 forbids any output n-gram from occurring twice in a hypothesis
       (fairseq's --no-repeat-ngram-size); 0 (default) allows repeats.
     batch_tokens: padded source tokens x beam per translation batch (longest-first batching);
       batch_size: sentences per batch.
-    max_input_tokens: source tokens (including EOS) kept per line, longer lines are truncated
-      (None: only the model's positional limit applies).
+    max_input_tokens: source tokens (including EOS) a line may have (None: only the model's limit,
+      `max_positions`, applies). long_inputs: what happens to a longer line: "truncate" (to its first tokens,
+      with one warning naming the line) or "refuse" (a DataError naming the line, before any is decoded).
     sampling: draw `nbest` outputs per sentence at random instead of searching (beam is then unused
       and nbest is not bounded by it): each step samples from softmax(logits / temperature) restricted
       to the top_k most probable tokens (0: all) and then to the smallest set whose probability
@@ -34,52 +36,40 @@ class DecodeConfig:
       off on a CPU. Both find the same hypotheses (docs/decoding.md).
     """
 
-    beam: int = 5
+    beam: int = bounded(5, ge=1, note="1: greedy")
     length_penalty: float = 1.0
     length_penalty_kind: Literal["fairseq", "gnmt"] = "fairseq"
-    max_len_a: float = 1.2
-    max_len_b: int = 10
-    min_len: int = 1
-    nbest: int = 1
-    batch_tokens: int = 4096
-    batch_size: int = 128
-    max_input_tokens: int | None = None
-    no_repeat_ngram_size: int = 0
+    max_len_a: float = bounded(1.2, ge=0)
+    max_len_b: int = bounded(10, ge=0)
+    min_len: int = bounded(1, ge=0)
+    nbest: int = bounded(1, ge=1)
+    batch_tokens: int = bounded(4096, ge=1)
+    batch_size: int = bounded(128, ge=1)
+    max_input_tokens: int | None = bounded(None, ge=2, note="one token plus EOS")
+    long_inputs: Literal["truncate", "refuse"] = "truncate"
+    no_repeat_ngram_size: int = bounded(0, ge=0, note="0: allow repeats")
     sampling: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
+    temperature: float = bounded(1.0, gt=0, note="1: the model's distribution; lower: sharper, higher: flatter")
+    top_k: int = bounded(0, ge=0, note="0: no top-k restriction")
+    top_p: float = bounded(1.0, gt=0, le=1, note="1: no nucleus restriction")
+    seed: int | None = bounded(None, ge=0, le=2**64 - 1)
     fixed_shapes: Literal["auto", "on", "off"] = "auto"
 
     def validate(self) -> None:
-        if self.fixed_shapes not in ("auto", "on", "off"):
-            raise ConfigError(f"fixed_shapes={self.fixed_shapes!r} must be auto, on or off")
-        if self.beam < 1:
-            raise ConfigError(f"beam={self.beam} must be >= 1")
-        if self.sampling:
-            if self.nbest < 1:
-                raise ConfigError(f"nbest={self.nbest} must be >= 1 (samples per sentence)")
-        elif not 1 <= self.nbest <= self.beam:
+        check_fields(self)
+        if not self.sampling and self.nbest > self.beam:  # samples are not bounded by the beam
             raise ConfigError(f"nbest={self.nbest} must be between 1 and beam={self.beam}")
-        check_sampling(self.temperature, self.top_k, self.top_p)
-        if self.max_len_a < 0:
-            raise ConfigError(f"max_len_a={self.max_len_a} must be >= 0")
-        if self.no_repeat_ngram_size < 0:
-            raise ConfigError(f"no_repeat_ngram_size={self.no_repeat_ngram_size} must be >= 0 (0: allow repeats)")
-        if self.min_len < 0:
-            raise ConfigError(f"min_len={self.min_len} must be >= 0")
-        if self.batch_tokens < 1 or self.batch_size < 1:
-            raise ConfigError(f"batch_tokens={self.batch_tokens} and batch_size={self.batch_size} must be >= 1")
-        if self.max_input_tokens is not None and self.max_input_tokens < 2:
-            raise ConfigError(f"max_input_tokens={self.max_input_tokens} must be >= 2 (one token plus EOS)")
+        if self.max_len_a == 0 and self.max_len_b == 0:
+            raise ConfigError("max_len_a=0 and max_len_b=0 leave no room for any output token; raise either")
 
 
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """ConfigError unless temperature > 0, top_k >= 0 and 0 < top_p <= 1."""
-    if not temperature > 0:
-        raise ConfigError(f"temperature={temperature} must be > 0 (1: the model's distribution)")
-    if top_k < 0:
-        raise ConfigError(f"top_k={top_k} must be >= 0 (0: no top-k restriction)")
-    if not 0 < top_p <= 1:
-        raise ConfigError(f"top_p={top_p} must be in (0, 1] (1: no nucleus restriction)")
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")  # the fields that only sampling reads
+
+
+def check_sampling_only(given: Sequence[str], sampling: bool, switch: str = "sampling") -> None:
+    """ConfigError when options of SAMPLING_ONLY are `given` (as the caller names them: `--top-k`,
+    `"top_k"`) without sampling; `switch` is how the caller turns sampling on (`--sampling`)."""
+    if given and not sampling:
+        one = len(given) == 1
+        raise ConfigError(f"{', '.join(given)} {'applies' if one else 'apply'} only to {switch}; add {switch} or "
+                          f"drop {'it' if one else 'them'}")

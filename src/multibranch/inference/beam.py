@@ -114,8 +114,9 @@ def length_penalty(length: int, alpha: float, kind: LengthPenaltyKind = "fairseq
 def max_output_lengths(model: Decodable, src: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
     """Per sentence, the most output tokens before EOS: floor(a * src_len + b) [B] long.
 
-    src_len counts non-pad source tokens (EOS included). Learned positions cap the output at
-    max_positions - 1 tokens (the EOS needs the last position).
+    src_len counts non-pad source tokens (EOS included). The model's `max_positions` caps the output at
+    max_positions - 1 tokens (the EOS needs the last position), whatever its kind of positions: learned ones
+    end there, and a sinusoidal table would extend past what the model was trained on.
     """
     return length_limits(model.config, src.ne(model.config.pad_id).sum(dim=1), max_len_a, max_len_b)
 
@@ -123,9 +124,8 @@ def max_output_lengths(model: Decodable, src: Tensor, max_len_a: float, max_len_
 def length_limits(cfg: object, src_lens: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
     """`max_output_lengths` from the source lengths src_lens [B] (EOS included) and a model config."""
     limit = torch.floor(max_len_a * src_lens.double() + max_len_b).clamp(min=0).long()
-    if getattr(cfg, "positions", None) == "learned":
-        limit = limit.clamp(max=cfg.max_positions - 1)  # type: ignore[attr-defined]
-    return limit
+    positions = getattr(cfg, "max_positions", None)
+    return limit if positions is None else limit.clamp(max=positions - 1)
 
 
 def output_limits(model: Decodable, src: Tensor, options: DecodeConfig, prefix: Tensor | None) -> tuple[Tensor, int]:

@@ -76,12 +76,15 @@ def check_members(configs: list, names: list[str]) -> None:
 
 
 def ensemble_config(configs: list) -> object:
-    """The first member's model config with the tightest positional limit of all members (learned
-    positions anywhere cap the output length, as fairseq's max_decoder_positions takes the minimum)."""
-    learned = [c.max_positions for c in configs if getattr(c, "positions", None) == "learned"]
-    if not learned:
-        return configs[0]
-    return dataclasses.replace(configs[0], positions="learned", max_positions=min(learned))
+    """The first member's model config with the tightest positional limit of all members (every member's
+    `max_positions` caps the input and output lengths, as fairseq's max_decoder_positions takes the minimum),
+    and learned positions when any member has them."""
+    limit = min(c.max_positions for c in configs)
+    learned = any(getattr(c, "positions", None) == "learned" for c in configs)
+    first = configs[0]
+    if limit == first.max_positions and (first.positions == "learned") == learned:
+        return first
+    return dataclasses.replace(first, max_positions=limit, **({"positions": "learned"} if learned else {}))
 
 
 class Ensemble(nn.Module):

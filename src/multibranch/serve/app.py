@@ -7,8 +7,12 @@ stops. `static_dir` mounts a directory of static files at / after the API routes
 serve` mounts PAGE_DIR, the packaged web page (static/: translation, n-best, attention heat map;
 labels and probabilities for a classifier); an API path asked with another method still gets 405.
 
-Request bodies are checked strictly (no `true` for a number, no `"yes"` for a flag: 422); a text
-that is not valid Unicode (a lone surrogate such as the JSON escape "\\ud800") gets 400 naming it.
+Request bodies are checked strictly (no `true` for a number, no `"yes"` for a flag: 422; decoding values as
+`multibranch translate` checks its options, NaN and Infinity included: 422); a text that is not valid Unicode
+(a lone surrogate such as the JSON escape "\\ud800") gets 400 naming it. A body over `limits.max_body_bytes`
+gets 413 before it is read whole or parsed, and a 422 never echoes more of the input than a short value.
+With the engine's `long_inputs` "refuse" (`serve --long-inputs refuse`), a text over the model's token limit
+gets 413 naming it; otherwise it is translated from its first tokens, as `translate` does.
 Every response (but those to the monitoring's GET /health, /info, /metrics) is timed in
 multibranch_request_latency_seconds{status}, 400s, 404s, 405s, 422s and 500s included; an exception
 no handler answered becomes a 500 with a JSON detail and one log record with its traceback. Once
@@ -29,7 +33,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,8 +40,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from multibranch.analysis.attention_maps import SelectionError
+from multibranch.config import check_value
 from multibranch.errors import ConfigError, DataError
-from multibranch.experiment.decoding import check_sampling
+from multibranch.experiment.decoding import SAMPLING_ONLY, DecodeConfig, check_sampling_only
 from multibranch.serve.attention import check_selection
 from multibranch.serve.batcher import MicroBatcher, QueueFull, ShuttingDown
 from multibranch.serve.engine import DecodeOptions, Engine
@@ -141,7 +145,7 @@ def _check_unicode(name: str, text: str) -> None:
 
 def _printable(value: Any) -> Any:
     """`value` (JSON-like) with each lone surrogate in its strings written as its escape, so that the
-    answer can be encoded in UTF-8 (a 422 echoes the request's input)."""
+    answer can be encoded in UTF-8 (a 422 echoes short inputs and names the fields)."""
     if isinstance(value, str):
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, dict):
@@ -149,6 +153,64 @@ def _printable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_printable(v) for v in value]
     return value
+
+
+ECHO_CHARS = 100  # the longest input a 422 shows back
+
+
+def _validation_errors(errors: Any) -> list[dict[str, Any]]:
+    """The 422 detail of a request that failed validation: per error its place, message and type, and the
+    offending input only when it is short (a string of at most ECHO_CHARS characters, a finite number, a
+    flag or null): never a large body back, and never NaN or Infinity, which JSON cannot carry."""
+    out = []
+    for error in errors:
+        entry = {key: _printable(error[key]) for key in ("type", "loc", "msg") if key in error}
+        value = error.get("input")
+        short = (value is None or isinstance(value, (bool, int))
+                 or (isinstance(value, float) and math.isfinite(value))
+                 or (isinstance(value, str) and len(value) <= ECHO_CHARS))
+        if short and "input" in error:
+            entry["input"] = _printable(value)
+        out.append(entry)
+    return out
+
+
+class _TooLarge(HTTPException):
+    """A request body over the limit (raised while it is read; the app answers 413)."""
+
+    def __init__(self, limit: int, size: int | None = None) -> None:
+        has = f"has {size} bytes" if size is not None else f"is over {limit} bytes"
+        super().__init__(413, f"the request body {has}: this server takes at most {limit} (serve --max-body-bytes)")
+
+
+class _BodyLimit:
+    """Middleware that refuses a request body over `limit` bytes with 413 before it is parsed: at once when
+    its Content-Length says so (nothing read), else as soon as the bytes read pass the limit."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            error = _TooLarge(self.limit, int(declared))
+            await JSONResponse({"detail": error.detail}, 413, headers={"Connection": "close"})(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _TooLarge(self.limit)  # FastAPI answers an HTTPException raised while reading the body
+            return message
+
+        await self.app(scope, counted, send)
 
 
 def _check_attention(body: AttentionRequest, limits: ServeLimits, choices: dict[str, Any] | None, task: str,
@@ -217,11 +279,9 @@ def _classify_examples(body: ClassifyRequest, pairs: bool, limits: ServeLimits) 
     return [(a, b) for a, b in body.pairs]
 
 
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
-
-
 def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> None:
-    """413 for too much text, 422 for settings out of range."""
+    """413 for too much text, 422 for settings out of range (the decode config's rules, as `translate` applies
+    them to its options)."""
     _check_texts(body.texts, limits)
     if body.prefix is not None:
         if len(body.prefix) != len(body.texts):
@@ -231,10 +291,11 @@ def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> Non
     if body.sampling:
         _check_sampling(body, limits)
         return
-    given = [f'"{name}"' for name in SAMPLING_FIELDS if getattr(body, name) is not None]
-    if given:
-        raise HTTPException(422, f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to sampling: "
-                                 f'add "sampling": true or drop {"it" if len(given) == 1 else "them"}')
+    try:
+        check_sampling_only([f'"{name}"' for name in SAMPLING_ONLY if getattr(body, name) is not None], False,
+                            '"sampling": true')
+    except ConfigError as err:
+        raise HTTPException(422, str(err)) from None
     if beam > limits.max_beam:
         raise HTTPException(422, f"beam={beam}: at most {limits.max_beam}")
     if body.nbest is not None and body.nbest > beam:
@@ -247,13 +308,24 @@ def _check_sampling(body: TranslateRequest, limits: ServeLimits) -> None:
         raise HTTPException(422, "sampling draws nbest samples per text instead of a beam search; drop beam")
     if body.nbest is not None and body.nbest > limits.max_beam:
         raise HTTPException(422, f"nbest={body.nbest}: at most {limits.max_beam} samples per text")
-    temperature = 1.0 if body.temperature is None else body.temperature
-    if not math.isfinite(temperature):
-        raise HTTPException(422, f"temperature={temperature}: must be a finite number > 0")
     try:
-        check_sampling(temperature, 0 if body.top_k is None else body.top_k, 1.0 if body.top_p is None else body.top_p)
+        for name in SAMPLING_ONLY:
+            if getattr(body, name) is not None:
+                check_value(DecodeConfig, name, getattr(body, name))
     except ConfigError as err:
         raise HTTPException(422, str(err)) from None
+
+
+def _check_lengths(texts: list[str], tokens: list[int], engine: Any) -> None:
+    """413 naming the first text over the model's token limit when the engine refuses long inputs
+    (`long_inputs` "refuse"); otherwise such texts are translated from their first tokens."""
+    limit = getattr(engine, "input_limit", None)
+    decode = getattr(engine, "decode", None)
+    if limit is None or getattr(decode, "long_inputs", "truncate") != "refuse":
+        return
+    for i, count in enumerate(tokens):
+        if count > limit and texts[i].strip():
+            raise HTTPException(413, f"texts[{i}] has {count} tokens (EOS included): the model takes at most {limit}")
 
 
 def _decode_options(body: TranslateRequest, beam: int) -> DecodeOptions:
@@ -355,11 +427,12 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
 
     app = FastAPI(title="multibranch", lifespan=lifespan)
     app.state.batcher, app.state.metrics, app.state.limits, app.state.engine = batcher, metrics, limits, engine
-    app.add_middleware(_Answered, metrics=metrics, batcher=batcher)
+    app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
+    app.add_middleware(_Answered, metrics=metrics, batcher=batcher)  # the outer one: it times the 413s too
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": _printable(jsonable_encoder(err.errors()))}, 422)
+        return JSONResponse({"detail": _validation_errors(err.errors())}, 422)
 
     async def queued(handle: Callable[[], Awaitable[Any]]) -> Any:
         """Answer a request that goes through the queue, counted in the in-flight gauge; 503 / 504 when
@@ -384,7 +457,9 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
             _check_limits(body, limits, beam)
             if not body.texts:
                 return {"translations": []}
-            tokens = sum(engine.count_tokens(body.texts))
+            lengths = engine.count_tokens(body.texts)
+            _check_lengths(body.texts, lengths, engine)
+            tokens = sum(lengths)
             if body.sampling or body.prefix is not None:
                 return await options_call(body, beam, tokens)
             if body.alignment:
@@ -450,6 +525,8 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
             return _unavailable(err, limits, metrics)
         except SelectionError as err:
             raise HTTPException(422, str(err)) from None
+        except DataError as err:  # a text over the model's limit, refused (`long_inputs` "refuse")
+            raise HTTPException(413, str(err)) from None
 
     @app.get("/health")
     async def health() -> Any:

@@ -160,6 +160,11 @@ class TorchEngine:
     def count_tokens(self, texts: list[str]) -> list[int]:
         return [len(ids) + 1 for ids in self.tokenizer.encode_src(texts)]  # + EOS
 
+    @property
+    def input_limit(self) -> int | None:
+        """The most source tokens (EOS included) a text may have: the model's and the decode settings' limit."""
+        return self._base.max_input_tokens
+
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
         return self._translator(beam).translate_nbest(texts, nbest)
 
@@ -286,13 +291,18 @@ class Ct2Engine:
 
     task = "translation"
 
-    def __init__(self, directory: str, device: str = "cpu", threads: int = 1):
-        self.translator = Ct2Translator(directory, device=device, threads=threads)
+    def __init__(self, directory: str, device: str = "cpu", threads: int = 1, **overrides: Any):
+        self.translator = Ct2Translator(directory, device=device, threads=threads, **overrides)
         self.decode, self.settings = self.translator.cfg, self.translator.settings
         self.default_beam = self.decode.beam
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         return self.translator.count_tokens(texts)
+
+    @property
+    def input_limit(self) -> int | None:
+        """The most source tokens (EOS included) a text may have (the directory's position table, max_input_tokens)."""
+        return self.translator.max_input_tokens
 
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
         return self.translator.translate_nbest(texts, nbest, beam=beam)

@@ -43,15 +43,17 @@ def check_address(host: str, port: int) -> None:
 
 
 def load_engine(engine: str, ckpt: str | list[str], device: str, threads: int | None = None,
-                precision: str = "fp32", beam: int | None = None) -> Any:
+                precision: str = "fp32", beam: int | None = None, long_inputs: str | None = None) -> Any:
     """The engine `engine` ("torch": a checkpoint, or a list of them for an ensemble; "ct2": a `convert
-    ct2` directory), loaded once. `threads` sets torch's CPU threads (and the CT2 engine's; default 1 there)."""
+    ct2` directory), loaded once. `threads` sets torch's CPU threads (and the CT2 engine's; default 1 there);
+    `beam` (torch) and `long_inputs` replace the decode settings' (None: keep them)."""
     if threads is not None:
         torch.set_num_threads(threads)
+    inputs = {} if long_inputs is None else {"long_inputs": long_inputs}
     if engine == "ct2":
         assert isinstance(ckpt, str), "a CTranslate2 directory is served alone"
-        return Ct2Engine(ckpt, device="cpu" if device == "auto" else device, threads=threads or 1)
-    overrides = {} if beam is None else {"beam": beam}
+        return Ct2Engine(ckpt, device="cpu" if device == "auto" else device, threads=threads or 1, **inputs)
+    overrides = {**inputs, **({} if beam is None else {"beam": beam})}
     return load_torch_engine(ckpt, device, precision=precision, **overrides)
 
 

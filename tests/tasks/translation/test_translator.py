@@ -71,7 +71,7 @@ def test_either_engine_runs_anywhere_and_searches_alike(tokenizer, experiment, d
         assert [text for text, _ in on] == [text for text, _ in off]
         assert [score for _, score in on] == pytest.approx([score for _, score in off], abs=1e-4)
     assert DecodeConfig(fixed_shapes="on").validate() is None
-    with pytest.raises(ConfigError, match="fixed_shapes='sometimes' must be auto, on or off"):
+    with pytest.raises(ConfigError, match=r"fixed_shapes: 'sometimes' is not one of \['auto', 'on', 'off'\]"):
         DecodeConfig(fixed_shapes="sometimes").validate()  # type: ignore[arg-type]
 
 
@@ -91,22 +91,50 @@ def test_one_output_per_input_with_mixed_empty_lines(translator):
     assert out[1] == translator.translate([LINES[0]])[0] and out[3] == translator.translate([LINES[1]])[0]
 
 
-def test_over_long_inputs_are_truncated_with_one_warning(translator, caplog):
+def test_over_long_inputs_are_truncated_with_one_warning_naming_the_lines(translator, caplog):
     long_line = " ".join(LINES)  # far more than MAX_POSITIONS pieces
     keep, ids, truncated = translator.encode([long_line, LINES[0], long_line])
-    assert truncated == 2 and [len(x) for x in ids][0] == MAX_POSITIONS and ids[0][-1] == EOS_ID
+    assert truncated == [0, 2] and [len(x) for x in ids][0] == MAX_POSITIONS and ids[0][-1] == EOS_ID
     with caplog.at_level(logging.WARNING, logger="multibranch.tasks.translation.translator"):
-        out = translator.translate([long_line, LINES[0], long_line])
+        out = translator.translate([long_line, LINES[0], long_line], first_line=41)
     assert len(out) == 3 and out[0] == out[2]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "truncated 2 of 3" in warnings[0]
+    assert len(warnings) == 1 and warnings[0].startswith("input lines 41, 43: ")
+    assert f"limit of {MAX_POSITIONS} tokens" in warnings[0]
+
+
+def test_sinusoidal_positions_limit_the_input_at_max_positions_too(tokenizer, experiment):
+    """A sinusoidal model takes max_positions source tokens, as a learned one: its table would extend, but the
+    model never saw such positions (and a line of thousands of tokens took minutes)."""
+    import dataclasses
+
+    config, model = experiment
+    sinusoidal = dataclasses.replace(config.model, positions="sinusoidal", max_positions=10)
+    limits = [translator_module.input_limit(sinusoidal, DecodeConfig(max_input_tokens=n)) for n in (None, 6, 40)]
+    assert limits == [10, 6, 10]
+    assert translator_module.input_limit(dataclasses.replace(sinusoidal, positions="none"), DecodeConfig()) == 10
+
+
+def test_a_stream_names_a_long_line_by_its_number_in_the_whole_input(translator, caplog):
+    """Chunks of 2 lines: the long line 5 is named 5, not 1 (its place in its chunk)."""
+    from multibranch.tasks.translation.files import translate_stream
+
+    short = min(LINES, key=len)
+    text = "\n".join([short, short, short, short, " ".join(LINES), short]) + "\n"
+    sink = io.BytesIO()
+    with caplog.at_level(logging.WARNING):
+        assert translate_stream(translator, io.BytesIO(text.encode()), sink, "in.txt", "strict", 1,
+                                chunk_lines=2) == 6
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("input line 5: ")
+    assert len(sink.getvalue().decode().splitlines()) == 6
 
 
 def test_max_input_tokens_setting(tokenizer, experiment):
     config, model = experiment
     short = Translator(model, tokenizer, DecodeConfig(beam=2, max_input_tokens=5))
     _, ids, truncated = short.encode([LINES[0]])
-    assert len(ids[0]) == 5 and truncated == 1
+    assert len(ids[0]) == 5 and truncated == [0]
 
 
 def test_nbest_is_sorted_and_starts_with_the_best(translator):
@@ -432,4 +460,4 @@ def test_cli_no_repeat_ngram_size_reaches_the_search(checkpoint, experiment, tok
     assert main(["translate", "--ckpt", str(checkpoint), "-i", str(src), "--no-repeat-ngram-size", "-1",
                  "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "no_repeat_ngram_size=-1" in err and "\n" not in err
+    assert "--no-repeat-ngram-size -1: must be >= 0" in err and "\n" not in err

@@ -5,8 +5,8 @@
 - empty / whitespace-only lines give "" without running the model;
 - every other line becomes its source SentencePiece pieces; CTranslate2 appends EOS
   (`add_source_eos`); a line longer than the directory's position table (`max_positions` in its
-  settings; learned positions truncate there in ours too) or `max_input_tokens` is truncated, never
-  dropped, with one warning per call;
+  settings; ours truncate at the model's `max_positions` too) or `max_input_tokens` is truncated, never
+  dropped, with one warning per call naming the lines, or refused (`long_inputs`), as the Translator does;
 - the decode settings are the checkpoint's, stored in the settings file at conversion, with the
   overrides given; `translate_options` maps them to `translate_batch` keyword arguments that
   reproduce our beam search, `max_decoding_length` our output length limit.
@@ -17,7 +17,6 @@ ctranslate2 is an optional extra, imported only when a directory is opened.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import time
 from collections.abc import Sequence
@@ -34,9 +33,14 @@ from multibranch.errors import CheckpointError, DataError, UserError
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.beam import length_penalty
 from multibranch.json_file import read_json_object
-from multibranch.tasks.translation.translator import ForcedScore, Progress, TranslationStats, progress_bar
-
-logger = logging.getLogger(__name__)
+from multibranch.tasks.translation.translator import (
+    ForcedScore,
+    Progress,
+    TranslationStats,
+    long_lines,
+    progress_bar,
+    warn_truncated,
+)
 
 MODEL_FILES = ("model.bin", "config.json")
 # CTranslate2 stores one shared vocabulary or one per side (.json since 3.x, .txt before)
@@ -151,31 +155,37 @@ class Ct2Translator:
             raise CheckpointError(f"{self.root}: CTranslate2 cannot load it ({reason})") from None
         self.stats = TranslationStats()
 
-    def translate(self, lines: list[str], progress: Progress = False) -> list[str]:
-        """One translation (the best hypothesis) per input line, in input order."""
-        return [entries[0][0] for entries in self._run(lines, 1, progress)]
+    def translate(self, lines: list[str], progress: Progress = False, first_line: int = 1) -> list[str]:
+        """One translation (the best hypothesis) per input line, in input order (`first_line`: the number of
+        `lines[0]` in the messages about long lines)."""
+        return [entries[0][0] for entries in self._run(lines, 1, progress, first_line=first_line)]
 
     def translate_nbest(self, lines: list[str], n: int, progress: Progress = False,
-                        beam: int | None = None) -> list[list[tuple[str, float]]]:
+                        beam: int | None = None, first_line: int = 1) -> list[list[tuple[str, float]]]:
         """Up to `n` (<= beam) (text, normalised score) pairs per line, best first; `beam` replaces
         the configured beam for this call. An empty line gives [("", 0.0)]."""
         beam = beam or self.cfg.beam
         if not 1 <= n <= beam:
             raise ValueError(f"n={n} must be between 1 and beam={beam}")
-        return self._run(lines, n, progress, beam)
+        return self._run(lines, n, progress, beam, first_line)
+
+    def check_lengths(self, lines: list[str], first_line: int = 1) -> None:
+        """DataError naming the first line over the input limit when `long_inputs` is "refuse" (else nothing)."""
+        if self.cfg.long_inputs == "refuse":
+            self._encode(lines, first_line)
 
     def count_tokens(self, lines: list[str]) -> list[int]:
         """Source tokens of each line, EOS included (before truncation)."""
         return [len(ids) + 1 for ids in self.tokenizer.encode_src(lines)]
 
-    def score(self, lines: Sequence[str], references: Sequence[str], progress: Progress = False
-              ) -> list[ForcedScore | None]:
+    def score(self, lines: Sequence[str], references: Sequence[str], progress: Progress = False,
+              first_line: int = 1) -> list[ForcedScore | None]:
         """Forced decoding (`score_batch`): `references[i]` scored as the translation of `lines[i]`,
         EOS included, normalised with our length penalty; an empty source line gives None."""
         if len(lines) != len(references):
             raise DataError(f"line counts differ: {len(lines)} input lines but {len(references)} references")
         start = time.perf_counter()
-        keep, sources = self._encode(list(lines))
+        keep, sources = self._encode(list(lines), first_line)
         targets = self._pieces(self.tokenizer.tgt, self.tokenizer.encode_tgt([references[i] for i in keep]))
         results: list[ForcedScore | None] = [None] * len(lines)
         scored = self.translator.score_batch(sources, targets, max_batch_size=self.cfg.batch_size,
@@ -194,16 +204,16 @@ class Ct2Translator:
 
     # ---- internals -------------------------------------------------------------------------------
 
-    def _encode(self, lines: list[str]) -> tuple[list[int], list[list[str]]]:
-        """(indices of non-empty lines, their source pieces without EOS, truncated to the input limit)."""
+    def _encode(self, lines: list[str], first_line: int = 1) -> tuple[list[int], list[list[str]]]:
+        """(indices of non-empty lines, their source pieces without EOS, truncated to the input limit, with one
+        warning naming the truncated lines; a DataError instead when `long_inputs` is "refuse")."""
         keep = [i for i, line in enumerate(lines) if line.strip()]
         pieces = self._pieces(self.tokenizer.src, self.tokenizer.encode_src([lines[i] for i in keep])) if keep else []
         limit = self.max_input_tokens
-        truncated = sum(1 for p in pieces if limit is not None and len(p) + 1 > limit)
-        if truncated:
-            self.stats.truncated += truncated
-            logger.warning("truncated %d of %d input line(s) to %d tokens (position table / max_input_tokens); their "
-                           "translations cover only the beginning of the line", truncated, len(keep), limit)
+        over = long_lines([len(p) + 1 for p in pieces], limit, self.cfg.long_inputs, [first_line + i for i in keep])
+        if over and limit is not None:
+            self.stats.truncated += len(over)
+            warn_truncated([first_line + keep[p] for p in over], limit)
             pieces = [p[: limit - 1] for p in pieces]
         return keep, pieces
 
@@ -222,13 +232,13 @@ class Ct2Translator:
         if progress is not False and progress is not True and n:
             progress.update(n)
 
-    def _run(self, lines: list[str], nbest: int, progress: Progress = False, beam: int | None = None
-             ) -> list[list[tuple[str, float]]]:
+    def _run(self, lines: list[str], nbest: int, progress: Progress = False, beam: int | None = None,
+             first_line: int = 1) -> list[list[tuple[str, float]]]:
         start = time.perf_counter()
         owned = progress_bar(len(lines), True) if progress is True else None
         bar = owned if owned is not None else progress
         results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
-        keep, sources = self._encode(list(lines))
+        keep, sources = self._encode(list(lines), first_line)
         self._advance(bar, len(lines) - len(keep))
         options = {**self.options, "num_hypotheses": nbest, "beam_size": beam or self.cfg.beam}
         by_limit: dict[int, list[int]] = {}  # CT2 takes one length limit per call; ours depends on the source

@@ -33,10 +33,12 @@ def chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
 def format_translations(translator: Any, chunk: list[str], nbest: int, first_index: int, progress: Any = False,
                         render: Callable[[str], str] = one_line, prefixes: list[str] | None = None,
                         alignment: bool = False) -> str:
-    """The output text of one chunk: `render(text)` and a newline per input line, or nbest rows
-    'index ||| text ||| score'; `alignment`: ' ||| i-j ...' after each translation. `prefixes`: one
-    target prefix per line of the chunk."""
-    options: dict[str, Any] = {"progress": progress} if prefixes is None else {"progress": progress, "prefixes": prefixes}
+    """The output text of one chunk whose first line is input line `first_index` + 1: `render(text)` and a
+    newline per input line, or nbest rows 'index ||| text ||| score'; `alignment`: ' ||| i-j ...' after each
+    translation. `prefixes`: one target prefix per line of the chunk."""
+    options: dict[str, Any] = {"progress": progress, "first_line": first_index + 1}
+    if prefixes is not None:
+        options["prefixes"] = prefixes
     if nbest == 1 and not alignment:
         return "".join(render(text) + "\n" for text in translator.translate(chunk, **options))
     if not alignment:
@@ -69,6 +71,18 @@ def translate_stream(translator: Any, source: BinaryIO, sink: BinaryIO, name: st
         sink.flush()
         index += len(chunk)
     return index
+
+
+def check_lengths(translator: Any, path: str, encoding_errors: str, chunk_lines: int = CHUNK_LINES) -> None:
+    """Read the input file `path` through once, chunk by chunk, for a line over the translator's input limit:
+    with `long_inputs` "refuse", a DataError naming it before anything is decoded or written."""
+    if translator.cfg.long_inputs != "refuse":
+        return
+    with open_input(path) as source:
+        first = 1
+        for chunk in chunks(iter_lines(source, path, encoding_errors), chunk_lines):
+            translator.check_lengths(chunk, first)
+            first += len(chunk)
 
 
 def translate_interactive(translator: Any, nbest: int, encoding_errors: str, source: IO[bytes] | None = None,

@@ -2,9 +2,12 @@
 
 `Translator.translate(lines)` returns exactly one string per input line, in input order:
 - empty / whitespace-only lines give "" without running the model;
-- every other line becomes its SentencePiece ids + EOS; lines longer than the input limit (the
-  model's positional limit for learned positions, and `DecodeConfig.max_input_tokens`) are
-  truncated, never dropped, with one warning per call giving the count;
+- every other line becomes its SentencePiece ids + EOS; a line longer than the input limit (the
+  model's `max_positions`, whatever its kind of positions, and `DecodeConfig.max_input_tokens`) is
+  truncated, never dropped, with one warning per call naming the lines (`first_line` numbers them:
+  a stream translated in chunks passes each chunk's first line number), or, with
+  `DecodeConfig.long_inputs = "refuse"`, refused with a DataError naming the first before any is decoded;
+- outputs are bounded as well: at most `max_positions - 1` tokens before EOS (`inference.beam.length_limits`);
 - lines are sorted longest-first (an out-of-memory error shows up in the first batch) and batched
   so that padded source tokens x beam (x samples when sampling) <= batch_tokens and sentences <= batch_size.
 
@@ -98,13 +101,33 @@ class Translation:
 
 
 def input_limit(model_config: Any, decode: DecodeConfig) -> int | None:
-    """Most source tokens (EOS included) a line may keep; None = unlimited."""
-    limits = []
-    if getattr(model_config, "positions", None) == "learned":
-        limits.append(model_config.max_positions)
-    if decode.max_input_tokens is not None:
-        limits.append(decode.max_input_tokens)
+    """Most source tokens (EOS included) a line may keep: the model's `max_positions` (learned positions end
+    there; a sinusoidal table extends, but the model never saw such positions, and the time grows with the
+    square of the length) and `decode.max_input_tokens`; None = unlimited."""
+    limits = [n for n in (getattr(model_config, "max_positions", None), decode.max_input_tokens) if n is not None]
     return min(limits) if limits else None
+
+
+def long_lines(lengths: Sequence[int], limit: int | None, policy: str, numbers: Sequence[int]) -> list[int]:
+    """The positions in `lengths` (source tokens, EOS included) of the lines over `limit`, to truncate; with
+    `policy` "refuse" a DataError naming the first of them (its line number in `numbers`) instead."""
+    over = [p for p, n in enumerate(lengths) if limit is not None and n > limit]
+    if over and policy == "refuse":
+        first = over[0]
+        raise DataError(f"input line {numbers[first]} has {lengths[first]} tokens (EOS included), more than the "
+                        f"model's limit of {limit} (max_positions / max_input_tokens); shorten or split it, or let "
+                        "long lines be truncated (--long-inputs truncate)")
+    return over
+
+
+def warn_truncated(numbers: Sequence[int], limit: int | None) -> None:
+    """One warning naming the lines (1-based `numbers`) truncated to `limit` tokens."""
+    if not numbers:
+        return
+    shown = ", ".join(map(str, numbers[:5])) + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
+    logger.warning("input line%s %s: more than the model's limit of %d tokens (max_positions / max_input_tokens); "
+                   "translated from the first %d only (--long-inputs refuse: an error instead)",
+                   "s" if len(numbers) > 1 else "", shown, limit, limit)
 
 
 def make_batches(lengths: list[int], beam: int, batch_tokens: int, batch_size: int) -> list[list[int]]:
@@ -160,29 +183,32 @@ class Translator:
         # with the fixed-shape search, the fixed-row sampler drawing from that generator, kept across batches
         self.sampler = FixedShapeSampler(self.model, generator=self.generator) if fixed else None
 
-    def translate(self, lines: list[str], progress: Progress = False, prefixes: Sequence[str] | None = None
-                  ) -> list[str]:
+    def translate(self, lines: list[str], progress: Progress = False, prefixes: Sequence[str] | None = None,
+                  first_line: int = 1) -> list[str]:
         """One translation (the best hypothesis) per input line, in input order.
 
         `progress`: True shows a bar (lines done / total, ETA) on stderr; a bar object is advanced instead.
         `prefixes`: per line a target-side text its translation must start with ("" = none).
+        `first_line`: the number of `lines[0]` in the messages about long lines.
         """
-        return [entries[0].text for entries in self.translate_full(lines, 1, progress, prefixes)]
+        return [entries[0].text for entries in self.translate_full(lines, 1, progress, prefixes, first_line)]
 
     def translate_nbest(self, lines: list[str], n: int, progress: Progress = False,
-                        prefixes: Sequence[str] | None = None) -> list[list[tuple[str, float]]]:
+                        prefixes: Sequence[str] | None = None, first_line: int = 1) -> list[list[tuple[str, float]]]:
         """Up to `n` (<= beam; any n when sampling) (text, normalised score) pairs per line, best first.
         An empty line gives [("", 0.0)]."""
-        return [[(t.text, t.score) for t in entries] for entries in self.translate_full(lines, n, progress, prefixes)]
+        return [[(t.text, t.score) for t in entries]
+                for entries in self.translate_full(lines, n, progress, prefixes, first_line)]
 
     def translate_full(self, lines: list[str], n: int, progress: Progress = False,
-                       prefixes: Sequence[str] | None = None) -> list[list[Translation]]:
+                       prefixes: Sequence[str] | None = None, first_line: int = 1) -> list[list[Translation]]:
         """`translate_nbest` as `Translation`s (with alignments when the translator makes them)."""
         if n < 1 or (not self.cfg.sampling and n > self.cfg.beam):
             raise ValueError(f"n={n} must be between 1 and beam={self.cfg.beam}")
-        return self._run(lines, n, progress, self.encode_prefixes(lines, prefixes))
+        return self._run(lines, n, progress, self.encode_prefixes(lines, prefixes, first_line), first_line)
 
-    def encode_prefixes(self, lines: Sequence[str], prefixes: Sequence[str] | None) -> list[list[int]] | None:
+    def encode_prefixes(self, lines: Sequence[str], prefixes: Sequence[str] | None, first_line: int = 1
+                        ) -> list[list[int]] | None:
         """Target ids of each line's prefix (None: no prefixes). DataError when the counts differ or a
         prefix is longer than its line's maximum output length (before anything is decoded)."""
         if prefixes is None:
@@ -190,7 +216,7 @@ class Translator:
         if len(prefixes) != len(lines):
             raise DataError(f"line counts differ: {len(lines)} input lines but {len(prefixes)} prefixes")
         ids = [list(p) for p in self.tokenizer.encode_tgt(list(prefixes))]
-        keep, sources, _ = self.encode(list(lines))
+        keep, sources, _ = self.encode(list(lines), first_line)
         if keep:
             src_lens = torch.tensor([len(s) for s in sources])
             limits = length_limits(self.model.config, src_lens, self.cfg.max_len_a, self.cfg.max_len_b).tolist()
@@ -201,8 +227,8 @@ class Translator:
                                     "prefix or raise the limit")
         return ids
 
-    def score(self, lines: Sequence[str], references: Sequence[str], progress: Progress = False
-              ) -> list[ForcedScore | None]:
+    def score(self, lines: Sequence[str], references: Sequence[str], progress: Progress = False,
+              first_line: int = 1) -> list[ForcedScore | None]:
         """Forced decoding: score `references[i]` as the translation of `lines[i]`.
 
         Sources are encoded (and truncated) as for translation, references with the target
@@ -211,8 +237,8 @@ class Translator:
         """
         if len(lines) != len(references):
             raise DataError(f"line counts differ: {len(lines)} input lines but {len(references)} references")
-        keep, sources, truncated = self.encode(list(lines))
-        self._warn_truncated(truncated, len(keep))
+        keep, sources, truncated = self.encode(list(lines), first_line)
+        warn_truncated([first_line + i for i in truncated], self.max_input_tokens)
         eos = self.model.config.eos_id
         targets = [list(ids) + [eos] for ids in self.tokenizer.encode_tgt([references[i] for i in keep])]
         if getattr(self.model.config, "positions", None) == "learned":
@@ -246,26 +272,22 @@ class Translator:
 
     # ---- internals -------------------------------------------------------------------------------
 
-    def encode(self, lines: list[str]) -> tuple[list[int], list[list[int]], int]:
-        """(indices of non-empty lines, their source ids + EOS (truncated), number truncated)."""
+    def check_lengths(self, lines: list[str], first_line: int = 1) -> None:
+        """DataError naming the first line over the input limit when `long_inputs` is "refuse" (else nothing)."""
+        if self.cfg.long_inputs == "refuse":
+            self.encode(lines, first_line)
+
+    def encode(self, lines: list[str], first_line: int = 1) -> tuple[list[int], list[list[int]], list[int]]:
+        """(indices of non-empty lines, their source ids + EOS (truncated to the input limit), the indices of
+        the truncated lines); DataError for a long line when `long_inputs` is "refuse" (`long_lines`)."""
         keep = [i for i, line in enumerate(lines) if line.strip()]
         ids = self.tokenizer.encode_src([lines[i] for i in keep]) if keep else []
         eos, limit = self.model.config.eos_id, self.max_input_tokens
-        truncated = 0
-        out = []
-        for pieces in ids:
-            if limit is not None and len(pieces) + 1 > limit:
-                pieces = pieces[: limit - 1]
-                truncated += 1
-            out.append(list(pieces) + [eos])
-        return keep, out, truncated
-
-    def _warn_truncated(self, truncated: int, lines: int) -> None:
-        if truncated:
-            logger.warning(
-                "truncated %d of %d input line(s) to %d tokens (model positional limit / max_input_tokens); "
-                "their translations cover only the beginning of the line", truncated, lines, self.max_input_tokens,
-            )
+        over = set(long_lines([len(pieces) + 1 for pieces in ids], limit, self.cfg.long_inputs,
+                              [first_line + i for i in keep]))
+        out = [list(pieces[: limit - 1] if p in over and limit is not None else pieces) + [eos]
+               for p, pieces in enumerate(ids)]
+        return keep, out, [keep[p] for p in sorted(over)]
 
     @staticmethod
     def _bar(progress: Progress, total: int) -> tuple[Any, bool]:
@@ -317,14 +339,14 @@ class Translator:
         return [[next(texts) for _ in sentence] for sentence in hyps]
 
     def _run(self, lines: list[str], nbest: int, progress: Progress = False,
-             prefixes: list[list[int]] | None = None) -> list[list[Translation]]:
+             prefixes: list[list[int]] | None = None, first_line: int = 1) -> list[list[Translation]]:
         start = time.perf_counter()
         empty = "" if self.alignment_layer is not None else None
         results: list[list[Translation]] = [[Translation("", 0.0, empty)] for _ in lines]
-        keep, sources, truncated = self.encode(list(lines))
+        keep, sources, truncated = self.encode(list(lines), first_line)
         bar, owned = self._bar(progress, len(lines))
         self._advance(bar, len(lines) - len(keep))
-        self._warn_truncated(truncated, len(keep))
+        warn_truncated([first_line + i for i in truncated], self.max_input_tokens)
         order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first, stable
         lengths = [len(sources[i]) for i in order]
         tgt_tokens = 0
@@ -345,7 +367,7 @@ class Translator:
         self.stats.sentences += len(lines)
         self.stats.src_tokens += sum(len(s) for s in sources)
         self.stats.tgt_tokens += tgt_tokens
-        self.stats.truncated += truncated
+        self.stats.truncated += len(truncated)
         self.stats.seconds += time.perf_counter() - start
         return results
 
