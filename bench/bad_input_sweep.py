@@ -190,6 +190,14 @@ def cases(fx: Fixtures) -> list[Case]:
         (raw / "train.tgt").write_text("".join(lines[:-3]), encoding="utf-8")
         return prepare_args(raw, folder / "data")
 
+    def stopped_before_first_checkpoint(folder: Path) -> Path:
+        """The run as a start killed before its first checkpoint leaves it: config.yaml, tokenizer/, train.log,
+        metrics.jsonl, an empty checkpoints/; no checkpoint."""
+        run = fx.copy("run", folder)
+        for checkpoint in run.rglob("*.pt"):
+            checkpoint.unlink()
+        return run
+
     def same_file(folder: Path) -> list[str]:
         (folder / "in.txt").write_text("ein haus\n", encoding="utf-8")
         return ["translate", "--ckpt", str(fx.run / "best.pt"), "-i", str(folder / "in.txt"), "-o",
@@ -212,6 +220,25 @@ def cases(fx: Fixtures) -> list[Case]:
                                                    str(fx.run / "last.pt"), "--out",
                                                    str(notes(f) / "ideas.txt"), "--force"],
              "is a file, not a multibranch checkpoint"),
+        Case("force-average-onto-best-pt", lambda f: ["average", "--run", str(fx.copy("run", f)), "--last", "1",
+                                                      "--out", str(f / "run" / "best.pt"), "--force"],
+             "is the best.pt of a training run"),
+        Case("force-export-onto-its-input", lambda f: ["convert", "export", "--ckpt", str(fx.copy("export", f)),
+                                                       "--out", str(f / "export"), "--force", "--dtype", "fp16"],
+             "holds the input"),
+        # a run killed before its first checkpoint: a plain start names the remedies, --auto-resume starts over
+        Case("train-into-run-stopped-before-first-checkpoint",
+             lambda f: train_args(fx.data, stopped_before_first_checkpoint(f)), "pass --auto-resume or --force"),
+        Case("train-auto-resume-run-stopped-before-first-checkpoint",
+             lambda f: train_args(fx.data, stopped_before_first_checkpoint(f), "--auto-resume"), "", code=0,
+             unchanged=False),
+        # messages that name what is wrong
+        Case("train-classification-preset-missing-data",
+             lambda f: ["train", "--data", str(f / "nowhere"), "--out", str(f / "run"), "--preset", "trec6-tiny"],
+             "(the directory does not exist)"),
+        Case("average-two-runs-of-other-configs",
+             lambda f: ["average", "--ckpts", str(fx.run / "best.pt"), str(fx.standard / "best.pt"), "--out",
+                        str(f / "avg.pt")], f": {fx.run / 'best.pt'} "),  # the run's path, not just best.pt
         # a failed start leaves no run directory
         Case("train-max-tokens-20", lambda f: train_args(fx.data, f / "run", "--max-tokens", "20"),
              "--max-tokens"),
@@ -222,6 +249,19 @@ def cases(fx: Fixtures) -> list[Case]:
         Case("train-offsets-corrupted", corrupt_offsets, "offsets"),
         Case("train-unknown-config-key", lambda f: train_args(fx.data, f / "run", "--set", "model.bogus=1"),
              "model.bogus"),
+        # numbers out of range, NaN or infinite: one line naming the option, before anything is loaded or written
+        Case("train-max-steps-negative", lambda f: train_args(fx.data, f / "run", "--max-steps", "-3"),
+             "max_steps=-3 must be >= 1"),
+        Case("translate-lenpen-nan", lambda f: translate_input(f, b"ein haus\n", "--lenpen", "nan"), "--lenpen"),
+        Case("translate-lenpen-inf", lambda f: translate_input(f, b"ein haus\n", "--lenpen", "inf"), "--lenpen"),
+        Case("translate-max-len-b-negative", lambda f: translate_input(f, b"ein haus\n", "--max-len-b", "-5"),
+             "--max-len-b -5"),
+        Case("serve-max-body-bytes-tiny", lambda f: ["serve", "--ckpt", str(fx.run / "best.pt"), "--port", "0",
+                                                     "--max-body-bytes", "10"], "--max-body-bytes 10"),
+        # a line over the model's limit, refused by name before anything is written
+        Case("translate-long-line-refused", lambda f: translate_input(
+            f, b"ein haus\n" + b"ein haus steht am fluss " * 600 + b"\n", "--long-inputs", "refuse", "-o",
+            str(f / "out.txt")), "input line 2 has"),
         # one line where a traceback was
         Case("translate-temperature-inf", lambda f: translate_input(f, b"ein haus\n", "--sampling",
                                                                     "--temperature", "inf"), "--temperature"),
