@@ -249,6 +249,19 @@ def cases(fx: Fixtures) -> list[Case]:
         Case("train-offsets-corrupted", corrupt_offsets, "offsets"),
         Case("train-unknown-config-key", lambda f: train_args(fx.data, f / "run", "--set", "model.bogus=1"),
              "model.bogus"),
+        # numbers out of range, NaN or infinite: one line naming the option, before anything is loaded or written
+        Case("train-max-steps-negative", lambda f: train_args(fx.data, f / "run", "--max-steps", "-3"),
+             "max_steps=-3 must be >= 1"),
+        Case("translate-lenpen-nan", lambda f: translate_input(f, b"ein haus\n", "--lenpen", "nan"), "--lenpen"),
+        Case("translate-lenpen-inf", lambda f: translate_input(f, b"ein haus\n", "--lenpen", "inf"), "--lenpen"),
+        Case("translate-max-len-b-negative", lambda f: translate_input(f, b"ein haus\n", "--max-len-b", "-5"),
+             "--max-len-b -5"),
+        Case("serve-max-body-bytes-tiny", lambda f: ["serve", "--ckpt", str(fx.run / "best.pt"), "--port", "0",
+                                                     "--max-body-bytes", "10"], "--max-body-bytes 10"),
+        # a line over the model's limit, refused by name before anything is written
+        Case("translate-long-line-refused", lambda f: translate_input(
+            f, b"ein haus\n" + b"ein haus steht am fluss " * 600 + b"\n", "--long-inputs", "refuse", "-o",
+            str(f / "out.txt")), "input line 2 has"),
         # one line where a traceback was
         Case("translate-temperature-inf", lambda f: translate_input(f, b"ein haus\n", "--sampling",
                                                                     "--temperature", "inf"), "--temperature"),
