@@ -1,12 +1,21 @@
-"""`multibranch demo` trains for a number of updates, never for a wall-clock time: the same model and the same
-BLEU on any machine, however busy. The task generation, preparation and training are replaced by stubs here (the
-whole demo takes minutes)."""
+"""`multibranch demo` trains for a number of updates, never for a wall-clock time, and in fp32 on every CPU: the same
+model and the same BLEU on any machine, however busy, with or without native bf16. It translates its test set without
+building the CPU kernels (a one-time build of minutes, longer than that translation takes without them). The task
+generation, preparation and training are replaced by stubs here; the whole demo runs in the slow test."""
 
 from __future__ import annotations
 
+import functools
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 
+from multibranch import cpu_kernels
 from multibranch.cli import main
+from multibranch.tasks.translation.heldout import without_a_kernel_build
 
 
 class Captured(Exception):
@@ -54,3 +63,47 @@ def test_no_updates_is_one_line_before_anything_is_written(demo_training_config,
     err = capsys.readouterr().err.strip()
     assert "--updates 0" in err and "\n" not in err
     assert not (tmp_path / "demo").exists()
+
+
+def test_the_demo_trains_in_fp32_on_every_cpu(demo_training_config):
+    """amp auto would train in bf16 on CPUs with native bf16 and in fp32 elsewhere: two models, two BLEUs."""
+    assert demo_training_config().train.amp == "none"
+
+
+def test_the_demo_translation_builds_no_cpu_kernels_and_leaves_them_as_it_found_them(monkeypatch):
+    built = []
+
+    @functools.cache
+    def kernels():  # as cpu_kernels.kernels: None when switched off, else built once
+        if not cpu_kernels.enabled():
+            return None
+        built.append(1)
+        return "kernels"
+
+    monkeypatch.setattr(cpu_kernels, "kernels", kernels)
+    monkeypatch.delenv(cpu_kernels.ENV_SWITCH, raising=False)
+    with without_a_kernel_build():
+        assert cpu_kernels.kernels() is None and not built
+    assert cpu_kernels.ENV_SWITCH not in os.environ and kernels.cache_info().currsize == 0
+    assert cpu_kernels.kernels() == "kernels" and built == [1]  # a later translation builds them as ever
+    with without_a_kernel_build():  # loaded in this process already: used
+        assert cpu_kernels.kernels() == "kernels"
+    kernels.cache_clear()
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")  # asked for by the user: built
+    with without_a_kernel_build():
+        assert cpu_kernels.kernels() == "kernels" and built == [1, 1]
+    assert os.environ[cpu_kernels.ENV_SWITCH] == "1"
+
+
+@pytest.mark.slow  # the whole demo: about 1.5 minutes on 2 cores
+def test_the_whole_demo_learns_and_builds_no_kernels(tmp_path):
+    """BLEU far above zero after its updates, and no kernel build (an empty extension cache stays empty)."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    env.pop(cpu_kernels.ENV_SWITCH, None)
+    done = subprocess.run([sys.executable, "-m", "multibranch", "demo", "--out", str(tmp_path / "demo")], env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    bleu = float(re.search(r"^test BLEU = ([\d.]+)", done.stdout, re.MULTILINE).group(1))
+    chrf = float(re.search(r"^test chrF = ([\d.]+)", done.stdout, re.MULTILINE).group(1))
+    assert bleu > 25 and chrf > 50, done.stdout[-1500:]
+    assert "building multibranch's CPU kernels" not in done.stderr and not (tmp_path / "extensions").exists()

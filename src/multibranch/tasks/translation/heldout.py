@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multibranch import cpu_kernels
 from multibranch.atomic import atomic_write_text
 from multibranch.data.text import one_line
 from multibranch.evaluate.metrics import score_corpus
@@ -23,15 +27,34 @@ class SplitTranslation:
 
 
 def translate_split(ckpt: str | Path, data_dir: str | Path, split: str = "test", hyp_file: str | Path | None = None,
-                    progress: Any = False) -> SplitTranslation:
+                    progress: Any = False, cpu_kernels_build: bool = True) -> SplitTranslation:
     """Translate the raw source lines of `split` with the checkpoint's decode config, write them (one a
-    line) to `hyp_file` if given, and score them with BLEU and chrF against the raw references."""
+    line) to `hyp_file` if given, and score them with BLEU and chrF against the raw references. With
+    `cpu_kernels_build=False` a machine without the CPU kernels built decodes without them rather than build them
+    (`without_a_kernel_build`)."""
     loaded = load_model(ckpt)
     data = PreparedData.load(data_dir).split(split)
     sources, references = data.raw_src_lines(), data.raw_tgt_lines()
     translator = Translator(loaded.model, loaded.tokenizer, loaded.config.decode)
-    hypotheses = translator.translate(sources, progress=progress)
+    with contextlib.nullcontext() if cpu_kernels_build else without_a_kernel_build():
+        hypotheses = translator.translate(sources, progress=progress)
     if hyp_file is not None:
         atomic_write_text(hyp_file, "".join(one_line(h) + "\n" for h in hypotheses))
     scores = score_corpus(hypotheses, [references], metrics=("bleu", "chrf"))
     return SplitTranslation(sources, hypotheses, references, scores)
+
+
+@contextlib.contextmanager
+def without_a_kernel_build() -> Iterator[None]:
+    """Decode without the CPU kernels (cpu_kernels.py) unless $MULTIBRANCH_CPU_KERNELS says otherwise or this
+    process has them loaded already: their one-time build takes minutes, longer than a small test set takes to
+    translate without them. The environment and the kernels' cached answer are as before afterwards."""
+    if cpu_kernels.ENV_SWITCH in os.environ or cpu_kernels.kernels.cache_info().currsize:
+        yield
+        return
+    os.environ[cpu_kernels.ENV_SWITCH] = "0"
+    try:
+        yield
+    finally:
+        del os.environ[cpu_kernels.ENV_SWITCH]
+        cpu_kernels.kernels.cache_clear()  # the next caller builds or loads them
