@@ -13,9 +13,9 @@ HELP = "generate the built-in synthetic task, prepare it, train a small MAT for 
 
 # The training budget, in updates so that every machine trains the same model and reports the same BLEU (a budget in
 # minutes trained a busy machine's model for a fraction of the updates). The preset trains in fp32 on every CPU (the
-# same numbers with or without native bf16): 300 updates took 1.2-1.3 minutes on 2 cores of an AVX2-only AMD EPYC
-# (0.25 s an update), the whole demo (the task's generation and preparation, training, the test set's translation
-# without a build of the CPU kernels) 1.4 minutes.
+# same numbers with or without native bf16): 300 updates took 1.1-1.3 minutes on 2 cores of an AVX2-only AMD EPYC
+# (0.22-0.26 s an update), the whole demo (the task's generation and preparation, training, the test set's
+# translation without a build of the CPU kernels) 1 min 20 s.
 UPDATES = 300
 UPDATES_MINUTES = 1.3
 
