@@ -136,6 +136,28 @@ def test_fit_refuses_an_existing_run_and_unknown_keys(api_run, tiny_data, tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+def test_fit_auto_resume_starts_over_a_run_stopped_before_its_first_checkpoint(api_run, tiny_data, tmp_path):
+    """As `train --auto-resume`, and the refusals name fit's arguments, not the CLI's flags."""
+    import shutil
+
+    from tests.helpers.configs import tiny_experiment
+
+    out = tmp_path / "run"
+    shutil.copytree(api_run.run_dir, out, ignore=shutil.ignore_patterns("*.pt"))  # the run before its checkpoints
+    with pytest.raises(multibranch.ExistingFileError) as info:
+        multibranch.fit(tiny_experiment(), data=tiny_data, out=out, device="cpu", max_steps=2)
+    assert "pass auto_resume=True or force=True to start it over" in str(info.value)
+    with pytest.raises(multibranch.UserError) as info:
+        multibranch.fit(tiny_experiment(), data=tiny_data, out=out, auto_resume=True, force=True)
+    assert str(info.value) == ("auto_resume=True decides by itself whether to resume; leave out resume=True and "
+                               "force=True")
+    result = multibranch.fit(tiny_experiment(), data=tiny_data, out=out, device="cpu", max_steps=2, valid_every=2,
+                             auto_resume=True)
+    assert result.step == 2 and result.last_checkpoint is not None
+    assert multibranch.fit(tiny_experiment(), data=tiny_data, out=out, device="cpu", max_steps=4, valid_every=2,
+                           auto_resume=True).step == 4  # now a resume
+
+
 def test_fit_resumes_exactly(tiny_data, tmp_path, api_run):
     """Paused at update 4 and resumed to 8: the weights of the straight 8-update run."""
     from tests.helpers.configs import tiny_experiment

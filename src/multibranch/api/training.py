@@ -13,9 +13,13 @@ from multibranch.commands.train import SHORTCUTS
 from multibranch.errors import ConfigError, UserError
 from multibranch.experiment import ExperimentConfig, list_presets, resolve_config, train_config
 from multibranch.tasks import train as run_training
+from multibranch.train.run_directory import auto_resume as auto_resume_choice
 from multibranch.train.trainer import RunOptions
 
 __all__ = ["TrainResult", "fit", "presets"]
+
+# the CLI's run-control flags in messages, as fit's arguments
+RUN_ARGUMENTS = {"--auto-resume": "auto_resume=True", "--resume": "resume=True", "--force": "force=True"}
 
 
 def presets() -> list[str]:
@@ -53,14 +57,18 @@ def _overrides(overrides: Mapping[str, Any]) -> list[str]:
 def fit(preset_or_config: str | Path | ExperimentConfig | None = None, data: str | Path | None = None,
           out: str | Path | None = None, resume: bool = False, force: bool = False, device: str = "auto",
           init_from: str | Path | None = None, stop_at_step: int | None = None, progress: bool = False,
-          **overrides: Any) -> TrainResult:
+          auto_resume: bool = False, **overrides: Any) -> TrainResult:
     """Train a model as `multibranch train` does: a preset name, a YAML config file or an ExperimentConfig (None
     with `resume`: the run's config.yaml), on the prepared data directory `data`, writing the run
     directory `out`. An existing run is refused unless `force` (start over) or `resume` (continue exactly
-    from out/last.pt). `overrides`: dotted config keys (`**{"train.max_steps": 20}`) or the CLI's
+    from out/last.pt); `auto_resume` resumes where out/last.pt exists and starts a new run otherwise (also over a
+    run stopped before its first checkpoint), as `train --auto-resume`. `overrides`: dotted config keys (`**{"train.max_steps": 20}`) or the CLI's
     shortcuts as keywords (max_steps=20, lr=5e-4, valid_every=100, seed=1, ...)."""
     if data is None or out is None:
         raise UserError("train: give data= (a directory made by `multibranch prepare`) and out= (the run directory)")
+    if auto_resume:
+        with user_errors(RUN_ARGUMENTS):
+            resume, force = auto_resume_choice(out, resume=resume, force=force)
     texts = _overrides(overrides)
     if isinstance(preset_or_config, ExperimentConfig):
         cfg = resolve_config(overrides=texts, base=preset_or_config.to_dict())
@@ -73,7 +81,7 @@ def fit(preset_or_config: str | Path | ExperimentConfig | None = None, data: str
     opts = RunOptions(data_dir=Path(data), run_dir=run_dir, resume=resume, force=force,
                       init_from=None if init_from is None else Path(init_from), device=device, progress=progress,
                       stop_at_step=stop_at_step)
-    with user_errors({"--resume": "resume=True", "--force": "force=True"}):
+    with user_errors(RUN_ARGUMENTS):
         state = run_training(cfg, opts)
     best, last = run_dir / "best.pt", run_dir / "last.pt"
     return TrainResult(run_dir, best if best.is_file() else None, last if last.is_file() else None, state.step,

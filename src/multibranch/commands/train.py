@@ -73,17 +73,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.errors import UserError
     from multibranch.experiment import train_config
     from multibranch.tasks import train
     from multibranch.train.distributed import exit_worker, is_worker_of_a_job
     from multibranch.train.run_directory import auto_resume
     from multibranch.train.trainer import RunOptions
 
-    if args.auto_resume and (args.resume or args.force):
-        raise UserError("--auto-resume decides by itself whether to resume; leave out --resume and --force")
     if args.auto_resume:
-        args.resume, args.force = auto_resume(args.out)
+        args.resume, args.force = auto_resume(args.out, resume=args.resume, force=args.force)
 
     overrides = list(args.overrides)
     for flag, key in SHORTCUTS.items():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.data.directories import RUN, directory_kind, refuse_other_kind
+from multibranch.errors import UserError
 
 LAST = "last.pt"
 
@@ -26,9 +27,12 @@ def stopped_before_first_checkpoint(run: Path) -> bool:
     return directory_kind(run) == RUN and not saved_checkpoints(run)
 
 
-def auto_resume(run_dir: str | Path) -> tuple[bool, bool]:
+def auto_resume(run_dir: str | Path, *, resume: bool = False, force: bool = False) -> tuple[bool, bool]:
     """(resume, force) of `train --auto-resume`: resume where RUN/last.pt exists; start over a run stopped before
-    its first checkpoint (force); else a plain start (a new or empty directory; anything else is refused there)."""
+    its first checkpoint (force); else a plain start (a new or empty directory; anything else is refused there).
+    UserError when `resume` or `force` is asked for as well."""
+    if resume or force:
+        raise UserError("--auto-resume decides by itself whether to resume; leave out --resume and --force")
     run = Path(run_dir)
     if (run / LAST).exists():
         return True, False
