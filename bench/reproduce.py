@@ -779,9 +779,11 @@ class Harness:
         say(f"wrote {path}")
         return 1 if any(run.status in ("failed",) for run in runs) else 0
 
-    @staticmethod
-    def print_table(result: dict[str, Any]) -> None:
-        print("\n" + markdown_table(result["rows"]))
+    def print_table(self, result: dict[str, Any]) -> None:
+        a = self.args
+        device = "GPU" if a.device.startswith("cuda") or (a.device == "auto" and self.run_environment().get("gpu")) \
+            else "CPU"
+        print("\n" + markdown_table(result["rows"], device))
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -106,8 +106,11 @@ def test_no_checkpoint_command_replaces_the_best_checkpoint_of_a_run(run_dir, ti
     """best.pt is protected as last.pt is: an average or a conversion written over it would be taken for the
     run's best validated weights (and training compares against it), with or without --force."""
     before = snapshot(run_dir)
+    heads = run_dir.parent / "heads.json"
+    heads.write_text('[["encoder.layers.0.self_attn", 0]]')
     for argv in (["average", "--run", str(run_dir), "--last", "1"],
-                 ["convert", "fold", "--ckpt", str(tiny_checkpoint)]):
+                 ["convert", "fold", "--ckpt", str(tiny_checkpoint)],
+                 ["prune", "--ckpt", str(tiny_checkpoint), "--heads-json", str(heads), "--no-speed"]):
         for out in (run_dir / "best.pt", run_dir / "checkpoints" / ".." / "best.pt"):
             assert main([*argv, "--out", str(out), "--force"]) == 2
             err = one_error_line(capsys)

@@ -232,8 +232,8 @@ def paired_bootstrap_statistics(baseline: Sequence[Sequence[float]], system: Seq
     base_scores = np.array([scorer._compute_score_from_stats(s.sum(0)).score for s in base[idxs]])
     system_scores = np.array([scorer._compute_score_from_stats(s.sum(0)).score for s in other[idxs]])
     diffs = np.abs(system_scores - base_scores)
-    p_value = 1.0 if np.array_equal(base, other) else _compute_p_value(diffs - diffs.mean(),
-                                                                       abs(base_score - system_score))
+    p_value = 1.0 if same_statistics(baseline, system) else _compute_p_value(diffs - diffs.mean(),
+                                                                             abs(base_score - system_score))
     return {"lines": len(baseline), "samples": samples, "baseline": float(base_score), "system": float(system_score),
             "p_value": float(p_value)}
 
@@ -244,8 +244,13 @@ def _same_statistics(metric: Any, baseline: Sequence[str], system: Sequence[str]
     resampling sums): then every resample scores both alike, and no difference exists."""
     if list(system) == list(baseline):
         return True
-    stats = [metric._extract_corpus_statistics(list(lines), streams) for lines in (baseline, system)]
-    return len(stats[0]) == len(stats[1]) and all(list(a) == list(b) for a, b in zip(*stats, strict=True))
+    return same_statistics(*(metric._extract_corpus_statistics(list(lines), streams) for lines in (baseline, system)))
+
+
+def same_statistics(baseline: Sequence[Sequence[float]], system: Sequence[Sequence[float]]) -> bool:
+    """Whether two outputs' per-line statistics are equal: every resample then scores both alike, and no
+    difference exists to test."""
+    return len(baseline) == len(system) and all(list(a) == list(b) for a, b in zip(baseline, system, strict=True))
 
 
 def format_bootstrap(result: dict[str, Any]) -> list[str]:

@@ -28,6 +28,7 @@ from multibranch.analysis.heads import HeadId, attention_sites
 from multibranch.atomic import atomic_write_text
 from multibranch.checkpoint.format import load_checkpoint, load_state_strict, save_checkpoint
 from multibranch.convert.payload import experiment_config, refuse_overwrite
+from multibranch.data.directories import CHECKPOINT, refuse_replacing
 from multibranch.data.text import check_output_file
 from multibranch.errors import ConfigError
 from multibranch.pruning.importance import head_importance
@@ -139,6 +140,7 @@ def prune_checkpoint(ckpt: str | Path, out: str | Path, report_path: str | Path,
     if options.heads is None and options.data is None:
         raise ConfigError("--fraction and --max-drop rank heads by importance on data: give --data PREPARED_DIR")
     report_path = Path(report_path)
+    refuse_replacing(out, CHECKPOINT)  # a text file, a run's last.pt or best.pt: never, --force or not
     refuse_overwrite(out, force)
     refuse_overwrite(report_path, force)
     check_output_file(str(out), [str(ckpt)], parent_must_exist=False)
