@@ -126,7 +126,8 @@ def measure(system: str, data: Path, updates: int, work: Path) -> dict[str, Any]
     recipe = RECIPES["cpu"]
     config = {"train": {"max_steps": updates, "max_minutes": None, "valid_every": 10 * updates, "log_every": 10,
                         "amp": recipe.defaults["amp"], "seed": 1},
-              **system_delta(system, recipe.defaults["max_updates"], recipe.rho, recipe="cpu")}
+              # the schedules plan for the recipe's length (any length while it is not chosen: the speed is alike)
+              **system_delta(system, recipe.defaults["max_updates"] or 10 * updates, recipe.rho, recipe="cpu")}
     folder = work / system
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text(json.dumps(config) + "\n", encoding="utf-8")
@@ -174,20 +175,26 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.time()
     load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        rows = list(pool.map(lambda s: measure(s, args.data, args.updates, Path(tmp)), args.systems))
-    standard = next((r["seconds_per_update"] for r in rows if r["system"] == "standard"), None)
-    for row in rows:
-        row["relative_to_standard"] = row["seconds_per_update"] / standard if standard else None
     precision = cpu_precision(RECIPES["cpu"].defaults["amp"])
-    payload = {"environment": {**environment(amp=f"auto: {'bf16' if precision == 'bf16' else 'none'}"),
-                               "cpu": cpu_model(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
-                               "precision": precision, "threads_per_run": 1, "jobs": args.jobs,
-                               "load_average_at_start": load, "command": command_line(),
-                               "date": time.strftime("%Y-%m-%d"), "wall_minutes": (time.time() - began) / 60},
-               "rows": rows}
     path = cost_file(precision)
-    write_json(path, payload)
+    rows: list[dict[str, Any]] = []
+
+    def save() -> None:  # after every system: a measurement stopped part way keeps what it measured
+        standard = next((r["seconds_per_update"] for r in rows if r["system"] == "standard"), None)
+        for row in rows:
+            row["relative_to_standard"] = row["seconds_per_update"] / standard if standard else None
+        write_json(path, {"environment": {**environment(amp=f"auto: {'bf16' if precision == 'bf16' else 'none'}"),
+                                          "cpu": cpu_model(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
+                                          "precision": precision, "threads_per_run": 1, "jobs": args.jobs,
+                                          "load_average_at_start": load, "command": command_line(),
+                                          "date": time.strftime("%Y-%m-%d"),
+                                          "wall_minutes": (time.time() - began) / 60},
+                          "rows": sorted(rows, key=lambda r: args.systems.index(r["system"]))})
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for row in pool.map(lambda s: measure(s, args.data, args.updates, Path(tmp)), args.systems):
+            rows.append(row)
+            save()
     for row in rows:
         print(f"{row['system']:18s} {row['minutes_per_1000_updates']:6.1f} min / 1000 updates "
               f"({row['relative_to_standard'] or 0:.2f}x standard), {row['parameters'] / 1e6:.2f}M parameters")
