@@ -4,8 +4,10 @@
     python bench/reproduce_runner.py status [--json]
     python bench/reproduce_runner.py stop
 
-`start` launches `bench/reproduce.py --recipe cpu --results-per-run --out bench/results` on every run of the
-table that bench/results does not yet hold, --jobs runs side by side with one thread each, and returns at once.
+`start` returns at once, leaving a job that first measures the recipe's number of updates when bench/results has
+none chosen yet (bench/reproduce_curve.py: the standard model's validation curve, at --jobs threads), then runs
+`bench/reproduce.py --recipe cpu --results-per-run --out bench/results` on every run of the table that
+bench/results does not yet hold, --jobs runs side by side with one thread each.
 The job runs in a process group and scheduling group of its own (setsid) whose autogroup nice value is set to
 19, then at nice 19 itself: on Linux with autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled = 1)
 `nice` alone only orders processes inside one group, and a job started from another terminal would get an equal
@@ -153,9 +155,9 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def progress(work: Path, system: str, seed: int) -> int | None:
-    """The last update a run in `work` logged, None when it has no folder there."""
-    metrics = work / "runs" / system / f"seed{seed}" / "train" / "metrics.jsonl"
+def progress(train_dir: Path) -> int | None:
+    """The last update a training folder logged, None when it has no metrics there."""
+    metrics = train_dir / "metrics.jsonl"
     if not metrics.is_file():
         return None
     steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines() if line.startswith("{")]
@@ -173,7 +175,7 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
     for seed in seeds:
         for system in recipe.table_systems:
             path = results / f"{NAME}_{system}_seed{seed}.json"
-            step = progress(work, system, seed) if work else None
+            step = progress(work / "runs" / system / f"seed{seed}" / "train") if work else None
             if path.is_file():
                 state, step = "done", updates
             else:
@@ -196,7 +198,7 @@ def status(args: argparse.Namespace) -> int:
         return 0
     print(f"runner: {'going, pid ' + str(pid) if pid else 'not going'}")
     if plan["updates"] is None:
-        curve = progress(args.work, "../curve", 0) if (args.work / "curve").is_dir() else None
+        curve = progress(args.work / "curve" / "train")
         print(f"CPU recipe: the number of updates is not chosen yet; the runner measures the standard model's "
               f"validation curve first (bench/reproduce_curve.py{f', at update {curve}' if curve else ''}), then "
               f"trains the {len(plan['runs'])} runs of the table")
