@@ -48,13 +48,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path, devi
     assert straight.returncode == 0, err
 
     victim = _cli(config, tiny_data, tmp_path / "killed", *on)
-    first_save = tmp_path / "killed" / "last.pt"
-    deadline = time.time() + 240
-    while not first_save.exists() and victim.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate()
-    assert victim.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    _kill_at_first_save(victim, tmp_path / "killed")
     killed_at = load_checkpoint(tmp_path / "killed" / "last.pt")["meta"]["step"]
     assert killed_at < 30
 
@@ -98,13 +92,7 @@ def test_a_log_window_cut_by_sigkill_logs_the_uninterrupted_losses(tiny_data, tm
     config.write_text(yaml.safe_dump(tiny_experiment(max_steps=18, valid_every=6, log_every=5).to_dict()))
     straight = _cli(config, tiny_data, tmp_path / "straight")
     victim = _cli(config, tiny_data, tmp_path / "killed")
-    first_save = tmp_path / "killed" / "last.pt"
-    deadline = time.time() + 240
-    while not first_save.exists() and victim.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate()
-    assert victim.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    first_save = _kill_at_first_save(victim, tmp_path / "killed")
     assert load_checkpoint(first_save)["meta"]["step"] in (6, 12)  # inside a window of train lines
     _, err = straight.communicate(timeout=300)
     assert straight.returncode == 0, err
@@ -148,3 +136,15 @@ def test_corrupted_last_checkpoint_gives_clear_error(tiny_data, tmp_path):
     (run / "last.pt").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="corrupted"):
         train(tiny_experiment(max_steps=4), RunOptions(tiny_data, run, resume=True))
+
+
+def _kill_at_first_save(victim, run_dir: Path) -> Path:
+    """SIGKILL the training `victim` as soon as it has written RUN_DIR/last.pt; that file's path."""
+    first_save = run_dir / "last.pt"
+    deadline = time.time() + 240
+    while not first_save.exists() and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    assert victim.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    return first_save
