@@ -76,7 +76,7 @@ def _ours(args: argparse.Namespace, precision: str):
     import torch
 
     from multibranch.inference.allocator import freeze_loaded_objects, keep_freed_memory
-    from multibranch.tasks.loading import load_model
+    from multibranch.loading.checkpoint import load_model
     from multibranch.tasks.translation.translator import Translator
 
     torch.set_num_threads(args.threads)
@@ -97,7 +97,7 @@ def _hf(args: argparse.Namespace, precision: str):
     from bench.decode_speed import hf_translate
     from multibranch.convert.hf_marian_export import marian_model
     from multibranch.inference.precision import HALF_DTYPES
-    from multibranch.tasks.loading import load_model
+    from multibranch.loading.checkpoint import load_model
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.ckpt)

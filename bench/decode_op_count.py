@@ -28,8 +28,8 @@ from bench.op_count import OpCounter, by_operation  # noqa: E402
 
 def _model(ckpt: str | None):
     from multibranch.experiment import resolve_config
+    from multibranch.loading.checkpoint import load_model
     from multibranch.models import build_model
-    from multibranch.tasks.loading import load_model
 
     if ckpt:
         return load_model(ckpt).model

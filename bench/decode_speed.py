@@ -94,7 +94,7 @@ def main() -> None:
 
     from multibranch.convert.hf_marian_export import marian_model
     from multibranch.evaluate.metrics import score_corpus
-    from multibranch.tasks.loading import load_model
+    from multibranch.loading.checkpoint import load_model
     from multibranch.tasks.translation.dataset import PreparedData
     from multibranch.tasks.translation.translator import Translator
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import environment, save_results  # noqa: E402
-from multibranch.tasks.loading import load_model  # noqa: E402
+from multibranch.loading.checkpoint import load_model  # noqa: E402
 from multibranch.tasks.translation.translator import Translator  # noqa: E402
 
 

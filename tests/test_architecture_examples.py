@@ -50,7 +50,7 @@ def test_the_task_example_plugs_in_with_its_folder_and_one_registry_line(tmp_pat
         from multibranch.config import from_dict
         from multibranch.experiment import ExperimentConfig
         from multibranch.tasks import task_name_of, train
-        from multibranch.tasks.loading import load_model
+        from multibranch.loading.checkpoint import load_model
         from multibranch.train.trainer import RunOptions
 
         {registry_line}

@@ -22,7 +22,11 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "load": "multibranch.api", "Model": "multibranch.api", "ForcedScore": "multibranch.api",
-    "fit": "multibranch.api", "TrainResult": "multibranch.api", "presets": "multibranch.api", "prepare": "multibranch.api",
+    "fit": "multibranch.api", "build": "multibranch.api", "TrainResult": "multibranch.api",
+    "ValidationEvent": "multibranch.api", "CheckpointEvent": "multibranch.api", "evaluate_translation": "multibranch.api",
+    "average": "multibranch.api", "export": "multibranch.api", "prune": "multibranch.api",
+    "Evaluation": "multibranch.api", "AverageResult": "multibranch.api", "ExportResult": "multibranch.api",
+    "PruneResult": "multibranch.api", "presets": "multibranch.api", "prepare": "multibranch.api",
     "WrongTaskError": "multibranch.api", "MissingFileError": "multibranch.api", "ExistingFileError": "multibranch.api",
     "UnsupportedError": "multibranch.api", "AlignedTranslation": "multibranch.api", "AttentionMaps": "multibranch.api",
     "ExperimentConfig": "multibranch.experiment",

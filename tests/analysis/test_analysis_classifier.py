@@ -77,9 +77,9 @@ def classifier_run(tmp_path_factory) -> Path:
 
 def _accuracy(ckpt: Path, data_dir: Path, split: str = "valid", masked=()) -> float:
     """Accuracy (%) through the `classify` path: raw text -> tokenizer -> probabilities."""
+    from multibranch.loading.checkpoint import load_model
     from multibranch.tasks.classification.dataset import ClassificationData
     from multibranch.tasks.classification.inference import classify_lines
-    from multibranch.tasks.loading import load_model
 
     loaded = load_model(ckpt)
     data = ClassificationData.load(data_dir)
@@ -116,7 +116,7 @@ def test_analyze_heads_of_a_classifier_uses_accuracy(classifier_run, tmp_path):
 
 
 def test_prune_a_classifier_by_accuracy_threshold(classifier_run, tmp_path):
-    from multibranch.tasks.loading import load_model
+    from multibranch.loading.checkpoint import load_model
 
     ckpt, data = classifier_run / "run" / "best.pt", classifier_run / "data"
     out = tmp_path / "pruned.pt"

@@ -12,9 +12,9 @@ from multibranch.analysis.lengths import assign_buckets, bleu_by_length, make_bu
 from multibranch.cli import main
 from multibranch.tasks import train
 from multibranch.tasks.translation.dataset import PreparedData
-from multibranch.tasks.translation.loading import load_translator
 from multibranch.train.trainer import RunOptions
 from tests.helpers.configs import tiny_experiment
+from tests.helpers.translation import translator_of
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -73,7 +73,7 @@ def test_analyze_lengths_compares_two_checkpoints(two_checkpoints, tiny_data, tm
         counts = [b["sentences"] for b in model["buckets"]]
         assert counts == [sum(1 for n in lengths if lo <= n <= hi) for lo, hi in [(0, 4), (5, 8), (9, 10**9)]]
         assert sum(counts) == 10
-        hyps = load_translator(str(ckpt), beam=1).translate(sources)
+        hyps = translator_of(str(ckpt), beam=1).translate(sources)
         assert model["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [references]).score)
     assert (out / "lengths.png").read_bytes().startswith(PNG_MAGIC)
     assert "(lengths.png)" in (out / "index.md").read_text()

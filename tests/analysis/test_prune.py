@@ -259,7 +259,7 @@ def test_prune_cli_fraction_and_heads_json(tiny_data, tmp_path, capsys):
     from multibranch.analysis.heads import gates_installed, mask_gates
     from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
     from multibranch.cli import main
-    from multibranch.tasks.loading import load_model
+    from multibranch.loading.checkpoint import load_model
 
     vocab = PreparedData.load(tiny_data).meta["vocab_size"]["src"]
     model = _model(vocab=vocab)

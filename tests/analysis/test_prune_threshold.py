@@ -76,7 +76,7 @@ def test_speed_rounds_alternate_the_order_and_keep_every_time():
 
 
 def _parameters(path: Path) -> int:
-    from multibranch.tasks.loading import load_model
+    from multibranch.loading.checkpoint import load_model
 
     return sum(p.numel() for p in load_model(path).model.parameters())
 
@@ -84,7 +84,7 @@ def _parameters(path: Path) -> int:
 def test_prune_max_drop_report_is_complete_and_consistent(tiny_checkpoint, tiny_data, tmp_path, capsys):
     from multibranch.evaluate.metrics import score_corpus
     from multibranch.experiment.decoding import DecodeConfig
-    from multibranch.tasks.loading import load_model
+    from multibranch.loading.checkpoint import load_model
     from multibranch.tasks.translation.dataset import PreparedData
     from multibranch.tasks.translation.translator import Translator
 

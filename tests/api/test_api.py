@@ -53,23 +53,23 @@ def test_model_properties(api_model, api_run):
     assert api_model.task == "translation"
     assert isinstance(api_model.config, multibranch.ExperimentConfig)
     assert api_model.config.train.max_steps == 8
-    from multibranch.tasks.translation.loading import load_translator
+    from tests.helpers.translation import translator_of
 
-    model = load_translator(api_run.last_checkpoint).model
+    model = translator_of(api_run.last_checkpoint).model
     assert api_model.parameters_count == sum(p.numel() for p in model.parameters())
 
 
 def test_translate_matches_the_translator(api_model, api_run, test_lines):
-    from multibranch.tasks.translation.loading import load_translator
+    from tests.helpers.translation import translator_of
 
-    translator = load_translator(api_run.last_checkpoint, beam=2, **SHORT)
+    translator = translator_of(api_run.last_checkpoint, beam=2, **SHORT)
     expected = translator.translate(test_lines)
     assert api_model.translate(test_lines, beam=2) == expected
     assert api_model.translate(test_lines[0], beam=2) == expected[0]
     assert api_model.translate("") == ""
     nbest = api_model.translate(test_lines, beam=3, nbest=2)
     assert [len(entries) for entries in nbest] == [2, 2, 2]
-    assert nbest == [[text for text, _ in entries] for entries in load_translator(
+    assert nbest == [[text for text, _ in entries] for entries in translator_of(
         api_run.last_checkpoint, beam=3, **SHORT).translate_nbest(test_lines, 2)]
     assert api_model.decode.beam == api_model.config.decode.beam  # a per-call beam changes no later call
 
@@ -174,12 +174,14 @@ def test_fit_resumes_exactly(tiny_data, tmp_path, api_run):
 
 
 def test_classify_as_the_cli(api_classifier):
+    from multibranch.loading.model import LoadedModel
     from multibranch.tasks.classification.inference import classify_text_lines
     from tests.helpers.classification import TEXTS
 
     model = multibranch.load(api_classifier)
     assert model.task == "classification" and model.labels == ["colour", "number", "place"]
-    labels, probs = classify_text_lines([str(api_classifier)], TEXTS + [""])
+    cli_model = LoadedModel.load(str(api_classifier), "cpu", tasks=("classification",))  # what `classify` loads
+    labels, probs = cli_model.labels, classify_text_lines(cli_model, TEXTS + [""])
     expected = [None if p is None else labels[max(range(len(p)), key=p.__getitem__)] for p in probs]
     assert model.classify(TEXTS + [""]) == expected
     assert model.classify(TEXTS[0]) == expected[0]
@@ -242,6 +244,7 @@ def test_prepare_as_the_command(tiny_data, tmp_path):
 
 
 def test_a_sentence_pair_classifier_prepared_trained_and_used_through_the_api(tmp_path):
+    from multibranch.loading.model import LoadedModel
     from multibranch.tasks.classification.inference import classify_text_lines
     from tests.helpers.classification import classifier_experiment, synthetic_lines
 
@@ -255,7 +258,7 @@ def test_a_sentence_pair_classifier_prepared_trained_and_used_through_the_api(tm
                           valid_every=2, device="cpu")
     model = multibranch.load(run.last_checkpoint)
     examples = [("red of it", "and red of it"), ("seven a", "and seven a")]
-    _, probs = classify_text_lines([str(run.last_checkpoint)], [f"{a}\t{b}" for a, b in examples])
+    probs = classify_text_lines(LoadedModel.load(str(run.last_checkpoint), "cpu"), [f"{a}\t{b}" for a, b in examples])
     got = model.classify(examples, probs=True)
     assert [p for d in got for p in d.values()] == pytest.approx([p for row in probs for p in row])
     assert model.classify(examples[0]) == model.classify([list(examples[0])])[0]  # one pair; a pair as a list

@@ -44,12 +44,12 @@ def prefixes(api_model, test_lines) -> list[str]:
 
 
 def test_prefixes_translate_as_the_cli_and_the_translator(api_model, api_run, test_lines, prefixes, tmp_path):
-    from multibranch.tasks.translation.loading import load_translator
+    from tests.helpers.translation import translator_of
 
     got = api_model.translate(test_lines + [""], beam=3, prefixes=prefixes + ["ka"])
     assert got == cli_translate(api_run.last_checkpoint, tmp_path, test_lines + [""], "--beam", "3",
                                 prefixes=prefixes + ["ka"])
-    translator = load_translator(api_run.last_checkpoint, beam=3, max_len_a=0.0, max_len_b=8)
+    translator = translator_of(api_run.last_checkpoint, beam=3, max_len_a=0.0, max_len_b=8)
     assert got[:3] == translator.translate(test_lines, prefixes=prefixes)
     assert got[0].startswith(prefixes[0]) and got[3] == ""
     assert got[1] == api_model.translate(test_lines[1], beam=3)  # "": no prefix
@@ -211,18 +211,18 @@ def test_attention_and_translation_refusals(api_run, api_classifier):
 
 def test_a_ctranslate2_directory_refuses_prefixes_alignments_and_attention(monkeypatch, tmp_path):
     """The CLI's reasons (CT2_REFUSED); the directory is faked (no CTranslate2 needed to refuse)."""
-    import multibranch.api.model as api
+    import multibranch.loading.model as loading
     from multibranch.experiment.decoding import DecodeConfig
 
     class FakeCt2:
         def __init__(self, *args, **kwargs):
-            self.cfg = DecodeConfig()
+            self.cfg, self.tokenizer = DecodeConfig(), None
 
         def translate(self, lines):
             return ["x" for _ in lines]
 
-    monkeypatch.setattr(api, "is_ct2_directory", lambda path: True)
-    monkeypatch.setattr(api, "Ct2Translator", FakeCt2)
+    monkeypatch.setattr(loading, "is_ct2_directory", lambda path: True)
+    monkeypatch.setattr(loading, "Ct2Translator", FakeCt2)
     ct2 = multibranch.load(tmp_path)
     assert ct2.translate(["a", "b"]) == ["x", "x"]
     with pytest.raises(multibranch.UnsupportedError, match=r"prefixes: not with a CTranslate2 directory \(.*\): target "
@@ -231,8 +231,8 @@ def test_a_ctranslate2_directory_refuses_prefixes_alignments_and_attention(monke
     with pytest.raises(multibranch.UnsupportedError, match="alignment=True: not with a CTranslate2 directory .*: a "
                                                            "CTranslate2 directory gives no attention weights"):
         ct2.translate("a", alignment=True)
-    with pytest.raises(multibranch.UnsupportedError, match="attention: .* is a CTranslate2 directory, which gives no "
-                                                           "attention weights"):
+    with pytest.raises(multibranch.UnsupportedError, match="attention: not with a CTranslate2 directory .*: a "
+                                                           "CTranslate2 directory gives no attention weights"):
         ct2.attention("a")
 
 

@@ -11,7 +11,7 @@ import pytest
 from multibranch.cli import main
 from multibranch.evaluate.metrics import score_corpus
 from multibranch.tasks.translation.dataset import PreparedData
-from multibranch.tasks.translation.loading import load_translator
+from tests.helpers.translation import translator_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only cost on a busy machine
 
@@ -42,7 +42,7 @@ def test_analyze_heads_writes_numbers_plots_and_index(tiny_checkpoint, tiny_data
     assert all(len(p["masked"]) == p["masked_heads"] for p in points)
 
     split = PreparedData.load(tiny_data).split("valid")
-    translator = load_translator(str(tiny_checkpoint), beam=1)
+    translator = translator_of(str(tiny_checkpoint), beam=1)
     hypotheses = translator.translate(split.raw_src_lines()[:2])
     unpruned = score_corpus(hypotheses, [split.raw_tgt_lines()[:2]], metrics=("bleu",))["bleu"]["score"]
     assert points[0]["score"] == unpruned

@@ -145,8 +145,8 @@ def test_classify_ensemble_averages_the_members_probabilities(classify_run, tmp_
 
     from multibranch.checkpoint.format import load_checkpoint, save_checkpoint
     from multibranch.commands.classify import format_line
+    from multibranch.loading.checkpoint import load_model
     from multibranch.tasks.classification.inference import classify_lines, label_names
-    from multibranch.tasks.loading import load_model
 
     members = sorted(str(p) for p in (classify_run / "run" / "checkpoints").glob("step_*.pt"))[-2:]
     lines = ["red of the", "seven it is", "the north", "a a red seven"]

@@ -48,12 +48,12 @@ def test_train_max_steps_below_one_is_refused_before_the_run_directory_exists(ti
 ])
 def test_a_decoding_value_out_of_range_is_one_line_before_the_model_loads(checkpoint, source, tmp_path, capfd,
                                                                           caplog, monkeypatch, args, message):
-    import multibranch.tasks.translation.loading as loading
+    from multibranch.loading.model import LoadedModel
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the checkpoint must not be loaded for a bad option")
 
-    monkeypatch.setattr(loading, "load_ensemble", no_loading)
+    monkeypatch.setattr(LoadedModel, "load", classmethod(no_loading))
     out = tmp_path / "out.txt"
     line = refusal(["translate", "--ckpt", checkpoint, "-i", source, "-o", out, "--device", "cpu", *args], capfd,
                    caplog)

@@ -176,12 +176,12 @@ def test_print_alignment_writes_the_pairs_of_the_chosen_layer(checkpoint, source
     from multibranch.analysis.attention_maps import capture_maps
     from multibranch.analysis.heads import attention_sites
     from multibranch.inference.search import search
-    from multibranch.tasks.translation.loading import load_translator
+    from tests.helpers.translation import translator_of
 
     got = run(tmp_path, "aligned", "--ckpt", str(checkpoint), "-i", str(source), "--beam", "3", "--print-alignment",
               "--alignment-layer", "0")
     plain = run(tmp_path, "plain", "--ckpt", str(checkpoint), "-i", str(source), "--beam", "3")
-    translator = load_translator(checkpoint, beam=3)
+    translator = translator_of(checkpoint, beam=3)
     model, cfg = translator.model, translator.model.config
     site = next(s for s in attention_sites(model) if s.role == "cross" and s.layer == 0)
     lines = source.read_text(encoding="utf-8").splitlines()

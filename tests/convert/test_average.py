@@ -12,9 +12,9 @@ from multibranch.checkpoint.origin import weights_fingerprint
 from multibranch.cli import main
 from multibranch.convert.average import average_checkpoints, select_checkpoints
 from multibranch.experiment import ExperimentConfig
+from multibranch.loading.checkpoint import load_model
 from multibranch.models import build_model
 from multibranch.tasks import train
-from multibranch.tasks.loading import load_model
 from multibranch.train.rng import seed_everything
 from multibranch.train.trainer import RunOptions
 from tests.helpers.configs import tiny_experiment, tiny_model_dict

@@ -11,9 +11,9 @@ from multibranch.cli import main
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat
 from multibranch.experiment import ExperimentConfig
+from multibranch.loading.checkpoint import load_model
 from multibranch.models import build_model
 from multibranch.modules.state import DecoderState
-from multibranch.tasks.loading import load_model
 from tests.helpers.configs import tiny_model_dict
 
 

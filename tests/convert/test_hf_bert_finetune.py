@@ -11,9 +11,9 @@ import torch
 pytest.importorskip("transformers")
 from multibranch.checkpoint.format import load_checkpoint  # noqa: E402
 from multibranch.cli import main  # noqa: E402
+from multibranch.loading.checkpoint import load_model  # noqa: E402
 from multibranch.tasks.classification.dataset import ClassificationData  # noqa: E402
 from multibranch.tasks.classification.task import encode_batch  # noqa: E402
-from multibranch.tasks.loading import load_model  # noqa: E402
 from tests.helpers.hf_bert import bert_dir, padded_batches, roberta_dir, sentences  # noqa: E402
 
 

@@ -14,9 +14,9 @@ from multibranch.cli import main  # noqa: E402
 from multibranch.config import ConfigError  # noqa: E402
 from multibranch.convert.hf_bert import import_bert  # noqa: E402
 from multibranch.experiment import ExperimentConfig  # noqa: E402
+from multibranch.loading.checkpoint import load_model  # noqa: E402
 from multibranch.tasks import build_task_model  # noqa: E402
 from multibranch.tasks.classification.inference import classify_lines  # noqa: E402
-from multibranch.tasks.loading import load_model  # noqa: E402
 from tests.helpers.hf_bert import bert_dir, padded_batches, roberta_dir, sentences  # noqa: E402
 
 TEXTS = sentences(10, seed=3) + ["The CAT sat, far away!", "zebra quux"]  # upper case, punctuation, unknown words

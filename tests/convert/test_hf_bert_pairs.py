@@ -13,11 +13,11 @@ from multibranch.checkpoint.format import load_checkpoint, load_state_strict  # 
 from multibranch.cli import main  # noqa: E402
 from multibranch.convert.hf_bert import import_bert  # noqa: E402
 from multibranch.experiment import ExperimentConfig  # noqa: E402
+from multibranch.loading.checkpoint import load_model  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import load_torch_engine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
 from multibranch.tasks import build_task_model  # noqa: E402
-from multibranch.tasks.loading import load_model  # noqa: E402
 from tests.helpers.cli import one_error_line  # noqa: E402
 from tests.helpers.hf_bert import bert_dir, roberta_dir, sentences  # noqa: E402
 from tests.helpers.serve import run, serving  # noqa: E402

@@ -20,8 +20,8 @@ from multibranch.config import ConfigError  # noqa: E402
 from multibranch.convert.hf_marian import FILLER_BIAS, import_marian  # noqa: E402
 from multibranch.data.tokenizer import Tokenizer  # noqa: E402
 from multibranch.experiment import ExperimentConfig  # noqa: E402
+from multibranch.loading.checkpoint import load_model  # noqa: E402
 from multibranch.models import build_model  # noqa: E402
-from multibranch.tasks.loading import load_model  # noqa: E402
 
 WORDS = "a man woman dog runs sits on the red blue house street".split()
 WORTE = "ein Mann Frau Hund läuft sitzt auf der rote blaue Haus Straße".split()

@@ -11,8 +11,8 @@ from multibranch.cli import main
 from multibranch.config import ConfigError
 from multibranch.convert.proximal import proximal_init
 from multibranch.experiment import ExperimentConfig
+from multibranch.loading.checkpoint import load_model
 from multibranch.models import build_model
-from multibranch.tasks.loading import load_model
 from tests.helpers.configs import tiny_model_dict
 
 

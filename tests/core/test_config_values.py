@@ -112,9 +112,9 @@ def _bounded_fields():
 
 @pytest.mark.parametrize("cls, name, bounds", _bounded_fields(), ids=lambda x: getattr(x, "__name__", str(x)))
 def test_every_declared_bound_refuses_the_value_past_it_and_takes_the_edge(cls, name, bounds):
-    from multibranch.config import check_value
-
     import typing
+
+    from multibranch.config import check_value
 
     outside, edge = _outside_and_edge(bounds)
     as_type = float if float in typing.get_args(typing.get_type_hints(cls)[name]) + (

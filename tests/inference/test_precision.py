@@ -316,7 +316,7 @@ def test_translate_and_serve_engine_decode_in_int8_and_bf16(tmp_path, capsys, pr
     from multibranch.data.tokenizer import Tokenizer
     from multibranch.experiment import ExperimentConfig
     from multibranch.serve.engine import TorchEngine
-    from multibranch.tasks.translation.loading import load_translator
+    from tests.helpers.translation import translator_of
 
     rng = random.Random(0)
     words = ["".join(rng.choice(["ka", "lo", "mi", "ne", "su", "ta"]) for _ in range(rng.randint(1, 3)))
@@ -340,7 +340,7 @@ def test_translate_and_serve_engine_decode_in_int8_and_bf16(tmp_path, capsys, pr
                  "--device", "cpu", "--no-progress"]) == 0
     translations = out.read_text(encoding="utf-8").splitlines()
     assert len(translations) == 5
-    assert load_translator(str(ckpt), precision=precision).translate(lines) == translations
+    assert translator_of(str(ckpt), precision=precision).translate(lines) == translations
     engine = TorchEngine.from_checkpoint(str(ckpt), "cpu", precision=precision)
     assert engine.info()["precision"] == precision
     assert [h[0][0] for h in engine.translate(lines, beam=2, nbest=1)] == translations

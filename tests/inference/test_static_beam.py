@@ -17,7 +17,7 @@ from multibranch.inference.ensemble import Ensemble
 from multibranch.inference.graphed_search import FixedShapeSearcher, bucket_shape, run_fixed_shape_search
 from multibranch.inference.search import search
 from multibranch.inference.static_beam import StaticBeamSearch
-from multibranch.tasks.loading import load_model
+from multibranch.loading.checkpoint import load_model
 from tests.helpers.host_reads import HostReads
 from tests.helpers.layer_kinds import EOS, KINDS, kind_model, sources
 

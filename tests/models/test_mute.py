@@ -381,8 +381,8 @@ def _train_records(run) -> list[dict]:
 
 
 def test_short_training_run_through_the_trainer(tiny_data, tmp_path):
+    from multibranch.loading.checkpoint import load_model
     from multibranch.tasks import train
-    from multibranch.tasks.loading import load_model
     from multibranch.train.trainer import RunOptions
 
     train(_mute_experiment(), RunOptions(tiny_data, tmp_path / "run"))

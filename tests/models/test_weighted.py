@@ -324,8 +324,8 @@ def small_data(tmp_path_factory):
 
 
 def test_trainer_keeps_kappa_alpha_on_the_simplex_logs_them_and_freezes_them(small_data, tmp_path):
+    from multibranch.loading.checkpoint import load_model
     from multibranch.tasks import train
-    from multibranch.tasks.loading import load_model
     from multibranch.train.trainer import RunOptions
 
     steps, freeze = 8, 3

@@ -53,14 +53,19 @@ def classifier_engine(serve_tokenizer):  # noqa: ANN001, ANN201
     """ClassifierEngine over a random 1-layer classifier with three labels."""
     from multibranch.config import from_dict
     from multibranch.experiment import ExperimentConfig
+    from multibranch.loading.checkpoint import LoadedCheckpoint
+    from multibranch.loading.model import LoadedModel
     from multibranch.models.classifier import Classifier
     from multibranch.serve.engine import ClassifierEngine
 
     torch.manual_seed(7)
     vocab = serve_tokenizer.src_vocab_size
     config = from_dict(ExperimentConfig, {
+        "task": "classification",
         "model": {"d_model": 16, "heads": 2, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 0,
                   "src_vocab_size": vocab, "tgt_vocab_size": vocab},
         "classifier": {"num_labels": 3, "labels": ["colour", "number", "place"]}})
     model = Classifier(config.model, config.classifier).eval()
-    return ClassifierEngine(model, serve_tokenizer, config)
+    loaded = LoadedModel.from_checkpoints(["<random classifier>"], [LoadedCheckpoint(model, serve_tokenizer, config, {})],
+                                          torch.device("cpu"))
+    return ClassifierEngine(loaded)

@@ -17,10 +17,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
 from multibranch.cli import main  # noqa: E402
+from multibranch.loading.checkpoint import load_model  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import ClassifierEngine, TorchEngine, load_torch_engine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
-from multibranch.tasks.loading import load_model  # noqa: E402
 from tests.helpers.classification import TEXTS, train_classifier  # noqa: E402
 from tests.helpers.serve import BlockingEngine, run, serving  # noqa: E402
 

@@ -14,10 +14,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from multibranch.cli import build_parser  # noqa: E402
+from multibranch.loading.model import LoadedModel  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import Ct2Engine, TorchEngine, load_torch_engine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
-from multibranch.tasks.translation.loading import load_ensemble  # noqa: E402
 from multibranch.tasks.translation.translator import Translator  # noqa: E402
 from tests.helpers.serve import BlockingEngine, run, serving  # noqa: E402
 from tests.helpers.translation import corpus_lines  # noqa: E402
@@ -100,8 +100,8 @@ def test_an_ensemble_of_several_ckpt_decodes_as_translate_does(checkpoint, tmp_p
     server = build_server(args)
     engine = server.config.app.state.engine
     assert isinstance(engine, TorchEngine) and engine.ensemble
-    loaded = load_ensemble([str(checkpoint)] * 2, "cpu")
-    reference = Translator(loaded.model, loaded.tokenizer, loaded.config.decode)
+    loaded = LoadedModel.load([str(checkpoint)] * 2, "cpu")
+    reference = Translator(loaded.module, loaded.tokenizer, loaded.config.decode)
     single = load_torch_engine(str(checkpoint), "cpu")
     reply, sampled, attention = post_with_attention(create_app(engine))
     assert reply.json()["translations"] == reference.translate(LINES)

@@ -24,8 +24,10 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from multibranch.tasks.translation.loading import load_translator
-from tests.helpers.translation import corpus_lines  # noqa: E402
+from tests.helpers.translation import (
+    corpus_lines,  # noqa: E402
+    translator_of,
+)
 
 MAX_CHARS = 120
 LINES = [line for line in corpus_lines(40, seed=41) if len(line) < 40][:2]
@@ -126,7 +128,7 @@ def test_translate_see_nbest_and_attention_heat_map(browser, server, checkpoint,
     sentences = _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#sentences .sentence"))
     assert len(sentences) == len(LINES)
 
-    reference = load_translator(str(checkpoint))
+    reference = translator_of(str(checkpoint))
     nbest = min(3, reference.cfg.beam)
     expected = reference.translate_nbest(LINES, nbest)
     shown = [_texts(s.find_elements(By.CSS_SELECTOR, ".hyp .text")) for s in sentences]
@@ -173,8 +175,8 @@ def test_an_over_long_text_shows_the_server_message(browser, server):
 def test_classifier_page_shows_labels_with_probabilities(browser, tmp_path_factory):
     from selenium.webdriver.common.by import By
 
+    from multibranch.loading.checkpoint import load_model
     from multibranch.tasks.classification.inference import classify_lines
-    from multibranch.tasks.loading import load_model
     from tests.helpers.classification import TEXTS, train_classifier
 
     ckpt = train_classifier(tmp_path_factory.mktemp("page_classifier"))

@@ -26,9 +26,8 @@ from multibranch.cli import main  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import TorchEngine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
-from multibranch.tasks.translation.loading import load_translator  # noqa: E402
 from tests.helpers.serve import READY_TIMEOUT_S, ServerProcess  # noqa: E402
-from tests.helpers.translation import corpus_lines  # noqa: E402
+from tests.helpers.translation import corpus_lines, translator_of  # noqa: E402
 
 LINES = corpus_lines(6, seed=21)
 
@@ -54,7 +53,7 @@ def test_real_uvicorn_server_on_loopback(checkpoint):
         server.should_exit = True
         thread.join(30)
     assert not thread.is_alive()
-    reference = load_translator(str(checkpoint))
+    reference = translator_of(str(checkpoint))
     assert [r.json()["translations"][0] for r in replies] == reference.translate(LINES[:3])
     assert info["decode"]["beam"] == reference.cfg.beam
 

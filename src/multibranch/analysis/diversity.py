@@ -25,8 +25,8 @@ from multibranch.analysis.mixing import unit_weights
 from multibranch.data.batching import Batch
 from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
+from multibranch.loading.checkpoint import load_model
 from multibranch.models.layers.mute import MuteEncoderLayer, encoder_diversity
-from multibranch.tasks.loading import load_model
 from multibranch.tasks.translation.dataset import PreparedData
 
 VARIANTS = ("att_pos", "att_sub", "ffn_sub")

@@ -14,7 +14,7 @@ from typing import Any
 from multibranch.analysis.mixing import branch_weights, kernel_gates, unit_weights
 from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
-from multibranch.tasks.loading import load_model
+from multibranch.loading.checkpoint import load_model
 
 
 def analyze_gates(ckpt: str | Path, out: str | Path, ratio: tuple[int, int] = (3, 15),

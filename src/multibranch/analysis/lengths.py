@@ -24,7 +24,7 @@ from multibranch.analysis.batches import check_vocabulary
 from multibranch.evaluate.metrics import score_corpus
 from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
-from multibranch.tasks.loading import load_model
+from multibranch.loading.checkpoint import load_model
 from multibranch.tasks.translation.dataset import PreparedData
 from multibranch.tasks.translation.translator import Translator
 

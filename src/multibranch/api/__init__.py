@@ -10,7 +10,7 @@
     multibranch.prepare("raw/train", "data", src="de", tgt="en", valid="raw/valid")
     multibranch.fit("mat-tiny", data="data", out="run", max_steps=20)
 
-A thin layer over the library: loading is `tasks.translation.loading` / `tasks.loading`, decoding the
+A thin layer over the library: loading is `loading.model.LoadedModel` (what the commands load), decoding the
 `Translator` (or `Ct2Translator`; prefixes and alignments as `translate --prefix/--print-alignment`),
 attention maps `serve.attention` (serve's POST /attention), labelling `tasks.classification.inference`,
 training `tasks.train` with the config `experiment.train_config` builds. Whatever a user can get wrong raises a `UserError` subclass
@@ -29,7 +29,19 @@ from multibranch.api.model import (
            load,
 )
 from multibranch.api.results import AlignedTranslation, AttentionMaps
-from multibranch.api.training import TrainResult, fit, presets
+from multibranch.api.tools import (
+           AverageResult,
+           Evaluation,
+           ExportResult,
+           PruneResult,
+           average,
+           evaluate_translation,
+           export,
+           prune,
+)
+from multibranch.api.training import CheckpointEvent, TrainResult, ValidationEvent, build, fit, presets
 
-__all__ = ["AlignedTranslation", "AttentionMaps", "ExistingFileError", "ForcedScore", "MissingFileError", "Model",
-           "TrainResult", "UnsupportedError", "WrongTaskError", "fit", "load", "prepare", "presets"]
+__all__ = ["AlignedTranslation", "AttentionMaps", "AverageResult", "CheckpointEvent", "Evaluation",
+           "ExistingFileError", "ExportResult", "ForcedScore", "MissingFileError", "Model", "PruneResult", "TrainResult",
+           "UnsupportedError", "ValidationEvent", "WrongTaskError", "average", "build", "evaluate_translation", "export", "fit",
+           "load", "prepare", "presets", "prune"]

@@ -1,53 +1,22 @@
-"""`prepare`: `multibranch prepare` for Python callers, with the command's own arguments and checks."""
+"""`prepare`: `multibranch prepare` for Python callers, with the command's options and checks."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from multibranch.api.model import user_errors
-from multibranch.commands import prepare as command
+from multibranch.config import from_dict
 from multibranch.errors import ConfigError
+from multibranch.preparing import PrepareOptions, prepare_data
 
 __all__ = ["prepare"]
 
 # the library's task names, accepted beside the command's
 TASK_NAMES = {"translation": "translate", "classification": "classify"}
-
-
-class _Arguments(argparse.ArgumentParser):
-    """The command's parser, raising ConfigError with argparse's message instead of exiting."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"prepare: {message}")
-
-
-def _argv(parser: argparse.ArgumentParser, options: dict[str, Any]) -> list[str]:
-    """Command-line arguments of keyword options: True -> a flag, False/None -> left out, a list -> the
-    values of a repeated (append) or multi-value option."""
-    actions = {action.dest: action for action in parser._actions if action.option_strings}
-    argv: list[str] = []
-    for name, value in options.items():
-        action = actions.get(name)
-        if action is None or name == "help":
-            known = sorted(dest for dest in actions if dest != "help")
-            raise ConfigError(f"prepare: unknown option {name!r}; known: {', '.join(known)}")
-        flag = action.option_strings[0]
-        if value is None or value is False:
-            continue
-        if value is True:
-            argv.append(flag)
-        elif isinstance(value, (list, tuple)):
-            if isinstance(action, argparse._AppendAction):
-                for item in value:
-                    argv += [flag, str(item)]
-            else:
-                argv += [flag, *(str(item) for item in value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
+PATH_OPTIONS = ("train", "out", "valid", "hf_tokenizer", "spm_model", "spm_model_tgt", "dict", "dict_tgt")
 
 
 def prepare(train: str | Path, out: str | Path, task: str = "translate", force: bool = False,
@@ -56,10 +25,24 @@ def prepare(train: str | Path, out: str | Path, task: str = "translate", force: 
     vocabulary). `task`: "translate" (src=, tgt=, valid= required), "classify" or "code"; `options`: the
     command's options by their names with "_" for "-" (vocab_size=8000, test=["test"], holdout=0.1,
     text_column=["1", "2"], ...). The command's checks apply, with its messages (ConfigError, DataError)."""
-    parser = _Arguments(prog="multibranch.prepare", add_help=False)
-    command.add_arguments(parser)
-    values = {"task": TASK_NAMES.get(task, task), "train": str(train), "out": str(out), "force": force, **options}
-    args = parser.parse_args(_argv(parser, values))
+    known = [f.name for f in dataclasses.fields(PrepareOptions)]
+    for name in options:
+        if name not in known or name in ("train", "out", "task", "force"):
+            raise ConfigError(f"prepare: unknown option {name!r}; known: {', '.join(sorted(known))}")
+    values = {"train": train, "out": out, "task": TASK_NAMES.get(task, task), "force": force, **options}
+    values = {name: _plain(name, value) for name, value in values.items() if value is not None}
     with user_errors({"--force": "force=True"}):
-        command.run(args)
+        chosen = from_dict(PrepareOptions, values, "prepare")
+        prepare_data(chosen)
     return json.loads((Path(out) / "data.json").read_text(encoding="utf-8"))
+
+
+def _plain(name: str, value: Any) -> Any:
+    """Paths as str (one or a list); every other value as given, for the options' type checks."""
+    if name in PATH_OPTIONS and isinstance(value, Path):
+        return str(value)
+    if name in ("test", "text_column", "text_key") and isinstance(value, (list, tuple)):
+        return [str(item) for item in value]
+    if name in ("test", "text_column", "text_key") and isinstance(value, (str, Path)):
+        return [str(value)]
+    return value

@@ -16,24 +16,14 @@ import torch
 
 from multibranch.analysis.attention_maps import SelectionError
 from multibranch.api.results import AlignedTranslation, AttentionMaps
-from multibranch.commands.translate import CT2_REFUSED
 from multibranch.config import check_value
 from multibranch.device import resolve_device
 from multibranch.errors import CheckpointError, ConfigError, DataError, UserError
 from multibranch.experiment import ExperimentConfig
 from multibranch.experiment.decoding import SAMPLING_ONLY, DecodeConfig, check_sampling_only
-from multibranch.inference.ensemble import Ensemble
-from multibranch.inference.precision import check_precision, for_decoding
+from multibranch.loading.model import TRANSLATION_TASKS, LoadedModel, UnsupportedError
 from multibranch.serve.attention import sentence_ids, sentence_maps
-from multibranch.tasks.classification.inference import (
-    check_examples,
-    classify_lines,
-    is_pair_model,
-    label_names,
-)
-from multibranch.tasks.loading import LoadedModel, load_model
-from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
-from multibranch.tasks.translation.loading import load_ensemble
+from multibranch.tasks.translation.ct2 import Ct2Translator
 from multibranch.tasks.translation.translator import ForcedScore, Translator
 
 __all__ = ["AlignedTranslation", "AttentionMaps", "ExistingFileError", "ForcedScore", "MissingFileError", "Model",
@@ -42,7 +32,6 @@ __all__ = ["AlignedTranslation", "AttentionMaps", "ExistingFileError", "ForcedSc
 # the CLI's decoding flag names that differ from DecodeConfig's fields (translate --lenpen ...)
 DECODE_ALIASES = {"lenpen": "length_penalty", "lenpen_kind": "length_penalty_kind"}
 DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
-TRANSLATION_TASKS = ("translation", "code")
 # the CLI's names in the library's messages -> the API's arguments
 DECODE_RENAMES = {"--max-len-a/--max-len-b": "max_len_a/max_len_b", "--alignment-layer": "alignment_layer",
                   "--print-alignment": "alignment=True", "--long-inputs truncate": "long_inputs='truncate'"}
@@ -50,11 +39,6 @@ DECODE_RENAMES = {"--max-len-a/--max-len-b": "max_len_a/max_len_b", "--alignment
 
 class WrongTaskError(CheckpointError):
     """A model asked for what its task does not do (a classifier asked to translate, and the reverse)."""
-
-
-class UnsupportedError(UserError):
-    """What this kind of loaded model cannot do: attention maps of an ensemble or a CTranslate2 directory,
-    prefixes or alignments with a CTranslate2 directory (the CLI and serve refuse the same)."""
 
 
 class MissingFileError(UserError, FileNotFoundError):
@@ -114,6 +98,11 @@ def _as_list(texts: str | Sequence[str], what: str) -> tuple[list[str], bool]:
     raise UserError(f"{what}: give a str or a list of str, not {_kind(texts)}")
 
 
+def _argument(name: str, value: object) -> str:
+    """An option of the library's refusals as this API's argument: `prefixes`, `alignment=True`."""
+    return {"prefix": "prefixes", "print_alignment": "alignment=True"}.get(name, name)
+
+
 def _kind(value: Any) -> str:
     """What a wrong value is, for a message: `None`, `an int (5)`, `bytes (decode them first)`."""
     if value is None:
@@ -129,64 +118,30 @@ class Model:
 
     `task` is "translation", "code" or "classification"; `config` the ExperimentConfig it was trained with
     (None for a CTranslate2 directory, which keeps only its decode settings: `decode`); `parameters_count`
-    the number of weights (all members of an ensemble together; None for a CTranslate2 directory).
+    the number of weights (all members of an ensemble together; None for a CTranslate2 directory);
+    `module` the torch module (None for a CTranslate2 directory) and `tokenizer` the text <-> ids mapping
+    (`encode_src(texts)`, `decode_tgt(ids)`); `loaded` the library's LoadedModel underneath.
     """
 
-    def __init__(self, paths: list[str], device: torch.device, precision: str, decode: dict[str, Any],
-                 ensemble_mean: str = "prob"):
-        self.paths = paths
-        self.device = device
-        self.precision = precision
-        self._name = " ".join(paths)
-        self._ct2: Ct2Translator | None = None
-        self._translator: Translator | None = None
-        self._members: list[LoadedModel] = []
-        if is_ct2_directory(paths[0]):
-            if len(paths) > 1:
-                raise UserError(f"{paths[0]} is a CTranslate2 directory, which cannot be an ensemble member; an "
-                                "ensemble takes checkpoints or `convert export` directories")
-            if precision != "fp32":
-                raise UserError(f"precision {precision!r}: {paths[0]} is a CTranslate2 directory, which decodes "
-                                "with the quantization it was converted with (`multibranch convert ct2 "
-                                "--quantization int8`)")
-            self._ct2 = Ct2Translator(paths[0], device, threads=0, **decode)  # 0: CTranslate2's choice
-            self.config: ExperimentConfig | None = None
-            self.task = "translation"
-            self.parameters_count: int | None = None
-            return
-        check_precision(precision, device)
-        first = load_model(paths[0], device)
-        self.config, self.task = first.config, first.config.task
-        if self.task in TRANSLATION_TASKS:
-            if len(paths) == 1:
-                loaded = first  # what the ensemble loader gives for one path
-            else:  # it reads every member, the first again, and checks they fit together
-                del first
-                loaded = load_ensemble(paths, device, task=TRANSLATION_TASKS, mean=ensemble_mean)
-            if loaded.tokenizer is None:
-                raise CheckpointError(f"{self._name} has no tokenizer, so it cannot translate raw text")
-            cfg = dataclasses.replace(loaded.config.decode, **decode)
-            cfg.validate()
-            self.parameters_count = sum(p.numel() for p in loaded.model.parameters())  # as trained, any precision
-            model = for_decoding(loaded.model, precision, in_place=True)
-            self._translator = Translator(model, loaded.tokenizer, cfg, device)
-        else:
-            if decode:
-                raise UserError(f"decoding options {sorted(decode)}: {self._name} is a {self.task} model, which "
-                                "decodes nothing")
-            if precision != "fp32":
-                raise UserError(f"precision {precision!r}: classifiers are labelled in fp32")
-            self._members = [first] + [load_model(path, device, task=self.task) for path in paths[1:]]
-            for path, member in zip(paths, self._members, strict=True):
-                if member.tokenizer is None:
-                    raise CheckpointError(f"{path} has no tokenizer, so it cannot label raw text")
-                if label_names(member.config) != self.labels:
-                    raise CheckpointError(f"{path} has the labels {label_names(member.config)}, {paths[0]} has "
-                                          f"{self.labels}: an ensemble needs the same labels in the same order")
-                if is_pair_model(member.model) != is_pair_model(first.model):
-                    raise CheckpointError(f"{path} and {paths[0]}: one classifies sentence pairs, the other "
-                                          "single texts")
-            self.parameters_count = sum(p.numel() for m in self._members for p in m.model.parameters())
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+        self.paths, self.device, self.precision = loaded.paths, loaded.device, loaded.precision
+        self.config: ExperimentConfig | None = loaded.config
+        self.task = loaded.task
+        self.parameters_count = loaded.parameters_count
+        self._name = loaded.name
+        self._translator = loaded.translator() if loaded.task in TRANSLATION_TASKS else None
+
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """The torch module that decodes or labels (an ensemble: one module over its members; None for a
+        CTranslate2 directory)."""
+        return self.loaded.module
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer: `encode_src(texts) -> ids`, `decode_tgt(ids) -> text`."""
+        return self.loaded.tokenizer
 
     def __repr__(self) -> str:
         return f"Model({self._name!r}, task={self.task!r}, device={str(self.device)!r})"
@@ -199,7 +154,7 @@ class Model:
         return dataclasses.replace(self._decoder(None).cfg)
 
     def _decoder(self, method: str | None) -> Translator | Ct2Translator:
-        decoder = self._ct2 or self._translator
+        decoder = self._translator
         if decoder is None:
             raise WrongTaskError(f"{method or 'decode'}: {self._name} is a {self.task} model, not a translation "
                                  f"model; use {'classify()' if self.task == 'classification' else 'translate()'}")
@@ -213,18 +168,7 @@ class Model:
         fields = {k: v for k, v in _decode_fields(options, decoder.cfg.sampling).items() if v != getattr(decoder.cfg, k)}
         if not fields and alignment_layer is None:
             return decoder
-        if isinstance(decoder, Ct2Translator):
-            return Ct2Translator(self.paths[0], self.device, threads=0, **{**self._ct2_fields(), **fields})
-        cfg = dataclasses.replace(decoder.cfg, **fields)
-        cfg.validate()
-        try:
-            return Translator(decoder.model, decoder.tokenizer, cfg, self.device, alignment_layer=alignment_layer)
-        except ValueError as err:  # an alignment layer the decoder lacks (the CLI's message)
-            raise UserError(f"alignment_layer: {err}") from None
-
-    def _ct2_fields(self) -> dict[str, Any]:
-        assert self._ct2 is not None
-        return dataclasses.asdict(self._ct2.cfg)
+        return self.loaded.translator(alignment_layer=alignment_layer, **fields)
 
     def translate(self, texts: str | Sequence[str], beam: int | None = None, nbest: int = 1, *,
                   prefixes: str | Sequence[str | None] | None = None, alignment: bool = False,
@@ -252,12 +196,7 @@ class Model:
         wanted = self._prefixes(prefixes, lines, single)
         if alignment_layer is not None and not alignment:
             raise UserError("alignment_layer chooses the layer of alignment=True; add alignment=True")
-        if self._ct2 is not None:
-            for given, option, argument in ((wanted is not None, "prefix", "prefixes"),
-                                            (alignment, "print_alignment", "alignment=True")):
-                if given:
-                    raise UnsupportedError(f"{argument}: not with a CTranslate2 directory ({self.paths[0]}): "
-                                           f"{CT2_REFUSED[option][1]}")
+        self.loaded.check_supported({"prefix": wanted, "print_alignment": alignment}, _argument)
         layer = (-1 if alignment_layer is None else alignment_layer) if alignment else None
         with user_errors(DECODE_RENAMES):
             decoder = self._with("translate", {"beam": beam, "nbest": nbest, **options}, layer)
@@ -320,14 +259,9 @@ class Model:
         """
         if not isinstance(text, str) or not (translation is None or isinstance(translation, str)):
             raise UserError("attention: give one text (a str) and optionally its translation (a str)")
-        if self._ct2 is not None:
-            raise UnsupportedError(f"attention: {self.paths[0]} is a CTranslate2 directory, which gives no attention "
-                                   "weights; load the checkpoint or its `convert export` directory")
+        self.loaded.check_supported({"attention": True}, _argument)
         decoder = self._with("attention", {"beam": beam, **options})
         assert isinstance(decoder, Translator)
-        if isinstance(decoder.model, Ensemble):
-            raise UnsupportedError(f"attention: maps are drawn from one model; this is an ensemble of "
-                                   f"{len(self.paths)} ({self._name}): load one checkpoint to draw them")
         try:
             translated, src_ids, tgt_ids = sentence_ids(decoder, text, translation)
         except SelectionError as err:
@@ -342,14 +276,14 @@ class Model:
         """A classifier's label names, in the order of its probabilities."""
         if self.task != "classification" or self.config is None:
             raise WrongTaskError(f"labels: {self._name} is a {self.task} model, not a classifier")
-        return label_names(self.config)
+        return self.loaded.labels
 
     def classify(self, texts: str | tuple[str, str] | Sequence[str | tuple[str, str]], probs: bool = False,
                  batch_size: int = 64) -> Any:
         """Label one text (or one (a, b) pair for a sentence-pair classifier) or a list of them, as
         `multibranch classify`: the label of each (an ensemble: argmax of the members' mean probabilities),
         or with `probs` a {label: probability} dict; None for an empty text."""
-        if not self._members:
+        if self.task != "classification":
             raise WrongTaskError(f"classify: {self._name} is a {self.task} model, not a classifier; use translate()")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"batch_size {batch_size!r}: give an int >= 1")
@@ -364,16 +298,12 @@ class Model:
             if not (isinstance(example, str) or pair):
                 raise UserError(f"classify: item {i} is {_kind(example)}; give a str or an (a, b) pair of str")
         keep = [i for i, x in enumerate(examples) if not (isinstance(x, str) and not x.strip())]
-        total = None
-        for member in self._members:
-            check_examples(member.model, [examples[i] for i in keep], self._name)
-            p = classify_lines(member.model, member.tokenizer, [examples[i] for i in keep], self.device, batch_size)
-            total = p if total is None else total + p
         labels = self.labels
         out: list[Any] = [None] * len(examples)
-        if total is not None:
+        if keep:
+            mean = self.loaded.classify([examples[i] for i in keep], batch_size)  # [kept, labels]
             for row, i in enumerate(keep):
-                values = (total[row] / len(self._members)).tolist()
+                values = mean[row].tolist()
                 out[i] = (dict(zip(labels, values, strict=True)) if probs
                           else labels[max(range(len(values)), key=values.__getitem__)])
         return out[0] if single else out
@@ -394,7 +324,10 @@ def load(path_or_paths: str | Path | Sequence[str | Path], device: str | torch.d
                         f"{_kind(device)}")
     resolved = resolve_device(device) if isinstance(device, str) else device
     with user_errors(DECODE_RENAMES):
-        return Model(paths, resolved, precision, _decode_fields(decode), ensemble_mean)
+        fields = _decode_fields(decode)
+        if not isinstance(precision, str):
+            raise UserError(f"precision: give a str (\"fp32\", \"int8\", \"bf16\", \"fp16\"), not {_kind(precision)}")
+        return Model(LoadedModel.load(paths, resolved, precision, ensemble_mean=ensemble_mean, decode=fields))
 
 
 def _paths(path_or_paths: Any) -> list[str]:

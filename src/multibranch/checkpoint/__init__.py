@@ -6,5 +6,5 @@
 - `tokenizer_state`  how a tokenizer is stored in a payload (plain tensors)
 - `origin`           which run a checkpoint comes from (kept in its meta; averaging checks it)
 
-Rebuilding a model from a payload is the tasks layer's job (`multibranch.tasks.loading.load_model`).
+Rebuilding a model from a payload is the tasks layer's job (`multibranch.loading.checkpoint.load_model`).
 """

@@ -31,25 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.checkpoint.format import save_checkpoint
-    from multibranch.convert.average import average_checkpoints, select_checkpoints
-    from multibranch.convert.payload import refuse_overwrite
-    from multibranch.data.directories import CHECKPOINT, refuse_replacing
-    from multibranch.data.text import check_output_file
-    from multibranch.errors import UserError
+    from multibranch.convert.average import average_to_file
 
-    if args.run and args.last is None and args.best is None:
-        raise UserError("--run needs --last N or --best N")
-    if args.ckpts and (args.last is not None or args.best is not None or args.upper_bound is not None):
-        raise UserError("--last/--best/--upper-bound select from --run; they cannot be combined with --ckpts")
-    if args.ckpts:
-        paths = select_checkpoints(paths=args.ckpts)
-    else:
-        paths = select_checkpoints(args.run, last=args.last, best=args.best, upper_bound=args.upper_bound)
-    check_output_file(args.out, [str(p) for p in paths], parent_must_exist=False)
-    refuse_replacing(args.out, CHECKPOINT)
-    refuse_overwrite(args.out, args.force)
-    payload = average_checkpoints(paths, force=args.force)
-    save_checkpoint(args.out, payload)
-    print(f"wrote {args.out}: average of {len(paths)} checkpoints: {', '.join(str(p) for p in paths)}")
+    result = average_to_file(args.out, checkpoints=args.ckpts, run=args.run, last=args.last, best=args.best,
+                             upper_bound=args.upper_bound, force=args.force)
+    print(f"wrote {result.path}: average of {len(result.sources)} checkpoints: "
+          f"{', '.join(str(p) for p in result.sources)}")
     return 0

@@ -5,7 +5,7 @@ label's probability, in the checkpoint's label order). An empty (or whitespace-o
 no text to classify and gives an empty output line. -o is written atomically, never over -i or
 a checkpoint, and over an existing file only with --force. Several --ckpt make an ensemble: the label is the argmax of the members' mean
 probabilities (each member reads the text with its own tokenizer; all must have the same labels in
-the same order). Members are loaded one at a time, so an ensemble needs the memory of one model.
+the same order).
 A sentence-pair classifier (trained on data prepared with two --text-column) reads two tab-separated
 texts per line (`a<TAB>b`, as GLUE's TSV files hold them); a line with another number of columns or an
 empty text is an error, and pairs given to a single-text classifier too.
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from multibranch.device import resolve_device
     from multibranch.errors import UserError
+    from multibranch.loading.model import LoadedModel
     from multibranch.tasks.classification.inference import classify_text_lines
 
     if args.batch_size < 1:
@@ -78,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     with open_input(args.input) as source:
         lines = list(iter_lines(source, name, args.encoding_errors))
     check_can_write(args.output, 16 * len(lines) * (4 if args.probs else 1))
-    labels, per_line = classify_text_lines(args.ckpt, lines, device, args.batch_size, name)
+    loaded = LoadedModel.load(args.ckpt, device, tasks=("classification",))
+    per_line = classify_text_lines(loaded, lines, args.batch_size, name)
+    labels = loaded.labels
     with open_output(args.output) as sink:
         sink.write("".join(format_line(labels, p, args.probs) + "\n" for p in per_line).encode("utf-8"))
     return 0

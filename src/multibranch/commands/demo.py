@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     from multibranch.data.parallel_prepare import PrepareConfig
     from multibranch.errors import UserError
+    from multibranch.loading.model import TRANSLATION_TASKS, LoadedModel
     from multibranch.tasks import train
     from multibranch.tasks.translation.heldout import translate_split
     from multibranch.tasks.translation.prepare import prepare
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
     print("[4/4] translating the test set with the best checkpoint (by validation loss; without building the CPU "
           "kernels, which the first `multibranch translate` builds once)", flush=True)
-    result = translate_split(out / "run" / "best.pt", out / "data", "test", hyp_file=out / "run" / "test.hyp.txt",
+    translator = LoadedModel.load(out / "run" / "best.pt", "cpu", tasks=TRANSLATION_TASKS).translator()
+    result = translate_split(translator, out / "data", "test", hyp_file=out / "run" / "test.hyp.txt",
                              progress=show_progress(), cpu_kernels_build=False)  # a bar on a terminal
     scores = result.scores
     print()

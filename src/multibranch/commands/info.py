@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     published = None
     if args.ckpt:
-        from multibranch.tasks.loading import load_model
+        from multibranch.loading.checkpoint import load_model
 
         loaded = load_model(args.ckpt)
         cfg, model = loaded.config, loaded.model

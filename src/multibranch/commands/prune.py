@@ -29,7 +29,6 @@ The work is the pruning package's (pruning/run.py); this module parses and check
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from multibranch.arguments import positive_int
 
@@ -77,38 +76,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from multibranch.pruning.report import summary
-    from multibranch.pruning.run import PruneOptions, prune_checkpoint
+    from multibranch.pruning.run import PruneOptions, prune_checkpoint, report_path_of
     from multibranch.pruning.selection import read_heads
 
-    report_path = _check_arguments(args)
     options = PruneOptions(
         fraction=args.fraction, max_drop=args.max_drop, heads=read_heads(args.heads_json) if args.heads_json else None,
-        heads_file=args.heads_json, data=args.data, split=args.split, max_examples=args.max_examples,
-        max_tokens=args.max_tokens, score_split=args.score_split, max_sentences=args.max_sentences, beam=args.beam,
-        step=args.step, recompute=args.recompute, speed=not args.no_speed, speed_rounds=args.speed_rounds,
-        device=args.device,
+        heads_file=args.heads_json, data=args.data, split=args.split,
+        max_examples=args.max_examples, max_tokens=args.max_tokens, score_split=args.score_split,
+        max_sentences=args.max_sentences, beam=args.beam, step=args.step, recompute=args.recompute,
+        speed=not args.no_speed, speed_rounds=args.speed_rounds, device=args.device,
     )
+    options.validate()
+    report_path = report_path_of(args.out, args.report)
     report = prune_checkpoint(args.ckpt, args.out, report_path, options, force=args.force)
     print(summary(report))
     print(f"wrote {args.out} and {report_path}")
     return 0
-
-
-def _check_arguments(args: argparse.Namespace) -> Path:
-    """The flags' own checks; the report path (--report, default --out with suffix .json)."""
-    from multibranch.device import resolve_device
-    from multibranch.errors import UserError
-
-    if args.fraction is not None and not 0.0 < args.fraction < 1.0:
-        raise UserError(f"--fraction {args.fraction} must be between 0 and 1 (exclusive)")
-    if args.max_drop is not None and args.max_drop < 0:
-        raise UserError(f"--max-drop {args.max_drop} must be >= 0 (points of BLEU or accuracy)")
-    if not 0.0 < args.step <= 1.0:
-        raise UserError(f"--step {args.step} must be in (0, 1]")
-    if (args.fraction is not None or args.max_drop is not None) and not args.data:
-        raise UserError("--fraction and --max-drop rank heads by importance on data: give --data PREPARED_DIR")
-    resolve_device(args.device)
-    report = Path(args.report) if args.report else Path(args.out).with_suffix(".json")
-    if report.resolve() == Path(args.out).resolve():
-        raise UserError(f"--report {report} is the pruned checkpoint --out")
-    return report

@@ -98,7 +98,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from multibranch.errors import UserError
-    from multibranch.tasks.translation.ct2 import is_ct2_directory
+    from multibranch.loading.model import check_ct2_options, check_paths
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: must be between 0 and 65535")
@@ -110,10 +110,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
         check_value(DecodeConfig, "beam", args.beam, "--beam")
     args.engine = engine_of(args.ckpt, args.engine)
-    ct2 = [path for path in args.ckpt if is_ct2_directory(path)]
-    if ct2 and len(args.ckpt) > 1:
-        raise UserError(f"--ckpt: {ct2[0]} is a CTranslate2 directory, which cannot be an ensemble member; an "
-                        "ensemble takes checkpoints or `convert export` directories")
+    check_paths(args.ckpt)
     if args.engine == "ct2" and len(args.ckpt) > 1:
         raise UserError("--engine ct2 serves one `convert ct2` directory; an ensemble of several --ckpt needs the "
                         "torch engine")
@@ -122,9 +119,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for path in args.ckpt if args.engine == "torch" else []:
         if not Path(path).exists():  # a directory: the loader says what it holds
             raise FileNotFoundError(f"--ckpt {path}: no such checkpoint file")
-    if args.engine == "ct2" and args.precision != "fp32":
-        raise UserError(f"--precision {args.precision}: not with a CTranslate2 directory ({args.ckpt[0]}): it has "
-                        "the quantization it was converted with (`multibranch convert ct2 --quantization int8`)")
+    if args.engine == "ct2":
+        check_ct2_options(args.ckpt[0], {"precision": args.precision})
     if args.engine == "torch":
         from multibranch.device import resolve_device
         from multibranch.inference.precision import check_precision

@@ -7,16 +7,6 @@ from pathlib import Path
 
 HELP = "train a model (preset or config file) on data made by `prepare`; --resume continues a run exactly"
 
-# CLI shortcuts for the most common training settings: flag -> config key.
-SHORTCUTS = {
-    "max_steps": "train.max_steps", "max_epochs": "train.max_epochs", "max_minutes": "train.max_minutes",
-    "max_tokens": "train.max_tokens", "update_freq": "train.update_freq", "lr": "train.lr.lr",
-    "warmup": "train.lr.warmup", "seed": "train.seed", "valid_every": "train.valid_every",
-    "patience": "train.patience", "amp": "train.amp", "threads": "train.threads", "log_every": "train.log_every",
-    "graphs": "train.graphs", "length_buckets": "train.length_buckets",
-}
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, type=Path, help="directory written by `multibranch prepare`")
     parser.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, metrics.jsonl, logs)")
@@ -73,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.experiment import train_config
+    from multibranch.experiment import TRAIN_SHORTCUTS, train_config
     from multibranch.tasks import train
     from multibranch.train.distributed import exit_worker, is_worker_of_a_job
     from multibranch.train.run_directory import auto_resume
@@ -83,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         args.resume, args.force = auto_resume(args.out, resume=args.resume, force=args.force)
 
     overrides = list(args.overrides)
-    for flag, key in SHORTCUTS.items():
+    for flag, key in TRAIN_SHORTCUTS.items():
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={value}")

@@ -148,34 +148,11 @@ def _alignment_layer(args: argparse.Namespace) -> int | None:
     return -1 if args.alignment_layer is None else args.alignment_layer
 
 
-# What a `convert ct2` directory cannot honour: argument -> (the values it can, why not the others).
-CT2_REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
-    "ensemble_mean": ((None,), "a CTranslate2 directory is one model, not an ensemble"),
-    "precision": (("fp32",), "a CTranslate2 directory decodes with the quantization it was converted with "
-                             "(`multibranch convert ct2 --quantization int8`)"),
-    "lenpen_kind": ((None, "fairseq"), "CTranslate2 only has the score / len^alpha (fairseq) length penalty"),
-    "code_format": (("escaped",), "a CTranslate2 directory holds a translation model (`convert ct2` refuses "
-                                  "code-generation models)"),
-    "sampling": ((False,), "sampling is not mapped onto CTranslate2's options yet; decode the checkpoint instead"),
-    "prefix": ((None,), "target prefixes are not mapped onto CTranslate2's options yet; decode the checkpoint instead"),
-    "print_alignment": ((False,), "a CTranslate2 directory gives no attention weights to align with"),
-}
-
-
-def typed_option(name: str, value: object) -> str:
-    """An option as the user typed it: `--sampling` for a flag, `--precision int8` for a value."""
-    option = option_name(name)
-    return option if isinstance(value, bool) else f"{option} {value}"
-
-
 def _check_ct2_arguments(args: argparse.Namespace) -> None:
     """One line for the first option set that a `convert ct2` directory cannot honour."""
-    from multibranch.errors import UserError
+    from multibranch.loading.model import CT2_REFUSED, check_ct2_options
 
-    for name, (allowed, why) in CT2_REFUSED.items():
-        value = getattr(args, name, None)
-        if value not in allowed:
-            raise UserError(f"{typed_option(name, value)}: not with a CTranslate2 directory ({args.ckpt[0]}): {why}")
+    check_ct2_options(args.ckpt[0], {name: getattr(args, name, None) for name in CT2_REFUSED if hasattr(args, name)})
 
 
 def _is_interactive(args: argparse.Namespace) -> bool:
@@ -191,13 +168,9 @@ def _check_arguments(args: argparse.Namespace, interactive: bool) -> None:
     from multibranch.device import resolve_device
     from multibranch.errors import UserError
     from multibranch.inference.precision import check_precision
-    from multibranch.tasks.translation.ct2 import is_ct2_directory
+    from multibranch.loading.model import check_paths
 
-    ct2 = [path for path in args.ckpt if is_ct2_directory(path)]
-    if ct2 and len(args.ckpt) > 1:
-        raise UserError(f"--ckpt: {ct2[0]} is a CTranslate2 directory, which cannot be an ensemble member; an "
-                        "ensemble takes checkpoints or `convert export` directories")
-    if ct2:
+    if check_paths(args.ckpt):
         _check_ct2_arguments(args)
     if args.ensemble_mean is not None and len(args.ckpt) == 1:
         raise UserError(f"--ensemble-mean {args.ensemble_mean}: combines the members of an ensemble (several "
@@ -275,20 +248,14 @@ def _check_output(args: argparse.Namespace, interactive: bool) -> tuple[list[str
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
     import torch
 
     from multibranch.checkpoint.format import CheckpointError
     from multibranch.data.text import one_line
     from multibranch.device import resolve_device
-    from multibranch.errors import UserError
     from multibranch.inference.allocator import keep_freed_memory, loaded_objects_frozen
-    from multibranch.inference.precision import for_decoding
+    from multibranch.loading.model import TRANSLATION_TASKS, LoadedModel
     from multibranch.tasks.code.corpus import code_source
-    from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
-    from multibranch.tasks.translation.loading import load_ensemble
-    from multibranch.tasks.translation.translator import Translator
 
     interactive = _is_interactive(args)
     _check_arguments(args, interactive)
@@ -299,24 +266,13 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     keep_freed_memory()
-    if is_ct2_directory(args.ckpt[0]):  # the only --ckpt: checked above
-        translator = Ct2Translator(args.ckpt[0], device, threads=args.threads or 0, **_decode_overrides(args))
-        return _translate(args, translator, one_line, interactive, pairs)
-    loaded = load_ensemble(args.ckpt, device, task=("translation", "code"), mean=args.ensemble_mean or "prob")
-    ckpt = " ".join(args.ckpt)
-    if loaded.tokenizer is None:
-        raise CheckpointError(f"{ckpt} has no tokenizer, so it cannot translate raw text")
-    if args.code_format != "escaped" and loaded.config.task != "code":
-        raise CheckpointError(f"--code-format: {ckpt} is a {loaded.config.task} model, not a code-generation "
-                              "model")
+    loaded = LoadedModel.load(args.ckpt, device, args.precision, tasks=TRANSLATION_TASKS,
+                              ensemble_mean=args.ensemble_mean or "prob", decode=_decode_overrides(args),
+                              threads=args.threads or 0)
+    if args.code_format != "escaped" and loaded.task != "code":
+        raise CheckpointError(f"--code-format: {loaded.name} is a {loaded.task} model, not a code-generation model")
     render = code_source if args.code_format == "source" else one_line
-    cfg = dataclasses.replace(loaded.config.decode, **_decode_overrides(args))
-    cfg.validate()
-    model = for_decoding(loaded.model, args.precision, in_place=True)  # loaded only to decode: no copy
-    try:
-        translator = Translator(model, loaded.tokenizer, cfg, device, alignment_layer=_alignment_layer(args))
-    except ValueError as err:  # an alignment layer the decoder lacks
-        raise UserError(f"--alignment-layer: {err}") from None
+    translator = loaded.translator(alignment_layer=_alignment_layer(args), threads=args.threads or 0)
     with loaded_objects_frozen():
         return _translate(args, translator, render, interactive, pairs)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,15 @@ from multibranch.checkpoint.format import (
     config_differences,
     load_checkpoint,
     same_tokenizer,
+    save_checkpoint,
     tied_groups,
 )
 from multibranch.checkpoint.origin import origin_of, shared_origin
 from multibranch.config import ConfigError
+from multibranch.convert.payload import refuse_overwrite
+from multibranch.data.directories import CHECKPOINT, refuse_replacing
+from multibranch.data.text import check_output_file
+from multibranch.errors import UserError
 
 log = logging.getLogger("multibranch.average")
 
@@ -219,3 +225,36 @@ def select_checkpoints(
             return [p for _, p, _ in sorted(ranked[:count], key=lambda r: r[0])]
     bad = next(str(p) for _, p, valid in scored if valid.get("loss") is None)
     raise CheckpointError(f"best=N needs validation scores in every checkpoint; {bad} has none")
+
+
+@dataclass(frozen=True)
+class AverageResult:
+    """An average written: the checkpoint file and the checkpoints it is the mean of (oldest first)."""
+
+    path: Path
+    sources: list[Path]
+
+
+def average_to_file(out: str | Path, *, checkpoints: Sequence[str | Path] | None = None,
+                    run: str | Path | None = None, last: int | None = None, best: int | None = None,
+                    upper_bound: int | None = None, force: bool = False) -> AverageResult:
+    """Average `checkpoints`, or the `last` N / `best` N step checkpoints of `run` (up to `upper_bound`), into the
+    weights-only checkpoint `out` (atomically). Never over one of its inputs, a run's last.pt or best.pt, or a file
+    of another kind; over an existing average only with `force` (which also averages unrelated runs)."""
+    if (run is None) == (checkpoints is None):
+        raise UserError("give either --run RUN (with --last N or --best N) or --ckpts CKPT ...")
+    if run is not None and last is None and best is None:
+        raise UserError("--run needs --last N or --best N")
+    if last is not None and best is not None:
+        raise UserError("--last and --best: give one of them")
+    if checkpoints is not None and (last is not None or best is not None or upper_bound is not None):
+        raise UserError("--last/--best/--upper-bound select from --run; they cannot be combined with --ckpts")
+    if checkpoints is not None:
+        paths = select_checkpoints(paths=checkpoints)
+    else:
+        paths = select_checkpoints(run, last=last, best=best, upper_bound=upper_bound)
+    check_output_file(str(out), [str(p) for p in paths], parent_must_exist=False)
+    refuse_replacing(out, CHECKPOINT)
+    refuse_overwrite(out, force)
+    save_checkpoint(out, average_checkpoints(paths, force=force))
+    return AverageResult(Path(out), [Path(p) for p in paths])

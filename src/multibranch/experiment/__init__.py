@@ -19,6 +19,15 @@ from multibranch.experiment.training import TrainConfig
 from multibranch.models import ModelConfig
 from multibranch.models.classifier import ClassifierConfig
 
+# the most common training settings under short names (`train --max-steps`, `fit(max_steps=...)`) -> config keys
+TRAIN_SHORTCUTS = {
+    "max_steps": "train.max_steps", "max_epochs": "train.max_epochs", "max_minutes": "train.max_minutes",
+    "max_tokens": "train.max_tokens", "update_freq": "train.update_freq", "lr": "train.lr.lr",
+    "warmup": "train.lr.warmup", "seed": "train.seed", "valid_every": "train.valid_every",
+    "patience": "train.patience", "amp": "train.amp", "threads": "train.threads", "log_every": "train.log_every",
+    "graphs": "train.graphs", "length_buckets": "train.length_buckets",
+}
+
 
 @dataclass
 class ExperimentConfig:

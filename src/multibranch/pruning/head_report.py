@@ -29,11 +29,11 @@ from multibranch.analysis.heads import attention_sites, total_heads
 from multibranch.data.meta import require_examples
 from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
+from multibranch.loading.checkpoint import load_model
 from multibranch.pruning.curve import planned_counts, pruning_steps
 from multibranch.pruning.dominant import dominant_heads
 from multibranch.pruning.importance import head_importance
 from multibranch.pruning.scoring import make_scorer
-from multibranch.tasks.loading import load_model
 from multibranch.tasks.translation.translator import progress_bar, show_progress
 
 log = logging.getLogger(__name__)

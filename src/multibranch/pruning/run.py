@@ -30,14 +30,15 @@ from multibranch.checkpoint.format import load_checkpoint, load_state_strict, sa
 from multibranch.convert.payload import experiment_config, refuse_overwrite
 from multibranch.data.directories import CHECKPOINT, refuse_replacing
 from multibranch.data.text import check_output_file
-from multibranch.errors import ConfigError
+from multibranch.device import resolve_device
+from multibranch.errors import ConfigError, UserError
+from multibranch.loading.checkpoint import load_model
 from multibranch.pruning.importance import head_importance
 from multibranch.pruning.removal import check_prunable, prune_heads
 from multibranch.pruning.scoring import agreement, make_scorer
 from multibranch.pruning.selection import heads_within_drop, least_important
 from multibranch.pruning.speed import side_by_side, speed_spread
 from multibranch.tasks import build_task_model
-from multibranch.tasks.loading import load_model
 
 
 @dataclass
@@ -62,6 +63,29 @@ class PruneOptions:
     speed: bool = True
     speed_rounds: int = 3
     device: str = "cpu"
+
+    def validate(self) -> None:
+        """UserError for values out of their range, before anything is loaded (messages name the CLI's options)."""
+        chosen = [o for o in (self.fraction, self.max_drop, self.heads) if o is not None]
+        if len(chosen) != 1:
+            raise UserError("give exactly one of --fraction, --max-drop and --heads-json")
+        if self.fraction is not None and not 0.0 < self.fraction < 1.0:
+            raise UserError(f"--fraction {self.fraction} must be between 0 and 1 (exclusive)")
+        if self.max_drop is not None and self.max_drop < 0:
+            raise UserError(f"--max-drop {self.max_drop} must be >= 0 (points of BLEU or accuracy)")
+        if not 0.0 < self.step <= 1.0:
+            raise UserError(f"--step {self.step} must be in (0, 1]")
+        if (self.fraction is not None or self.max_drop is not None) and not self.data:
+            raise UserError("--fraction and --max-drop rank heads by importance on data: give --data PREPARED_DIR")
+        resolve_device(self.device)
+
+
+def report_path_of(out: str | Path, report: str | Path | None) -> Path:
+    """Where the JSON report goes: `report`, or `out` with the suffix .json; UserError when that is `out` itself."""
+    path = Path(report) if report else Path(out).with_suffix(".json")
+    if path.resolve() == Path(out).resolve():
+        raise UserError(f"--report {path} is the pruned checkpoint --out")
+    return path
 
 
 class PruneData:
@@ -134,11 +158,7 @@ def prune_checkpoint(ckpt: str | Path, out: str | Path, report_path: str | Path,
 
     Everything that can be refused (existing outputs without `force`, a kind that cannot be pruned, listed
     heads the model does not have, the data of another task) is refused before the long work."""
-    chosen = [o for o in (options.fraction, options.max_drop, options.heads) if o is not None]
-    if len(chosen) != 1:
-        raise ValueError("give exactly one of fraction, max_drop, heads")
-    if options.heads is None and options.data is None:
-        raise ConfigError("--fraction and --max-drop rank heads by importance on data: give --data PREPARED_DIR")
+    options.validate()
     report_path = Path(report_path)
     refuse_replacing(out, CHECKPOINT)  # a text file, a run's last.pt or best.pt: never, --force or not
     refuse_overwrite(out, force)

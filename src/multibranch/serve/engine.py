@@ -17,16 +17,13 @@ from typing import Any, Protocol
 import torch
 
 from multibranch.checkpoint.format import CheckpointError
-from multibranch.device import resolve_device
 from multibranch.errors import UserError
 from multibranch.inference.ensemble import Ensemble
-from multibranch.inference.precision import check_precision, for_decoding
+from multibranch.loading.model import LoadedModel
 from multibranch.modules.simplex import BranchWeights
 from multibranch.serve.attention import attention_choices, sentence_ids, sentence_map
-from multibranch.tasks.classification.inference import Example, classify_lines, encode_examples, label_names
-from multibranch.tasks.loading import load_model
+from multibranch.tasks.classification.inference import Example, encode_examples
 from multibranch.tasks.translation.ct2 import Ct2Translator
-from multibranch.tasks.translation.loading import load_ensemble
 from multibranch.tasks.translation.translator import Translator
 
 Hypotheses = list[tuple[str, float]]  # (text, normalised score), best first
@@ -80,35 +77,24 @@ def branch_weights(model: Any) -> dict[str, dict[str, list[float]]]:
 def load_torch_engine(path: str | list[str], device: str = "cpu", precision: str = "fp32",
                       **overrides: Any) -> TorchEngine | ClassifierEngine:
     """The engine of a checkpoint, chosen by its task: TorchEngine for a translation model,
-    ClassifierEngine for a classifier. Several paths: an ensemble of translation models, loaded as
-    `multibranch translate` loads one (`load_ensemble`). `overrides` are decode settings (translation
-    only). The one place the server imports the checkpoint loader; one model copy in `precision`
-    (inference/precision.py) serves every request."""
+    ClassifierEngine for a classifier. Several paths: an ensemble, loaded as `multibranch translate`
+    and `classify` load one (`LoadedModel`). `overrides` are decode settings (translation only). One model
+    copy in `precision` (inference/precision.py) serves every request."""
+    loaded = LoadedModel.load(path if isinstance(path, str) else list(path), device, precision,
+                              tasks=("translation", "classification"), decode=overrides, ct2=False)
+    return engine_of(loaded)
 
-    resolved = resolve_device(device)
-    check_precision(precision, resolved)
-    paths = [path] if isinstance(path, str) else list(path)
-    if len(paths) > 1:
-        loaded = load_ensemble(paths, resolved, task="translation")
-        path = " ".join(paths)
-    else:
-        path = paths[0]
-        loaded = load_model(path, resolved, task=("translation", "classification"))
-    if loaded.tokenizer is None:
-        raise CheckpointError(f"{path} has no tokenizer, so it cannot serve raw text")
-    model = for_decoding(loaded.model, precision, in_place=True)  # loaded only to serve
-    if loaded.config.task == "classification":
-        if overrides:
-            raise UserError(f"{path} is a classifier: decode settings ({', '.join(sorted(overrides))}) apply to "
-                            "translation models")
-        return ClassifierEngine(model, loaded.tokenizer, loaded.config, resolved, precision)
-    decode = dataclasses.replace(loaded.config.decode, **overrides)
-    decode.validate()
+
+def engine_of(loaded: LoadedModel) -> TorchEngine | ClassifierEngine:
+    """The engine that serves a loaded checkpoint or ensemble (not a CTranslate2 directory: `Ct2Engine`)."""
+    assert loaded.config is not None and loaded.module is not None
+    if loaded.task == "classification":
+        return ClassifierEngine(loaded)
     summary = model_summary(loaded.config.model)
-    if len(paths) > 1:
-        summary["ensemble"] = paths
-    return TorchEngine(model, loaded.tokenizer, decode, resolved, kind=loaded.config.model.encoder.kind,
-                       summary=summary, precision=precision)
+    if loaded.kind == "ensemble":
+        summary["ensemble"] = loaded.paths
+    return TorchEngine(loaded.module, loaded.tokenizer, loaded.decode_config(), loaded.device,
+                       kind=loaded.config.model.encoder.kind, summary=summary, precision=loaded.precision)
 
 
 def model_summary(model_cfg: Any) -> dict[str, Any]:
@@ -239,32 +225,36 @@ def _blank(example: Example) -> bool:
 
 
 class ClassifierEngine:
-    """A classifier over a loaded model: label probabilities of texts as `multibranch classify` gives
-    them (same tokenizer, truncation and softmax); an empty or blank text has no label (None)."""
+    """A classifier (or an ensemble of them) over a loaded model: label probabilities of texts as `multibranch
+    classify` gives them (same tokenizer, truncation and softmax); an empty or blank text has no label (None)."""
 
     task = "classification"
 
-    def __init__(self, model: Any, tokenizer: Any, config: Any, device: Any = "cpu", precision: str = "fp32"):
-        self.model, self.tokenizer, self.device, self.precision = model, tokenizer, device, precision
-        self.labels = label_names(config)
-        self.pooling = config.classifier.pooling
-        self.summary = model_summary(config.model)
-        self.pairs = bool(config.classifier.pairs)  # reads sentence pairs (a, b)
+    def __init__(self, loaded: LoadedModel):
+        assert loaded.config is not None and loaded.module is not None
+        self.loaded = loaded
+        self.model, self.tokenizer, self.device, self.precision = loaded.module, loaded.tokenizer, loaded.device, \
+            loaded.precision
+        self.labels = loaded.labels
+        self.pooling = loaded.config.classifier.pooling
+        self.summary = model_summary(loaded.config.model)
+        if loaded.kind == "ensemble":
+            self.summary["ensemble"] = loaded.paths
+        self.pairs = loaded.pairs  # reads sentence pairs (a, b)
 
     def count_tokens(self, texts: list[Example]) -> list[int]:
-        """Tokens per text or pair as the model reads it (BOS + ids + EOS, cut to its positions)."""
+        """Tokens per text or pair as the (first) model reads it (BOS + ids + EOS, cut to its positions)."""
         kept = [text for text in texts if not _blank(text)]
         lengths = iter(encode_examples(self.model, self.tokenizer, kept))
         return [2 if _blank(text) else len(next(lengths)) + 2 for text in texts]  # + BOS, EOS
 
     def classify(self, texts: list[Example]) -> list[list[float] | None]:
-        """Per text (or pair, for a pair classifier): the label probabilities in `labels` order, or None for a
-        blank text."""
-
+        """Per text (or pair, for a pair classifier): the label probabilities in `labels` order (an ensemble: the
+        mean of its members'), or None for a blank text."""
         kept = [i for i, text in enumerate(texts) if not _blank(text)]
         out: list[list[float] | None] = [None] * len(texts)
         if kept:
-            probs = classify_lines(self.model, self.tokenizer, [texts[i] for i in kept], self.device)  # [n, C]
+            probs = self.loaded.classify([texts[i] for i in kept])  # [n, C]
             for row, i in enumerate(kept):
                 out[i] = probs[row].tolist()
         return out
@@ -276,7 +266,7 @@ class ClassifierEngine:
             "precision": self.precision,
             "kind": self.summary["encoder_kind"],
             "config": {k: v for k, v in self.summary.items() if not k.startswith("decoder")},
-            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "parameters": self.loaded.parameters_count,
             "labels": self.labels,
             "pooling": self.pooling,
             "pairs": self.pairs,
@@ -292,7 +282,11 @@ class Ct2Engine:
     task = "translation"
 
     def __init__(self, directory: str, device: str = "cpu", threads: int = 1, **overrides: Any):
-        self.translator = Ct2Translator(directory, device=device, threads=threads, **overrides)
+        loaded = LoadedModel.load(directory, device, tasks=("translation",), decode=overrides, threads=threads)
+        if loaded.kind != "ct2":
+            raise UserError(f"{directory}: the ct2 engine serves a directory written by `multibranch convert ct2`")
+        self.translator = loaded.translator(threads=threads)
+        assert isinstance(self.translator, Ct2Translator)
         self.decode, self.settings = self.translator.cfg, self.translator.settings
         self.default_beam = self.decode.beam
 

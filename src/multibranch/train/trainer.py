@@ -95,6 +95,29 @@ DEFAULT_LENGTH_BUCKETS = 8  # with graphs: batch shapes per run (each shape one 
 SCHEDULE_FIELDS = {"lr"}
 
 
+@dataclass(frozen=True)
+class ValidationEvent:
+    """What a validation measured: the update, the epoch, the task's metrics and whether it is the best so far."""
+
+    step: int
+    epoch: int
+    metrics: dict[str, Any]
+    improved: bool
+
+
+@dataclass(frozen=True)
+class CheckpointEvent:
+    """The checkpoints written at an update: last.pt (and the step's copy) always, best.pt when it improved."""
+
+    step: int
+    last: Path
+    best: Path | None
+
+
+# a callback of a run; returning True stops the run after this point (as a reached max_steps does)
+RunCallback = Callable[[Any], "bool | None"]
+
+
 @dataclass
 class RunOptions:
     """Run-level choices that are not part of the experiment config."""
@@ -113,6 +136,8 @@ class RunOptions:
     stop_at_step: int | None = None  # pause after this update; schedules still plan for train.max_steps
     tensorboard: Path | None = None  # mirror metrics.jsonl into TensorBoard event files there (needs [tb])
     plots: bool = False  # redraw RUN/plots (as `multibranch plot RUN`) at every validation
+    on_validation: RunCallback | None = None  # called with a ValidationEvent after each validation (main process)
+    on_checkpoint: RunCallback | None = None  # called with a CheckpointEvent after each save (main process)
 
 
 @dataclass
@@ -205,6 +230,7 @@ class Trainer:
         if opts.resume:
             self.metrics.truncate_after(self.state.step)
         self._saved_at = self.state.step if opts.resume else -1
+        self._stop_requested = False  # a callback asked the run to stop
         self.train_model: nn.Module = self.model
         # Data parallelism: fixed-shape runs (and so graphs) average the gradients themselves, in one collective
         # after the backward (train/gradients.py); other runs hand the model to DDP.
@@ -589,6 +615,8 @@ class Trainer:
         t, s = self.cfg.train, self.state
         if t.max_steps is not None and s.step >= t.max_steps:
             return f"reached max_steps={t.max_steps}"
+        if self._stop_requested:
+            return f"stopped by a callback at update {s.step}"
         if self.opts.stop_at_step is not None and s.step >= self.opts.stop_at_step:
             return f"paused at update {s.step} (--stop-at-step); continue with --resume"
         if t.max_minutes is not None and s.elapsed + time.perf_counter() - start >= 60 * t.max_minutes:
@@ -621,8 +649,21 @@ class Trainer:
         self.state.elapsed += time.perf_counter() - start
         self.save(improved)
         self._saved_at = self.state.step
+        self._run_callbacks(result, improved)
         if self.opts.plots and self.dist.is_main:
             self._plot()
+
+    def _run_callbacks(self, result: dict[str, Any], improved: bool) -> None:
+        """The run's callbacks (main process) after a validation and its save; True from any stops every process."""
+        stop = False
+        if self.dist.is_main:
+            if result and self.opts.on_validation is not None:
+                stop |= bool(self.opts.on_validation(ValidationEvent(self.state.step, self.state.epoch, dict(result),
+                                                                     improved)))
+            if self.opts.on_checkpoint is not None:
+                best = self.run_dir / "best.pt" if improved else None
+                stop |= bool(self.opts.on_checkpoint(CheckpointEvent(self.state.step, self.run_dir / "last.pt", best)))
+        self._stop_requested = bool(D.broadcast_object(stop, self.dist))
 
     def _plot(self) -> None:
         """Redraw RUN/plots from metrics.jsonl; a failure is logged, never fatal to the training."""

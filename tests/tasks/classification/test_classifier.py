@@ -12,13 +12,13 @@ import torch
 
 from multibranch.config import ConfigError, from_dict
 from multibranch.experiment import ExperimentConfig
+from multibranch.loading.checkpoint import load_model
 from multibranch.models import ModelConfig
 from multibranch.models.classifier import Classifier, ClassifierConfig, drop_tokens, pool
 from multibranch.schedules import RateConfig, rate_at
 from multibranch.tasks import train
 from multibranch.tasks.classification.metrics import classification_scores
 from multibranch.tasks.classification.task import encode_batch
-from multibranch.tasks.loading import load_model
 from multibranch.train.trainer import RunOptions
 from tests.helpers.classification import classifier_experiment, synthetic_lines
 

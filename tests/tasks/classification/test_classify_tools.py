@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from multibranch.cli import main
+from multibranch.loading.checkpoint import load_model
 from multibranch.models.classifier import Classifier
 from multibranch.tasks import train
-from multibranch.tasks.loading import load_model
 from multibranch.train.trainer import RunOptions
 from tests.helpers.classification import classifier_experiment, synthetic_lines
 

@@ -13,10 +13,10 @@ from multibranch.checkpoint.format import CheckpointError
 from multibranch.cli import main
 from multibranch.config import from_dict
 from multibranch.experiment import ExperimentConfig, resolve_config
+from multibranch.loading.checkpoint import load_model
 from multibranch.models import build_model
 from multibranch.tasks import train
 from multibranch.tasks.code.corpus import decode_code
-from multibranch.tasks.loading import load_model
 from multibranch.train.trainer import RunOptions
 from tests.helpers.code import synthetic_pairs, write_corpus
 

@@ -142,9 +142,9 @@ def test_ct2_directory_of_pretokenized_data_decodes_as_the_checkpoint(tmp_path):
     pytest.importorskip("ctranslate2")
     from multibranch.tasks import train
     from multibranch.tasks.translation.ct2 import Ct2Translator
-    from multibranch.tasks.translation.loading import load_translator
     from multibranch.train.trainer import RunOptions
     from tests.helpers.configs import tiny_experiment
+    from tests.helpers.translation import translator_of
 
     words = [w + ("@@" if i % 3 == 0 else "") for i, w in enumerate(corpus_lines(1, 4)[0].split() * 3)]
     src = [" ".join(words[i % 5 : i % 5 + 4]) for i in range(120)]
@@ -153,7 +153,7 @@ def test_ct2_directory_of_pretokenized_data_decodes_as_the_checkpoint(tmp_path):
     train(tiny_experiment(max_steps=3), RunOptions(tmp_path / "data", tmp_path / "run"))
     ckpt, ct2_dir = tmp_path / "run" / "last.pt", tmp_path / "ct2"
     assert cli.main(["convert", "ct2", "--ckpt", str(ckpt), "--out", str(ct2_dir)]) == 0
-    ours, theirs = load_translator(ckpt, "cpu"), Ct2Translator(ct2_dir, "cpu")
+    ours, theirs = translator_of(ckpt, "cpu"), Ct2Translator(ct2_dir, "cpu")
     lines = [src[0], "zzunknown yyunknown " + src[1]]  # two unknown words in a row: two <unk>
     assert theirs.count_tokens(lines) == [len(ids) + 1 for ids in ours.tokenizer.encode_src(lines)]
     assert theirs.count_tokens(lines)[1] == len(src[1].split()) + 3

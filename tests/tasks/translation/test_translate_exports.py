@@ -112,7 +112,7 @@ def _natural_ends(checkpoint: Path, lines: list[str]) -> dict[int, list[tuple[st
     all end before the length limit (at the limit ours forces EOS, CTranslate2 keeps its best tokens)."""
     from multibranch.experiment.decoding import DecodeConfig
     from multibranch.inference.search import search
-    from multibranch.tasks.loading import load_model
+    from multibranch.loading.checkpoint import load_model
 
     loaded = load_model(checkpoint, "cpu", task="translation")
     decode = DecodeConfig(beam=3, length_penalty=loaded.config.decode.length_penalty, max_len_a=1, max_len_b=6,
@@ -159,9 +159,9 @@ def test_ct2_directory_equals_ctranslate2_and_our_beam_search(ending, lines, tmp
         assert all(math.isclose(a, b, abs_tol=1e-5) for (_, a), b in zip(got[index], result.scores)), index
 
     # the library's loader gives the same translator
-    from multibranch.tasks.translation.loading import load_translator
+    from tests.helpers.translation import translator_of
 
-    loaded = load_translator(ct2_dir, "cpu", beam=3, min_len=0, max_len_a=1, max_len_b=6)
+    loaded = translator_of(ct2_dir, "cpu", beam=3, min_len=0, max_len_a=1, max_len_b=6)
     direct_rows = {i: [(text, round(score, 6)) for text, score in entries]
                    for i, entries in enumerate(loaded.translate_nbest(lines, 3))}
     assert direct_rows == got  # the CLI prints scores with 6 decimals
@@ -228,9 +228,9 @@ def test_trained_model_through_ct2_serve_engine_and_checkpoint(tiny_data, tmp_pa
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'multibranch[ct2]')")
     from multibranch.serve.engine import Ct2Engine
     from multibranch.tasks import train
-    from multibranch.tasks.translation.loading import load_translator
     from multibranch.train.trainer import RunOptions
     from tests.helpers.configs import tiny_experiment
+    from tests.helpers.translation import translator_of
 
     train(tiny_experiment(max_steps=100, valid_every=100), RunOptions(tiny_data, tmp_path / "run", device="cpu",
                                                                        progress=False))
@@ -243,7 +243,7 @@ def test_trained_model_through_ct2_serve_engine_and_checkpoint(tiny_data, tmp_pa
     engine = Ct2Engine(str(directory))  # serve's engine: the directory's stored decode settings, as plain translate
     assert stored == [hyps[0][0] for hyps in engine.translate(lines, engine.default_beam, 1)]
     expected = _translate(checkpoint, lines, tmp_path, "ours.txt", decode=decode)
-    ours = load_translator(checkpoint, "cpu", beam=4, min_len=0, max_len_a=1.2, max_len_b=10)
+    ours = translator_of(checkpoint, "cpu", beam=4, min_len=0, max_len_a=1.2, max_len_b=10)
     limits = [int(1.2 * (len(ids) + 1) + 10) for ids in ours.tokenizer.encode_src(lines)]
     lengths = [len(ids) for ids in ours.tokenizer.encode_tgt(expected)]
     natural = [i for i, (n, limit) in enumerate(zip(lengths, limits, strict=True)) if n < limit - 2]

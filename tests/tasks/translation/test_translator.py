@@ -19,9 +19,8 @@ from multibranch.config import ConfigError
 from multibranch.data.tokenizer import EOS_ID
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.tasks.translation import translator as translator_module
-from multibranch.tasks.translation.loading import load_translator
 from multibranch.tasks.translation.translator import Translator, make_batches
-from tests.helpers.translation import MAX_POSITIONS, corpus_lines
+from tests.helpers.translation import MAX_POSITIONS, corpus_lines, translator_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -249,7 +248,7 @@ def test_cli_subprocess_pipe(checkpoint):
 
 
 def test_from_checkpoint_applies_overrides(checkpoint, translator):
-    loaded = load_translator(str(checkpoint), device="cpu", beam=2)
+    loaded = translator_of(str(checkpoint), device="cpu", beam=2)
     assert loaded.cfg.beam == 2 and loaded.cfg.max_len_b == translator.cfg.max_len_b
     direct = Translator(translator.model, translator.tokenizer, DecodeConfig(**{**translator.cfg.__dict__,
                                                                                 "beam": 2}))

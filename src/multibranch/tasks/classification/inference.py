@@ -8,14 +8,15 @@ the model's positions). Text lines give pairs as `a<TAB>b` (`parse_examples`).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor, nn
 
 from multibranch.data.tokenizer import AnyTokenizer
-from multibranch.errors import CheckpointError, DataError
+from multibranch.errors import DataError
 from multibranch.tasks.classification.pairs import join_pair, pair_separator
 from multibranch.tasks.classification.task import encode_batch
-from multibranch.tasks.loading import load_model
 
 Example = str | tuple[str, str]
 
@@ -95,37 +96,23 @@ def label_names(config: object) -> list[str]:
     return head.labels or [str(i) for i in range(head.num_labels)]
 
 
-def classify_text_lines(ckpts: list[str], lines: list[str], device: torch.device | str = "cpu",
-                        batch_size: int = 64, name: str = "<input>") -> tuple[list[str], list[list[float] | None]]:
-    """(label names, per line its probabilities or None for an empty line) of `lines` (`name`, for
-    errors) under the mean of the classifiers `ckpts` (one: itself). Members are loaded one at a time
-    (the memory of one model); each reads the text with its own tokenizer; all must have the same labels
-    in the same order, and all read single texts or all read pairs (`a<TAB>b` lines)."""
-    labels: list[str] = []
-    pairs: bool | None = None
-    total = None  # [n, C] sum of the members' probabilities
-    for ckpt in ckpts:
-        loaded = load_model(ckpt, device, task="classification")
-        if loaded.tokenizer is None:
-            raise CheckpointError(f"{ckpt} has no tokenizer, so it cannot label raw text")
-        names = label_names(loaded.config)
-        if labels and names != labels:
-            raise CheckpointError(f"{ckpt} has the labels {names}, {ckpts[0]} has {labels}: "
-                                  "an ensemble needs the same labels in the same order")
-        if pairs is None:
-            pairs = is_pair_model(loaded.model)
-            examples = parse_examples(lines, pairs, name)
-            texts = [i for i, example in enumerate(examples) if example is not None]
-        elif is_pair_model(loaded.model) != pairs:
-            raise CheckpointError(f"{ckpt} and {ckpts[0]}: one classifies sentence pairs, the other single texts")
-        labels = names
-        probs = classify_lines(loaded.model, loaded.tokenizer, [examples[i] for i in texts], device,  # type: ignore[misc]
-                               batch_size)
-        total = probs if total is None else total + probs
-        del loaded
-    assert total is not None, "no checkpoint given"
-    mean = total / len(ckpts)
+class Classifiers(Protocol):
+    """A loaded classifier or ensemble (`loading.model.LoadedModel`): whether it reads pairs, its mean probabilities."""
+
+    pairs: bool
+
+    def classify(self, examples: list[Example], batch_size: int = 64) -> torch.Tensor: ...
+
+
+def classify_text_lines(classifiers: Classifiers, lines: list[str], batch_size: int = 64,
+                        name: str = "<input>") -> list[list[float] | None]:
+    """Per input line (`name`, for errors) the label probabilities of `classifiers`, or None for an empty line;
+    a pair classifier reads `a<TAB>b` lines."""
+    examples = parse_examples(lines, classifiers.pairs, name)
+    kept = [i for i, example in enumerate(examples) if example is not None]
     per_line: list[list[float] | None] = [None] * len(lines)
-    for row, i in enumerate(texts):
-        per_line[i] = mean[row].tolist()
-    return labels, per_line
+    if kept:
+        probs = classifiers.classify([examples[i] for i in kept], batch_size)  # type: ignore[misc]  # [n, C]
+        for row, i in enumerate(kept):
+            per_line[i] = probs[row].tolist()
+    return per_line

@@ -13,7 +13,6 @@ from multibranch import cpu_kernels
 from multibranch.atomic import atomic_write_text
 from multibranch.data.text import one_line
 from multibranch.evaluate.metrics import score_corpus
-from multibranch.tasks.loading import load_model
 from multibranch.tasks.translation.dataset import PreparedData
 from multibranch.tasks.translation.translator import Translator
 
@@ -26,16 +25,14 @@ class SplitTranslation:
     scores: dict[str, Any]  # score_corpus's result: {"bleu": {"score", "signature", ...}, "chrf": {...}}
 
 
-def translate_split(ckpt: str | Path, data_dir: str | Path, split: str = "test", hyp_file: str | Path | None = None,
-                    progress: Any = False, cpu_kernels_build: bool = True) -> SplitTranslation:
-    """Translate the raw source lines of `split` with the checkpoint's decode config, write them (one a
-    line) to `hyp_file` if given, and score them with BLEU and chrF against the raw references. With
-    `cpu_kernels_build=False` a machine without the CPU kernels built decodes without them rather than build them
-    (`without_a_kernel_build`)."""
-    loaded = load_model(ckpt)
+def translate_split(translator: Translator, data_dir: str | Path, split: str = "test",
+                    hyp_file: str | Path | None = None, progress: Any = False,
+                    cpu_kernels_build: bool = True) -> SplitTranslation:
+    """Translate the raw source lines of `split` with `translator`, write them (one a line) to `hyp_file` if
+    given, and score them with BLEU and chrF against the raw references. With `cpu_kernels_build=False` a machine
+    without the CPU kernels built decodes without them rather than build them (`without_a_kernel_build`)."""
     data = PreparedData.load(data_dir).split(split)
     sources, references = data.raw_src_lines(), data.raw_tgt_lines()
-    translator = Translator(loaded.model, loaded.tokenizer, loaded.config.decode)
     with contextlib.nullcontext() if cpu_kernels_build else without_a_kernel_build():
         hypotheses = translator.translate(sources, progress=progress)
     if hyp_file is not None:

@@ -23,7 +23,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -83,11 +83,13 @@ def progress_bar(total: int | None, enabled: bool, unit: str = "line", desc: str
 @dataclass
 class ForcedScore:
     """A given translation scored by the model: log-probability of its tokens (EOS included), the
-    token count, and the length-normalised score the beam search would report for it."""
+    token count, the length-normalised score the beam search would report for it, and per token (EOS last)
+    its natural-log probability (fairseq's `positional_scores`)."""
 
     score: float
     log_prob: float
     tokens: int
+    positional_scores: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -260,7 +262,7 @@ class Translator:
             for i, lprobs in zip(members, batch_lprobs, strict=True):
                 total = float(sum(lprobs))
                 divisor = length_penalty(len(lprobs), self.cfg.length_penalty, self.cfg.length_penalty_kind)
-                results[keep[i]] = ForcedScore(total / divisor, total, len(lprobs))
+                results[keep[i]] = ForcedScore(total / divisor, total, len(lprobs), [float(x) for x in lprobs])
             self._advance(bar, len(members))
         if owned:
             bar.close()

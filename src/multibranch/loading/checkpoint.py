@@ -1,4 +1,4 @@
-"""Model loading: rebuild a checkpoint's (or export directory's) model with its tokenizer and config."""
+"""One checkpoint (or `convert export` directory) rebuilt: its model in eval mode, tokenizer and config."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from multibranch.tasks.registry import TASKS, build_task_model
 
 
 @dataclass
-class LoadedModel:
+class LoadedCheckpoint:
+    """A rebuilt checkpoint: the model (eval mode), its tokenizer (None if it kept none), its experiment
+    config and the whole payload (meta, optimiser state where kept)."""
+
     model: nn.Module
     tokenizer: Any
     config: ExperimentConfig
@@ -25,7 +28,7 @@ class LoadedModel:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu",
-               task: str | tuple[str, ...] | None = None) -> LoadedModel:
+               task: str | tuple[str, ...] | None = None) -> LoadedCheckpoint:
     """Rebuild the model of a checkpoint (eval mode) with its tokenizer and experiment config.
 
     `task`: the task (or tasks, the first naming the kind in the message) the caller can use
@@ -42,4 +45,4 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     load_state_strict(model, payload["model"], str(path))
     model.to(device).eval()
     tokenizer = tokenizer_from_state(payload["tokenizer"]) if payload.get("tokenizer") else None
-    return LoadedModel(model, tokenizer, config, payload)
+    return LoadedCheckpoint(model, tokenizer, config, payload)
