@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from multibranch.errors import CheckpointError
+
 if TYPE_CHECKING:  # torch is imported where a tensor is made: a worker that only encodes text stays light
     import torch
 
 HF_ID_NAMES = ("vocab_size", "pad", "bos", "eos", "unk")
+
+
+def missing_tokenizer(where: str, needed_for: str) -> CheckpointError:
+    """The error for a checkpoint that kept no tokenizer; `needed_for` says what the tokenizer is needed for."""
+    return CheckpointError(f"{where} has no tokenizer, which {needed_for}")
 
 
 def _bytes_tensor(data: bytes) -> torch.Tensor:

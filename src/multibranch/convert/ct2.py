@@ -49,6 +49,7 @@ from torch import Tensor
 from multibranch.atomic import atomic_directory
 from multibranch.checkpoint.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM, recorded_sha256
 from multibranch.checkpoint.format import CT2_SETTINGS_FILE, CheckpointError
+from multibranch.checkpoint.tokenizer_state import missing_tokenizer
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_mat, fold_output
 from multibranch.convert.payload import experiment_config, token_strings
@@ -185,8 +186,8 @@ def _import_ctranslate2() -> Any:
 
 def _tokenizer(payload: dict[str, Any], where: str) -> Tokenizer:
     if not payload.get("tokenizer"):
-        raise CheckpointError(f"{where} has no tokenizer; CTranslate2 maps tokens by their SentencePiece pieces, "
-                              "so the export needs the SentencePiece model(s) stored in the checkpoint")
+        raise missing_tokenizer(where, "CTranslate2 needs: it maps tokens by the SentencePiece pieces stored in the "
+                                       "checkpoint")
     return Tokenizer.from_state(payload["tokenizer"])
 
 

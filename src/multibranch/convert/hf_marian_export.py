@@ -46,6 +46,7 @@ from torch import Tensor
 
 from multibranch.atomic import atomic_directory
 from multibranch.checkpoint.format import CheckpointError
+from multibranch.checkpoint.tokenizer_state import missing_tokenizer
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_output
 from multibranch.convert.payload import experiment_config, token_strings
@@ -79,8 +80,7 @@ def export_marian(payload: dict[str, Any], out_dir: str | Path, *, force: bool =
                           "translation models (MarianMTModel)")
     check_marian(cfg.model, where)
     if not payload.get("tokenizer"):
-        raise CheckpointError(f"{where} has no tokenizer; a Marian folder needs the SentencePiece model(s) "
-                              "stored in the checkpoint")
+        raise missing_tokenizer(where, "a Marian folder needs: the SentencePiece model(s) stored in the checkpoint")
     tokenizer = Tokenizer.from_state(payload["tokenizer"])
     vocab_src, vocab_tgt = _vocabularies(cfg.model, tokenizer, where)
     model = marian_model(cfg.model, payload["model"], beam=cfg.decode.beam, where=where)

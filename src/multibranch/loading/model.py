@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from multibranch.checkpoint.tokenizer_state import missing_tokenizer
 from multibranch.device import resolve_device
 from multibranch.errors import CheckpointError, UserError
 from multibranch.experiment import ExperimentConfig
@@ -164,7 +165,7 @@ class LoadedModel:
         first, task, decode = members[0], members[0].config.task, dict(decode or {})
         for path, member in zip(paths, members, strict=True):
             if member.tokenizer is None:
-                raise CheckpointError(f"{path} has no tokenizer, so it cannot {USES.get(task, 'read')} raw text")
+                raise missing_tokenizer(path, f"it needs to {USES.get(task, 'read')} raw text")
         parameters = sum(p.numel() for member in members for p in member.model.parameters())  # as trained
         for member in members:
             member.model = for_decoding(member.model, precision, in_place=True)  # loaded only to use: no copy
