@@ -23,7 +23,7 @@ from torch import nn
 
 from multibranch.checkpoint.tokenizer_state import missing_tokenizer
 from multibranch.device import resolve_device
-from multibranch.errors import CheckpointError, UserError
+from multibranch.errors import CheckpointError, ConfigError, UserError
 from multibranch.experiment import ExperimentConfig
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.ensemble import Ensemble
@@ -94,6 +94,15 @@ def check_paths(paths: Sequence[str]) -> bool:
     return bool(ct2)
 
 
+def _known_decode_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` when each names a DecodeConfig field; ConfigError naming the first that does not."""
+    known = [f.name for f in dataclasses.fields(DecodeConfig)]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise ConfigError(f"decode.{unknown[0]}: unknown key for DecodeConfig; allowed: {', '.join(known)}")
+    return fields
+
+
 def _same_tokenizer(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     """Whether two checkpoint tokenizer entries hold the same tokenizer (equal keys and tensors)."""
     if a is None or b is None:
@@ -146,7 +155,7 @@ class LoadedModel:
             if not set(tasks) & set(TRANSLATION_TASKS):
                 raise CheckpointError(f"{paths[0]} is a CTranslate2 directory of a translation model, not a "
                                       f"{tasks[0]} model")
-            translator = Ct2Translator(paths[0], resolved, threads=threads, **decode)
+            translator = Ct2Translator(paths[0], resolved, threads=threads, **_known_decode_fields(decode))
             loaded = cls(paths, resolved, precision, "translation", None, translator.tokenizer, None, [], decode, None)
             loaded._ct2, loaded._ct2_threads = translator, threads
             return loaded
@@ -239,7 +248,7 @@ class LoadedModel:
         base = self.config.decode if self.config is not None else None
         if base is None:
             raise UserError(f"{self.name}: a CTranslate2 directory's decode config comes with its translator")
-        cfg = dataclasses.replace(base, **{**self.decode_overrides, **fields})
+        cfg = dataclasses.replace(base, **_known_decode_fields({**self.decode_overrides, **fields}))
         cfg.validate()
         return cfg
 
@@ -253,7 +262,8 @@ class LoadedModel:
             self.check_supported({"print_alignment": alignment_layer is not None})
             if self._ct2 is not None and not fields and threads == self._ct2_threads:
                 return self._ct2
-            return Ct2Translator(self.paths[0], self.device, threads=threads, **{**self.decode_overrides, **fields})
+            return Ct2Translator(self.paths[0], self.device, threads=threads,
+                                 **_known_decode_fields({**self.decode_overrides, **fields}))
         assert self.module is not None
         cfg = self.decode_config(**fields)
         try:
