@@ -8,8 +8,9 @@
   settings; ours truncate at the model's `max_positions` too) or `max_input_tokens` is truncated, never
   dropped, with one warning per call naming the lines, or refused (`long_inputs`), as the Translator does;
 - the decode settings are the checkpoint's, stored in the settings file at conversion, with the
-  overrides given; `translate_options` maps them to `translate_batch` keyword arguments that
-  reproduce our beam search, `max_decoding_length` our output length limit.
+  overrides given; `CT2_MAPPING` says, per DecodeConfig field, the CTranslate2 option it becomes or why
+  it cannot; `translate_options` maps them to `translate_batch` keyword arguments that reproduce our
+  beam search, `max_decoding_length` our output length limit.
 
 ctranslate2 is an optional extra, imported only when a directory is opened.
 """
@@ -19,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +55,55 @@ def is_ct2_directory(path: str | Path) -> bool:
     return (Path(path) / CT2_SETTINGS_FILE).is_file()
 
 
+@dataclass(frozen=True)
+class Ct2Mapping:
+    """How one DecodeConfig field reaches CTranslate2: `option`, the CTranslate2 option it sets (None: none),
+    `value`, its value in `translate_options` (None: set elsewhere, or not at all), and `note`: how, or why not."""
+
+    option: str | None
+    note: str
+    value: Callable[[DecodeConfig], Any] | None = None
+
+
+_SAMPLING = ("sampling is not mapped onto CTranslate2's options (its sampling_topk / sampling_topp / "
+             "sampling_temperature draw from its own generator); decode the checkpoint instead")
+_INPUT_LIMIT = ("applied before CTranslate2: `Ct2Translator` truncates (with one warning) or refuses a longer line; "
+                "max_input_length=0 turns CTranslate2's own truncation off")
+_OUTPUT_LIMIT = ("max_decoding_length per source length (`max_decoding_length`: our limit plus the EOS); CTranslate2 "
+                 "takes one limit per call, so `Ct2Translator` groups the sentences by limit")
+
+# Every DecodeConfig field: the CTranslate2 option it maps to, or why it cannot (a new field needs an entry).
+CT2_MAPPING: dict[str, Ct2Mapping] = {
+    "beam": Ct2Mapping("beam_size", "the same beam search: fairseq's, with 2K candidates, EOS among the top K "
+                                    "finishing a hypothesis and K finished ones ending a sentence", lambda d: d.beam),
+    "length_penalty": Ct2Mapping("length_penalty", "score / len^alpha; with return_end_token=True len counts "
+                                                   "the EOS, as ours does", lambda d: d.length_penalty),
+    "length_penalty_kind": Ct2Mapping(None, "only 'fairseq': CTranslate2 has no GNMT penalty (`translate_options` "
+                                            "raises ConfigError for any other)"),
+    "max_len_a": Ct2Mapping("max_decoding_length", _OUTPUT_LIMIT),
+    "max_len_b": Ct2Mapping("max_decoding_length", _OUTPUT_LIMIT),
+    "min_len": Ct2Mapping("min_decoding_length", "CTranslate2 removes EOS before its log-softmax (renormalising), "
+                                                 "ours after it", lambda d: d.min_len),
+    "nbest": Ct2Mapping("num_hypotheses", "the n best finished hypotheses", lambda d: d.nbest),
+    "batch_tokens": Ct2Mapping(None, "not used: CTranslate2 is given batches of sentences (batch_size)"),
+    "batch_size": Ct2Mapping("max_batch_size", "passed by `Ct2Translator` with each call"),
+    "max_input_tokens": Ct2Mapping(None, _INPUT_LIMIT),
+    "long_inputs": Ct2Mapping(None, _INPUT_LIMIT),
+    "no_repeat_ngram_size": Ct2Mapping("no_repeat_ngram_size", "CTranslate2 blocks before its log-softmax, ours "
+                                                               "after it", lambda d: d.no_repeat_ngram_size),
+    "sampling": Ct2Mapping(None, _SAMPLING),
+    "temperature": Ct2Mapping(None, _SAMPLING),
+    "top_k": Ct2Mapping(None, _SAMPLING),
+    "top_p": Ct2Mapping(None, _SAMPLING),
+    "seed": Ct2Mapping(None, _SAMPLING),
+    "fixed_shapes": Ct2Mapping(None, "not applicable: CTranslate2 runs its own engine"),
+}
+# what every call passes whatever the config: scores, the EOS kept (our length penalty counts it), no input limit
+CT2_FIXED_OPTIONS: dict[str, Any] = {"return_end_token": True, "return_scores": True, "max_input_length": 0}
+
+
 def translate_options(decode: DecodeConfig) -> dict[str, Any]:
-    """`Translator.translate_batch` keyword arguments equal to our beam search with `decode`, except
+    """`Translator.translate_batch` keyword arguments equal to our beam search with `decode` (`CT2_MAPPING`), except
     `max_decoding_length`, which depends on the source length (see `max_decoding_length`).
 
     CT2's beam search is fairseq's, as ours (2K candidates, EOS among the top K finishes a hypothesis,
@@ -69,16 +118,8 @@ def translate_options(decode: DecodeConfig) -> dict[str, Any]:
     if decode.length_penalty_kind != "fairseq":
         raise ConfigError(f"length_penalty_kind={decode.length_penalty_kind!r}: CTranslate2 only has the "
                           "score / len^alpha (fairseq) penalty")
-    return {
-        "beam_size": decode.beam,
-        "length_penalty": decode.length_penalty,
-        "num_hypotheses": decode.nbest,
-        "min_decoding_length": decode.min_len,
-        "no_repeat_ngram_size": decode.no_repeat_ngram_size,
-        "return_end_token": True,
-        "return_scores": True,
-        "max_input_length": 0,
-    }
+    mapped = {m.option: m.value(decode) for m in CT2_MAPPING.values() if m.option is not None and m.value is not None}
+    return {**mapped, **CT2_FIXED_OPTIONS}
 
 
 def max_decoding_length(decode: DecodeConfig, source_tokens: int) -> int:
@@ -194,7 +235,7 @@ class Ct2Translator:
             total = float(sum(result.log_probs))  # target tokens + EOS
             count = len(result.log_probs)
             divisor = length_penalty(count, self.cfg.length_penalty, self.cfg.length_penalty_kind)
-            results[i] = ForcedScore(total / divisor, total, count)
+            results[i] = ForcedScore(total / divisor, total, count, [float(x) for x in result.log_probs])
         self._advance(progress, len(lines))
         self.stats.sentences += len(lines)
         self.stats.src_tokens += sum(len(s) + 1 for s in sources)
