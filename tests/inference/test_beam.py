@@ -23,10 +23,10 @@ from multibranch.inference.beam import (
     Hypothesis,
     _beam_search,
     beam_search,
-    block_repeated_ngrams,
     greedy_search,
     length_penalty,
 )
+from multibranch.inference.processors import NoRepeatNGram, StepState
 from multibranch.inference.search import search
 from multibranch.models import ModelConfig, build_model
 from multibranch.models.seq2seq import EncoderOut
@@ -452,11 +452,17 @@ def test_real_model_search_equals_a_plain_reference_search(tiny_model, device, b
 @given(st.lists(st.lists(st.integers(4, 6), min_size=0, max_size=9), min_size=1, max_size=4).filter(
     lambda rows: len({len(r) for r in rows}) == 1), st.integers(1, 4))
 def test_block_repeated_ngrams_bans_exactly_what_a_plain_scan_finds(rows, n):
+    """Both kinds of step: a host int over the output so far, and a device counter over a longer buffer whose
+    columns after the step are not written yet (the fixed-shape engines)."""
     generated = torch.tensor(rows, dtype=torch.long).reshape(len(rows), -1)  # [N, L], tokens from {4, 5, 6}
-    lprobs = torch.zeros(len(rows), V)
-    block_repeated_ngrams(lprobs, generated, n)
-    for row, tokens in zip(lprobs, rows, strict=True):
-        assert {t for t in range(V) if row[t] == float("-inf")} == _repeats(tokens, n)
+    N, L = generated.shape
+    tokens = torch.cat([torch.full((N, 1), BOS), generated], dim=1)  # [N, 1 + L]
+    unwritten = torch.cat([tokens, torch.randint(4, 7, (N, 3))], dim=1)  # [N, 1 + L + 3]: stale tokens after L
+    limits = torch.full((N,), 99)
+    for state in (StepState(L, tokens, limits), StepState(torch.tensor(L), unwritten, limits)):
+        lprobs = NoRepeatNGram(n)(torch.zeros(N, V), state)
+        for row, toks in zip(lprobs, rows, strict=True):
+            assert {t for t in range(V) if row[t] == float("-inf")} == _repeats(toks, n)
 
 
 # greedy: a, a, then "a" would repeat the bigram (a, a) -> b; after a, a, b, a both a and b would repeat

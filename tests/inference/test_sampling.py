@@ -11,7 +11,8 @@ import torch
 
 from multibranch.config import ConfigError
 from multibranch.experiment.decoding import DecodeConfig
-from multibranch.inference.sampling import restrict, sample
+from multibranch.inference.processors import StepState, apply_processors, sampling_processors
+from multibranch.inference.sampling import sample
 from multibranch.models.seq2seq import EncoderOut
 from multibranch.modules.state import DecoderState
 
@@ -72,6 +73,14 @@ def hand(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> dict[i
     return {t: probs[t] / mass for t in kept}
 
 
+def sampling_distribution(lprobs: torch.Tensor, **options) -> torch.Tensor:
+    """log-probabilities [N, V] -> the sampling distribution's log-probabilities [N, V] under `options`
+    (temperature, top_k, top_p): `sampling_processors` on a copy."""
+    N = lprobs.shape[0]
+    state = StepState(0, torch.zeros(N, 1, dtype=torch.long), torch.zeros(N, dtype=torch.long))
+    return apply_processors(sampling_processors(DecodeConfig(**options)), lprobs.clone(), state)
+
+
 CASES = [dict(), dict(top_k=2), dict(top_p=0.8), dict(temperature=2.0), dict(temperature=0.5, top_p=0.9),
          dict(top_k=3, top_p=0.7), dict(top_p=0.3)]
 
@@ -84,9 +93,9 @@ def first_lprobs() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("options", CASES)
-def test_restrict_equals_the_hand_computed_distribution(options):
+def test_the_sampling_processors_give_the_hand_computed_distribution(options):
     expected = hand(**options)
-    got = restrict(first_lprobs(), **options).exp()[0]
+    got = sampling_distribution(first_lprobs(), **options).exp()[0]
     assert {t for t in range(V) if got[t] > 0} == set(expected)
     for token, prob in expected.items():
         assert got[token].item() == pytest.approx(prob, abs=1e-6)

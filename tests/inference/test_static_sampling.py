@@ -23,11 +23,20 @@ from multibranch.inference.beam import (
     normalized_log_probs,
 )
 from multibranch.inference.ensemble import Ensemble
-from multibranch.inference.sampling import FixedShapeSampler, StaticSampler, restrict, sample
+from multibranch.inference.processors import StepState, apply_processors, sampling_processors
+from multibranch.inference.sampling import FixedShapeSampler, StaticSampler, sample
 from tests.helpers.host_reads import HostReads
 from tests.helpers.layer_kinds import EOS, KINDS, PAD, kind_model, sources
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+
+def sampling_distribution(lprobs: torch.Tensor, **options) -> torch.Tensor:
+    """log-probabilities [N, V] -> the sampling distribution's log-probabilities [N, V] under `options`
+    (temperature, top_k, top_p): `sampling_processors` on a copy."""
+    N = lprobs.shape[0]
+    state = StepState(0, torch.zeros(N, 1, dtype=torch.long), torch.zeros(N, dtype=torch.long))
+    return apply_processors(sampling_processors(DecodeConfig(**options)), lprobs.clone(), state)
 
 
 def _seed(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -110,7 +119,7 @@ def test_the_first_token_follows_the_models_distribution(settings, fixed_shapes)
     bos = torch.full((1, 1), model.config.bos_id)
     with torch.no_grad():
         lprobs = normalized_log_probs(model(src, bos), model.config)[0]  # [1, V] the first step, teacher-forced
-    expected = restrict(lprobs, **settings).exp()[0] * draws  # [V]
+    expected = sampling_distribution(lprobs, **settings).exp()[0] * draws  # [V]
     counts = torch.bincount(first, minlength=expected.shape[0]).double()
     assert counts[expected.eq(0)].sum() == 0  # nothing outside the top-k / top-p set
     big = expected >= 5

@@ -5,10 +5,10 @@ Beam search keeps `beam` live hypotheses per sentence in one [sentences * beam] 
 1. `model.decode_step` -> logits [b*K, V]; pad and bos logits are masked to -inf before an fp32
    log_softmax, so they are never generated and the log-probabilities are normalised over the
    other tokens (fairseq masks pad after its log_softmax; the difference is the tiny mass a
-   trained model gives pad/bos). EOS is masked (without renormalising) before `min_len` output
-   tokens, and it is the only choice once a sentence reaches its maximum length. With
-   `no_repeat_ngram_size` n > 0, a token that would complete an n-gram the hypothesis already holds
-   is masked too (fairseq's --no-repeat-ngram-size, OpenNMT's block_ngram_repeat; no renormalising).
+   trained model gives pad/bos). The decoding rules of `processors.processors_for` then apply
+   (without renormalising): EOS masked before `min_len` output tokens, EOS the only choice once a
+   sentence reaches its maximum length, n-gram blocking with `no_repeat_ngram_size` n > 0
+   (fairseq's --no-repeat-ngram-size, OpenNMT's block_ngram_repeat), target prefixes.
 2. Every live hypothesis extends by every token; the 2K best candidates per sentence are kept
    (at step 0 all K hypotheses are identical, so only the first one is expanded), found without
    forming the [K * V] sums (`candidates.top_candidates`). On the CPU with `cpu_kernels` built, the
@@ -29,32 +29,38 @@ decodes one row per sentence (the K hypotheses are all `<s>` then) and fans out 
 A target prefix (`prefix` [B, P], right-padded with pad_id) forces sentence b's first output tokens:
 while step < its prefix length, every token but prefix[b, step] is masked, and that token keeps the
 log-probability the model gives it (fairseq's --prefix-size semantics, also over EOS masking and
-n-gram blocking); the search goes on from there. A prefix longer than the sentence's maximum output
-length is a ValueError.
+n-gram blocking: `processors.TargetPrefix`); the search goes on from there. A prefix longer than the
+sentence's maximum output length is a ValueError.
 
-Finished scores are normalised by a length penalty (`length_penalty`); raw cumulative
+Finished scores are normalised by a length penalty (`processors.length_penalty`); raw cumulative
 log-probabilities rank candidates during the search. `beam == 1` runs `greedy_search`, which takes
 the argmax without candidate bookkeeping and returns exactly what the beam search would.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
 from multibranch import cpu_kernels
 from multibranch.inference.candidates import top_candidates
+from multibranch.inference.processors import (
+    NEG_INF,
+    ScoreProcessor,
+    StepState,
+    apply_processors,
+    length_penalty,
+    processors_for,
+)
 from multibranch.modules.state import DecoderState
 
 if TYPE_CHECKING:
     from multibranch.experiment.decoding import DecodeConfig
     from multibranch.models.seq2seq import EncoderOut
-
-LengthPenaltyKind = Literal["fairseq", "gnmt"]
-NEG_INF = float("-inf")
 
 
 class Decodable(Protocol):
@@ -97,18 +103,6 @@ class Hypothesis:
     tokens: list[int]
     score: float
     positional_scores: list[float]
-
-
-def length_penalty(length: int, alpha: float, kind: LengthPenaltyKind = "fairseq") -> float:
-    """Divisor of a finished hypothesis' log-probability; `length` counts the tokens including EOS.
-
-    fairseq: len^alpha.  gnmt (Wu et al. 2016, OpenNMT): ((5 + len) / 6)^alpha.  alpha = 0 -> 1.
-    """
-    if kind == "fairseq":
-        return float(length) ** alpha
-    if kind == "gnmt":
-        return ((5.0 + length) / 6.0) ** alpha
-    raise ValueError(f"unknown length penalty kind {kind!r} (expected 'fairseq' or 'gnmt')")
 
 
 def max_output_lengths(model: Decodable, src: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
@@ -174,71 +168,32 @@ def forced_scores(model: torch.nn.Module, src: Tensor, targets: list[list[int]])
     return [gathered[row, : len(ids)].tolist() for row, ids in enumerate(targets)]
 
 
-def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> None:
-    """In place: -inf for every token that would complete an n-gram already in its row of `generated`.
-
-    lprobs [N, V]; generated [N, L] the output tokens so far (BOS excluded: it never repeats, so
-    n-grams through it cannot either). The candidate n-gram is the last n - 1 tokens + the next one.
-    """
-    length = generated.shape[1]
-    if n < 1 or length < n:
-        return
-    windows = generated.unfold(1, n, 1)  # [N, L - n + 1, n] every n-gram so far
-    prefix = generated[:, length - n + 1 :]  # [N, n - 1] the tokens the next one would follow
-    match = windows[:, :, :-1].eq(prefix[:, None, :]).all(dim=2)  # [N, L - n + 1]
-    rows, starts = match.nonzero(as_tuple=True)
-    lprobs[rows, windows[rows, starts, -1]] = NEG_INF
-
-
 def _step_scores(
     model: Decodable,
-    tokens: Tensor,
     enc: EncoderOut,
     state: DecoderState,
-    step: int,
-    options: DecodeConfig,
-    forced: Tensor,
-    prefix: Tensor | None = None,
+    processors: Sequence[ScoreProcessor],
+    step_state: StepState,
     deferred: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """tokens [N, 1 + T] (BOS + output so far; column `step` is the last one) -> (values [N, V], offset [N] or
-    None): the step's masked fp32 log-probabilities are values - offset (values alone when offset is None).
-    Rows where `forced` [N] is True may only produce EOS (with its own log-probability); rows whose `prefix`
-    [N, P] has a token at `step` may only produce that one; `options` gives min_len and no_repeat_ngram_size.
+    """One decoding step of the rows of `step_state` (its tokens [N, 1 + T]: BOS + output so far, column `step`
+    the last one) -> (values [N, V], offset [N] or None): the step's fp32 log-probabilities, through `processors`,
+    are values - offset (values alone when offset is None).
 
     `deferred` (the searches) on fp32 CPU logits with the CPU kernels built: values are the masked logits and
     offset their log-sum-exp per row (`cpu_kernels` row_logsumexp), so the [N, V] log-probabilities are never
     written; the candidate search folds the offset into the hypotheses' scores. Otherwise values are the
-    log-probabilities themselves (log_softmax in place) and offset None. Masking after the normalisation (EOS,
-    prefixes, n-grams) sets values to -inf or keeps them, so it means the same on either kind."""
-    cfg = model.config
-    logits = model.decode_step(tokens[:, step : step + 1], enc, state)  # [N, V]
+    log-probabilities themselves (log_softmax in place) and offset None. The processors set values to -inf or keep
+    them, so they mean the same on either kind."""
+    step = step_state.step
+    logits = model.decode_step(step_state.tokens[:, step : step + 1], enc, state)  # [N, V]
     offset = None
     if deferred and cpu_kernels.usable(logits) and logits.is_contiguous() and logits.numel():
-        values = masked_logits(logits, cfg)
+        values = masked_logits(logits, model.config)
         offset = cpu_kernels.kernels().row_logsumexp(values)  # [N]
     else:
-        values = normalized_log_probs(logits, cfg)
-    prefixed = None
-    if prefix is not None and step < prefix.shape[1]:
-        wanted = prefix[:, step]  # [N]
-        prefixed = wanted.ne(cfg.pad_id).nonzero().squeeze(1)  # rows still inside their prefix
-        wanted = wanted[prefixed]
-        wanted_value = values[prefixed, wanted]  # [n] before any masking
-    if options.no_repeat_ngram_size:
-        block_repeated_ngrams(values, tokens[:, 1 : step + 1], options.no_repeat_ngram_size)
-    if forced.any():  # the maximum length wins over min_len (as in fairseq)
-        eos_value = values[forced, cfg.eos_id]  # [n] (a copy)
-        values[forced] = NEG_INF
-        values[forced, cfg.eos_id] = eos_value
-        if step < options.min_len:
-            values[~forced, cfg.eos_id] = NEG_INF
-    elif step < options.min_len:
-        values[:, cfg.eos_id] = NEG_INF
-    if prefixed is not None and prefixed.numel():
-        values[prefixed] = NEG_INF
-        values[prefixed, wanted] = wanted_value
-    return values, offset
+        values = normalized_log_probs(logits, model.config)
+    return apply_processors(processors, values, step_state), offset
 
 
 def _finish(
@@ -282,9 +237,11 @@ def greedy_search(model: Decodable, src: Tensor, options: DecodeConfig, *,
     scores = torch.zeros(B, device=device)  # [b] cumulative
     alive = torch.arange(B, device=device)  # original index of each live sentence
     hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
+    processors = processors_for(options, cfg.eos_id, cfg.pad_id, prefixed=prefix is not None)
     for step in range(steps):
-        values, offset = _step_scores(model, tokens, enc, state, step, options, step >= max_lens,
-                                      None if prefix is None else prefix[alive], deferred=True)
+        rows_prefix = None if prefix is None else prefix[alive]  # [b, P]
+        values, offset = _step_scores(model, enc, state, processors, StepState(step, tokens, max_lens, rows_prefix),
+                                      deferred=True)
         best_lprob, best = values.max(dim=-1)  # [b]
         if offset is not None:
             best_lprob = best_lprob - offset
@@ -343,15 +300,15 @@ def _beam_search(model: Decodable, src: Tensor, options: DecodeConfig, *,
     alive = torch.arange(B, device=device)  # original index of each live sentence
     finished = torch.zeros(B, dtype=torch.long, device=device)  # [b] finished hypotheses so far
     hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
+    processors = processors_for(options, eos, cfg.pad_id, prefixed=prefix is not None)
 
     for step in range(steps):
         b = alive.numel()
         width = scores.shape[1]
-        forced = step >= max_lens  # [b]
         rows_prefix = None if prefix is None else prefix[alive].repeat_interleave(width, dim=0)  # [b*width, P]
-        values, offset = _step_scores(
-            model, tokens, enc, state, step, options, forced.repeat_interleave(width), rows_prefix, deferred=True,
-        )  # [b*width, V]: log-probabilities = values - offset
+        step_state = StepState(step, tokens, max_lens.repeat_interleave(width), rows_prefix)
+        values, offset = _step_scores(model, enc, state, processors, step_state, deferred=True)
+        # values [b*width, V]: log-probabilities = values - offset
         V = values.shape[1]
         n_cand = min(2 * K, width * V)
         offset = None if offset is None else offset.view(b, width)
@@ -374,7 +331,7 @@ def _beam_search(model: Decodable, src: Tensor, options: DecodeConfig, *,
             _finish(hyps, alive[sent].tolist(), tokens[rows, 1 : step + 1], pos, cand_scores[sent, cand].tolist(),
                     step + 1, options, K)
             finished = (finished + final.sum(dim=1)).clamp(max=K)
-        done = finished.ge(K) | forced  # [b]
+        done = finished.ge(K) | max_lens.le(step)  # [b] K finished, or the length limit reached
 
         # 2. the K best candidates not ending in EOS continue (EOS sorted behind every other token)
         order_key = torch.arange(n_cand, device=device) + n_cand * cand_eos.long()  # [b, C]

@@ -1,17 +1,17 @@
 """Random sampling of outputs (back-translation): `n` independent samples per sentence, batched.
 
-Each step takes the search's distribution (pad/bos masked before the log_softmax, EOS masked before `min_len`,
-only EOS at the maximum length, n-gram blocking, target prefixes: `static_decoding.StaticDecoding.step_scores`,
-the masks of `beam._step_scores`) and draws the next token from
+Each step takes the search's distribution (pad/bos masked before the log_softmax, then the rules of
+`processors.processors_for`: EOS masked before `min_len`, only EOS at the maximum length, n-gram blocking, target
+prefixes) and draws the next token from
 
     softmax(log p / temperature), restricted to the top_k most probable tokens (0: all), then to the
     smallest set of most probable tokens whose probability reaches top_p (1.0: all), renormalised
 
-(the order of Hugging Face's `generate`; fairseq's --sampling-topk/--sampling-topp are the same
-filters). A hypothesis' positional scores are the model's own log-probabilities (temperature 1, no
-restriction: what --score-reference reports for the same output); its score is their sum divided
-by the length penalty. Samples of a sentence come back best score first. A sample whose every token is
-blocked (n-gram blocking with EOS masked) ends there with EOS, scored -inf.
+(`processors.sampling_processors`, in the order of Hugging Face's `generate`; fairseq's
+--sampling-topk/--sampling-topp are the same filters). A hypothesis' positional scores are the model's own
+log-probabilities (temperature 1, no restriction: what --score-reference reports for the same output); its
+score is their sum divided by the length penalty. Samples of a sentence come back best score first. A sample
+whose every token is blocked (n-gram blocking with EOS masked) ends there with EOS, scored -inf.
 
 Two engines give the same distribution (`sample` picks one by device, like `search.search`). On the CPU a
 finished row leaves the batch at once, so the later steps compute only live rows. On CUDA the rows (sentence
@@ -27,15 +27,13 @@ order, engine and device.
 from __future__ import annotations
 
 import dataclasses
-import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from multibranch.errors import ConfigError
 from multibranch.inference.beam import (
-    NEG_INF,
     Decodable,
     Hypothesis,
     _finish,
@@ -45,32 +43,30 @@ from multibranch.inference.beam import (
     output_limits,
 )
 from multibranch.inference.graphed_search import FixedShapes
-from multibranch.inference.static_decoding import StaticDecoding, length_divisor
+from multibranch.inference.processors import (
+    NEG_INF,
+    ScoreProcessor,
+    StepState,
+    apply_processors,
+    length_penalty,
+    processors_for,
+    sampling_processors,
+)
+from multibranch.inference.static_decoding import StaticDecoding
 
 if TYPE_CHECKING:
     from multibranch.experiment.decoding import DecodeConfig
 
 
-def restrict(lprobs: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """log-probabilities [N, V] -> the sampling distribution's log-probabilities [N, V] (-inf outside
-    the top-k / top-p sets), renormalised (ties at the top-k boundary: whichever torch.topk returns)."""
-    scaled = torch.log_softmax(lprobs / temperature, dim=-1)  # [N, V]
-    if 0 < top_k < scaled.shape[-1]:
-        kth = scaled.topk(top_k, dim=-1).indices  # [N, k]
-        keep = torch.zeros_like(scaled, dtype=torch.bool).scatter_(1, kth, True)
-        scaled = torch.log_softmax(scaled.masked_fill(~keep, NEG_INF), dim=-1)
-    if top_p < 1.0:
-        sorted_lp, order = scaled.sort(dim=-1, descending=True)  # [N, V]
-        before = sorted_lp.exp().cumsum(dim=-1) - sorted_lp.exp()  # probability of the tokens ranked above
-        drop_sorted = before >= top_p  # the first token always stays (before = 0 < top_p)
-        drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-        scaled = torch.log_softmax(scaled.masked_fill(drop, NEG_INF), dim=-1)
-    return scaled
-
-
-def _check_temperature(temperature: float) -> None:
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise ConfigError(f"temperature={temperature} must be a finite number > 0 (1: the model's distribution)")
+def sampling_probs(lprobs: Tensor, processors: Sequence[ScoreProcessor], state: StepState, eos_id: int) -> Tensor:
+    """The search's log-probabilities [N, V] -> the unnormalised probabilities [N, V] to draw from: `processors`
+    (`sampling_processors`) on a copy, exponentiated; a row whose every token is blocked (n-gram blocking with EOS
+    masked) draws EOS, which it scores -inf. Dense: no host read."""
+    probs = apply_processors(processors, lprobs.clone(), state).exp_()  # [N, V]
+    blocked = lprobs.eq(NEG_INF).all(dim=1)  # [N] (their reshaped distribution is NaN)
+    probs.masked_fill_(blocked[:, None], 0.0)
+    probs[:, eos_id].masked_fill_(blocked, 1.0)
+    return probs
 
 
 def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -93,7 +89,7 @@ class StaticSampler(StaticDecoding):
                  device: torch.device | str = "cpu") -> None:
         if n < 1:
             raise ValueError(f"n={n} samples per sentence must be >= 1")
-        _check_temperature(options.temperature)
+        self.sampling = sampling_processors(options)
         super().__init__(model, rows, src_len, options, n, prefixed=prefixed, device=device)
         self.n, self.generator = n, generator
 
@@ -109,12 +105,9 @@ class StaticSampler(StaticDecoding):
 
     def step(self) -> None:
         """One token for every row, in place; a row that draws EOS has ended (its later steps record nothing)."""
-        N, step, options = self.B * self.n, self.position, self.options
+        N, step = self.B * self.n, self.position
         lprobs = self.step_scores()  # [N, V] the model's (masked) log-probabilities
-        probs = restrict(lprobs, options.temperature, options.top_k, options.top_p).exp()  # [N, V]
-        blocked = lprobs.eq(NEG_INF).all(dim=1)  # [N] every token blocked: EOS, scored -inf
-        probs.masked_fill_(blocked[:, None], 0.0)  # (their restricted distribution is NaN)
-        probs[:, self.eos].masked_fill_(blocked, 1.0)
+        probs = sampling_probs(lprobs, self.sampling, self.step_state, self.eos)  # [N, V]
         drawn = draw(probs, self.generator).masked_fill(self.ended, self.pad)  # [N]
         lprob = lprobs.gather(1, drawn[:, None]).masked_fill(self.ended[:, None], 0.0)  # [N, 1]
         self.tokens.scatter_(1, (step + 1).expand(N, 1), drawn[:, None])
@@ -132,7 +125,7 @@ class StaticSampler(StaticDecoding):
         """Per sentence of the batch, its `n` samples in row order (one copy back)."""
         rows, n = self.loaded * self.n, self.n
         length = self.length[:rows]  # [rows]
-        divisor = length_divisor(length, self.options.length_penalty, self.options.length_penalty_kind)
+        divisor = length_penalty(length, self.options.length_penalty, self.options.length_penalty_kind)
         scores = (self.positional[:rows].double().sum(dim=1) / divisor).tolist()
         lengths, tokens = length.tolist(), self.tokens[:rows, 1:].tolist()
         positional = self.positional[:rows].tolist()
@@ -179,8 +172,7 @@ def sample(model: Decodable, src: Tensor, options: DecodeConfig, n: int = 1, *,
 def _sample_shrinking(model: Decodable, src: Tensor, options: DecodeConfig, n: int,
                       generator: torch.Generator | None, prefix: Tensor | None) -> list[list[Hypothesis]]:
     """The CPU's sampler: rows leave the batch as they finish (each later step computes only live rows)."""
-    temperature = options.temperature
-    _check_temperature(temperature)
+    sampling = sampling_processors(options)
     cfg = model.config
     B = src.shape[0]
     device = src.device
@@ -196,15 +188,11 @@ def _sample_shrinking(model: Decodable, src: Tensor, options: DecodeConfig, n: i
     positional = torch.zeros(N, steps, device=device)  # [N, T] the model's log-prob of each token
     alive = torch.arange(N, device=device)  # original row of each live sample
     hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
+    processors = processors_for(options, cfg.eos_id, cfg.pad_id, prefixed=prefix is not None)
     for step in range(steps):
-        lprobs, _ = _step_scores(model, tokens, enc, state, step, options, step >= max_lens,
-                                 None if prefix is None else prefix[alive])  # [b, V] (not deferred: offset None)
-        probs = restrict(lprobs, temperature, options.top_k, options.top_p).exp()  # [b, V]
-        dead = lprobs.isinf().all(dim=1)  # [b] every token blocked (n-gram blocking): ends here, score -inf
-        if dead.any():
-            probs[dead] = 0.0
-            probs[dead, cfg.eos_id] = 1.0
-        drawn = draw(probs, generator)  # [b]
+        step_state = StepState(step, tokens, max_lens, None if prefix is None else prefix[alive])
+        lprobs, _ = _step_scores(model, enc, state, processors, step_state)  # [b, V] (not deferred: offset None)
+        drawn = draw(sampling_probs(lprobs, sampling, step_state, cfg.eos_id), generator)  # [b]
         positional[:, step] = lprobs.gather(1, drawn[:, None]).squeeze(1)
         tokens[:, step + 1] = drawn
         ended = drawn.eq(cfg.eos_id)  # [b]

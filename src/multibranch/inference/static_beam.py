@@ -4,8 +4,8 @@
 keeps finished hypotheses in Python lists: each step reads the device several times and allocates new
 tensors, which a GPU pays for in launches and synchronisations. Here everything a step touches has one shape
 for the whole search, lives on the device and is changed in place: the buffers, caches (a `StaticDecoderState`)
-and dense masks (EOS before `min_len`, forced EOS at the length limit, target prefixes, n-gram blocking) of
-`static_decoding.StaticDecoding`, with `beam` rows per sentence, and
+and the decoding rules (`processors`: EOS before `min_len`, forced EOS at the length limit, target prefixes, n-gram
+blocking, as dense tensor operations) of `static_decoding.StaticDecoding`, with `beam` rows per sentence, and
 
 - rows: sentences * beam, all kept to the end; a finished sentence's rows go on decoding, but nothing they
   produce is recorded. Step 0's single `<s>` hypothesis is a width-K step whose hypotheses 1..K-1 score -inf.
@@ -26,7 +26,8 @@ import torch
 
 from multibranch.inference.beam import NEG_INF, Decodable, Hypothesis
 from multibranch.inference.candidates import top_candidates
-from multibranch.inference.static_decoding import StaticDecoding, length_divisor
+from multibranch.inference.processors import length_penalty
+from multibranch.inference.static_decoding import StaticDecoding
 
 if TYPE_CHECKING:
     from multibranch.experiment.decoding import DecodeConfig
@@ -95,7 +96,7 @@ class StaticBeamSearch(StaticDecoding):
         slots = slot[:, :, None].expand(B, K, T)
         self.fin_tokens.scatter_(1, slots, tokens)
         self.fin_positional.scatter_(1, slots, positional)
-        divisor = length_divisor(step + 1, self.options.length_penalty, self.options.length_penalty_kind)
+        divisor = length_penalty(step + 1, self.options.length_penalty, self.options.length_penalty_kind)
         self.fin_scores.scatter_(1, slot, cand_scores[:, :K].double() / divisor)
         self.fin_length.scatter_(1, slot, (step + 1).expand(B, K))
         self.finished.copy_((self.finished + final.sum(dim=1)).clamp(max=K))

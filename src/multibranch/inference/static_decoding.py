@@ -10,9 +10,10 @@ device, changed in place:
 - caches: a `StaticDecoderState` (modules/state.py), keys/values preallocated for the length limit of the longest
   source and written at a device position counter (`position`).
 - output so far: tokens [N, 1 + T] (BOS first) and the chosen tokens' log-probabilities [N, T].
-- masks: EOS before `min_len`, only EOS at a row's length limit, target prefixes and n-gram blocking are dense
-  operations on the step's [N, V] log-probabilities (`step_scores`: no `nonzero`, no boolean indexing), with
-  `beam._step_scores`' semantics.
+- rules: the processors of `processors.processors_for` (n-gram blocking, EOS before `min_len`, only EOS at a row's
+  length limit, target prefixes), the same ones the shrinking engines apply, on the step's [N, V]
+  log-probabilities (`step_scores`). Their `StepState` holds the step as this device counter and the buffers
+  below, so every rule runs as dense tensor operations (no `nonzero`, no boolean indexing, no host read).
 
 A subclass adds its own bookkeeping (`_allocate_search`, `_reset_search`) and its step; `load` puts a batch in the
 same buffers every time, so a step captured as a CUDA graph stays valid for the next batch.
@@ -26,14 +27,13 @@ import torch
 from torch import Tensor
 
 from multibranch.inference.beam import (
-    NEG_INF,
     Decodable,
     Hypothesis,
-    LengthPenaltyKind,
     length_limits,
     normalized_log_probs,
     output_limits,
 )
+from multibranch.inference.processors import StepState, apply_processors, processors_for
 from multibranch.modules.state import DecoderState, StaticDecoderState
 
 if TYPE_CHECKING:
@@ -54,16 +54,6 @@ def reserve_positions(model: Decodable, positions: int) -> None:
             table.reserve(positions)
 
 
-def length_divisor(length: Tensor, alpha: float, kind: LengthPenaltyKind) -> Tensor:
-    """`beam.length_penalty` of a length tensor (EOS included): fairseq len^alpha, gnmt ((5 + len) / 6)^alpha."""
-    length = length.double()
-    if kind == "fairseq":
-        return length.pow(alpha)
-    if kind == "gnmt":
-        return ((5.0 + length) / 6.0).pow(alpha)
-    raise ValueError(f"unknown length penalty kind {kind!r} (expected 'fairseq' or 'gnmt')")
-
-
 class StaticDecoding:
     """The buffers and step scores of a fixed-row decoding: `rows` sentences x `group` decoder rows per sentence.
     `load(src)` puts a batch in and resets to step 0; subclasses define `step()` (no host read, no allocation that
@@ -75,9 +65,9 @@ class StaticDecoding:
                  prefixed: bool = False, device: torch.device | str = "cpu") -> None:
         self.model, self.B, self.S, self.group = model, rows, src_len, group
         self.options, self.prefixed = options, prefixed
-        self.ngram = options.no_repeat_ngram_size
         cfg = model.config
         self.pad, self.bos, self.eos = cfg.pad_id, cfg.bos_id, cfg.eos_id
+        self.processors = processors_for(options, self.eos, self.pad, prefixed=prefixed)
         self.device = torch.device(device)
         full_source = torch.tensor([src_len])  # the longest source these buffers take
         limit = length_limits(cfg, full_source, options.max_len_a, options.max_len_b)
@@ -132,6 +122,7 @@ class StaticDecoding:
         self.max_lens = torch.zeros(B, dtype=torch.long, device=device)  # [B] output limits (fillers: 0)
         self.row_limits = torch.zeros(N, dtype=torch.long, device=device)  # [N]
         self.row_prefix = torch.full((N, T), self.pad, dtype=torch.long, device=device) if self.prefixed else None
+        self.step_state = StepState(self.position, self.tokens, self.row_limits, self.row_prefix)  # what rules read
         self._allocate_search()
 
     def _allocate_search(self) -> None:
@@ -141,41 +132,11 @@ class StaticDecoding:
         """The subclass' own buffers back to step 0 for a batch of `loaded` sentences."""
 
     def step_scores(self) -> Tensor:
-        """The step's masked fp32 log-probabilities [N, V], masked as `beam._step_scores` masks them."""
+        """The step's fp32 log-probabilities [N, V] through the processors (as `beam._step_scores` applies them)."""
         N = self.B * self.group
-        step = self.position
-        logits = self.model.decode_step(self.tokens.gather(1, step.expand(N, 1)), self.enc, self.state)  # [N, V]
-        values = normalized_log_probs(logits, self.model.config)
-        if self.row_prefix is not None:
-            wanted = self.row_prefix.gather(1, step.expand(N, 1))  # [N, 1]
-            inside = wanted.ne(self.pad)  # [N, 1] rows still inside their prefix
-            wanted_value = values.gather(1, wanted)  # [N, 1] before any masking
-        if self.ngram:
-            self._block_repeated_ngrams(values)
-        forced = step >= self.row_limits  # [N] the length limit: EOS only (it wins over min_len)
-        eos_value = values[:, self.eos].clone()
-        values.masked_fill_(forced[:, None], NEG_INF)
-        eos_value = eos_value.masked_fill(~forced & (step < self.options.min_len), NEG_INF)
-        values[:, self.eos] = eos_value
-        if self.row_prefix is not None:
-            values.masked_fill_(inside, NEG_INF)
-            values.scatter_(1, wanted, torch.where(inside, wanted_value, values.gather(1, wanted)))
-        return values
-
-    def _block_repeated_ngrams(self, values: Tensor) -> None:
-        """`beam.block_repeated_ngrams` over the fixed token buffer: only n-grams wholly inside the output so
-        far count, and the hits are summed into a [N, V] map instead of indexed."""
-        n, step = self.ngram, self.position
-        generated = self.tokens[:, 1:]  # [N, T]; positions >= step are not written yet
-        if generated.shape[1] < n:
-            return
-        windows = generated.unfold(1, n, 1)  # [N, W, n] every n-gram of the buffer
-        last = (step - (n - 1) + torch.arange(n - 1, device=self.device)).clamp(min=0)  # [n - 1]
-        prefix = generated.index_select(1, last)  # [N, n - 1] the tokens the next one would follow
-        match = windows[:, :, :-1].eq(prefix[:, None, :]).all(dim=2)  # [N, W]
-        match &= torch.arange(windows.shape[1], device=self.device) <= step - n  # n-grams already complete
-        hits = torch.zeros_like(values).scatter_add_(1, windows[:, :, -1], match.to(values.dtype))
-        values.masked_fill_(hits > 0, NEG_INF)
+        logits = self.model.decode_step(self.tokens.gather(1, self.position.expand(N, 1)), self.enc, self.state)
+        values = normalized_log_probs(logits, self.model.config)  # [N, V]
+        return apply_processors(self.processors, values, self.step_state)
 
     def step(self) -> None:
         raise NotImplementedError
