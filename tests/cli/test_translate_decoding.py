@@ -226,3 +226,17 @@ def test_ensemble_members_with_another_tokenizer_are_refused(checkpoint, source,
     err = one_error_line(capsys)
     assert "retokenized.pt has a different tokenizer" in err
     assert not out.exists()
+
+
+def test_every_decode_setting_has_its_translate_option():
+    """DecodeConfig's fields, the table of their options and translate's parser stay in step."""
+    import dataclasses
+
+    from multibranch.cli import build_parser
+    from multibranch.experiment.decoding import DECODE_OPTIONS, DecodeConfig
+
+    assert set(DECODE_OPTIONS) == {f.name for f in dataclasses.fields(DecodeConfig)}
+    parser = build_parser()
+    translate = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith("translate"))
+    flags = {flag for action in translate._actions for flag in action.option_strings}
+    assert {option.flag for option in DECODE_OPTIONS.values()} <= flags

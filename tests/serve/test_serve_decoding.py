@@ -139,7 +139,33 @@ def test_serve_detects_a_ct2_directory_as_translate_does(checkpoint, tmp_path, c
     assert sampled.status_code == prefixed.status_code == 422
     assert "sampling: not with a CTranslate2 directory" in sampled.json()["detail"]
     assert "prefix: not with a CTranslate2 directory" in prefixed.json()["detail"]
+    settings = {"length_penalty": 0.3, "min_len": 2, "no_repeat_ngram_size": 1}
+    decoded, = post(create_app(engine), {"texts": LINES, **settings})  # mapped onto CTranslate2's options
+    assert decoded.status_code == 200
+    assert decoded.json()["translations"] == engine.translator.with_decode(**settings).translate(LINES)
     capsys.readouterr()
     assert main(["serve", "--ckpt", str(directory), str(checkpoint), "--port", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot be an ensemble member" in err and "\n" not in err
+
+
+def test_every_per_call_decode_setting_reaches_a_request_as_translate_decodes_it(engine, tokenizer, experiment):
+    """Length penalty, minimum length, n-gram blocking, ...: each field of REQUEST_FIELDS is a request field of its
+    own name, decoded as `translate` decodes it with the same setting."""
+    from multibranch.experiment.decoding import DECODE_OPTIONS, REQUEST_FIELDS
+    from multibranch.serve.app import TranslateRequest
+
+    assert set(REQUEST_FIELDS) <= set(TranslateRequest.model_fields) and "batch_tokens" not in REQUEST_FIELDS
+    assert set(DECODE_OPTIONS) == {f.name for f in dataclasses.fields(Translator(experiment[1], tokenizer).cfg)}
+    config, model = experiment
+    settings = {"no_repeat_ngram_size": 1, "min_len": 3, "length_penalty": 0.3, "length_penalty_kind": "gnmt",
+                "max_len_a": 0.5, "max_len_b": 6}
+    replies = post(create_app(engine), *({"texts": LINES, "nbest": 2, name: value} for name, value in settings.items()))
+    for (name, value), reply in zip(settings.items(), replies, strict=True):
+        assert reply.status_code == 200, reply.json()
+        cfg = dataclasses.replace(config.decode, **{name: value})
+        expected = Translator(model, tokenizer, cfg).translate_nbest(LINES, 2)
+        got = reply.json()["translations"]
+        assert [[h["text"] for h in e] for e in got] == [[t for t, _ in e] for e in expected], name
+    bad, = post(create_app(engine), {"texts": ["ka"], "no_repeat_ngram_size": -1})
+    assert bad.status_code == 422 and "no_repeat_ngram_size=-1" in bad.json()["detail"]

@@ -120,13 +120,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---- the command ---------------------------------------------------------------------------------
 
 
-# the decoding options -> the DecodeConfig fields they set
-DECODE_OPTIONS = {"beam": "beam", "lenpen": "length_penalty", "lenpen_kind": "length_penalty_kind",
-                  "max_len_a": "max_len_a", "max_len_b": "max_len_b", "min_len": "min_len", "nbest": "nbest",
-                  "batch_tokens": "batch_tokens", "batch_size": "batch_size", "max_input_tokens": "max_input_tokens",
-                  "long_inputs": "long_inputs", "no_repeat_ngram_size": "no_repeat_ngram_size",
-                  "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "seed",
-                  "fixed_shapes": "fixed_shapes"}
+def decode_arguments() -> dict[str, str]:
+    """translate's decoding arguments (argparse names: `lenpen`) -> the DecodeConfig fields they set."""
+    from multibranch.experiment.decoding import DECODE_OPTIONS
+
+    return {option.flag[2:].replace("-", "_"): field for field, option in DECODE_OPTIONS.items()
+            if field != "sampling"}
 
 
 def option_name(dest: str) -> str:
@@ -135,7 +134,7 @@ def option_name(dest: str) -> str:
 
 
 def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
-    overrides = {field: getattr(args, arg) for arg, field in DECODE_OPTIONS.items() if getattr(args, arg) is not None}
+    overrides = {field: getattr(args, arg) for arg, field in decode_arguments().items() if getattr(args, arg) is not None}
     if args.sampling:
         overrides["sampling"] = True
     return overrides
@@ -206,7 +205,7 @@ def _check_decoding(args: argparse.Namespace, interactive: bool) -> None:
     from multibranch.errors import UserError
     from multibranch.experiment.decoding import SAMPLING_ONLY, DecodeConfig, check_sampling_only
 
-    for name, field in DECODE_OPTIONS.items():
+    for name, field in decode_arguments().items():
         if getattr(args, name) is not None:
             check_value(DecodeConfig, field, getattr(args, name), option_name(name))
     check_sampling_only([option_name(name) for name in SAMPLING_ONLY if getattr(args, name) is not None],

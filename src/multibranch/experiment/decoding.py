@@ -66,6 +66,42 @@ class DecodeConfig:
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")  # the fields that only sampling reads
 
 
+@dataclass(frozen=True)
+class DecodeOption:
+    """How a DecodeConfig field is offered to users: `flag`, its `multibranch translate` option (the API and serve
+    take the field's own name), and `per_request`: whether one call may set it (a request to `serve`, a call of
+    the Python API) or only a whole run (batching, input limits, the engine)."""
+
+    flag: str
+    per_request: bool = True
+
+
+# every field of DecodeConfig -> its option (tests keep the three in step: the fields, this table and translate's
+# options): a new decoding setting is its field, its entry here, its score processor (inference/processors.py) and
+# its CTranslate2 mapping (tasks/translation/ct2.py); serve's requests and the API's calls take it from here
+DECODE_OPTIONS: dict[str, DecodeOption] = {
+    "beam": DecodeOption("--beam"),
+    "length_penalty": DecodeOption("--lenpen"),
+    "length_penalty_kind": DecodeOption("--lenpen-kind"),
+    "max_len_a": DecodeOption("--max-len-a"),
+    "max_len_b": DecodeOption("--max-len-b"),
+    "min_len": DecodeOption("--min-len"),
+    "nbest": DecodeOption("--nbest"),
+    "batch_tokens": DecodeOption("--batch-tokens", per_request=False),
+    "batch_size": DecodeOption("--batch-size", per_request=False),
+    "max_input_tokens": DecodeOption("--max-input-tokens", per_request=False),
+    "long_inputs": DecodeOption("--long-inputs", per_request=False),
+    "no_repeat_ngram_size": DecodeOption("--no-repeat-ngram-size"),
+    "sampling": DecodeOption("--sampling"),
+    "temperature": DecodeOption("--temperature"),
+    "top_k": DecodeOption("--top-k"),
+    "top_p": DecodeOption("--top-p"),
+    "seed": DecodeOption("--seed"),
+    "fixed_shapes": DecodeOption("--fixed-shapes", per_request=False),
+}
+REQUEST_FIELDS = tuple(name for name, option in DECODE_OPTIONS.items() if option.per_request)
+
+
 def check_sampling_only(given: Sequence[str], sampling: bool, switch: str = "sampling") -> None:
     """ConfigError when options of SAMPLING_ONLY are `given` (as the caller names them: `--top-k`,
     `"top_k"`) without sampling; `switch` is how the caller turns sampling on (`--sampling`)."""

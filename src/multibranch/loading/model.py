@@ -36,7 +36,7 @@ from multibranch.tasks.classification.inference import (
     is_pair_model,
     label_names,
 )
-from multibranch.tasks.translation.ct2 import Ct2Translator, is_ct2_directory
+from multibranch.tasks.translation.ct2 import CT2_MAPPING, Ct2Translator, is_ct2_directory
 from multibranch.tasks.translation.translator import Translator
 
 __all__ = ["ALL_TASKS", "CT2_REFUSED", "TRANSLATION_TASKS", "LoadedModel", "UnsupportedError", "check_ct2_options",
@@ -56,7 +56,7 @@ CT2_REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
     "lenpen_kind": ((None, "fairseq"), "CTranslate2 only has the score / len^alpha (fairseq) length penalty"),
     "code_format": (("escaped",), "a CTranslate2 directory holds a translation model (`convert ct2` refuses "
                                   "code-generation models)"),
-    "sampling": ((False,), "sampling is not mapped onto CTranslate2's options yet; decode the checkpoint instead"),
+    "sampling": ((False,), CT2_MAPPING["sampling"].note),
     "prefix": ((None,), "target prefixes are not mapped onto CTranslate2's options yet; decode the checkpoint instead"),
     "print_alignment": ((False,), "a CTranslate2 directory gives no attention weights to align with"),
     "attention": ((False,), "a CTranslate2 directory gives no attention weights; load the checkpoint or its "
@@ -260,8 +260,8 @@ class LoadedModel:
             raise CheckpointError(f"{self.name} is a {self.task} model, not a translation model")
         if self.kind == "ct2":
             self.check_supported({"print_alignment": alignment_layer is not None})
-            if self._ct2 is not None and not fields and threads == self._ct2_threads:
-                return self._ct2
+            if self._ct2 is not None and threads == self._ct2_threads:
+                return self._ct2.with_decode(**_known_decode_fields(fields)) if fields else self._ct2
             return Ct2Translator(self.paths[0], self.device, threads=threads,
                                  **_known_decode_fields({**self.decode_overrides, **fields}))
         assert self.module is not None

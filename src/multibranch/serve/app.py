@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import math
 import time
+import typing
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,14 +36,14 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from multibranch.analysis.attention_maps import SelectionError
 from multibranch.config import check_value
-from multibranch.errors import ConfigError, DataError
-from multibranch.experiment.decoding import SAMPLING_ONLY, DecodeConfig, check_sampling_only
+from multibranch.errors import ConfigError, DataError, UserError
+from multibranch.experiment.decoding import REQUEST_FIELDS, SAMPLING_ONLY, DecodeConfig, check_sampling_only
 from multibranch.serve.attention import check_selection
 from multibranch.serve.batcher import MicroBatcher, QueueFull, ShuttingDown
 from multibranch.serve.engine import DecodeOptions, Engine
@@ -55,25 +56,37 @@ UNTIMED = ("/health", "/info", "/metrics")  # GET / HEAD of these (monitoring): 
 logger = logging.getLogger("multibranch.serve")
 
 
-class TranslateRequest(BaseModel):
+class _TranslateRequest(BaseModel):
     """texts: the sentences; beam: beam size (unset: the model's); nbest: hypotheses per text (unset:
     plain strings; set: a list of {text, score} per text, best first, nbest <= beam); alignment: also
     return `alignments`, per translation its attention-based 'i-j ...' pairs between source and
-    output SentencePiece pieces (last decoder layer, docs/decoding.md). As `multibranch translate`
-    (docs/decoding.md): sampling draws nbest samples per text instead of searching (temperature, top_k,
-    top_p, seed); prefix holds per text the target text its translation must start with ("": none)."""
+    output SentencePiece pieces (last decoder layer, docs/decoding.md); prefix: per text the target text its
+    translation must start with ("": none). Every other decode setting a call may change
+    (`experiment.decoding.REQUEST_FIELDS`: sampling, temperature, top_k, top_p, seed, length_penalty,
+    length_penalty_kind, min_len, max_len_a, max_len_b, no_repeat_ngram_size) is a field of its own name,
+    unset: the model's, as `multibranch translate` takes them (docs/decoding.md)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     texts: list[str]
     beam: int | None = Field(default=None, ge=1)
     nbest: int | None = Field(default=None, ge=1)
     alignment: bool = False
-    sampling: bool = False
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
     prefix: list[str] | None = None
+
+
+# the decode fields a request sets by name, beyond beam and nbest
+REQUEST_DECODE_FIELDS = tuple(name for name in REQUEST_FIELDS if name not in ("beam", "nbest"))
+_HINTS = typing.get_type_hints(DecodeConfig)
+TranslateRequest = create_model(  # type: ignore[call-overload]
+    "TranslateRequest", __base__=_TranslateRequest, __doc__=_TranslateRequest.__doc__,
+    **{name: (_HINTS[name], False) if _HINTS[name] is bool else (_HINTS[name] | None, None)
+       for name in REQUEST_DECODE_FIELDS})
+
+
+def _decode_fields(body: Any) -> dict[str, Any]:
+    """The decode fields a request set (sampling only when true)."""
+    given = {name: getattr(body, name) for name in REQUEST_DECODE_FIELDS}
+    return {name: value for name, value in given.items() if value is not None and value is not False}
 
 
 class Hypothesis(BaseModel):
@@ -288,14 +301,16 @@ def _check_limits(body: TranslateRequest, limits: ServeLimits, beam: int) -> Non
             raise HTTPException(422, f"prefix has {len(body.prefix)} entries for {len(body.texts)} texts: give one "
                                      'per text ("": no prefix)')
         _check_texts(body.prefix, limits, [f"prefix[{i}]" for i in range(len(body.prefix))])
+    try:
+        check_sampling_only([f'"{name}"' for name in SAMPLING_ONLY if getattr(body, name) is not None],
+                            body.sampling, '"sampling": true')
+        for name, value in _decode_fields(body).items():
+            check_value(DecodeConfig, name, value)
+    except ConfigError as err:
+        raise HTTPException(422, str(err)) from None
     if body.sampling:
         _check_sampling(body, limits)
         return
-    try:
-        check_sampling_only([f'"{name}"' for name in SAMPLING_ONLY if getattr(body, name) is not None], False,
-                            '"sampling": true')
-    except ConfigError as err:
-        raise HTTPException(422, str(err)) from None
     if beam > limits.max_beam:
         raise HTTPException(422, f"beam={beam}: at most {limits.max_beam}")
     if body.nbest is not None and body.nbest > beam:
@@ -308,12 +323,6 @@ def _check_sampling(body: TranslateRequest, limits: ServeLimits) -> None:
         raise HTTPException(422, "sampling draws nbest samples per text instead of a beam search; drop beam")
     if body.nbest is not None and body.nbest > limits.max_beam:
         raise HTTPException(422, f"nbest={body.nbest}: at most {limits.max_beam} samples per text")
-    try:
-        for name in SAMPLING_ONLY:
-            if getattr(body, name) is not None:
-                check_value(DecodeConfig, name, getattr(body, name))
-    except ConfigError as err:
-        raise HTTPException(422, str(err)) from None
 
 
 def _check_lengths(texts: list[str], tokens: list[int], engine: Any) -> None:
@@ -328,11 +337,9 @@ def _check_lengths(texts: list[str], tokens: list[int], engine: Any) -> None:
             raise HTTPException(413, f"texts[{i}] has {count} tokens (EOS included): the model takes at most {limit}")
 
 
-def _decode_options(body: TranslateRequest, beam: int) -> DecodeOptions:
+def _decode_options(body: Any, beam: int) -> DecodeOptions:
     """The request's DecodeOptions (checked by `_check_limits`)."""
-    return DecodeOptions(beam=beam, nbest=body.nbest or 1, sampling=body.sampling,
-                         temperature=1.0 if body.temperature is None else body.temperature,
-                         top_k=body.top_k or 0, top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed,
+    return DecodeOptions(beam=beam, nbest=body.nbest or 1, fields=tuple(sorted(_decode_fields(body).items())),
                          prefixed=body.prefix is not None, aligned=body.alignment)
 
 
@@ -460,7 +467,7 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
             lengths = engine.count_tokens(body.texts)
             _check_lengths(body.texts, lengths, engine)
             tokens = sum(lengths)
-            if body.sampling or body.prefix is not None:
+            if _decode_fields(body) or body.prefix is not None:
                 return await options_call(body, beam, tokens)
             if body.alignment:
                 if not hasattr(engine, "translate_aligned"):
@@ -480,13 +487,14 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
 
         return await queued(handle)
 
-    async def options_call(body: TranslateRequest, beam: int, tokens: int) -> Any:
-        """Sampling or prefixes: the engine's `translate_with`, as `multibranch translate` decodes them."""
-        asked = "sampling" if body.sampling else "prefix"
-        if not hasattr(engine, "translate_with"):
-            raise HTTPException(422, f"{asked}: not with a CTranslate2 directory ({asked} is not mapped onto "
-                                     "CTranslate2's options yet); serve the checkpoint with the PyTorch engine")
+    async def options_call(body: Any, beam: int, tokens: int) -> Any:
+        """Decode settings of the request's own (sampling, prefixes, length penalty, ...): the engine's
+        `translate_with`, as `multibranch translate` decodes them; 422 for what the engine cannot do."""
         options = _decode_options(body, beam)
+        try:
+            engine.decode_options(options)  # type: ignore[attr-defined]
+        except UserError as err:
+            raise HTTPException(422, str(err)) from None
         items: list[Any] = list(body.texts)
         if body.prefix is not None:
             try:

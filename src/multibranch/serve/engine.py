@@ -19,7 +19,7 @@ import torch
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.errors import UserError
 from multibranch.inference.ensemble import Ensemble
-from multibranch.loading.model import LoadedModel
+from multibranch.loading.model import LoadedModel, check_ct2_options
 from multibranch.modules.simplex import BranchWeights
 from multibranch.serve.attention import attention_choices, sentence_ids, sentence_map
 from multibranch.tasks.classification.inference import Example, encode_examples
@@ -31,19 +31,24 @@ Hypotheses = list[tuple[str, float]]  # (text, normalised score), best first
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
-    """A request's decode settings beyond beam and n-best, as `multibranch translate` takes them: sampling
-    (temperature, top-k, top-p, seed), target prefixes (the items are then (text, prefix) pairs) and
-    attention-based alignments. One engine call decodes requests of equal options together."""
+    """A request's decode settings beyond beam and n-best, as `multibranch translate` takes them: `fields`, the
+    decode config fields it sets (sorted (name, value) pairs: sampling, temperature, seed, length_penalty,
+    no_repeat_ngram_size, ...), target prefixes (the items are then (text, prefix) pairs) and attention-based
+    alignments. One engine call decodes requests of equal options together."""
 
     beam: int
     nbest: int = 1
-    sampling: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
+    fields: tuple[tuple[str, Any], ...] = ()
     prefixed: bool = False
     aligned: bool = False
+
+    @property
+    def sampling(self) -> bool:
+        return bool(dict(self.fields).get("sampling", False))
+
+    @property
+    def seed(self) -> int | None:
+        return dict(self.fields).get("seed")
 
 
 class Engine(Protocol):
@@ -155,13 +160,10 @@ class TorchEngine:
         return self._translator(beam).translate_nbest(texts, nbest)
 
     def decode_options(self, options: DecodeOptions) -> Any:
-        """The DecodeConfig of `options`: this engine's, with the request's beam or sampling settings (checked
-        as `multibranch translate` checks them: ConfigError)."""
-        if options.sampling:
-            cfg = dataclasses.replace(self.decode, nbest=1, sampling=True, temperature=options.temperature,
-                                      top_k=options.top_k, top_p=options.top_p, seed=options.seed)
-        else:
-            cfg = dataclasses.replace(self.decode, beam=options.beam, nbest=1, sampling=False)
+        """The DecodeConfig of `options`: this engine's, with the request's beam and decode fields (checked as
+        `multibranch translate` checks them: ConfigError)."""
+        beam = {} if options.sampling else {"beam": options.beam}
+        cfg = dataclasses.replace(self.decode, nbest=1, **beam, **dict(options.fields))
         cfg.validate()
         return cfg
 
@@ -300,6 +302,21 @@ class Ct2Engine:
 
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
         return self.translator.translate_nbest(texts, nbest, beam=beam)
+
+    def decode_options(self, options: DecodeOptions) -> Ct2Translator:
+        """The translator of `options` (the same CTranslate2 model with the request's decode fields);
+        UnsupportedError for prefixes, alignments or sampling, ConfigError for what CTranslate2 cannot do."""
+        check_ct2_options(str(self.translator.root), {"sampling": options.sampling,
+                                                      "prefix": "given" if options.prefixed else None,
+                                                      "print_alignment": options.aligned},
+                          lambda name, value: "alignment" if name == "print_alignment" else name)
+        return self.translator.with_decode(beam=options.beam, nbest=1, **dict(options.fields))
+
+    def translate_with(self, items: list[Any], options: DecodeOptions) -> list[list[tuple[str, float, str | None]]]:
+        """Per text up to `options.nbest` (text, score, None) hypotheses with the request's decode fields."""
+        translator = self.decode_options(options)
+        return [[(text, score, None) for text, score in entries]
+                for entries in translator.translate_nbest(list(items), options.nbest)]
 
     def attention_choices(self) -> None:
         return None

@@ -17,6 +17,7 @@ ctranslate2 is an optional extra, imported only when a directory is opened.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -33,7 +34,7 @@ from multibranch.config import ConfigError
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.errors import CheckpointError, DataError, UserError
 from multibranch.experiment.decoding import DecodeConfig
-from multibranch.inference.beam import length_penalty
+from multibranch.inference.processors import length_penalty
 from multibranch.json_file import read_json_object
 from multibranch.tasks.translation.translator import (
     ForcedScore,
@@ -195,6 +196,16 @@ class Ct2Translator:
             reason = (str(err).strip().splitlines() or [""])[0]
             raise CheckpointError(f"{self.root}: CTranslate2 cannot load it ({reason})") from None
         self.stats = TranslationStats()
+
+    def with_decode(self, **fields: Any) -> Ct2Translator:
+        """This translator with `fields` replaced in its decode config, sharing the loaded CTranslate2 model;
+        ConfigError for a value out of its range or a setting CTranslate2 cannot reproduce (`CT2_MAPPING`)."""
+        other = copy.copy(self)
+        other.cfg = dataclasses.replace(self.cfg, **fields)
+        other.cfg.validate()
+        other.options = translate_options(other.cfg)
+        other.stats = TranslationStats()
+        return other
 
     def translate(self, lines: list[str], progress: Progress = False, first_line: int = 1) -> list[str]:
         """One translation (the best hypothesis) per input line, in input order (`first_line`: the number of

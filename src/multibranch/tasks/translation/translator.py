@@ -33,8 +33,9 @@ from multibranch.device import resolve_device
 from multibranch.errors import DataError
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.alignment import check_alignment_layer, cross_attention, hard_alignment, pharaoh
-from multibranch.inference.beam import Hypothesis, forced_scores, length_limits, length_penalty
+from multibranch.inference.beam import Hypothesis, forced_scores, length_limits
 from multibranch.inference.graphed_search import FixedShapeSearcher
+from multibranch.inference.processors import length_penalty
 from multibranch.inference.sampling import FixedShapeSampler, sample
 from multibranch.inference.search import search
 
