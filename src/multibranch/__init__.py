@@ -26,7 +26,7 @@ _EXPORTS = {
     "ValidationEvent": "multibranch.api", "CheckpointEvent": "multibranch.api", "evaluate_translation": "multibranch.api",
     "average": "multibranch.api", "export": "multibranch.api", "prune": "multibranch.api",
     "Evaluation": "multibranch.api", "AverageResult": "multibranch.api", "ExportResult": "multibranch.api",
-    "PruneResult": "multibranch.api", "presets": "multibranch.api", "prepare": "multibranch.api",
+    "PruneResult": "multibranch.api", "analyze": "multibranch.api", "ReportFolder": "multibranch.api", "presets": "multibranch.api", "prepare": "multibranch.api",
     "WrongTaskError": "multibranch.api", "MissingFileError": "multibranch.api", "ExistingFileError": "multibranch.api",
     "UnsupportedError": "multibranch.api", "AlignedTranslation": "multibranch.api", "AttentionMaps": "multibranch.api",
     "ExperimentConfig": "multibranch.experiment",

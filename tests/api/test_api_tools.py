@@ -72,3 +72,23 @@ def test_prune_removes_the_listed_heads(api_run, tmp_path):
         multibranch.prune(api_run.last_checkpoint, tmp_path / "p2.pt", fraction=1.5, data=tmp_path)
     with pytest.raises(multibranch.UserError, match="unknown option 'speeed'"):
         multibranch.prune(api_run.last_checkpoint, tmp_path / "p3.pt", heads=[(site.name, 0)], speeed=False)
+
+
+def test_analyze_heads_reports_every_attention_head(api_run, tiny_data, tmp_path):
+    import json
+
+    from multibranch.analysis.heads import attention_sites
+
+    folder = multibranch.analyze("heads", api_run.last_checkpoint, tmp_path / "heads", data=tiny_data,
+                                 max_examples=8, curve=False, dominant=False, progress=False)
+    assert folder.path == tmp_path / "heads" and "index.md" in folder.files
+    reports = [json.loads((folder.path / name).read_text()) for name in folder.files if name.endswith(".json")]
+    text = json.dumps(reports)
+    sites = attention_sites(multibranch.load(api_run.last_checkpoint).module)
+    assert sites and all(site.name in text for site in sites)
+    with pytest.raises(multibranch.UserError, match="step 2.0 must be in"):
+        multibranch.analyze("heads", api_run.last_checkpoint, tmp_path / "h2", data=tiny_data, step=2.0)
+    with pytest.raises(multibranch.UserError, match="no kernel gates|gates"):
+        multibranch.analyze("gates", api_run.last_checkpoint, tmp_path / "gates")
+    with pytest.raises(multibranch.UserError, match="kind 'entropy'"):
+        multibranch.analyze("entropy", api_run.last_checkpoint, tmp_path / "e", data=tiny_data)

@@ -34,6 +34,8 @@ from multibranch.api.tools import (
            Evaluation,
            ExportResult,
            PruneResult,
+           ReportFolder,
+           analyze,
            average,
            evaluate_translation,
            export,
@@ -42,6 +44,6 @@ from multibranch.api.tools import (
 from multibranch.api.training import CheckpointEvent, TrainResult, ValidationEvent, build, fit, presets
 
 __all__ = ["AlignedTranslation", "AttentionMaps", "AverageResult", "CheckpointEvent", "Evaluation",
-           "ExistingFileError", "ExportResult", "ForcedScore", "MissingFileError", "Model", "PruneResult", "TrainResult",
-           "UnsupportedError", "ValidationEvent", "WrongTaskError", "average", "build", "evaluate_translation", "export", "fit",
-           "load", "prepare", "presets", "prune"]
+           "ExistingFileError", "ExportResult", "ForcedScore", "MissingFileError", "Model", "PruneResult", "ReportFolder",
+           "TrainResult", "UnsupportedError", "ValidationEvent", "WrongTaskError", "analyze", "average", "build",
+           "evaluate_translation", "export", "fit", "load", "prepare", "presets", "prune"]

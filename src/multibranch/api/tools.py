@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multibranch.analysis.diversity import analyze_diversity
+from multibranch.analysis.gate_report import analyze_gates
 from multibranch.analysis.heads import HeadId
+from multibranch.analysis.lengths import LengthOptions, analyze_lengths
 from multibranch.api.model import user_errors
 from multibranch.checkpoint.format import load_checkpoint
 from multibranch.convert.average import AverageResult, average_to_file
@@ -17,9 +20,11 @@ from multibranch.convert.export import export_release
 from multibranch.convert.hf_marian_export import export_marian
 from multibranch.errors import UserError
 from multibranch.evaluate.metrics import evaluate_translation as score_lines
+from multibranch.figures.report import ReportFolder
+from multibranch.pruning.head_report import HeadAnalysisOptions, analyze_heads
 from multibranch.pruning.run import PruneOptions, prune_checkpoint, report_path_of
 
-__all__ = ["AverageResult", "Evaluation", "ExportResult", "PruneResult", "average", "evaluate_translation", "export", "prune"]
+__all__ = ["ReportFolder", "analyze", "AverageResult", "Evaluation", "ExportResult", "PruneResult", "average", "evaluate_translation", "export", "prune"]
 
 FORCE = {"--force": "force=True"}
 
@@ -136,3 +141,54 @@ def prune(ckpt: str | Path, out: str | Path, *, fraction: float | None = None, m
         report_path = report_path_of(out, report)
         result = prune_checkpoint(ckpt, out, report_path, chosen, force=force)
     return PruneResult(Path(out), report_path, result)
+
+
+ANALYSES = ("heads", "lengths", "gates", "diversity")
+
+
+def analyze(kind: str, ckpt: str | Path | Sequence[str | Path], out: str | Path, *, data: str | Path | None = None,
+            force: bool = False, **options: Any) -> ReportFolder:
+    """One analysis of `multibranch analyze`, writing its report folder `out` (numbers as JSON, figures, index.md);
+    the folder (`.path`, `.files`). `kind`: "heads" (importance, entropy, pruning curve, dominant heads; options of
+    HeadAnalysisOptions), "lengths" (BLEU by source length of one or several checkpoints; `labels`, `split`,
+    `max_sentences`, `edges`, `beam`, `device`), "gates" (MUSE kernel gates, kappa/alpha, MUTE unit weights;
+    `ratio`) or "diversity" (MUTE units' output diversity; `split`, `max_examples`, `max_tokens`, `device`).
+    Attention maps are `Model.attention`."""
+    if kind not in ANALYSES:
+        raise UserError(f"analyze: kind {kind!r}: choose one of {', '.join(map(repr, ANALYSES))}")
+    paths = [str(ckpt)] if isinstance(ckpt, (str, Path)) else [str(p) for p in ckpt]
+    if kind != "lengths" and len(paths) != 1:
+        raise UserError(f"analyze {kind}: give one checkpoint ({len(paths)} given)")
+    if kind != "gates" and data is None:
+        raise UserError(f"analyze {kind}: give data= (a directory made by `multibranch prepare`)")
+    with user_errors({**FORCE, "--step": "step"}):
+        if kind == "heads":
+            return analyze_heads(paths[0], data, out, _options(HeadAnalysisOptions, options), force=force)  # type: ignore[arg-type]
+        if kind == "lengths":
+            labels = options.pop("labels", None)
+            return analyze_lengths(paths, labels, data, out, _options(LengthOptions, options), force=force)  # type: ignore[arg-type]
+        if kind == "gates":
+            unknown = sorted(set(options) - {"ratio"})
+            if unknown:
+                raise UserError(f"analyze gates: unknown option {unknown[0]!r}; known: ratio")
+            try:
+                return analyze_gates(paths[0], out, tuple(options.get("ratio", (3, 15))), force=force)  # type: ignore[arg-type]
+            except ValueError as error:
+                raise UserError(str(error)) from None
+        known = ("split", "max_examples", "max_tokens", "device")
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise UserError(f"analyze diversity: unknown option {unknown[0]!r}; known: {', '.join(known)}")
+        try:
+            return analyze_diversity(paths[0], data, out, force=force, **options)  # type: ignore[arg-type]
+        except ValueError as error:
+            raise UserError(str(error)) from None
+
+
+def _options(kind: type, options: dict[str, Any]) -> Any:
+    """The options dataclass `kind` of keyword options; UserError naming an unknown one."""
+    known = [f for f in kind.__dataclass_fields__]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise UserError(f"analyze: unknown option {unknown[0]!r}; known: {', '.join(known)}")
+    return kind(**options)

@@ -140,13 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _heads(args: argparse.Namespace) -> int:
-    from multibranch.device import resolve_device
-    from multibranch.errors import UserError
     from multibranch.pruning.head_report import HeadAnalysisOptions, analyze_heads
-
-    if not 0.0 < args.step <= 1.0:
-        raise UserError(f"--step {args.step} must be in (0, 1]")
-    resolve_device(args.device)  # ConfigError for a device this machine cannot use, before any work
 
     options = HeadAnalysisOptions(
         split=args.split, max_examples=args.max_examples, max_tokens=args.max_tokens, normalize=not args.no_normalize,

@@ -27,6 +27,8 @@ from multibranch.analysis.batches import batch_units, check_vocabulary, load_tas
 from multibranch.analysis.entropy import attention_entropy
 from multibranch.analysis.heads import attention_sites, total_heads
 from multibranch.data.meta import require_examples
+from multibranch.device import resolve_device
+from multibranch.errors import UserError
 from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
 from multibranch.loading.checkpoint import load_model
@@ -62,6 +64,12 @@ class HeadAnalysisOptions:
     device: str = "cpu"
     progress: bool | None = None  # a progress bar per phase on stderr; None: only when stderr is a terminal
 
+    def validate(self) -> None:
+        """UserError for a value out of its range, before anything is loaded (messages name the CLI's options)."""
+        if not 0.0 < self.step <= 1.0:
+            raise UserError(f"--step {self.step} must be in (0, 1]")
+        resolve_device(self.device)  # ConfigError for a device this machine cannot use
+
 
 def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, options: HeadAnalysisOptions,
                   force: bool = False) -> ReportFolder:
@@ -70,9 +78,8 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
     A translation model is scored by BLEU, a classifier by accuracy (%) and its importance comes from
     the classification loss."""
 
+    options.validate()
     ReportFolder.check(out, force)
-    if not 0.0 < options.step <= 1.0:
-        raise ValueError(f"pruning-curve step {options.step} must be in (0, 1]")
     loaded = load_model(ckpt, options.device)
     model, cfg = loaded.model, loaded.config
     data = load_task_data(cfg.task, data_dir, str(ckpt))
