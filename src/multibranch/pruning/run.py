@@ -68,15 +68,15 @@ class PruneOptions:
         """UserError for values out of their range, before anything is loaded (messages name the CLI's options)."""
         chosen = [o for o in (self.fraction, self.max_drop, self.heads) if o is not None]
         if len(chosen) != 1:
-            raise UserError("give exactly one of --fraction, --max-drop and --heads-json")
+            raise ConfigError("give exactly one of --fraction, --max-drop and --heads-json")
         if self.fraction is not None and not 0.0 < self.fraction < 1.0:
-            raise UserError(f"--fraction {self.fraction} must be between 0 and 1 (exclusive)")
+            raise ConfigError(f"--fraction {self.fraction} must be between 0 and 1 (exclusive)")
         if self.max_drop is not None and self.max_drop < 0:
-            raise UserError(f"--max-drop {self.max_drop} must be >= 0 (points of BLEU or accuracy)")
+            raise ConfigError(f"--max-drop {self.max_drop} must be >= 0 (points of BLEU or accuracy)")
         if not 0.0 < self.step <= 1.0:
-            raise UserError(f"--step {self.step} must be in (0, 1]")
+            raise ConfigError(f"--step {self.step} must be in (0, 1]")
         if (self.fraction is not None or self.max_drop is not None) and not self.data:
-            raise UserError("--fraction and --max-drop rank heads by importance on data: give --data PREPARED_DIR")
+            raise ConfigError("--fraction and --max-drop rank heads by importance on data: give --data PREPARED_DIR")
         resolve_device(self.device)
 
 
