@@ -14,9 +14,11 @@ import multibranch
 SHORT = {"max_len_a": 0.0, "max_len_b": 8}  # as api_model decodes: at most 8 tokens, a fast test
 
 # the public surface: a name removed from multibranch.__all__ breaks users' code
-PUBLIC = ["AlignedTranslation", "AttentionMaps", "CheckpointError", "ConfigError", "DataError", "ExistingFileError",
-          "ExperimentConfig", "ForcedScore", "MissingFileError", "Model", "TrainResult", "UnsupportedError", "UserError",
-          "WrongTaskError", "__version__", "fit", "layers", "load", "prepare", "presets"]
+PUBLIC = ["AlignedTranslation", "AttentionMaps", "AverageResult", "CheckpointError", "CheckpointEvent", "ConfigError",
+          "DataError", "Evaluation", "ExistingFileError", "ExperimentConfig", "ExportResult", "ForcedScore",
+          "MissingFileError", "Model", "PruneResult", "ReportFolder", "TrainResult", "UnsupportedError", "UserError",
+          "ValidationEvent", "WrongTaskError", "__version__", "analyze", "average", "build", "evaluate_translation",
+          "export", "fit", "layers", "load", "prepare", "presets", "prune"]
 
 
 def test_public_names_stay():
