@@ -241,3 +241,18 @@ def test_a_pair_over_the_limits_is_named_by_its_place_in_pairs(pairs, status, me
     reply = run(go())
     assert reply.status_code == status
     assert message in reply.json()["detail"] and "texts[" not in reply.json()["detail"]
+
+
+def test_an_ensemble_of_classifiers_is_served_with_the_members_mean(classifier_ckpt, tmp_path):
+    """Two --ckpt of one classifier: the mean of two equal members is that member's probabilities (computed here
+    from the model directly); /info names the members."""
+    from multibranch.cli import build_parser
+    from multibranch.commands.serve import build_server
+
+    args = build_parser().parse_args(["serve", "--ckpt", str(classifier_ckpt), str(classifier_ckpt), "--port", "0",
+                                      "--device", "cpu"])
+    engine = build_server(args).config.app.state.engine
+    assert isinstance(engine, ClassifierEngine)
+    assert engine.info()["config"]["ensemble"] == [str(classifier_ckpt)] * 2
+    got = torch.tensor(engine.classify(list(TEXTS)))
+    assert torch.allclose(got, _expected_probabilities(classifier_ckpt), atol=1e-5)
