@@ -24,8 +24,8 @@ Each processor works with both kinds of step: a host int (the engines whose batc
 device, and skip a rule at a step where it cannot apply) or a 0-dim long tensor on the device (the fixed-shape
 engines, whose steps a CUDA graph replays: then every rule is dense tensor operations, with no host read).
 
-A new decoding option is its `DecodeConfig` field, its processor here (added by `processors_for` or
-`sampling_processors`) and its CTranslate2 mapping (`tasks/translation/ct2.py`, `CT2_MAPPING`).
+A new decoding option is its `DecodeConfig` field with its line in `DECODE_OPTIONS`, its processor here (added by
+`processors_for` or `sampling_processors`) and its CTranslate2 mapping (`tasks/translation/ct2.py`, `CT2_MAPPING`).
 """
 
 from __future__ import annotations
