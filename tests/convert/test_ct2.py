@@ -335,3 +335,26 @@ def test_no_repeat_ngram_size_reaches_ctranslate2(n, tiny_data, tmp_path):
     blocked = [tokens for tokens, _ in ct2(directory, lines, dataclasses.replace(DECODE, no_repeat_ngram_size=n))]
     assert any(_has_repeated_ngram(tokens, n) for tokens in free)
     assert not any(_has_repeated_ngram(tokens, n) for tokens in blocked)
+
+
+def test_relative_positions_keep_the_checkpoint_input_and_output_limits(tiny_data, tmp_path):
+    """A model with relative positions has no position table, yet our translator keeps at most its
+    `max_positions` source tokens; so does the CTranslate2 directory (an over-long line translates as its cut)."""
+    from tests.helpers.translation import translator_of
+
+    max_positions = 8
+    payload = random_payload(_tokenizer(tiny_data), norm="pre", share_embeddings="decoder", positions="none",
+                             relative_positions=4, max_positions=max_positions)
+    ckpt = tmp_path / "m.pt"
+    save_checkpoint(ckpt, payload)
+    out = export_ct2(payload, tmp_path / "ct2")
+    settings = json.loads((out / "multibranch_ct2.json").read_text())
+    assert settings["max_positions"] == max_positions
+    tok = _tokenizer(tiny_data)
+    long = next(line for line in _source_lines(tiny_data, 200) if len(tok.encode_src([line])[0]) > max_positions)
+    kept = tok.tgt.decode(tok.encode_src([long])[0][: max_positions - 1])  # EOS takes the last position
+    engine = translator_of(out, beam=2, min_len=0)
+    checkpoint = translator_of(ckpt, beam=2, min_len=0)
+    for translator in (engine, checkpoint):
+        whole, cut = translator.translate([long, kept])
+        assert whole == cut

@@ -139,7 +139,8 @@ def export_ct2(
             "decode": asdict(cfg.decode),
             "tokenizer": {**_tokenizer_files(tokenizer),
                           "sha256": recorded_sha256(sorted({tmp / name for name in _tokenizer_files(tokenizer).values()}))},
-            "max_positions": None if cfg.model.relative_positions > 0 else cfg.model.max_positions,
+            # ours stop at max_positions whatever the positions (relative ones have no table): so does this
+            "max_positions": cfg.model.max_positions,
             "note": "pass translate_options(decode) from multibranch.tasks.translation.ct2 to translate_batch to "
                     "reproduce multibranch's beam search (return_end_token=True: the length penalty counts EOS, as "
                     "ours); `multibranch translate --ckpt` and `serve --engine ct2` read this directory",
