@@ -212,6 +212,18 @@ def check_value(cls: type, name: str, value: Any, option: str | None = None) -> 
     return converted
 
 
+def field_at(cls: type, path: str) -> tuple[type, str]:
+    """The dataclass and field name that a dotted key of config `cls` ends in: ("train.lr.lr" of ExperimentConfig
+    -> (LRConfig, "lr")); ConfigError for a key that is not there."""
+    *parents, name = path.split(".")
+    for part in parents:
+        fields = _fields(cls)
+        if part not in fields:
+            raise ConfigError(f"{path}: unknown field of {cls.__name__}{_suggest(part, fields)}")
+        cls = next(t for t in (fields[part][0], *typing.get_args(fields[part][0])) if dataclasses.is_dataclass(t))
+    return cls, name
+
+
 def check_fields(obj: Any) -> None:
     """Every field of config dataclass `obj` through `check_value` (in place: a whole float read for an int
     field becomes the int); ConfigError naming the first that fails."""

@@ -27,11 +27,19 @@ def source(tmp_path) -> Path:
     return path
 
 
-def test_train_max_steps_below_one_is_refused_before_the_run_directory_exists(tiny_data, tmp_path, capfd, caplog):
+@pytest.mark.parametrize(("args", "message"), [
+    (["--max-steps", "-3"], "--max-steps -3: must be >= 1"),
+    (["--lr", "0"], "--lr 0.0: must be > 0"),
+    (["--warmup", "-1"], "--warmup -1: must be >= 0"),
+    (["--threads", "0"], "--threads 0: must be >= 1"),
+    (["--max-minutes", "nan"], "--max-minutes: expected a finite number, got nan"),
+    (["--set", "train.max_steps=-3"], "max_steps=-3 must be >= 1"),  # a config key is named as written
+])
+def test_a_training_value_out_of_range_is_refused_before_the_run_directory_exists(tiny_data, tmp_path, capfd,
+                                                                                  caplog, args, message):
     out = tmp_path / "run"
-    line = refusal(["train", "--data", tiny_data, "--out", out, "--preset", "transformer-tiny", "--max-steps", "-3"],
-                   capfd, caplog)
-    assert "max_steps=-3 must be >= 1" in line
+    line = refusal(["train", "--data", tiny_data, "--out", out, "--preset", "transformer-tiny", *args], capfd, caplog)
+    assert message in line
     assert not out.exists()
 
 

@@ -123,3 +123,22 @@ def test_every_declared_bound_refuses_the_value_past_it_and_takes_the_edge(cls, 
         check_value(cls, name, as_type(outside))
     if edge is not None:
         assert check_value(cls, name, as_type(edge)) == edge
+
+
+def test_every_train_shortcut_names_a_field_of_the_experiment_config():
+    from multibranch.config import field_at
+    from multibranch.experiment import TRAIN_SHORTCUTS, ExperimentConfig
+    from multibranch.experiment.training import TrainConfig
+    from multibranch.schedules import LRConfig
+
+    assert field_at(ExperimentConfig, "train.lr.lr") == (LRConfig, "lr")
+    assert field_at(ExperimentConfig, "train.max_steps") == (TrainConfig, "max_steps")
+    defaults = ExperimentConfig()
+    for key in TRAIN_SHORTCUTS.values():
+        cls, name = field_at(ExperimentConfig, key)
+        owner = defaults
+        for part in key.split(".")[:-1]:
+            owner = getattr(owner, part)
+        assert type(owner) is cls and hasattr(owner, name), key
+    with pytest.raises(ConfigError, match="train.lrr.lr: unknown field of TrainConfig"):
+        field_at(ExperimentConfig, "train.lrr.lr")

@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multibranch.experiment import TRAIN_SHORTCUTS, train_config
+    from multibranch.config import check_value, field_at
+    from multibranch.experiment import TRAIN_SHORTCUTS, ExperimentConfig, train_config
     from multibranch.tasks import train
     from multibranch.train.distributed import exit_worker, is_worker_of_a_job
     from multibranch.train.run_directory import auto_resume
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, key in TRAIN_SHORTCUTS.items():
         value = getattr(args, flag)
         if value is not None:
+            check_value(*field_at(ExperimentConfig, key), value, f"--{flag.replace('_', '-')}")  # names the option
             overrides.append(f"{key}={value}")
     if args.deterministic:
         overrides.append("train.deterministic=true")
