@@ -115,6 +115,13 @@ def test_sigterm_during_train_saves_last_pt_and_resume_matches_an_uninterrupted_
     got = _train_losses(tmp_path / "stopped")
     assert sorted(got) == list(range(1, 61))
     assert got == _train_losses(tmp_path / "straight")
+    # the step checkpoints `average --last` reads are the uninterrupted run's, not one at the interrupted update
+    assert _step_checkpoints(tmp_path / "stopped") == _step_checkpoints(tmp_path / "straight") == [
+        "step_00000050.pt", "step_00000060.pt"]
+
+
+def _step_checkpoints(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").glob("step_*.pt"))
 
 
 def test_sigterm_is_held_while_a_save_is_under_way():

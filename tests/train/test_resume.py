@@ -85,6 +85,27 @@ def test_a_log_window_cut_by_a_pause_logs_the_uninterrupted_losses(tiny_data, tm
     assert _train_losses(paused) == expected
 
 
+def test_a_pause_between_validations_leaves_the_uninterrupted_runs_validations_and_checkpoints(tiny_data, tmp_path):
+    """Paused at update 7 (validations every 6) and resumed: the same validations (updates 6 and 12, none at 7), the
+    same step checkpoints and the same losses as the uninterrupted run; the pause wrote last.pt alone."""
+    cfg = {"max_steps": 12, "valid_every": 6, "log_every": 1, "deterministic": True}
+    train(tiny_experiment(**cfg), RunOptions(tiny_data, tmp_path / "straight", device="cpu", progress=False))
+    paused = tmp_path / "paused"
+    train(tiny_experiment(**cfg), RunOptions(tiny_data, paused, device="cpu", progress=False, stop_at_step=7))
+    assert load_checkpoint(paused / "last.pt")["meta"]["step"] == 7
+    assert sorted(p.name for p in (paused / "checkpoints").glob("*.pt")) == ["step_00000006.pt"]
+    train(tiny_experiment(**cfg), RunOptions(tiny_data, paused, device="cpu", progress=False, resume=True))
+
+    def validations(run: Path) -> list[tuple[int, float]]:
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"]) for r in records if r["type"] == "valid"]
+
+    assert [step for step, _ in validations(paused)] == [6, 12]
+    assert validations(paused) == validations(tmp_path / "straight")
+    assert _train_losses(paused) == _train_losses(tmp_path / "straight")
+    assert sorted(p.name for p in (paused / "checkpoints").glob("*.pt")) == ["step_00000006.pt", "step_00000012.pt"]
+
+
 def test_a_log_window_cut_by_sigkill_logs_the_uninterrupted_losses(tiny_data, tmp_path):
     """Killed with SIGKILL after a checkpoint inside a log window (checkpoints every 6 updates, train lines every
     5): the resumed run logs the uninterrupted run's losses."""

@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="with --resume: accept data prepared with another SentencePiece model than the run's "
                      "(the embeddings then mean other pieces; the loss jumps)")
     run.add_argument("--stop-at-step", type=int, metavar="N",
-                     help="pause after update N (checkpointed; --resume continues; schedules still plan for max_steps)")
+                     help="pause after update N (last.pt is saved, nothing validated; --resume continues as if never "
+                     "paused; schedules still plan for max_steps)")
     run.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
     run.add_argument("--tensorboard", type=Path, metavar="DIR",
                      help="also write the training metrics as TensorBoard events into DIR (needs multibranch[tb])")

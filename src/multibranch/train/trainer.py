@@ -585,8 +585,9 @@ class Trainer:
             "multibranch_version": multibranch.__version__, "torch_version": str(torch.__version__),
         }
 
-    def save(self, improved: bool) -> None:
-        """last.pt (+ training state), step checkpoint, best.pt; all atomic; rank 0 writes. A Ctrl-C while
+    def save(self, improved: bool, numbered: bool = True) -> None:
+        """last.pt (+ training state), step checkpoint (unless not `numbered`: a pause or an interrupt, which
+        the uninterrupted run would not have checkpointed), best.pt; all atomic; rank 0 writes. A Ctrl-C while
         saving is held back until the files are written; a second one abandons the file being written
         (its temporary is removed, the previous file stays)."""
         rngs = D.all_gather_objects(rng_state(), self.dist)
@@ -601,7 +602,8 @@ class Trainer:
         self._saving = True  # stays set if a signal stops the save: `_stop_on_interrupt` then saves nothing more
         with deferred_interrupt():  # Ctrl-C/SIGTERM: the save finishes first, then the clean "interrupted" exit
             save_checkpoint(self.run_dir / "last.pt", {**base, "training": training})  # first: resume needs it
-            save_checkpoint(self.run_dir / "checkpoints" / f"step_{self.state.step:08d}.pt", base)
+            if numbered:
+                save_checkpoint(self.run_dir / "checkpoints" / f"step_{self.state.step:08d}.pt", base)
             if improved:
                 save_checkpoint(self.run_dir / "best.pt", base)
             kept = sorted((self.run_dir / "checkpoints").glob("step_*.pt"))
@@ -722,7 +724,9 @@ class Trainer:
                     if s.batch_in_epoch >= len(batches):
                         s.epoch += 1
                         s.batch_in_epoch = 0
-            if self._saved_at != s.step:
+            if self._saved_at != s.step and self._pausing():
+                self._save_to_resume(start)  # not an end: no validation, no step checkpoint
+            elif self._saved_at != s.step:
                 self._validate_and_save(start)
         except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM from the CLI (Terminated)
             self._stop_on_interrupt(interrupt, start)
@@ -742,11 +746,23 @@ class Trainer:
         if s.step % self.cfg.train.valid_every == 0 and self._saved_at != s.step:
             return  # stopped before this update's validation was recorded: an exact resume goes back to last.pt
         if self._saved_at != s.step:
-            s.elapsed += time.perf_counter() - start
-            self.save(improved=False)
-            self._saved_at = s.step
+            self._save_to_resume(start)
         log.info("training interrupted at update %d; last.pt saved", s.step)
         raise type(interrupt)(f"interrupted at update {s.step}; continue with --resume") from None
+
+    def _pausing(self) -> bool:
+        """Whether the run stops at --stop-at-step, a pause, rather than at one of its ends (checked first)."""
+        t, s = self.cfg.train, self.state
+        if (t.max_steps is not None and s.step >= t.max_steps) or self._stop_requested:
+            return False
+        return self.opts.stop_at_step is not None and s.step >= self.opts.stop_at_step
+
+    def _save_to_resume(self, start: float) -> None:
+        """last.pt alone, between two validations (a pause, an interrupt): the run resumed from it validates and
+        keeps step checkpoints at the updates the uninterrupted run does, so `average --last N` averages the same."""
+        self.state.elapsed += time.perf_counter() - start
+        self.save(improved=False, numbered=False)
+        self._saved_at = self.state.step
 
     @staticmethod
     def _empty_window() -> dict[str, float]:
