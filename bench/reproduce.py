@@ -239,8 +239,10 @@ class Harness:
                     # rho is chosen once the grid has finished (resolve); None until then
                     add(Run(system, seed, rho=None, needs=[add(Run(source, seed)), *grid]))
         recipe = RECIPES[a.recipe]
-        if recipe.seed_major:  # seed by seed in the recipe's order (a source comes before the MAT it initialises)
-            return sorted(runs.values(), key=lambda r: (r.seed, recipe.systems.index(r.system), r.rho or 0.0))
+        if recipe.seed_major:  # the main rows seed by seed, then the others, each in the recipe's order (a source
+            # comes before the MAT it initialises)
+            return sorted(runs.values(), key=lambda r: (r.system not in recipe.main, r.seed,
+                                                        recipe.systems.index(r.system), r.rho or 0.0))
         # standard models first (MAT starts from them), then the rho grid, then seed by seed
         return sorted(runs.values(), key=lambda r: (r.system not in SOURCES, not r.grid, r.seed,
                                                     SYSTEMS.index(r.system), r.rho or 0.0))

@@ -1,5 +1,5 @@
 """The CPU recipe of the reproduction and its background runner, without training: each system is its `-tiny`
-preset's model on the standard recipe's training, the plan goes seed by seed, a run already reported is not
+preset's model on the standard recipe's training, the plan goes seed by seed (the main rows' seeds first), a run already reported is not
 trained again, the run-time estimates against hand-computed numbers, the runner's process in a scheduling group
 of its own at the lowest priority, and the report's CPU table (p-values from per-line statistics, the
 dominant-head table, runs trained on both kinds of device)."""
@@ -47,12 +47,15 @@ def test_the_recipes_schedules_plan_for_its_updates_and_the_combination_is_both(
     assert source["d_model"] == mat["d_model"] and source["encoder"]["attention_branches"] == 1
 
 
-def test_the_plan_goes_seed_by_seed_and_refuses_other_recipes_systems(tmp_path, capsys):
+def test_the_plan_goes_seed_by_seed_main_rows_first_and_refuses_other_recipes_systems(tmp_path, capsys):
     args = ["--recipe", "cpu", "--dry-run", "--work", str(tmp_path), "--out", str(tmp_path)]
     assert reproduce.main([*args, "--seeds", "1", "2"]) == 0
     plan = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     table = RECIPES["cpu"].table_systems
-    assert plan == [f"{s}/seed{k}" for k in (1, 2) for s in table]
+    main = ["standard", "drophead", "mat", "weighted", "muse", "mute-bias-seq", "mat-drophead"]
+    others = ["muse-simple", "mute", "mute-bias", "drophead-constant"]
+    assert sorted(table) == sorted(main + others)
+    assert plan == [f"{s}/seed{k}" for k in (1, 2) for s in main] + [f"{s}/seed{k}" for k in (1, 2) for s in others]
     assert "mat-proximal" not in table  # a chain of two runs: only when asked for
     assert reproduce.main([*args, "--systems", "mat-proximal", "--seeds", "1"]) == 0
     assert capsys.readouterr().out.split() == ["mat-source/seed1", "mat-proximal-rho0.1/seed1", "needs",
