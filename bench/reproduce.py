@@ -48,6 +48,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -65,6 +66,7 @@ from bench.reproduce_analyses import AnalysisSettings, analyses_for, run_analyse
 from bench.reproduce_cost import cpu_flags, cpu_precision, estimate_minutes  # noqa: E402
 from bench.reproduce_report import markdown_table, mean_sd, system_summary  # noqa: E402
 from bench.reproduce_systems import (  # noqa: E402
+    CURVE_FILE,
     DEFAULT_RHO_GRID,
     MAT_SYSTEMS,
     PAPER_CLAIMS,
@@ -393,6 +395,8 @@ class Harness:
         config_file = folder / "config.yaml"  # JSON is YAML
         config_file.write_text(json.dumps(spec["config"], indent=1) + "\n", encoding="utf-8")
         train_dir = folder / "train"
+        if not (train_dir / "last.pt").is_file() and self.adopt_curve_run(run, spec, train_dir):
+            return "trained"
         args = ["train", "--preset", spec["preset"], "--config", str(config_file), "--data", str(self.data),
                 "--out", str(train_dir), "--device", a.device, "--no-progress"]
         for text in spec["sets"]:
@@ -432,6 +436,48 @@ class Harness:
             return "unfinished"
         write_json(folder / "trained.json", {"stop": reason, "step": segment["to_step"]})
         return "trained"
+
+    def adopt_curve_run(self, run: Run, spec: dict[str, Any], train_dir: Path) -> bool:
+        """Take the CPU recipe's validation-curve run (WORK/curve, bench/reproduce_curve.py) as this run when it is
+        the same training: the standard model of the same seed and settings, whose schedule does not read the update
+        cap, stopped at exactly --max-updates with its last --average-last step checkpoints at validations. Its files
+        are hard-linked into `train_dir` and it is not trained again; False (nothing done) otherwise."""
+        a = self.args
+        curve = self.work / "curve"
+        curve_train = curve / "train"
+        config = read_json(curve / "config.yaml")  # the curve writes its config as JSON
+        if a.recipe != "cpu" or a.tiny or run.system != "standard" or spec["sets"] or config is None:
+            return False
+        caps = ("max_steps", "max_epochs", "max_minutes")
+        mine = {k: v for k, v in spec["config"]["train"].items() if k not in caps}
+        theirs = {k: v for k, v in config.get("train", {}).items() if k not in caps}
+        if mine != theirs or any(spec["config"].get(k) for k in spec["config"] if k != "train"):
+            return False
+        steps = sorted(int(p.stem.split("_")[1]) for p in (curve_train / "checkpoints").glob("step_*.pt"))
+        logged = max((r.get("step", 0) for r in read_jsonl(curve_train / "metrics.jsonl")), default=0)
+        last = steps[-a.average_last:]
+        if not steps or steps[-1] != a.max_updates or logged != a.max_updates or len(last) < a.average_last \
+                or any(step % a.valid_every for step in last) or not (curve_train / "last.pt").is_file():
+            return False
+        if train_dir.exists():
+            if any(train_dir.iterdir()):
+                return False
+            train_dir.rmdir()
+        shutil.copytree(curve_train, train_dir, copy_function=os.link,
+                        ignore=lambda _, names: [n for n in names if n.startswith(".")])  # no temporaries
+        curve_results = read_json(a.out / CURVE_FILE.name) or read_json(CURVE_FILE) or {}
+        train = [r for r in read_jsonl(train_dir / "metrics.jsonl") if r.get("type") == "train"]
+        adopted = {"trained_by": "bench/reproduce_curve.py (the standard model's validation curve)",
+                   "train_threads": (curve_results.get("environment") or {}).get("threads"), "from": str(curve_train)}
+        segment = {"started": None, "wall_s": train[-1]["elapsed_s"] if train else 0.0, "from_step": 0,
+                   "to_step": a.max_updates, "resume": False, "stop": "the validation curve's run",
+                   "jobs": 1, "device": "cpu", **adopted}
+        (train_dir.parent / "segments.jsonl").write_text(json.dumps(segment) + "\n", encoding="utf-8")
+        write_json(train_dir.parent / "trained.json", {
+            "stop": f"the validation curve's run, stopped at update {a.max_updates}", "step": a.max_updates,
+            **adopted})
+        say(f"{run.key}: the validation curve's run, trained to update {a.max_updates}: taken over, not trained again")
+        return True
 
     def proximal_init(self, run: Run, folder: Path, log: Path) -> Path:
         """MAT from the converged standard model of the same seed (its best.pt, by validation BLEU)."""
@@ -606,6 +652,7 @@ class Harness:
             "wall_minutes": sum(s["wall_s"] for s in segments) / 60 + ((done or {}).get("eval_wall_s", 0) / 60)
             + sum(v.get("wall_s", 0) for v in (read_json(folder / "analyses.json") or {}).values()) / 60,
             "segments": segments,
+            **{k: v for k, v in (self.trained(run) or {}).items() if k in ("trained_by", "train_threads")},
             "curve": {"valid": [{k: r.get(k) for k in ("step", "epoch", "loss", "nll", "ppl", "bleu")} for r in valid],
                       "train": [{k: r.get(k) for k in ("step", "loss", "nll", "lr", "tokens_per_s", "elapsed_s")}
                                 for r in train]},

@@ -77,7 +77,8 @@ def load_rates(precision: str, folder: Path = RESULTS) -> dict[str, float]:
 
 
 def finished_runs(precision: str, max_updates: int, folder: Path = RESULTS) -> list[dict[str, Any]]:
-    """The finished CPU-recipe runs in `folder` trained at `precision` to `max_updates`: their records."""
+    """The finished CPU-recipe runs in `folder` trained at `precision` to `max_updates` by the harness itself (not
+    the validation curve's run it took over): their records, what its run-time estimates learn from."""
     runs = []
     for path in sorted(folder.glob("reproduce_cpu_*.json")):
         if path.name.endswith("_hyps.json") or path.name.startswith("reproduce_cpu_cost"):
@@ -89,7 +90,8 @@ def finished_runs(precision: str, max_updates: int, folder: Path = RESULTS) -> l
         settings = data.get("settings") or {}
         if settings.get("recipe") != "cpu" or settings.get("tiny") or settings.get("max_updates") != max_updates:
             continue
-        runs += [r for r in data.get("runs", []) if r.get("status") == "done" and r.get("precision") == precision]
+        runs += [r for r in data.get("runs", []) if r.get("status") == "done" and r.get("precision") == precision
+                 and not r.get("trained_by")]  # the validation curve's run trained at its own threads
     return runs
 
 

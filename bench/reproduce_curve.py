@@ -50,6 +50,15 @@ def flat_at(curve: list[tuple[int, float]], gain: float, window: int) -> int | N
     return None
 
 
+def curve_config(cap: int, seed: int = 1) -> dict[str, Any]:
+    """The curve run's config over the recipe's base preset: the table's standard run of `seed`, capped at `cap`
+    updates (the harness takes this run over as that table run: bench/reproduce.py, `adopt_curve_run`)."""
+    defaults = RECIPES["cpu"].defaults
+    return {"train": {"seed": seed, "max_steps": cap, "max_minutes": None, "valid_every": defaults["valid_every"],
+                      "keep_last": defaults["average_last"], "log_every": defaults["log_every"], "best_metric": "bleu",
+                      "amp": defaults["amp"], "patience": None}}
+
+
 def valid_curve(train_dir: Path) -> list[tuple[int, float]]:
     """(update, validation BLEU) of every validation in the run's metrics.jsonl."""
     path = train_dir / "metrics.jsonl"
@@ -85,10 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.work / "curve"
     folder.mkdir(parents=True, exist_ok=True)
     every = recipe.defaults["valid_every"]
-    config = {"train": {"seed": 1, "max_steps": args.cap, "max_minutes": None, "valid_every": every,
-                        "keep_last": recipe.defaults["average_last"], "log_every": recipe.defaults["log_every"],
-                        "best_metric": "bleu", "amp": recipe.defaults["amp"], "patience": None}}
-    (folder / "config.yaml").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    (folder / "config.yaml").write_text(json.dumps(curve_config(args.cap), indent=1) + "\n", encoding="utf-8")
     train_dir = folder / "train"
     began = time.time()
     chosen = None

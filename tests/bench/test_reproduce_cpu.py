@@ -6,6 +6,7 @@ dominant-head table, runs trained on both kinds of device)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -237,3 +238,80 @@ def test_verdicts_need_significance_on_every_seed_in_one_direction():
     line = verdict_line(summary("drophead", [0.5, 0.7], [0.01, 0.02]))
     assert line == ("- `drophead`: Δ +0.60 BLEU (p 0.010, 0.020): **reproduced** so far (2 of 3 seeds). "
                     "The paper: +0.7 BLEU.")
+
+
+def test_the_standard_models_training_does_not_read_the_update_cap(tiny_data, tmp_path):
+    """The premise of taking the validation curve's run over as the table's standard run: capped at 20 updates and
+    paused at 8, the recipe's schedule (inverse square root) gives the same updates as a run of 8."""
+    from multibranch.checkpoint.format import load_checkpoint
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
+    from tests.helpers.configs import tiny_experiment
+
+    lr = load_preset_dict(RECIPES["cpu"].base_preset)["train"]["lr"]
+    assert lr["schedule"] == "inverse_sqrt"
+    settings = {"lr": {**lr, "warmup": 3}, "valid_every": 4, "deterministic": True}
+    train(tiny_experiment(max_steps=8, **settings), RunOptions(tiny_data, tmp_path / "eight", device="cpu"))
+    train(tiny_experiment(max_steps=20, **settings),
+          RunOptions(tiny_data, tmp_path / "capped", device="cpu", stop_at_step=8))
+    eight, capped = (load_checkpoint(tmp_path / name / "last.pt")["model"] for name in ("eight", "capped"))
+    assert all(eight[k].equal(capped[k]) for k in eight)
+
+
+def _curve_run(work: Path, steps: list[int], *, seed: int = 1) -> Path:
+    """A validation-curve folder as bench/reproduce_curve.py leaves it (placeholder checkpoint files)."""
+    from bench.reproduce_curve import curve_config
+
+    train = work / "curve" / "train"
+    (train / "checkpoints").mkdir(parents=True)
+    (work / "curve" / "config.yaml").write_text(json.dumps(curve_config(8000, seed)), encoding="utf-8")
+    for step in steps:
+        (train / "checkpoints" / f"step_{step:08d}.pt").write_text(str(step), encoding="utf-8")
+    (train / "last.pt").write_text("last", encoding="utf-8")
+    (train / ".last.pt.x1.tmp").write_text("a temporary", encoding="utf-8")
+    records = [{"type": "train", "step": s, "elapsed_s": 6.0 * s} for s in range(50, steps[-1] + 1, 50)]
+    (train / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return train
+
+
+def _harness(tmp_path: Path, *more: str) -> reproduce.Harness:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return reproduce.Harness(reproduce.parse_args(["--recipe", "cpu", "--max-updates", "1500", "--results-per-run",
+                                                   "--out", str(out), "--work", str(tmp_path / "w"), *more]))
+
+
+def test_the_validation_curves_run_is_taken_over_as_the_standard_run_of_its_seed(tmp_path):
+    curve = _curve_run(tmp_path / "w", [500, 750, 1000, 1250, 1500])
+    (tmp_path / "out").mkdir()
+    write(tmp_path / "out" / "reproduce_cpu_curve.json", {"environment": {"threads": 2}, "chosen_updates": 1500})
+    harness = _harness(tmp_path)
+    run_ = reproduce.Run("standard", 1)
+    folder = harness.run_dir(run_)
+    assert harness.train(run_, folder, folder / "harness.log") == "trained"  # no training started (no CLI call)
+    train = folder / "train"
+    assert sorted(p.name for p in (train / "checkpoints").iterdir()) == [
+        f"step_{s:08d}.pt" for s in (500, 750, 1000, 1250, 1500)]
+    assert (train / "last.pt").samefile(curve / "last.pt") and not list(train.glob(".*"))
+    trained = json.loads((folder / "trained.json").read_text())
+    assert trained["step"] == 1500 and trained["train_threads"] == 2 and "reproduce_curve" in trained["trained_by"]
+    record = harness.run_record(run_)
+    assert record["trained_by"] == trained["trained_by"] and record["segments"][0]["wall_s"] == 9000.0
+
+
+@pytest.mark.parametrize(("case", "steps", "args", "seed"), [
+    ("another seed", [500, 750, 1000, 1250, 1500], (), 2),
+    ("trained past the table's updates", [750, 1000, 1250, 1500, 1750], (), 1),
+    ("short of them", [250, 500, 750, 1000, 1250], (), 1),
+    ("a checkpoint off the validations", [750, 1000, 1250, 1311, 1500], (), 1),
+    ("another setting", [500, 750, 1000, 1250, 1500], ("--set", "train.lr.lr=0.002"), 1),
+])
+def test_a_curve_run_that_is_not_the_same_training_is_left_alone(tmp_path, case, steps, args, seed):
+    _curve_run(tmp_path / "w", steps, seed=seed)
+    harness = _harness(tmp_path, *args)
+    run_ = reproduce.Run("standard", 1)
+    train = harness.run_dir(run_) / "train"
+    assert not harness.adopt_curve_run(run_, harness.run_config(run_), train), case
+    assert not train.exists()
+    drophead = reproduce.Run("drophead", 1)
+    assert not harness.adopt_curve_run(drophead, harness.run_config(drophead), harness.run_dir(drophead) / "train")
