@@ -193,7 +193,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("extra, message", [
     (["--graphs", "on", "--device", "cpu"], "--graphs on) cannot run here: training runs on cpu, not CUDA"),
     (["--length-buckets", "2", "--max-tokens", "8"], "max_tokens"),
-    (["--length-buckets", "0"], "length_buckets=0 must be >= 1"),
+    (["--length-buckets", "0"], "--length-buckets 0: must be >= 1"),
     (["--length-buckets", "2", "--set", "train.length_multiple=0"], "length_multiple=0 must be >= 1"),
 ])
 def test_impossible_fixed_shape_settings_are_refused_before_writing(tiny_data, tmp_path, extra, message):
