@@ -1064,7 +1064,12 @@ def main(argv: list[str] | None = None) -> int:
                      for f, _ in mine]
             new_text = replace_region(new_text, docs_region(group, rows, links, merged), args.docs, markers(recipe))
     if new_text is not None and has_line(new_text, PLAN_START):
-        new_text = replace_region(new_text, plan_region(), args.docs, (PLAN_START, PLAN_END))
+        curve = curve_figure() if args.images is not None else None
+        link = None
+        if curve is not None:
+            figures.append(curve)
+            link = Path(os.path.relpath(args.images / curve[0].name, args.docs.parent)).as_posix()
+        new_text = replace_region(new_text, plan_region(link), args.docs, (PLAN_START, PLAN_END))
     if doc_text is not None and args.check:
         stale = [f"{args.docs}: a generated region is not current"] if new_text != doc_text else []
         stale += [f"{args.images / f.name}: missing" for f, _ in figures if not (args.images / f.name).is_file()]
@@ -1091,9 +1096,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def plan_region() -> str:
+def plan_region(curve_link: str | None = None) -> str:
     """The CPU recipe's plan as it stands in bench/results: runs done and left, and the core-hours the ones left
-    need at each precision measured (bench/reproduce_cost.py; the same on every machine)."""
+    need at each precision measured (bench/reproduce_cost.py; the same on every machine); with `curve_link`, the
+    figure of the standard model's validation curve there."""
     from bench.reproduce_cost import cost_file
     from bench.reproduce_runner import plan_status
 
@@ -1112,7 +1118,49 @@ def plan_region() -> str:
                 f"{len(first['runs'])} runs done, {first['left']} left; {hours}, two runs side by side. Done: "
                 + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")
     costs = cost_table()
-    return "\n" + wrap(text) + "\n" + (f"\n{costs}" if costs else "") + "\n"
+    figure = f"\n![{CURVE_CAPTION}]({curve_link})\n" if curve_link else ""
+    return "\n" + wrap(text) + "\n" + figure + (f"\n{costs}" if costs else "") + "\n"
+
+
+CURVE_CAPTION = "the standard model's validation BLEU, every 250 updates, from which the number of updates is chosen"
+
+
+def curve_figure() -> tuple[Figure, Any] | None:
+    """The figure of bench/results/reproduce_cpu_curve.json (None before its first validation)."""
+    from bench.reproduce_systems import CURVE_FILE
+
+    try:
+        data = json.loads(CURVE_FILE.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not data.get("curve"):
+        return None
+    return Figure("cpu_validation_curve.png", CURVE_CAPTION, lambda m, r: data, draw_curve), data
+
+
+def draw_curve(data: dict[str, Any]) -> Any:
+    """Validation BLEU against updates, the best so far, and the chosen update count where there is one."""
+    import matplotlib.pyplot as plt
+
+    steps = [p["step"] for p in data["curve"]]
+    bleus = [p["bleu"] for p in data["curve"]]
+    best = [max(bleus[: i + 1]) for i in range(len(bleus))]
+    fig, ax = plt.subplots(figsize=(7.0, 3.6), layout="constrained")
+    ax.plot(steps, bleus, marker="o", markersize=3, color=system_color("standard"), label="validation BLEU")
+    ax.plot(steps, best, linestyle="--", linewidth=1.0, color="grey", label="best so far")
+    chosen = data.get("chosen_updates")
+    if chosen:
+        ax.axvline(chosen, color="black", linewidth=0.8, linestyle=":", label=f"chosen: {chosen:,} updates")
+    rule = data.get("rule") or {}
+    status = f"chosen at {chosen:,} updates" if chosen else "still rising: no update count chosen yet"
+    ax.set_title(f"standard model (transformer-tiny, seed {data.get('seed', 1)}): {status}\n"
+                 f"rule: the best rises by at most {rule.get('gain')} BLEU over {rule.get('window')} updates",
+                 fontsize=9)
+    ax.set_xlabel("updates")
+    ax.set_ylabel("BLEU on val (beam 5)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
 
 
 def curve_progress() -> str:

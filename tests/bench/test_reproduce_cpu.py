@@ -217,6 +217,8 @@ def test_the_report_rewrites_each_recipes_region_and_the_plan(tmp_path):
     assert "No GPU call has finished a run yet" in iwslt
     plan = text.split("<!-- reproduce-plan:start -->")[1].split("<!-- reproduce-plan:end -->")[0]
     assert plan.strip().startswith("CPU recipe")  # its numbers are bench/results' (the page's own check)
+    # the standard model's validation curve (bench/results/reproduce_cpu_curve.json) is drawn beside the plan
+    assert "](img/cpu_validation_curve.png)" in plan and (tmp_path / "img" / "cpu_validation_curve.png").is_file()
 
 
 def summary(system: str, deltas: list[float], ps: list[float | None]) -> dict:
