@@ -151,6 +151,20 @@ def test_an_update_of_several_batches_reads_nothing_back(tiny_data, tmp_path):
     assert read["size"] == expected and read["grad_norm"] > 0
 
 
+def test_an_update_with_a_moving_average_of_the_weights_reads_nothing_back(tiny_data, tmp_path):
+    """train.ema_decay: the average follows the weights on the device, after every update, without a host read."""
+    cfg = train_config("transformer-tiny", None, [*SMALL, "train.ema_decay=0.9", "train.ema_start=1"],
+                       tmp_path / "run")
+    trainer = Trainer(cfg, RunOptions(tiny_data, tmp_path / "run", progress=False, device="cpu"), task_for_data)
+    batches = trainer._epoch_batches(1)[:3]
+    counter = HostReads(ignore=("/torch/optim/",))
+    with counter:
+        for indices in batches:
+            trainer._update([trainer._collate(indices)])
+    assert counter.found == []
+    assert any(not a.equal(p) for a, p in zip(trainer.ema.average, trainer.ema.params, strict=True))
+
+
 COMPILED_IN_CI = {"transformer", "mute-bias-seq"}  # the others compile too (-m slow): helpers compile slowly on 2 cores
 
 
@@ -223,6 +237,19 @@ def test_graphs_give_eagers_losses_on_cuda(tiny_data, tmp_path, update_freq):
     for step in eager:
         assert graphed[step][0] == pytest.approx(eager[step][0], rel=1e-4), step
     assert "CUDA graphs turned off" not in (runs["on"] / "train.log").read_text()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_graphs_keep_eagers_moving_average_on_cuda(tiny_data, tmp_path):
+    """train.ema_decay with graphs: the average, updated after each replayed step, is eager's (float rounding)."""
+    saved = {}
+    for mode in ("off", "on"):
+        cfg = _no_dropout(max_steps=12, length_buckets=3, valid_every=6, graphs=mode, ema_decay=0.8)
+        train(cfg, RunOptions(tiny_data, tmp_path / mode, progress=False, device="cuda"))
+        saved[mode] = load_checkpoint(tmp_path / mode / "last.pt")
+    for name, value in saved["off"]["model"].items():
+        torch.testing.assert_close(saved["on"]["model"][name], value, rtol=1e-3, atol=1e-5)
+    assert any(not saved["off"]["model"][k].equal(v) for k, v in saved["off"]["training"]["raw_model"].items())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")

@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "possible; off: eager)")
     group.add_argument("--length-buckets", type=int, metavar="N",
                        help="pad batches to at most N fixed shapes (default: 8 with graphs, else each batch its own)")
+    group.add_argument("--ema-decay", type=float, metavar="D",
+                       help="validate and save an exponential moving average of the weights with decay D (e.g. 0.999)")
     group.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
     run = parser.add_argument_group("run control")
     run.add_argument("--resume", action="store_true",

@@ -25,7 +25,7 @@ TRAIN_SHORTCUTS = {
     "max_tokens": "train.max_tokens", "update_freq": "train.update_freq", "lr": "train.lr.lr",
     "warmup": "train.lr.warmup", "seed": "train.seed", "valid_every": "train.valid_every",
     "patience": "train.patience", "amp": "train.amp", "threads": "train.threads", "log_every": "train.log_every",
-    "graphs": "train.graphs", "length_buckets": "train.length_buckets",
+    "graphs": "train.graphs", "length_buckets": "train.length_buckets", "ema_decay": "train.ema_decay",
 }
 
 

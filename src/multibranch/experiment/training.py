@@ -27,6 +27,10 @@ class TrainConfig:
     loss counting pad positions with weight 0 (None: 8 when graphs are on, else batches of their own
     shape); fixed shapes are what graphs need, and they run on any device. `length_multiple`: every bucket
     length is a multiple of it (8 suits tensor cores; 4 pads Multi30k's short sentences 20% instead of 32%).
+
+    `ema_decay`: keep an exponential moving average of the weights with this decay (0.999 to 0.9999 are usual),
+    following the weights up to update `ema_start`; the average is what the run validates and what its checkpoints
+    hold (train/ema.py).
     """
 
     seed: int = bounded(1, ge=0)
@@ -56,6 +60,8 @@ class TrainConfig:
     graphs: Literal["auto", "on", "off"] = "auto"
     length_buckets: int | None = bounded(None, ge=1, note="or null: chosen by train.graphs")
     length_multiple: int = bounded(8, ge=1, note="1: any length")
+    ema_decay: float | None = bounded(None, gt=0, lt=1, note="or null: no moving average")
+    ema_start: int = bounded(0, ge=0)
 
     def validate(self) -> None:
         check_fields(self)

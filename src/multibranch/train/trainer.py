@@ -62,6 +62,7 @@ from multibranch.figures import run_plots
 from multibranch.hooks import ModuleHooks
 from multibranch.interrupts import deferred_interrupt
 from multibranch.train import distributed as D
+from multibranch.train.ema import WeightAverage
 from multibranch.train.gradients import FlatGradients, broadcast_from_first_process
 from multibranch.train.graphs import GraphedUpdates, upload
 from multibranch.train.metrics_log import MetricsLog
@@ -205,6 +206,7 @@ class Trainer:
         self.config_hash = config_hash(self._model_sections(self.cfg.to_dict()))
         self.origin: dict[str, str] | None = None
         self._resumed_window: dict[str, Any] | None = None  # the log window last.pt saved (`_window_state`)
+        self._resumed_average: dict[str, Any] | None = None  # the weights' moving average last.pt saved
         if opts.tensorboard is not None:
 
             check_tensorboard()
@@ -242,6 +244,12 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=self.hooks.may_skip_parameters,
             )
+        # the weights' moving average, of every process's identical weights (a resume continues last.pt's, or starts
+        # one from the weights where the run had none)
+        self.ema = WeightAverage(self.model, tcfg.ema_decay, tcfg.ema_start) if tcfg.ema_decay else None
+        if self.ema is not None and self._resumed_average is not None:
+            self.ema.load(self._resumed_average)
+        self._resumed_average = None
         # What an update reads or reports lives on the device: no update waits for the host or makes it wait.
         self._local_size = torch.zeros((), device=self.device)  # this process's target tokens of the update
         self._update_size = torch.zeros((), device=self.device)  # target tokens of the update, all processes
@@ -406,7 +414,10 @@ class Trainer:
         if new_tokenizer:
             log.warning("--allow-new-tokenizer: the run continues with the data's SentencePiece model, not the one "
                         "it was trained with; expect the loss to jump")
-        load_state_strict(self.model, payload["model"], str(path))
+        # with a moving average, the checkpoint's weights are the average and the trained ones are kept beside it
+        load_state_strict(self.model, training.get("raw_model", payload["model"]), str(path))
+        if "raw_model" in training:
+            self._resumed_average = payload["model"]
         st = training["state"]
         self.state = TrainState(**st)
         if not self.opts.reset_optimizer:
@@ -473,6 +484,8 @@ class Trainer:
         else:
             self._step()
         self.state.step += 1
+        if self.ema is not None:
+            self.ema.update(self.state.step)
         return {"lr": lrs["main"]}
 
     def _begin_update(self) -> None:
@@ -570,8 +583,10 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, Any]:
-        """The task's validation metrics (loss, ...) on the main process."""
-        return self.task.validate(self.model.eval(), self.device, self._autocast, self.opts.progress)
+        """The task's validation metrics (loss, ...) on the main process: of the weights' moving average where the
+        run keeps one."""
+        with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
+            return self.task.validate(self.model.eval(), self.device, self._autocast, self.opts.progress)
 
     # ---- checkpoints -----------------------------------------------------------------------------
 
@@ -594,11 +609,15 @@ class Trainer:
         windows = D.all_gather_objects(self._window_state(), self.dist)
         if not self.dist.is_main:
             return
-        base = {"config": self.cfg.to_dict(), "model": unwrap(self.model).state_dict(),
-                "tokenizer": self.tokenizer.to_state(), "meta": self._meta()}
+        model = unwrap(self.model)
+        weights = self.ema.model_state(model) if self.ema is not None else model.state_dict()
+        base = {"config": self.cfg.to_dict(), "model": weights, "tokenizer": self.tokenizer.to_state(),
+                "meta": self._meta()}
         training = {"state": self.state.__dict__.copy(), "optimizer": optimizer_state_to_save(self.optimizer),
                     "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None, "rng": rngs,
                     "log_window": windows}
+        if self.ema is not None:  # the checkpoint's weights are the average; a resume continues from these
+            training["raw_model"] = model.state_dict()
         self._saving = True  # stays set if a signal stops the save: `_stop_on_interrupt` then saves nothing more
         with deferred_interrupt():  # Ctrl-C/SIGTERM: the save finishes first, then the clean "interrupted" exit
             save_checkpoint(self.run_dir / "last.pt", {**base, "training": training})  # first: resume needs it
