@@ -8,8 +8,10 @@ projections, auxiliary losses and parameter groups come from the model's modules
 Run directory:
     config.yaml            resolved experiment config
     tokenizer/             SentencePiece model(s) or HF tokenizer.json (also embedded in every checkpoint)
-    checkpoints/step_*.pt  weights + meta at every validation (the last `keep_last`)
+    checkpoints/step_*.pt  weights + meta at every validation (the last `keep_last`); not at a pause or interrupt
     best.pt, last.pt       best by `best_metric`; last also holds the full training state
+                           (with train.ema_decay every checkpoint's weights are the weights' moving average, and
+                           last.pt keeps the trained weights too: train/ema.py)
     metrics.jsonl          one record per log interval / validation
     train.log              the human log (every per-update line, even while a progress bar shows)
 
