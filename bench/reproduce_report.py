@@ -1112,7 +1112,8 @@ def plan_region(curve_link: str | None = None) -> str:
                       for p, plan in plans.items())
     if first["updates"] is None:
         text = (f"CPU recipe: its number of updates is not chosen yet (`bench/reproduce_curve.py`, the standard "
-                f"model's validation curve{curve_progress()}); {len(first['runs'])} runs to train then.")
+                f"model's validation curve{curve_progress()}); then {len(first['runs'])} runs, of which the curve's "
+                f"own is the standard model of seed 1.")
     else:
         text = (f"CPU recipe ({first['updates']:,} updates a run, seeds 1-3): {first['done']} of "
                 f"{len(first['runs'])} runs done, {first['left']} left; {hours}, two runs side by side. Done: "

@@ -171,6 +171,7 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
     recipe = RECIPES["cpu"]
     updates = chosen_cpu_updates(results / "reproduce_cpu_curve.json")
     precision = precision or cpu_precision(recipe.defaults["amp"])
+    curve_seed = curve_run_seed(results / "reproduce_cpu_curve.json") if updates else None
     rows = []
     for seed in seeds:
         for system in recipe.table_systems:
@@ -178,6 +179,8 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
             step = progress(work / "runs" / system / f"seed{seed}" / "train") if work else None
             if path.is_file():
                 state, step = "done", updates
+            elif system == "standard" and seed == curve_seed:  # the validation curve's run: trained, to be scored
+                state, step = "trained", updates
             else:
                 state = "running" if step else "left"
             minutes = None if state == "done" or updates is None else estimate_minutes(
@@ -188,6 +191,16 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
     return {"updates": updates, "precision": precision, "runs": rows,
             "done": len(rows) - len(left), "left": len(left),
             "core_hours_left": sum(r["minutes_left"] or 0 for r in left) / 60, "not_estimated": unknown}
+
+
+def curve_run_seed(path: Path) -> int | None:
+    """The seed of the standard model whose validation curve chose the update count (the harness takes that run
+    over as the table's standard run of its seed: bench/reproduce.py, `adopt_curve_run`)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("seed", 1) if data.get("system", "standard") == "standard" else None
 
 
 def status(args: argparse.Namespace) -> int:

@@ -135,6 +135,12 @@ def test_plan_status_counts_runs_done_running_and_left(tmp_path):
     mute_left = (updates - 250) * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES
     assert states["mute/seed1"]["minutes_left"] == pytest.approx(mute_left)
     assert "weighted/seed1" in plan["not_estimated"] and "standard/seed1" not in plan["not_estimated"]
+    # the validation curve's run is the standard run of its seed: trained, only its scoring is left
+    write(tmp_path / "reproduce_cpu_curve.json", {"chosen_updates": updates, "system": "standard", "seed": 2})
+    plan = reproduce_runner.plan_status(tmp_path, tmp_path / "w", seeds=(1, 2), precision="fp32")
+    states = {r["run"]: r for r in plan["runs"]}
+    assert states["standard/seed2"]["state"] == "trained" and states["drophead/seed2"]["state"] == "left"
+    assert states["standard/seed2"]["minutes_left"] == pytest.approx(reproduce_cost.EVALUATION_MINUTES)
 
 
 @pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling on this kernel")
