@@ -446,7 +446,8 @@ class Harness:
         curve = self.work / "curve"
         curve_train = curve / "train"
         config = read_json(curve / "config.yaml")  # the curve writes its config as JSON
-        if a.recipe != "cpu" or a.tiny or run.system != "standard" or spec["sets"] or config is None:
+        trains = [text for text in spec["sets"] if not text.startswith(ENGINE_SETTINGS)]  # what changes the model
+        if a.recipe != "cpu" or a.tiny or run.system != "standard" or trains or config is None:
             return False
         caps = ("max_steps", "max_epochs", "max_minutes")
         mine = {k: v for k, v in spec["config"]["train"].items() if k not in caps}

@@ -293,7 +293,7 @@ def test_the_validation_curves_run_is_taken_over_as_the_standard_run_of_its_seed
     curve = _curve_run(tmp_path / "w", [500, 750, 1000, 1250, 1500])
     (tmp_path / "out").mkdir()
     write(tmp_path / "out" / "reproduce_cpu_curve.json", {"environment": {"threads": 2}, "chosen_updates": 1500})
-    harness = _harness(tmp_path)
+    harness = _harness(tmp_path, "--set", "train.graphs=auto")  # how a run is computed: still the same training
     run_ = reproduce.Run("standard", 1)
     folder = harness.run_dir(run_)
     assert harness.train(run_, folder, folder / "harness.log") == "trained"  # no training started (no CLI call)
