@@ -498,7 +498,13 @@ class Harness:
 
     @staticmethod
     def current_step(train_dir: Path) -> int:
+        """The update last.pt holds, without loading it: the last step checkpoint (every validation writes one) or a
+        later pause or interrupt, which write last.pt alone and say so in train.log."""
         steps = [int(p.stem.split("_")[1]) for p in (train_dir / "checkpoints").glob("step_*.pt")]
+        log = train_dir / "train.log"
+        if log.is_file():
+            saved = r"training (?:stopped at update (\d+): paused|interrupted at update (\d+); last.pt saved)"
+            steps += [int(a or b) for a, b in re.findall(saved, log.read_text(encoding="utf-8", errors="replace"))]
         return max(steps, default=0)
 
     @staticmethod

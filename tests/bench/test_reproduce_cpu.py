@@ -323,3 +323,18 @@ def test_a_curve_run_that_is_not_the_same_training_is_left_alone(tmp_path, case,
     assert not train.exists()
     drophead = reproduce.Run("drophead", 1)
     assert not harness.adopt_curve_run(drophead, harness.run_config(drophead), harness.run_dir(drophead) / "train")
+
+
+def test_the_current_update_counts_pauses_and_interrupts_that_saved_last_pt_alone(tmp_path):
+    train = tmp_path / "train"
+    (train / "checkpoints").mkdir(parents=True)
+    assert reproduce.Harness.current_step(train) == 0
+    for step in (250, 500):
+        (train / "checkpoints" / f"step_{step:08d}.pt").write_bytes(b"")
+    assert reproduce.Harness.current_step(train) == 500
+    (train / "train.log").write_text(
+        "x | INFO | training stopped at update 520: paused at update 520 (--stop-at-step); continue with --resume\n"
+        "x | INFO | training interrupted at update 611; last.pt saved\n", encoding="utf-8")
+    assert reproduce.Harness.current_step(train) == 611
+    (train / "train.log").write_text("x | INFO | training stopped at update 400: reached max_minutes=3\n")
+    assert reproduce.Harness.current_step(train) == 500  # an end validates, so its step checkpoint is there
