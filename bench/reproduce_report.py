@@ -583,9 +583,21 @@ def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: l
         both = device_agreement(merged)
         if both:
             parts += [both, ""]
+        adopted = adopted_runs(table_runs(merged))
+        if adopted:
+            parts += [wrap(adopted), ""]
     for link, caption in figures:
         parts += [f"![{caption}]({link})", ""]
     return "\n".join(parts)
+
+
+def adopted_runs(runs: dict[str, list[dict[str, Any]]]) -> str | None:
+    """A sentence naming the runs another script trained (the validation curve's, taken over by the harness), with
+    their threads; None when every run is the harness's own."""
+    found = [f"`{run_key(run)}` ({run['trained_by']}, {run.get('train_threads') or '?'} threads)"
+             for system_runs in runs.values() for run in system_runs if run.get("trained_by")]
+    return ("Trained by another script, with the table's settings, and scored here: " + "; ".join(found) + "."
+            if found else None)
 
 
 SIGNIFICANCE = 0.05

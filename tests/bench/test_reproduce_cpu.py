@@ -203,6 +203,13 @@ def test_the_cpu_table_takes_p_values_from_line_statistics_and_shows_dominant_he
     assert "| drophead | 1 | -0.50 | -0.25 | -1.00 |" in region
     assert "| standard/seed1 | 30.00 (CPU) | 30.60 (GPU) | +0.60 | – |" in region  # one seed: no spread yet
     assert set(table_runs(merged)) == {"standard", "drophead"}
+    assert "Trained by another script" not in region
+    standard.update(trained_by="bench/reproduce_curve.py (the standard model's validation curve)", train_threads=2)
+    first = write(tmp_path / "reproduce_cpu_a.json", cpu_results([standard, drophead]))
+    merged = merge([load_results(first)])
+    region = docs_region(merged.files, summaries(merged, None), [], merged)
+    assert "`standard/seed1` (bench/reproduce_curve.py (the standard model's validation curve), 2 threads)" in \
+        " ".join(region.split())
 
 
 def test_the_report_rewrites_each_recipes_region_and_the_plan(tmp_path):
