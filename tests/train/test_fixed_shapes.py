@@ -119,33 +119,36 @@ SMALL = ["model.d_model=32", "model.ffn_dim=64", "model.encoder_layers=1", "mode
          "train.length_buckets=2"]
 
 
+def _trainer(preset: str, overrides: list[str], data, tmp_path) -> Trainer:
+    cfg = train_config(preset, None, overrides, tmp_path / "run")
+    return Trainer(cfg, RunOptions(data, tmp_path / "run", progress=False, device="cpu"), task_for_data)
+
+
+def _host_reads(trainer: Trainer, updates: list[list]) -> list:
+    """The device reads on the host while `trainer` makes one update of each list of batch indices."""
+    counter = HostReads(ignore=("/torch/optim/",))
+    with counter:
+        for group in updates:
+            trainer._update([trainer._collate(indices) for indices in group])
+    return counter.found
+
+
 @pytest.mark.parametrize("system", sorted(SYSTEMS))
 def test_an_update_reads_nothing_back(system, tiny_data, tmp_path):
     """Three whole updates (schedules, forward, loss, backward, clipping, step, projections) read no device
     value on the host, for every layer kind; the log interval's one read happens outside them."""
     preset, extra = SYSTEMS[system]
-    cfg = train_config(preset, None, [*SMALL, "train.clip_norm=1.0", *extra], tmp_path / "run")
-    trainer = Trainer(cfg, RunOptions(tiny_data, tmp_path / "run", progress=False, device="cpu"), task_for_data)
-    batches = trainer._epoch_batches(1)[:3]
-    counter = HostReads(ignore=("/torch/optim/",))
-    with counter:
-        for indices in batches:
-            trainer._update([trainer._collate(indices)])
-    assert counter.found == []
+    trainer = _trainer(preset, [*SMALL, "train.clip_norm=1.0", *extra], tiny_data, tmp_path)
+    assert _host_reads(trainer, [[indices] for indices in trainer._epoch_batches(1)[:3]]) == []
     read = trainer._read_window()
     assert read["loss"] > 0 and read["grad_norm"] > 0
 
 
 def test_an_update_of_several_batches_reads_nothing_back(tiny_data, tmp_path):
     """update_freq 3: the gradients accumulate in their buffer over three batches, still without a host read."""
-    cfg = train_config("mat-tiny", None, [*SMALL, "train.clip_norm=1.0", "train.update_freq=3"], tmp_path / "run")
-    trainer = Trainer(cfg, RunOptions(tiny_data, tmp_path / "run", progress=False, device="cpu"), task_for_data)
+    trainer = _trainer("mat-tiny", [*SMALL, "train.clip_norm=1.0", "train.update_freq=3"], tiny_data, tmp_path)
     batches = trainer._epoch_batches(1)[:6]
-    counter = HostReads(ignore=("/torch/optim/",))
-    with counter:
-        for group in (batches[:3], batches[3:]):
-            trainer._update([trainer._collate(indices) for indices in group])
-    assert counter.found == []
+    assert _host_reads(trainer, [batches[:3], batches[3:]]) == []
     read = trainer._read_window()
     expected = sum(trainer.task.sample_size(trainer._collate(indices)) for indices in batches)
     assert read["size"] == expected and read["grad_norm"] > 0
@@ -153,15 +156,8 @@ def test_an_update_of_several_batches_reads_nothing_back(tiny_data, tmp_path):
 
 def test_an_update_with_a_moving_average_of_the_weights_reads_nothing_back(tiny_data, tmp_path):
     """train.ema_decay: the average follows the weights on the device, after every update, without a host read."""
-    cfg = train_config("transformer-tiny", None, [*SMALL, "train.ema_decay=0.9", "train.ema_start=1"],
-                       tmp_path / "run")
-    trainer = Trainer(cfg, RunOptions(tiny_data, tmp_path / "run", progress=False, device="cpu"), task_for_data)
-    batches = trainer._epoch_batches(1)[:3]
-    counter = HostReads(ignore=("/torch/optim/",))
-    with counter:
-        for indices in batches:
-            trainer._update([trainer._collate(indices)])
-    assert counter.found == []
+    trainer = _trainer("transformer-tiny", [*SMALL, "train.ema_decay=0.9", "train.ema_start=1"], tiny_data, tmp_path)
+    assert _host_reads(trainer, [[indices] for indices in trainer._epoch_batches(1)[:3]]) == []
     assert any(not a.equal(p) for a, p in zip(trainer.ema.average, trainer.ema.params, strict=True))
 
 
