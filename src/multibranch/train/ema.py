@@ -58,12 +58,10 @@ class WeightAverage:
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[None]:
         """The model holds the average inside the block (to validate it) and its own weights again after it."""
-        kept = [p.detach().clone() for p in self.params]
-        with torch.no_grad():
-            for p, average in zip(self.params, self.average, strict=True):
-                p.copy_(average)
+        weights = [p.detach() for p in self.params]
+        kept = [w.clone() for w in weights]
+        torch._foreach_copy_(weights, self.average)
         try:
             yield
         finally:
-            with torch.no_grad():
-                torch._foreach_copy_([p.detach() for p in self.params], kept)
+            torch._foreach_copy_(weights, kept)

@@ -745,10 +745,11 @@ class Trainer:
                     if s.batch_in_epoch >= len(batches):
                         s.epoch += 1
                         s.batch_in_epoch = 0
-            if self._saved_at != s.step and self._pausing():
-                self._save_to_resume(start)  # not an end: no validation, no step checkpoint
-            elif self._saved_at != s.step:
-                self._validate_and_save(start)
+            if self._saved_at != s.step:
+                if self._pausing():
+                    self._save_to_resume(start)  # not an end: no validation, no step checkpoint
+                else:
+                    self._validate_and_save(start)
         except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM from the CLI (Terminated)
             self._stop_on_interrupt(interrupt, start)
             raise
