@@ -1,16 +1,32 @@
 """Matplotlib figures of the head analyses (Agg backend: no display needed). Each function returns a
-figure for `ReportFolder.write_png`."""
+figure for `ReportFolder.write_png`.
+
+Matplotlib is imported by the first drawing, not with this module: the trainer and the analyses import it,
+and a command that draws nothing (translate, train without --plots) starts without matplotlib's import."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+@functools.cache
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _integer_ticks(axis: Any) -> None:
+    """Ticks of `axis` (ax.xaxis, ax.yaxis) at integers only: layers, heads, units."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
 
 ROLE_TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
                "cross": "encoder-decoder attention"}
@@ -19,7 +35,7 @@ ROLE_TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decode
 def head_heatmaps(modules: list[dict[str, Any]], key: str, title: str, label: str) -> Any:
     """One heatmap (layers x heads) per attention type of `modules[i][key]` (lists per head)."""
     roles = [r for r in ROLE_TITLES if any(m["role"] == r for m in modules)]
-    fig, axes = plt.subplots(1, len(roles), figsize=(4.6 * len(roles), 3.6), squeeze=False, layout="constrained")
+    fig, axes = _pyplot().subplots(1, len(roles), figsize=(4.6 * len(roles), 3.6), squeeze=False, layout="constrained")
     for ax, role in zip(axes[0], roles, strict=True):
         rows = sorted((m for m in modules if m["role"] == role), key=lambda m: m["layer"])
         width = max(len(m[key]) for m in rows)
@@ -27,7 +43,7 @@ def head_heatmaps(modules: list[dict[str, Any]], key: str, title: str, label: st
         image = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
         ax.set_title(ROLE_TITLES[role], fontsize=10)
         ax.set_xlabel("head")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _integer_ticks(ax.xaxis)
         ax.set_ylabel("layer")
         ax.set_yticks(range(len(rows)), [str(m["layer"]) for m in rows])
         fig.colorbar(image, ax=ax)
@@ -36,7 +52,7 @@ def head_heatmaps(modules: list[dict[str, Any]], key: str, title: str, label: st
 
 
 def pruning_curve_plot(points: list[dict[str, Any]], metric: str = "BLEU") -> Any:
-    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    fig, ax = _pyplot().subplots(figsize=(5.5, 3.6), layout="constrained")
     ax.plot([100 * p["fraction"] for p in points], [p["score"] for p in points], marker="o")
     ax.set_xlabel("heads masked (%)")
     ax.set_ylabel(metric)
@@ -49,7 +65,7 @@ def length_buckets_plot(report: dict[str, Any]) -> Any:
     """Grouped bars: BLEU per source-length bucket for each model, sentence counts on a second axis."""
     labels = [b["label"] for b in report["buckets"]]
     models = report["models"]
-    fig, ax = plt.subplots(figsize=(7.0, 3.8), layout="constrained")
+    fig, ax = _pyplot().subplots(figsize=(7.0, 3.8), layout="constrained")
     width = 0.8 / len(models)
     for i, model in enumerate(models):
         xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(labels))]
@@ -69,13 +85,13 @@ def length_buckets_plot(report: dict[str, Any]) -> Any:
 
 def kernel_gate_ratio_plot(gates: list[dict[str, Any]], small: int, large: int) -> Any:
     """softmax(g)_small / softmax(g)_large against the layer, one line per side (encoder, decoder)."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    fig, ax = _pyplot().subplots(figsize=(5.5, 3.6), layout="constrained")
     for side in ("encoder", "decoder"):
         rows = sorted((g for g in gates if g["side"] == side and g["ratio"] is not None), key=lambda g: g["layer"])
         if rows:
             ax.plot([g["layer"] for g in rows], [g["ratio"] for g in rows], marker="o", label=side)
     ax.set_xlabel("layer")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _integer_ticks(ax.xaxis)
     ax.set_ylabel(f"gate k={small} / gate k={large}")
     ax.set_title("MUSE kernel-gate ratio")
     ax.legend(fontsize=8)
@@ -85,12 +101,12 @@ def kernel_gate_ratio_plot(gates: list[dict[str, Any]], small: int, large: int) 
 
 def kappa_alpha_heatmaps(rows: list[dict[str, Any]]) -> Any:
     """Two heatmaps (modules x branches): kappa and alpha."""
-    fig, axes = plt.subplots(1, 2, figsize=(9.0, 0.4 * len(rows) + 2.0), layout="constrained")
+    fig, axes = _pyplot().subplots(1, 2, figsize=(9.0, 0.4 * len(rows) + 2.0), layout="constrained")
     for ax, key in zip(axes, ("kappa", "alpha"), strict=True):
         image = ax.imshow([r[key] for r in rows], aspect="auto", cmap="viridis", interpolation="nearest")
         ax.set_title(key)
         ax.set_xlabel("branch")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _integer_ticks(ax.xaxis)
         ax.set_yticks(range(len(rows)), [f"{r['side']} {r['layer']}" for r in rows])
         fig.colorbar(image, ax=ax)
     return fig
@@ -98,11 +114,11 @@ def kappa_alpha_heatmaps(rows: list[dict[str, Any]]) -> Any:
 
 def unit_weights_plot(rows: list[dict[str, Any]]) -> Any:
     """Unit weight w_j against j, one line per MUTE layer."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    fig, ax = _pyplot().subplots(figsize=(5.5, 3.6), layout="constrained")
     for row in rows:
         ax.plot(range(1, len(row["weights"]) + 1), row["weights"], marker="o", label=f"layer {row['layer']}")
     ax.set_xlabel("unit j")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _integer_ticks(ax.xaxis)
     ax.set_ylabel("w_j")
     ax.set_title("MUTE unit weights")
     ax.legend(fontsize=8)
@@ -112,12 +128,12 @@ def unit_weights_plot(rows: list[dict[str, Any]]) -> Any:
 
 def diversity_plot(layers: list[dict[str, Any]], titles: dict[str, str]) -> Any:
     """Diversity of each variant against the encoder layer, with the identical-units level exp(-1)."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    fig, ax = _pyplot().subplots(figsize=(5.5, 3.6), layout="constrained")
     for key, title in titles.items():
         ax.plot([row["layer"] for row in layers], [row[key] for row in layers], marker="o", label=title)
     ax.axhline(math.exp(-1.0), color="gray", linestyle="--", linewidth=1, label="identical units")
     ax.set_xlabel("encoder layer")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _integer_ticks(ax.xaxis)
     ax.set_ylabel("diversity exp(-mean cos)")
     ax.set_title("MUTE unit diversity (eq. 21)")
     ax.legend(fontsize=8)
@@ -128,7 +144,7 @@ def diversity_plot(layers: list[dict[str, Any]], titles: dict[str, str]) -> Any:
 def _grid(panels: int, width: float = 4.0, height: float = 3.0) -> tuple[Any, list[Any]]:
     cols = min(3, panels)
     rows = math.ceil(panels / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained")
+    fig, axes = _pyplot().subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained")
     flat = list(axes.flat)
     for ax in flat[panels:]:
         ax.set_visible(False)
@@ -185,7 +201,7 @@ def module_curves_plot(curves: dict[str, dict[str, list]]) -> Any:
 
 
 def schedule_curves_plot(curves: dict[str, dict[str, Any]]) -> Any:
-    fig, ax = plt.subplots(figsize=(6.0, 3.6), layout="constrained")
+    fig, ax = _pyplot().subplots(figsize=(6.0, 3.6), layout="constrained")
     for path, series in curves.items():
         ax.plot(series["step"], series["value"], label=f"{path} ({series['schedule']})")
     ax.set_xlabel("update")
@@ -202,7 +218,7 @@ def attention_map_plot(panels: list[tuple[str, Any]], queries: list[str], keys: 
     cols = min(4 if tokens <= 20 else 2, len(panels))
     rows = math.ceil(len(panels) / cols)
     size = min(0.22 * tokens + 1.5, 7.0)  # inches per panel: long sentences must not make huge images
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False, layout="constrained")
+    fig, axes = _pyplot().subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False, layout="constrained")
     flat = list(axes.flat)
     for ax in flat[len(panels):]:
         ax.set_visible(False)
@@ -219,7 +235,7 @@ def attention_map_plot(panels: list[tuple[str, Any]], queries: list[str], keys: 
 
 def pruning_curves_overlay(models: list[dict[str, Any]], metric: str = "BLEU") -> Any:
     """Two panels: each model's pruning curve (score) and its change from the model's unpruned score."""
-    fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.6), layout="constrained")
+    fig, axes = _pyplot().subplots(1, 2, figsize=(10.0, 3.6), layout="constrained")
     for model in models:
         xs = [100 * p["fraction"] for p in model["curve"]]
         axes[0].plot(xs, [p["score"] for p in model["curve"]], marker="o", label=model["label"])
@@ -235,7 +251,7 @@ def pruning_curves_overlay(models: list[dict[str, Any]], metric: str = "BLEU") -
 
 def dominant_heads_bars(models: list[dict[str, Any]], roles: list[str], metric: str = "BLEU") -> Any:
     """Grouped bars: mean score change when each module's dominant head is masked, per attention type and model."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.6), layout="constrained")
+    fig, ax = _pyplot().subplots(figsize=(6.5, 3.6), layout="constrained")
     width = 0.8 / len(models)
     for i, model in enumerate(models):
         xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(roles))]
@@ -251,7 +267,7 @@ def dominant_heads_bars(models: list[dict[str, Any]], roles: list[str], metric: 
 
 def diversity_comparison_plot(models: list[dict[str, Any]], titles: dict[str, str]) -> Any:
     """One panel per diversity variant: diversity against the encoder layer, one line per model."""
-    fig, axes = plt.subplots(1, len(titles), figsize=(4.0 * len(titles), 3.4), squeeze=False, layout="constrained")
+    fig, axes = _pyplot().subplots(1, len(titles), figsize=(4.0 * len(titles), 3.4), squeeze=False, layout="constrained")
     for ax, (key, title) in zip(axes[0], titles.items(), strict=True):
         for model in models:
             ax.plot([row["layer"] for row in model["layers"]], [row[key] for row in model["layers"]], marker="o",
@@ -259,7 +275,7 @@ def diversity_comparison_plot(models: list[dict[str, Any]], titles: dict[str, st
         ax.axhline(math.exp(-1.0), color="gray", linestyle="--", linewidth=1)
         ax.set_title(title)
         ax.set_xlabel("encoder layer")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _integer_ticks(ax.xaxis)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("diversity exp(-mean cos)")
     axes[0][0].legend(fontsize=8)
