@@ -47,3 +47,75 @@ def test_identical_statistics_are_no_difference_and_mismatched_sets_are_refused(
     assert paired_bootstrap_statistics(stats, [list(r) for r in stats])["p_value"] == 1.0
     with pytest.raises(DataError, match="same, non-empty test set"):
         paired_bootstrap_statistics(stats, stats[:-1])
+
+
+def replicate_corpora(n: int = 80) -> tuple[list[str], list[list[str]], list[list[str]]]:
+    """References, and three replicates (seeds) of a baseline and of a slightly better system."""
+    rng = random.Random(11)
+    words = [f"w{i}" for i in range(40)]
+    refs = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) for _ in range(n)]
+
+    def noisy(line: str, rate: float) -> str:
+        return " ".join(w if rng.random() > rate else rng.choice(words) for w in line.split())
+
+    return refs, [[noisy(r, 0.45) for r in refs] for _ in range(3)], [[noisy(r, 0.43) for r in refs] for _ in range(3)]
+
+
+def test_replicates_score_each_resample_on_every_seed_and_average(monkeypatch):
+    """Against the text: the same resampled lines (sacreBLEU's seeded draw), each replicate scored by sacreBLEU's
+    corpus BLEU on those lines, the scores averaged over the replicates, then sacreBLEU's p-value."""
+    import numpy as np
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import _compute_p_value
+
+    from multibranch.evaluate.metrics import paired_bootstrap_replicates
+
+    monkeypatch.setenv("SACREBLEU_SEED", "3")
+    refs, bases, systems = replicate_corpora()
+    samples = 100
+    got = paired_bootstrap_replicates([sufficient_statistics(b, refs) for b in bases],
+                                      [sufficient_statistics(s, refs) for s in systems], samples=samples)
+
+    bleu = BLEU()
+    idxs = np.random.default_rng(3).choice(len(refs), size=(samples, len(refs)), replace=True)
+
+    def mean_resampled(replicates: list[list[str]]) -> np.ndarray:
+        return np.array([np.mean([bleu.corpus_score([hyps[i] for i in idx], [[refs[i] for i in idx]]).score
+                                  for hyps in replicates]) for idx in idxs])
+
+    full = {side: [bleu.corpus_score(hyps, [refs]).score for hyps in replicates]
+            for side, replicates in (("baseline", bases), ("system", systems))}
+    diffs = np.abs(mean_resampled(systems) - mean_resampled(bases))
+    expected_p = _compute_p_value(diffs - diffs.mean(), abs(np.mean(full["system"]) - np.mean(full["baseline"])))
+    assert got["replicates"] == 3 and got["lines"] == len(refs) and got["samples"] == samples
+    assert got["baseline_scores"] == pytest.approx(full["baseline"], abs=1e-4)
+    assert got["system_scores"] == pytest.approx(full["system"], abs=1e-4)
+    assert got["system"] == pytest.approx(np.mean(full["system"]), abs=1e-4)
+    assert got["p_value"] == pytest.approx(expected_p)
+    assert 1 / (samples + 1) < got["p_value"] < 1.0  # neither extreme: the comparison means something
+
+
+def test_one_replicate_is_sacrebleus_test_and_repeating_it_changes_nothing():
+    from multibranch.evaluate.metrics import paired_bootstrap_replicates
+
+    refs, base, system = corpus()
+    b, s = sufficient_statistics(base, refs), sufficient_statistics(system, refs)
+    one = paired_bootstrap_replicates([b], [s])
+    single = paired_bootstrap_statistics(b, s)
+    assert {key: one[key] for key in single} == single
+    twice = paired_bootstrap_replicates([b, b], [s, s])
+    assert twice["p_value"] == one["p_value"] and twice["system"] == pytest.approx(one["system"])
+    assert paired_bootstrap_replicates([b, s], [b, s])["p_value"] == 1.0  # every seed paired with itself
+
+
+def test_replicates_must_pair_up_on_one_test_set():
+    from multibranch.evaluate.metrics import paired_bootstrap_replicates
+
+    refs, base, system = corpus(30)
+    b, s = sufficient_statistics(base, refs), sufficient_statistics(system, refs)
+    with pytest.raises(DataError, match="1 baseline and 2 system replicates"):
+        paired_bootstrap_replicates([b], [s, s])
+    with pytest.raises(DataError, match="in replicate 2"):
+        paired_bootstrap_replicates([b, b], [s, s[:-1]])
+    with pytest.raises(DataError, match="at least one"):
+        paired_bootstrap_replicates([], [])

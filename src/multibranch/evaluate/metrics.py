@@ -217,24 +217,53 @@ def paired_bootstrap_statistics(baseline: Sequence[Sequence[float]], system: Seq
                                 samples: int = 1000) -> dict[str, Any]:
     """`paired_bootstrap` of one metric from `sufficient_statistics` of both outputs: the same resamples, scores
     and p-value as sacreBLEU's paired test on the text ($SACREBLEU_SEED, default 12345)."""
+    result = paired_bootstrap_replicates([baseline], [system], metric, tokenize, lowercase, samples)
+    return {key: result[key] for key in ("lines", "samples", "baseline", "system", "p_value")}
+
+
+def paired_bootstrap_replicates(baselines: Sequence[Sequence[Sequence[float]]],
+                                systems: Sequence[Sequence[Sequence[float]]], metric: str = "bleu",
+                                tokenize: str = "13a", lowercase: bool = False, samples: int = 1000
+                                ) -> dict[str, Any]:
+    """The paired bootstrap over replicates (Clark et al. 2011, MultEval): `baselines[k]` and `systems[k]` are
+    the per-line `sufficient_statistics` of replicate k (a training seed) of each system on one test set.
+
+    Each resample draws test lines once, as sacreBLEU does ($SACREBLEU_SEED, default 12345), scores every
+    replicate on those lines and averages over the replicates; the p-value is sacreBLEU's, computed on those
+    averages. It accounts for the test set's sampling, not for the spread between seeds (report that beside it).
+    One replicate each is sacreBLEU's paired test (`paired_bootstrap_statistics`). Returns {"lines",
+    "samples", "replicates", "baseline", "system" (mean corpus scores), "baseline_scores", "system_scores" (per
+    replicate), "p_value"}; p = 1 when every replicate's two outputs have the same statistics."""
     if samples < 1:
         raise DataError(f"bootstrap samples must be >= 1, got {samples}")
-    if len(baseline) != len(system) or not len(baseline):
-        raise DataError(f"statistics of {len(baseline)} baseline lines and {len(system)} system lines: "
-                        "give both for the same, non-empty test set")
+    if len(baselines) != len(systems) or not len(baselines):
+        raise DataError(f"{len(baselines)} baseline and {len(systems)} system replicates: give one of each per "
+                        "replicate, at least one")
+    lines = len(baselines[0])
+    for k, (baseline, system) in enumerate(zip(baselines, systems, strict=True)):
+        if len(baseline) != lines or len(system) != lines or not lines:
+            raise DataError(f"statistics of {len(baseline)} baseline lines and {len(system)} system lines in "
+                            f"replicate {k + 1} (the first has {lines}): give all for the same, non-empty test set")
     scorer = _metric(metric, tokenize, lowercase)
+
+    def score(totals: np.ndarray) -> float:  # totals [stats]
+        return scorer._compute_score_from_stats(totals).score
+
     seed = os.environ.get("SACREBLEU_SEED", "12345")
     rng = np.random.default_rng(None if seed.lower() == "none" else int(seed))
-    idxs = rng.choice(len(baseline), size=(samples, len(baseline)), replace=True)  # [samples, lines]
-    base, other = np.array(baseline, dtype="float32"), np.array(system, dtype="float32")  # [lines, stats]
-    base_score = scorer._compute_score_from_stats(base.sum(0)).score
-    system_score = scorer._compute_score_from_stats(other.sum(0)).score
-    base_scores = np.array([scorer._compute_score_from_stats(s.sum(0)).score for s in base[idxs]])
-    system_scores = np.array([scorer._compute_score_from_stats(s.sum(0)).score for s in other[idxs]])
-    diffs = np.abs(system_scores - base_scores)
-    p_value = 1.0 if same_statistics(baseline, system) else _compute_p_value(diffs - diffs.mean(),
-                                                                             abs(base_score - system_score))
-    return {"lines": len(baseline), "samples": samples, "baseline": float(base_score), "system": float(system_score),
+    idxs = rng.choice(lines, size=(samples, lines), replace=True)  # [samples, lines]
+    observed, resampled = {}, {}
+    for side, replicates in (("baseline", baselines), ("system", systems)):
+        stats = [np.array(replicate, dtype="float32") for replicate in replicates]  # [lines, stats] each
+        observed[side] = [score(s.sum(0)) for s in stats]
+        # [samples]: the mean over replicates of each resample's corpus score
+        resampled[side] = np.mean([[score(totals) for totals in s[idxs].sum(1)] for s in stats], axis=0)
+    base_score, system_score = float(np.mean(observed["baseline"])), float(np.mean(observed["system"]))
+    diffs = np.abs(resampled["system"] - resampled["baseline"])
+    same = all(same_statistics(b, s) for b, s in zip(baselines, systems, strict=True))
+    p_value = 1.0 if same else _compute_p_value(diffs - diffs.mean(), abs(base_score - system_score))
+    return {"lines": lines, "samples": samples, "replicates": len(baselines), "baseline": base_score,
+            "system": system_score, "baseline_scores": observed["baseline"], "system_scores": observed["system"],
             "p_value": float(p_value)}
 
 
