@@ -53,7 +53,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's mul
 from bench.common import multi30k_dir  # noqa: E402
 from bench.reproduce_systems import MAT_SYSTEMS, PAPER_CLAIMS, RECIPES, SYSTEMS, grid_of  # noqa: E402
 from multibranch.atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
-from multibranch.evaluate.metrics import paired_bootstrap_statistics  # noqa: E402
+from multibranch.evaluate.metrics import paired_bootstrap_replicates, paired_bootstrap_statistics  # noqa: E402
 from multibranch.json_file import read_json_object, write_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -89,7 +89,7 @@ ROLES = ("encoder_self", "decoder_self", "cross")
 KAPPA_ALPHA_LAYER = 1  # the paper's "second encoder layer"
 KAPPA_ALPHA_WINDOW = 5  # moving-average window, in logged records
 COLUMNS = ("system", "parameters", "seeds", "updates to stop", "{minutes}", "test BLEU (mean ± sd)",
-           "Δ to standard (mean ± sd)", "p (per seed)", "paper's Δ")
+           "Δ to standard (mean ± sd)", "p (seeds pooled; per seed)", "paper's Δ")
 DASH = "–"
 DOC_WIDTH = 110  # docs/*.md wrap their prose here
 
@@ -369,7 +369,7 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
         "test_chrf": mean_sd([r["test"]["avg"]["chrf"] for r in runs if r["test"]["avg"].get("chrf") is not None]),
         "test_bleu_best_ckpt": mean_sd([r["test"]["best"]["bleu"] for r in runs
                                         if (r["test"].get("best") or {}).get("bleu") is not None]),
-        "delta_bleu_to_standard": None, "p_values": [],
+        "delta_bleu_to_standard": None, "p_values": [], "pooled_p_value": None,
         "paper_delta_bleu": claim.get("delta_bleu"), "paper_claim": claim or None,
     }
     if system == "standard":
@@ -383,7 +383,21 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
         if p is None and (p_values or {}).get(r["seed"]) is not None:
             p, origin = p_values[r["seed"]], "computed"
         summary["p_values"].append({"seed": r["seed"], "p_value": p, "from": origin})
+    summary["pooled_p_value"] = pooled_p_value(paired, standard_by_seed)
     return summary
+
+
+def pooled_p_value(runs: list[dict[str, Any]], standard_by_seed: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The paired bootstrap over the seeds together (`paired_bootstrap_replicates`: every resample of test scored on
+    each seed, the BLEU averaged over the seeds) of `runs` against the standard model of their seeds, from their
+    per-line BLEU statistics: {"p_value", "seeds"}; None for fewer than two seeds or where a run lacks statistics."""
+    pairs = [(standard_by_seed[r["seed"]]["test"]["avg"].get("bleu_sentence_stats"),
+              r["test"]["avg"].get("bleu_sentence_stats")) for r in runs]
+    if len(pairs) < 2 or not all(base and mine for base, mine in pairs):
+        return None
+    result = paired_bootstrap_replicates([base for base, _ in pairs], [mine for _, mine in pairs],
+                                         samples=BOOTSTRAP_SAMPLES)
+    return {"p_value": result["p_value"], "seeds": [r["seed"] for r in runs]}
 
 
 # ---- p-values from the saved translations --------------------------------------------------------------------
@@ -494,12 +508,19 @@ def table_cells(summary: dict[str, Any]) -> list[str]:
     minutes = fmt(summary["train_minutes"], 1)
     if minutes != DASH and summary["jobs"]:
         minutes += f" (jobs {'/'.join(str(j) for j in summary['jobs'])})"
-    p_values = [DASH if p["p_value"] is None else f"{p['p_value']:.3f}" for p in summary["p_values"]]
     paper = summary.get("paper_delta_bleu")
     return [name, params, seeds_cell(summary), updates, minutes,
-            fmt(summary["test_bleu"]), fmt(summary["delta_bleu_to_standard"], sign=True),
-            ", ".join(p_values) if any(p != DASH for p in p_values) else DASH,
+            fmt(summary["test_bleu"]), fmt(summary["delta_bleu_to_standard"], sign=True), p_cell(summary),
             DASH if paper is None else f"{paper:+g}"]
+
+
+def p_cell(summary: dict[str, Any]) -> str:
+    """'0.012; 0.040, 0.100, 0.030' (over the seeds together; per seed), '0.040' for one seed, '–' for none."""
+    per_seed = [DASH if p["p_value"] is None else f"{p['p_value']:.3f}" for p in summary["p_values"]]
+    if all(p == DASH for p in per_seed):
+        return DASH
+    pooled = summary.get("pooled_p_value")
+    return (f"{pooled['p_value']:.3f}; " if pooled else "") + ", ".join(per_seed)
 
 
 def seeds_cell(summary: dict[str, Any]) -> str:
@@ -547,8 +568,9 @@ def files_line(files: list[ResultsFile]) -> str:
 
 
 LEGEND = ("Test BLEU and chrF: sacreBLEU on test_2016_flickr, the average of the last checkpoints, mean ± sd over "
-          "seeds. Δ: the system's test BLEU minus the standard model's of the same seed. p: sacreBLEU's paired "
-          "bootstrap against that standard model, one per seed. Updates to stop: where early stopping or the cap "
+          "seeds. Δ: the system's test BLEU minus the standard model's of the same seed. p: the paired bootstrap "
+          "against those standard models, first over the seeds together (each resample of test scored on every "
+          "seed and averaged, as MultEval does; from two seeds on), then sacreBLEU's, one per seed. Updates to stop: where early stopping or the cap "
           "ended training (best at: the update of the best validation BLEU). {minutes}: training minutes per "
           "run; with jobs N, N runs shared one {device}. Paper's Δ: the paper's own gain on its own data and shape.")
 
@@ -574,9 +596,10 @@ def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: l
     if merged is not None:
         verdicts = [line for row in rows if (line := verdict_line(row))]
         if verdicts:
-            parts += ["Each system against the standard model, in one sentence (reproduced: a gain with p < 0.05 "
-                      "on every seed; the opposite: a loss with p < 0.05 on every seed; else not visible at this "
-                      "shape):", "", *verdicts, ""]
+            parts += [wrap("Each system against the standard model, in one sentence (reproduced: a gain on every "
+                           "seed with p < 0.05, over the seeds together where two or more are paired, else on each; "
+                           "the opposite: a loss on every seed, as significant; else not visible at this shape):"),
+                      "", *verdicts, ""]
         dominant = dominant_table(table_runs(merged))
         if dominant:
             parts += [dominant, ""]
@@ -606,12 +629,14 @@ PLANNED_SEEDS = 3
 
 def verdict(summary: dict[str, Any]) -> str | None:
     """"reproduced", "the opposite" or "not visible at this shape" for a system's runs against the standard
-    model of their seeds (every seed's paired bootstrap p < SIGNIFICANCE, in one direction, for the first two);
-    None for the standard model and for a system without a seed paired with one."""
+    model of their seeds: for the first two, a Δ of one sign on every seed and a paired bootstrap p <
+    SIGNIFICANCE: the one over the seeds together where there is one, else every seed's. None for the standard
+    model and for a system without a seed paired with one."""
     delta = summary.get("delta_bleu_to_standard") or {}
     if summary["system"] == "standard" or delta.get("mean") is None:
         return None
-    ps = [p["p_value"] for p in summary["p_values"]]
+    pooled = summary.get("pooled_p_value")
+    ps = [pooled["p_value"]] if pooled else [p["p_value"] for p in summary["p_values"]]
     significant = bool(ps) and all(p is not None and p < SIGNIFICANCE for p in ps)
     values = delta.get("values") or []
     if significant and all(v > 0 for v in values):
@@ -628,9 +653,11 @@ def verdict_line(summary: dict[str, Any]) -> str | None:
         return None
     seeds = len(summary["delta_bleu_to_standard"].get("seeds") or [])
     ps = ", ".join(DASH if p["p_value"] is None else f"{p['p_value']:.3f}" for p in summary["p_values"])
+    pooled = summary.get("pooled_p_value")
+    p_text = f"p {pooled['p_value']:.3f} over the seeds, {ps} per seed" if pooled else f"p {ps}"
     claim = (summary.get("paper_claim") or {}).get("claim") or "no paper claims an effect"
     partial = f" so far ({seeds} of {PLANNED_SEEDS} seeds)" if seeds < PLANNED_SEEDS else ""
-    return (f"- `{summary['system']}`: Δ {fmt(summary['delta_bleu_to_standard'], sign=True)} BLEU (p {ps}): "
+    return (f"- `{summary['system']}`: Δ {fmt(summary['delta_bleu_to_standard'], sign=True)} BLEU ({p_text}): "
             f"**{found}**{partial}. The paper: {claim}.")
 
 

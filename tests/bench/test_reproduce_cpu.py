@@ -20,7 +20,7 @@ from bench.reproduce_systems import CPU_PRESETS, RECIPES, system_delta
 from multibranch.config import deep_merge
 from multibranch.evaluate.metrics import paired_bootstrap_statistics
 from multibranch.experiment import load_preset_dict
-from tests.helpers.reproduction import results, run, write
+from tests.helpers.reproduction import compared, results, run, write
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = load_preset_dict("transformer-tiny")["model"]
@@ -253,6 +253,52 @@ def test_verdicts_need_significance_on_every_seed_in_one_direction():
     line = verdict_line(summary("drophead", [0.5, 0.7], [0.01, 0.02]))
     assert line == ("- `drophead`: Δ +0.60 BLEU (p 0.010, 0.020): **reproduced** so far (2 of 3 seeds). "
                     "The paper: +0.7 BLEU.")
+
+
+def test_a_p_value_over_the_seeds_together_decides_the_verdict_where_there_is_one():
+    from bench.reproduce_report import verdict, verdict_line
+
+    weak = summary("drophead", [0.5, 0.7, 0.6], [0.2, 0.3, 0.1])
+    assert verdict(weak) == "not visible at this shape"  # no seed significant on its own
+    weak["pooled_p_value"] = {"p_value": 0.01, "seeds": [1, 2, 3]}
+    assert verdict(weak) == "reproduced"
+    assert verdict_line(weak) == ("- `drophead`: Δ +0.60 BLEU (p 0.010 over the seeds, 0.200, 0.300, 0.100 per seed): "
+                                  "**reproduced**. The paper: +0.7 BLEU.")
+    strong = summary("drophead", [0.5, 0.7, 0.6], [0.01, 0.02, 0.001])
+    strong["pooled_p_value"] = {"p_value": 0.2, "seeds": [1, 2, 3]}
+    assert verdict(strong) == "not visible at this shape"  # the test over the seeds together decides
+    mixed = summary("mute", [-1.0, 0.2, -1.2], [0.001, 0.5, 0.003])
+    mixed["pooled_p_value"] = {"p_value": 0.001, "seeds": [1, 2, 3]}
+    assert verdict(mixed) == "not visible at this shape"  # significant, but the seeds disagree on the sign
+
+
+def test_the_p_value_over_the_seeds_comes_from_every_seeds_line_statistics(tmp_path):
+    from bench.reproduce_report import BOOTSTRAP_SAMPLES, load_results, p_cell
+    from multibranch.evaluate.metrics import paired_bootstrap_replicates
+
+    records, base_stats, mine_stats = [], [], []
+    for seed, (base_right, mine_right) in enumerate([(10, 14), (12, 13), (11, 16)], start=1):
+        standard, drophead = run("standard", seed, 30.0), run("drophead", seed, 30.5)
+        standard["test"]["avg"]["bleu_sentence_stats"] = stats(base_right)
+        drophead["test"]["avg"]["bleu_sentence_stats"] = stats(mine_right)
+        records += [standard, drophead]
+        base_stats.append(stats(base_right))
+        mine_stats.append(stats(mine_right))
+    merged = merge([load_results(write(tmp_path / "reproduce_cpu_a.json", cpu_results(records)))])
+    row = next(r for r in summaries(merged, None) if r["system"] == "drophead")
+    expected = paired_bootstrap_replicates(base_stats, mine_stats, samples=BOOTSTRAP_SAMPLES)["p_value"]
+    assert row["pooled_p_value"] == {"p_value": pytest.approx(expected), "seeds": [1, 2, 3]}
+    per_seed = [paired_bootstrap_statistics(b, m, samples=BOOTSTRAP_SAMPLES)["p_value"]
+                for b, m in zip(base_stats, mine_stats, strict=True)]
+    assert p_cell(row) == f"{expected:.3f}; " + ", ".join(f"{p:.3f}" for p in per_seed)
+
+    del records[-1]["test"]["avg"]["bleu_sentence_stats"]  # one run without statistics: no test over the seeds
+    records[-1]["compare_to_standard"] = compared(30.0, 30.5, 0.04)
+    merged = merge([load_results(write(tmp_path / "reproduce_cpu_a.json", cpu_results(records)))])
+    row = next(r for r in summaries(merged, None) if r["system"] == "drophead")
+    assert row["pooled_p_value"] is None and p_cell(row).endswith(", 0.040")
+    one_seed = merge([load_results(write(tmp_path / "reproduce_cpu_a.json", cpu_results(records[:2])))])
+    assert next(r for r in summaries(one_seed, None) if r["system"] == "drophead")["pooled_p_value"] is None
 
 
 def test_the_standard_models_training_does_not_read_the_update_cap(tiny_data, tmp_path):
