@@ -570,9 +570,10 @@ def files_line(files: list[ResultsFile]) -> str:
 LEGEND = ("Test BLEU and chrF: sacreBLEU on test_2016_flickr, the average of the last checkpoints, mean ± sd over "
           "seeds. Δ: the system's test BLEU minus the standard model's of the same seed. p: the paired bootstrap "
           "against those standard models, first over the seeds together (each resample of test scored on every "
-          "seed and averaged, as MultEval does; from two seeds on), then sacreBLEU's, one per seed. Updates to stop: where early stopping or the cap "
-          "ended training (best at: the update of the best validation BLEU). {minutes}: training minutes per "
-          "run; with jobs N, N runs shared one {device}. Paper's Δ: the paper's own gain on its own data and shape.")
+          "seed and averaged, as MultEval does; from two seeds on), then sacreBLEU's, one per seed. Updates to "
+          "stop: where early stopping or the cap ended training (best at: the update of the best validation "
+          "BLEU). {minutes}: training minutes per run; with jobs N, N runs shared one {device}. Paper's Δ: the "
+          "paper's own gain on its own data and shape.")
 
 
 def wrap(paragraph: str) -> str:
