@@ -667,7 +667,8 @@ def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
     masked, averaged over the layers of each role, mean ± sd over seeds (from the pruning analysis)."""
     lines = []
     for system in PRUNING_SYSTEMS:
-        per_seed = [((analysis(run, "pruning") or {}).get("mean_dominant_delta") or {}) for run in runs.get(system, [])]
+        per_seed = [(((analysis(run, "pruning") or {}).get("dominant_heads") or {}).get("mean_dominant_delta") or {})
+                    for run in runs.get(system, [])]
         per_seed = [d for d in per_seed if d]
         if per_seed:
             cells = [fmt(mean_sd([d[role] for d in per_seed if d.get(role) is not None]), sign=True)

@@ -180,11 +180,11 @@ def cpu_results(records: list[dict], device: str = "cpu") -> dict:
 
 def test_the_cpu_table_takes_p_values_from_line_statistics_and_shows_dominant_heads_and_devices(tmp_path):
     base, better = stats(10), stats(30)
-    standard = run("standard", 1, 30.0, analyses={"pruning": {"mean_dominant_delta": {
-        "encoder_self": -2.0, "decoder_self": -1.0, "cross": -4.0}}})
+    standard = run("standard", 1, 30.0, analyses={"pruning": {"dominant_heads": {"mean_dominant_delta": {
+        "encoder_self": -2.0, "decoder_self": -1.0, "cross": -4.0}}}})
     standard["test"]["avg"]["bleu_sentence_stats"] = base
-    drophead = run("drophead", 1, 31.0, analyses={"pruning": {"mean_dominant_delta": {
-        "encoder_self": -0.5, "decoder_self": -0.25, "cross": -1.0}}})
+    drophead = run("drophead", 1, 31.0, analyses={"pruning": {"dominant_heads": {"mean_dominant_delta": {
+        "encoder_self": -0.5, "decoder_self": -0.25, "cross": -1.0}}}})
     drophead["test"]["avg"]["bleu_sentence_stats"] = better
     first = write(tmp_path / "reproduce_cpu_a.json", cpu_results([standard, drophead]))
     gpu_standard = run("standard", 1, 30.6)

@@ -295,3 +295,24 @@ def test_the_reproduction_page_shows_the_committed_results(multi30k):
     placeholder while no call has finished a run): rebuild it after committing a GPU call's results."""
     proc = report("--docs", ROOT / "docs" / "reproduction.md", "--ref", multi30k / "test_2016_flickr.de", "--check")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_report_reads_a_real_head_analysis_as_the_harness_records_it(tiny_checkpoint, tiny_data, tmp_path):
+    """`analyze heads` on a trained checkpoint, kept as bench/reproduce_analyses.py keeps it (`condense`): the
+    pruning curve and the dominant-head table come out of that record, not out of a hand-made one."""
+    from bench.reproduce_analyses import condense
+    from bench.reproduce_report import dominant_table
+    from multibranch.pruning.head_report import HeadAnalysisOptions, analyze_heads
+
+    folder = analyze_heads(tiny_checkpoint, tiny_data, tmp_path / "heads",
+                           HeadAnalysisOptions(bleu_split="test", bleu_max_sentences=8, step=0.5, beam=1))
+    heads = json.loads((folder.path / "heads.json").read_text(encoding="utf-8"))
+    standard = run("standard", 1, 30.0, analyses={"pruning": condense("pruning", heads)})
+    runs = table_runs(merge([load_results(write(tmp_path / "r.json", results([standard])))]))
+    (curve,) = pruning_curves_data(runs)
+    assert [point["score"] for point in curve["curve"]] == [p["score"] for p in heads["pruning_curve"]["points"]]
+    deltas = heads["dominant_heads"]["mean_dominant_delta"]
+    table = dominant_table(runs)
+    assert table is not None
+    row = "| standard | 1 | " + " | ".join(f"{deltas[role]:+.2f}" for role in ("encoder_self", "decoder_self", "cross"))
+    assert row + " |" in table
