@@ -262,8 +262,8 @@ class MuteEncoderLayer(nn.Module):
         """x [B, S, d] -> every unit's attention output and F_i (before fusion)."""
         n = self.norm(x)  # [B, S, d]
         if self.bias is not None:
-            real = padding_mask if padding_mask is not None else x.new_zeros(x.shape[:2], dtype=torch.bool)
-            u = self.bias(n, real)  # [I or 1, B, S, d]
+            padding = padding_mask if padding_mask is not None else x.new_zeros(x.shape[:2], dtype=torch.bool)
+            u = self.bias(n, padding)  # [I or 1, B, S, d]
         else:
             u = n[None]  # [1, B, S, d]: every unit reads n
         a, probs = self.self_attn(u, padding_mask, need_weights)  # [Ua, B, S, d]
