@@ -316,3 +316,34 @@ def test_the_report_reads_a_real_head_analysis_as_the_harness_records_it(tiny_ch
     assert table is not None
     row = "| standard | 1 | " + " | ".join(f"{deltas[role]:+.2f}" for role in ("encoder_self", "decoder_self", "cross"))
     assert row + " |" in table
+
+
+def test_the_report_reads_a_real_diversity_analysis_as_the_harness_records_it(tiny_data, tmp_path):
+    """`analyze diversity` on a (random) MUTE model, kept as the harness keeps it: the figure's numbers are the
+    report's per layer."""
+    import dataclasses
+
+    import torch
+
+    from bench.reproduce_analyses import condense
+    from bench.reproduce_report import diversity_data
+    from multibranch.analysis.diversity import analyze_diversity
+    from multibranch.checkpoint.format import save_checkpoint
+    from multibranch.experiment import ExperimentConfig, resolve_config
+    from multibranch.models import build_model
+    from multibranch.tasks.translation.dataset import PreparedData
+
+    sizes = PreparedData.load(tiny_data).meta["vocab_size"]
+    cfg = resolve_config("mute-bias-seq-tiny").model
+    model = build_model(dataclasses.replace(cfg, src_vocab_size=sizes["src"], tgt_vocab_size=sizes["tgt"])).eval()
+    ckpt = tmp_path / "mute.pt"
+    save_checkpoint(ckpt, {"config": ExperimentConfig(model=model.config).to_dict(), "model": model.state_dict(),
+                           "meta": {}})
+    torch.manual_seed(0)
+    folder = analyze_diversity(ckpt, tiny_data, tmp_path / "diversity")
+    report = json.loads((folder.path / "diversity.json").read_text(encoding="utf-8"))
+    mute = run("mute-bias-seq", 1, 30.0, analyses={"diversity": condense("diversity", report)})
+    runs = table_runs(merge([load_results(write(tmp_path / "r.json", results([mute])))]))
+    (model_data,) = diversity_data(runs)
+    assert model_data["label"] == "mute-bias-seq (1 seed)"
+    assert model_data["layers"] == [pytest.approx(row) for row in report["layers"]]
