@@ -166,8 +166,9 @@ def progress(train_dir: Path) -> int | None:
 
 def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[int, ...] = SEEDS,
                 precision: str | None = None) -> dict[str, Any]:
-    """Every run of the CPU recipe's table: done (its results file is in `results`), running (its folder in
-    `work` has logged updates) or left, and the minutes each one left needs at `precision` (this CPU's)."""
+    """Every run of the CPU recipe's table: done (its results file is in `results`), running (started: its training
+    folder is in `work`; `scoring` once its training has finished) or left, and the minutes each one left needs at
+    `precision` (this CPU's)."""
     recipe = RECIPES["cpu"]
     updates = chosen_cpu_updates(results / "reproduce_cpu_curve.json")
     precision = precision or cpu_precision(recipe.defaults["amp"])
@@ -176,16 +177,19 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
     for seed in seeds:
         for system in recipe.table_systems:
             path = results / f"{NAME}_{system}_seed{seed}.json"
-            step = progress(work / "runs" / system / f"seed{seed}" / "train") if work else None
+            folder = work / "runs" / system / f"seed{seed}" if work else None
+            step = progress(folder / "train") if folder else None
             if path.is_file():
                 state, step = "done", updates
             elif system == "standard" and seed == curve_seed:  # the validation curve's run: trained, to be scored
                 state, step = "trained", updates
             else:
-                state = "running" if step else "left"
+                state = "running" if step or (folder is not None and (folder / "train").is_dir()) else "left"
             minutes = None if state == "done" or updates is None else estimate_minutes(
                 system, updates - (step or 0), precision, updates, results)
-            rows.append({"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes})
+            scoring = state == "running" and (folder / "trained.json").is_file()  # trained; scored and analysed now
+            rows.append({"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes,
+                         "scoring": scoring})
     left = [r for r in rows if r["state"] != "done"]
     unknown = [r["run"] for r in left if r["minutes_left"] is None]
     return {"updates": updates, "precision": precision, "runs": rows,
@@ -221,7 +225,8 @@ def status(args: argparse.Namespace) -> int:
           + (f" (not estimated: {', '.join(plan['not_estimated'])})" if plan["not_estimated"] else ""))
     for row in plan["runs"]:
         if row["state"] == "running":
-            print(f"  running {row['run']}: update {row['update']}, about {row['minutes_left'] or 0:.0f} minutes left")
+            doing = "scoring and analyses" if row["scoring"] else f"update {row['update'] or 0}"
+            print(f"  running {row['run']}: {doing}, about {row['minutes_left'] or 0:.0f} minutes left")
     return 0
 
 

@@ -130,11 +130,17 @@ def test_plan_status_counts_runs_done_running_and_left(tmp_path):
     plan = reproduce_runner.plan_status(tmp_path, tmp_path / "w", seeds=(1,), precision="fp32")
     states = {r["run"]: r for r in plan["runs"]}
     assert states["standard/seed1"]["state"] == "done" and states["mute/seed1"]["state"] == "running"
-    assert states["mute/seed1"]["update"] == 250
+    assert states["mute/seed1"]["update"] == 250 and not states["mute/seed1"]["scoring"]
     assert plan["done"] == 1 and plan["left"] == len(RECIPES["cpu"].table_systems) - 1
     mute_left = (updates - 250) * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES
     assert states["mute/seed1"]["minutes_left"] == pytest.approx(mute_left)
     assert "weighted/seed1" in plan["not_estimated"] and "standard/seed1" not in plan["not_estimated"]
+    (tmp_path / "w" / "runs" / "mat" / "seed1" / "train").mkdir(parents=True)  # started, no update logged yet
+    write(tmp_path / "w" / "runs" / "mute" / "seed1" / "trained.json", {"stop": "max_steps", "step": updates})
+    states = {r["run"]: r for r in reproduce_runner.plan_status(tmp_path, tmp_path / "w", seeds=(1,),
+                                                                  precision="fp32")["runs"]}
+    assert (states["mat/seed1"]["state"], states["mat/seed1"]["update"]) == ("running", None)
+    assert states["mute/seed1"]["scoring"] and states["drophead/seed1"]["state"] == "left"
     # the validation curve's run is the standard run of its seed: trained, only its scoring is left
     write(tmp_path / "reproduce_cpu_curve.json", {"chosen_updates": updates, "system": "standard", "seed": 2})
     plan = reproduce_runner.plan_status(tmp_path, tmp_path / "w", seeds=(1, 2), precision="fp32")
