@@ -1156,9 +1156,14 @@ def plan_region(curve_link: str | None = None) -> str:
                 f"model's validation curve{curve_progress()}); then {len(first['runs'])} runs, of which the curve's "
                 f"own is the standard model of seed 1.")
     else:
+        main_rows = [r for r in first["runs"] if r["run"].split("/")[0] in RECIPES["cpu"].main]
+        main_left = [r for r in main_rows if r["state"] != "done"]
+        main_hours = sum(r["minutes_left"] or 0 for r in main_left) / 60
         text = (f"CPU recipe ({first['updates']:,} updates a run, seeds 1-3): {first['done']} of "
-                f"{len(first['runs'])} runs done, {first['left']} left; {hours}, two runs side by side. Done: "
-                + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")
+                f"{len(first['runs'])} runs done, {first['left']} left; {hours}, two runs side by side. The main "
+                f"rows ({', '.join(f'`{s}`' for s in RECIPES['cpu'].main)}; trained first): "
+                f"{len(main_rows) - len(main_left)} of {len(main_rows)} runs done, about {main_hours:.0f} core-hours "
+                f"left at {precisions[0]}. Done: " + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")
     costs = cost_table()
     figure = f"\n![{CURVE_CAPTION}]({curve_link})\n" if curve_link else ""
     return "\n" + wrap(text) + "\n" + figure + (f"\n{costs}" if costs else "") + "\n"
