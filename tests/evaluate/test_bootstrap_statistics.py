@@ -119,3 +119,38 @@ def test_replicates_must_pair_up_on_one_test_set():
         paired_bootstrap_replicates([b, b], [s, s[:-1]])
     with pytest.raises(DataError, match="at least one"):
         paired_bootstrap_replicates([], [])
+
+
+def test_chrf_statistics_give_sacrebleus_paired_test_on_the_text():
+    """The statistics path holds for chrF too (what `evaluate --hyp B1 B2 --compare S1 S2` tests besides BLEU)."""
+    refs, base, system = corpus()
+    text = paired_bootstrap(base, system, refs, metrics=("chrf",), samples=300)["chrf"]
+    stats = paired_bootstrap_statistics(sufficient_statistics(base, refs, "chrf"),
+                                        sufficient_statistics(system, refs, "chrf"), metric="chrf", samples=300)
+    assert stats["system"] == pytest.approx(text["system"]["score"], abs=1e-4)
+    assert stats["p_value"] == pytest.approx(text["p_value"])
+
+
+def test_compare_replicates_reports_every_metric_over_the_seeds():
+    from multibranch.evaluate.metrics import compare_replicates, format_replicates, paired_bootstrap_replicates
+
+    refs, bases, systems = replicate_corpora()
+    named = [(f"base{k}", lines) for k, lines in enumerate(bases)], [(f"sys{k}", lines) for k, lines in
+                                                                     enumerate(systems)]
+    report = compare_replicates(*named, {"ref": refs}, samples=200)
+    assert report["replicates"] == 3 and report["baseline"] == ["base0", "base1", "base2"]
+    for metric in ("bleu", "chrf"):
+        expected = paired_bootstrap_replicates([sufficient_statistics(b, refs, metric) for b in bases],
+                                               [sufficient_statistics(s, refs, metric) for s in systems],
+                                               metric=metric, samples=200)
+        assert report[metric]["p_value"] == expected["p_value"] and not report[metric]["no_difference"]
+        assert report[metric]["system"]["scores"] == pytest.approx(expected["system_scores"])
+    line = format_replicates(report)[0]
+    assert line.startswith(f"BLEU: baseline {report['bleu']['baseline']['score']:.2f} (")
+    assert f"p = {report['bleu']['p_value']:.4f} (nrefs:1|" in line
+    same = compare_replicates(named[0], named[0], {"ref": refs}, metrics=("bleu",), samples=50)
+    assert same["bleu"]["no_difference"] and "no difference" in format_replicates(same)[0]
+    with pytest.raises(DataError, match="3 baseline and 2 system outputs"):
+        compare_replicates(named[0], named[1][:2], {"ref": refs})
+    with pytest.raises(DataError, match="sys1 has 79 lines, the references 80"):
+        compare_replicates(named[0], [named[1][0], ("sys1", systems[1][:-1]), named[1][2]], {"ref": refs})

@@ -229,3 +229,76 @@ def test_a_directory_as_hyp_says_so(tmp_path, capsys):
     ref = _write(tmp_path / "ref", REF)
     assert main(["evaluate", "--hyp", str(tmp_path), "--ref", ref]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+# ---- several trainings of each system: the paired bootstrap over the replicates ------------------------------
+
+
+REPLICATE_REFS = [f"the {animal} sat on the {thing} near the door" for animal in ("cat", "dog", "bird", "fox")
+                  for thing in ("mat", "rug", "chair", "bed", "box")]
+
+
+def _replicate(tmp_path, name: str, seed: int, noise: float) -> str:
+    import random
+
+    rng = random.Random(seed)
+    words = ["a", "the", "cat", "dog", "sat", "on", "in", "mat", "door"]
+    lines = [" ".join(w if rng.random() > noise else rng.choice(words) for w in ref.split()) for ref in REPLICATE_REFS]
+    return _write(tmp_path / name, lines)
+
+
+def test_cli_compares_replicates_seed_by_seed(tmp_path, capsys):
+    from multibranch.evaluate.metrics import compare_replicates
+
+    ref = _write(tmp_path / "ref", REPLICATE_REFS)
+    bases = [_replicate(tmp_path, f"base{k}", k, 0.4) for k in range(3)]
+    systems = [_replicate(tmp_path, f"sys{k}", 10 + k, 0.3) for k in range(3)]
+    out = tmp_path / "compare.json"
+    assert main(["evaluate", "--hyp", *bases, "--compare", *systems, "--ref", ref, "--bootstrap-samples", "200",
+                 "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == (f"paired bootstrap over 3 replicates, baseline {' '.join(bases)} vs system "
+                          f"{' '.join(systems)}, 200 resamples:")
+    report = json.loads(out.read_text(encoding="utf-8"))
+
+    def read(paths):
+        return [(p, open(p, encoding="utf-8").read().splitlines()) for p in paths]
+
+    expected = compare_replicates(read(bases), read(systems), {ref: REPLICATE_REFS}, samples=200)
+    assert report["bleu"]["p_value"] == expected["bleu"]["p_value"] and report["baseline"] == bases
+    assert report["chrf"]["system"]["scores"] == pytest.approx(expected["chrf"]["system"]["scores"])
+    assert printed[1].startswith("  BLEU: baseline ") and f"p = {expected['bleu']['p_value']:.4f}" in printed[1]
+    assert printed[2].startswith("  chrF2: baseline ")
+    # one file may stand for several replicates: a fixed baseline against three seeds of the system
+    assert main(["evaluate", "--hyp", bases[0], bases[0], bases[0], "--compare", *systems, "--ref", ref,
+                 "--metrics", "bleu", "--bootstrap-samples", "50"]) == 0
+    assert "over 3 replicates" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--compare", "S0"], "2 --hyp files but 1 --compare files"),
+    ([], "2 --hyp files: several are the replicates"),
+    (["--compare", "S0", "S1", "--sentence-level"], "--sentence-level: not with several --hyp files"),
+    (["--compare", "S0", "S1", "--task", "classify"], "--task classify: not with several --hyp files"),
+    (["--compare", "S0", "-"], "--compare needs a file"),
+])
+def test_cli_replicates_that_do_not_pair_up_are_one_line_before_anything_is_written(extra, message, tmp_path,
+                                                                                     capsys):
+    ref = _write(tmp_path / "ref", REPLICATE_REFS)
+    files = {f"B{k}": _replicate(tmp_path, f"B{k}", k, 0.4) for k in range(2)}
+    files.update({f"S{k}": _replicate(tmp_path, f"S{k}", 5 + k, 0.3) for k in range(2)})
+    out = tmp_path / "compare.json"
+    args = [files.get(a, a) for a in extra]
+    assert main(["evaluate", "--hyp", files["B0"], files["B1"], *args, "--ref", ref, "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_cli_replicates_of_other_lengths_are_named(tmp_path, capsys):
+    ref = _write(tmp_path / "ref", REPLICATE_REFS)
+    short = _write(tmp_path / "short", REPLICATE_REFS[:-1])
+    base = _replicate(tmp_path, "base", 1, 0.4)
+    assert main(["evaluate", "--hyp", base, base, "--compare", base, short, "--ref", ref]) == 2
+    err = capsys.readouterr().err
+    assert f"{short} has 19 lines, the references 20" in err and len(err.strip().splitlines()) == 1

@@ -3,7 +3,8 @@
 Prints one line per metric, the score followed by its sacreBLEU signature, e.g.
     BLEU = 38.50 83.3/60.0/50.0/33.3 (BP = ...) (nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0)
 Optionally: per-line scores (--sentence-level), a paired bootstrap test against a second system
-(--compare), BLEU on the given tokens as the WMT14 En-De papers report it (--tokenized-bleu, optionally
+(--compare; with several --hyp files and as many --compare files, the outputs of several trainings of each
+system, seed by seed: one test over all of them, as MultEval does), BLEU on the given tokens as the WMT14 En-De papers report it (--tokenized-bleu, optionally
 --compound-split; printed after sacreBLEU, labelled as not comparable across tokenisations), and
 everything as JSON (--json FILE, or --json - for stdout).
 
@@ -48,7 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="translate: sacreBLEU scores; classify: accuracy, macro-F1, MCC, positive-class F1 and confusion matrix of "
                              "one label per line; code: PoV, mean sentence BLEU and corpus BLEU of one escaped "
                              "Python function per line")
-    parser.add_argument("--hyp", required=True, metavar="FILE", help="detokenised system output ('-' = stdin)")
+    parser.add_argument("--hyp", required=True, nargs="+", metavar="FILE",
+                        help="detokenised system output ('-' = stdin); several files: the baseline's replicates "
+                             "(seeds) for --compare")
     parser.add_argument("--ref", required=True, action="append", metavar="FILE",
                         help="raw reference text; repeat for several references")
     parser.add_argument("--metrics", nargs="+", default=["bleu", "chrf"], choices=["bleu", "chrf", "chrf++", "ter"],
@@ -61,9 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-line scores: one row 'BLEU<TAB>chrF' per hypothesis line on stdout (sentence BLEU "
                              "with exponential smoothing and effective order; chrF), corpus scores to stderr; "
                              "with --json also stored under 'sentences' (with --json -, only there)")
-    parser.add_argument("--compare", metavar="FILE",
+    parser.add_argument("--compare", nargs="+", metavar="FILE",
                         help="paired bootstrap resampling: score system FILE against the baseline --hyp on the same "
-                             "references and report both scores with mean +- 95%% CI and the p-value of the difference")
+                             "references and report both scores with mean +- 95%% CI and the p-value of the "
+                             "difference; as many FILEs as --hyp files: replicate k of the system against replicate "
+                             "k of the baseline, one test over the replicates (each resample scored on every "
+                             "replicate and averaged, Clark et al. 2011)")
     parser.add_argument("--bootstrap-samples", type=int, default=1000, metavar="N",
                         help="bootstrap resamples for --compare (seeded by $SACREBLEU_SEED, 12345 if unset)")
     parser.add_argument("--tokenized-bleu", action="store_true",
@@ -99,14 +105,38 @@ def _read(path: str, errors: str) -> list[str]:
         return list(iter_lines(stream, "<stdin>" if path == "-" else path, errors))
 
 
-def _check_arguments(args: argparse.Namespace) -> None:
+def _replicates(args: argparse.Namespace) -> bool:
+    """Whether the call compares replicates (several --hyp files); else --hyp and --compare become one path each.
+    UserError for replicate files that do not pair up or for options a replicate comparison does not take."""
+    from multibranch.errors import UserError
+
+    if len(args.hyp) == 1 and (args.compare is None or len(args.compare) == 1):
+        args.hyp, args.compare = args.hyp[0], args.compare[0] if args.compare else None
+        return False
+    if args.compare is None:
+        raise UserError(f"{len(args.hyp)} --hyp files: several are the replicates (seeds) of a baseline; give as "
+                        "many --compare files, the system's replicates in the same order")
+    if len(args.compare) != len(args.hyp):
+        raise UserError(f"{len(args.hyp)} --hyp files but {len(args.compare)} --compare files: give one system "
+                        "output per baseline output, the same replicate (seed) at the same place")
+    refused = [flag for flag, given in (("--task " + args.task, args.task != "translate"),
+                                        ("--sentence-level", args.sentence_level),
+                                        ("--tokenized-bleu", args.tokenized_bleu)) if given]
+    if refused:
+        raise UserError(f"{', '.join(refused)}: not with several --hyp files (a comparison of replicates)")
+    if "-" in args.hyp:
+        raise UserError("--hyp '-': stdin holds one output; give the replicates as files")
+    return True
+
+
+def _check_arguments(args: argparse.Namespace, replicates: bool = False) -> None:
     """User errors that need no scoring, before anything is read or written."""
     from multibranch.data.text import check_input_file, check_output_file
     from multibranch.errors import UserError
 
     if "-" in args.ref:
         raise UserError("--ref cannot be '-' (only --hyp may come from stdin)")
-    if args.compare == "-":
+    if "-" in (args.compare if replicates else [args.compare]):
         raise UserError("--compare needs a file (only --hyp may come from stdin)")
     if args.bootstrap_samples < 1:
         raise UserError(f"--bootstrap-samples {args.bootstrap_samples}: must be >= 1")
@@ -118,20 +148,24 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise UserError("--allow-unseen-labels: only for --task classify")
     if args.positive_label is not None and args.task != "classify":
         raise UserError("--positive-label: only for --task classify")
-    for path in [args.hyp, *args.ref, *([args.compare] if args.compare else [])]:
+    inputs = ([*args.hyp, *args.ref, *args.compare] if replicates
+              else [args.hyp, *args.ref, *([args.compare] if args.compare else [])])
+    for path in inputs:
         if path != "-":
             check_input_file(path)
     if args.json and args.json != "-":
         if Path(args.json).exists() and not args.force:
             raise FileExistsError(f"{args.json} exists; pass --force to overwrite it")
-        check_output_file(args.json, [args.hyp, *args.ref, *([args.compare] if args.compare else [])],
-                          parent_must_exist=False)
+        check_output_file(args.json, inputs, parent_must_exist=False)
 
 
 def run(args: argparse.Namespace) -> int:
     from multibranch.evaluate.metrics import evaluate_translation, format_bootstrap, format_scores
 
-    _check_arguments(args)
+    replicates = _replicates(args)
+    _check_arguments(args, replicates)
+    if replicates:
+        return _run_replicates(args)
     if args.task == "classify":
         return _run_classify(args)
     if args.task == "code":
@@ -159,6 +193,28 @@ def run(args: argparse.Namespace) -> int:
     if rows_to_stdout:
         sys.stdout.write("".join(f"{b:.4f}\t{c:.4f}\n" for b, c in zip(sentences["bleu"], sentences["chrf"],
                                                                          strict=True)))
+    if args.json:
+        _write_json(args.json, report)
+    sys.stdout.flush()
+    return 0
+
+
+def _run_replicates(args: argparse.Namespace) -> int:
+    """Several trainings of two systems, compared by the paired bootstrap over the replicates."""
+    from multibranch.evaluate.metrics import compare_replicates, format_replicates
+
+    def read(paths: list[str]) -> list[tuple[str, list[str]]]:  # a file may stand for several replicates
+        return [(path, _read(path, args.encoding_errors)) for path in paths]
+
+    report = compare_replicates(read(args.hyp), read(args.compare), dict(read(args.ref)), metrics=args.metrics,
+                                tokenize=args.tokenize, lowercase=args.lowercase,
+                                allow_download=args.allow_download, samples=args.bootstrap_samples)
+    lines = [f"paired bootstrap over {report['replicates']} replicates, baseline {' '.join(args.hyp)} vs system "
+             f"{' '.join(args.compare)}, {args.bootstrap_samples} resamples:",
+             *(f"  {line}" for line in format_replicates(report))]
+    human = sys.stderr if args.json == "-" else sys.stdout
+    for line in lines:
+        print(line, file=human, flush=True)
     if args.json:
         _write_json(args.json, report)
     sys.stdout.flush()

@@ -201,13 +201,14 @@ def paired_bootstrap(
     return result
 
 
-def sufficient_statistics(hypotheses: Sequence[str], references: Sequence[str], metric: str = "bleu",
-                          tokenize: str = "13a", lowercase: bool = False) -> list[list[float]]:
+def sufficient_statistics(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]],
+                          metric: str = "bleu", tokenize: str = "13a", lowercase: bool = False,
+                          allow_download: bool = False) -> list[list[float]]:
     """sacreBLEU's per-line sufficient statistics of `metric` (BLEU: hypothesis and reference length, then the
     matches and totals of each n-gram order): all that a corpus score and a paired bootstrap need, without the
-    text itself."""
+    text itself. `references`: one stream of lines or several."""
     streams = _checked_streams(hypotheses, references)
-    _check_metrics([metric], tokenize, False)
+    _check_metrics([metric], tokenize, allow_download)
     return [list(map(float, row)) for row in _metric(metric, tokenize, lowercase)._extract_corpus_statistics(
         list(hypotheses), streams)]
 
@@ -247,7 +248,7 @@ def paired_bootstrap_replicates(baselines: Sequence[Sequence[Sequence[float]]],
     scorer = _metric(metric, tokenize, lowercase)
 
     def score(totals: np.ndarray) -> float:  # totals [stats]
-        return scorer._compute_score_from_stats(totals).score
+        return float(scorer._compute_score_from_stats(totals).score)
 
     seed = os.environ.get("SACREBLEU_SEED", "12345")
     rng = np.random.default_rng(None if seed.lower() == "none" else int(seed))
@@ -300,6 +301,68 @@ def format_bootstrap(result: dict[str, Any]) -> list[str]:
             f"system {other['score']:.2f} ({other['mean']:.2f} +- {other['ci95']:.2f}), "
             f"p = {entry['p_value']:.4f} ({entry['signature']})"
         )
+    return lines
+
+
+def compare_replicates(baselines: Sequence[tuple[str, Sequence[str]]], systems: Sequence[tuple[str, Sequence[str]]],
+                       references: dict[str, Sequence[str]], *, metrics: Sequence[str] = ("bleu", "chrf"),
+                       tokenize: str = "13a", lowercase: bool = False, allow_download: bool = False,
+                       samples: int = 1000) -> dict[str, Any]:
+    """`evaluate --hyp B1 B2 ... --compare S1 S2 ...`: two systems trained several times (replicates, e.g. seeds;
+    B_k is paired with S_k, in order), compared by the paired bootstrap over the replicates
+    (`paired_bootstrap_replicates`) on every metric. Each output is (its name, its lines); one output may stand for
+    several replicates (a fixed baseline). `references` maps each reference file's name to its lines.
+
+    Returns {"replicates", "samples", "baseline": [names], "system": [names], "refs": [names], and per metric
+    {"name", "baseline": {"score" (the mean), "scores" (per replicate)}, "system": {...}, "p_value",
+    "no_difference", "signature"}}."""
+    if len(baselines) != len(systems) or not baselines:
+        raise DataError(f"{len(baselines)} baseline and {len(systems)} system outputs: give one system output per "
+                        "baseline output, the same replicate (seed) at the same place")
+    refs = list(references.values())
+    lines = len(refs[0]) if refs else 0
+    for name, output in [*baselines, *systems]:
+        if len(output) != lines:
+            raise DataError(f"line counts differ: {name} has {len(output)} lines, the references {lines}")
+    _check_metrics(metrics, tokenize, allow_download)
+    report: dict[str, Any] = {"replicates": len(baselines), "samples": samples,
+                              "baseline": [name for name, _ in baselines], "system": [name for name, _ in systems],
+                              "refs": list(references)}
+    for metric in metrics:
+        def per_replicate(outputs: Sequence[tuple[str, Sequence[str]]], metric: str = metric) -> list[list[list[float]]]:
+            return [sufficient_statistics(output, refs, metric, tokenize, lowercase, allow_download)
+                    for _, output in outputs]
+
+        base, other = per_replicate(baselines), per_replicate(systems)
+        result = paired_bootstrap_replicates(base, other, metric, tokenize, lowercase, samples)
+        scored = score_corpus(baselines[0][1], refs, [metric], tokenize, lowercase, allow_download)[metric]
+        report[metric] = {
+            "name": scored["name"],
+            "baseline": {"score": result["baseline"], "scores": result["baseline_scores"]},
+            "system": {"score": result["system"], "scores": result["system_scores"]},
+            "p_value": result["p_value"],
+            "no_difference": all(same_statistics(b, o) for b, o in zip(base, other, strict=True)),
+            "signature": scored["signature"],
+        }
+    return report
+
+
+def format_replicates(report: dict[str, Any]) -> list[str]:
+    """One line per metric: each system's mean score with the replicates' in brackets, and the p-value."""
+    lines = []
+    for name in METRICS:
+        if name not in report:
+            continue
+        entry = report[name]
+        base, other = entry["baseline"], entry["system"]
+
+        def scores(side: dict[str, Any]) -> str:
+            return f"{side['score']:.2f} ({', '.join(f'{value:.2f}' for value in side['scores'])})"
+
+        verdict = ("no difference (every line has the same statistics in both, in every replicate)"
+                   if entry["no_difference"] else f"p = {entry['p_value']:.4f}")
+        lines.append(f"{entry['name']}: baseline {scores(base)}, system {scores(other)}, {verdict} "
+                     f"({entry['signature']})")
     return lines
 
 
