@@ -4,9 +4,9 @@ Prints one line per metric, the score followed by its sacreBLEU signature, e.g.
     BLEU = 38.50 83.3/60.0/50.0/33.3 (BP = ...) (nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0)
 Optionally: per-line scores (--sentence-level), a paired bootstrap test against a second system
 (--compare; with several --hyp files and as many --compare files, the outputs of several trainings of each
-system, seed by seed: one test over all of them, as MultEval does), BLEU on the given tokens as the WMT14 En-De papers report it (--tokenized-bleu, optionally
---compound-split; printed after sacreBLEU, labelled as not comparable across tokenisations), and
-everything as JSON (--json FILE, or --json - for stdout).
+system, seed by seed: one test over all of them, as MultEval does), BLEU on the given tokens as the WMT14
+En-De papers report it (--tokenized-bleu, optionally --compound-split; printed after sacreBLEU, labelled as
+not comparable across tokenisations), and everything as JSON (--json FILE, or --json - for stdout).
 
 With `--task classify`, --hyp holds one predicted label per line (the output of `multibranch classify`;
 anything after a TAB, such as --probs, is ignored) and the one --ref one gold label per line: accuracy,
@@ -212,13 +212,7 @@ def _run_replicates(args: argparse.Namespace) -> int:
     lines = [f"paired bootstrap over {report['replicates']} replicates, baseline {' '.join(args.hyp)} vs system "
              f"{' '.join(args.compare)}, {args.bootstrap_samples} resamples:",
              *(f"  {line}" for line in format_replicates(report))]
-    human = sys.stderr if args.json == "-" else sys.stdout
-    for line in lines:
-        print(line, file=human, flush=True)
-    if args.json:
-        _write_json(args.json, report)
-    sys.stdout.flush()
-    return 0
+    return _report(args, lines, report)
 
 
 def _check_single_reference(args: argparse.Namespace, what: str) -> None:
@@ -242,16 +236,16 @@ def _run_code(args: argparse.Namespace) -> int:
     hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
     result = score_code_lines(_read(args.hyp, args.encoding_errors), _read(args.ref[0], args.encoding_errors),
                               hyp_name, args.ref[0], code_format=args.code_format or "escaped")
-    return _report(args, format_code_scores(result), result)
+    return _report(args, format_code_scores(result), {"hyp": args.hyp, "ref": args.ref[0], **result})
 
 
-def _report(args: argparse.Namespace, lines: list[str], result: dict) -> int:
-    """Print the human-readable lines (to stderr when the JSON goes to stdout) and write --json."""
+def _report(args: argparse.Namespace, lines: list[str], document: dict) -> int:
+    """Print the human-readable lines (to stderr when the JSON goes to stdout) and write `document` to --json."""
     human = sys.stderr if args.json == "-" else sys.stdout
     for line in lines:
         print(line, file=human, flush=True)
     if args.json:
-        _write_json(args.json, {"hyp": args.hyp, "ref": args.ref[0], **result})
+        _write_json(args.json, document)
     sys.stdout.flush()
     return 0
 
@@ -264,7 +258,7 @@ def _run_classify(args: argparse.Namespace) -> int:
     result = score_label_lines(_read(args.hyp, args.encoding_errors), _read(args.ref[0], args.encoding_errors),
                                hyp_name, args.ref[0], allow_unseen=args.allow_unseen_labels,
                                positive=args.positive_label)
-    return _report(args, format_classification(result), result)
+    return _report(args, format_classification(result), {"hyp": args.hyp, "ref": args.ref[0], **result})
 
 
 def _write_json(target: str, report: dict[str, Any]) -> None:
