@@ -100,12 +100,30 @@ def test_one_replicate_is_sacrebleus_test_and_repeating_it_changes_nothing():
 
     refs, base, system = corpus()
     b, s = sufficient_statistics(base, refs), sufficient_statistics(system, refs)
-    one = paired_bootstrap_replicates([b], [s])
-    single = paired_bootstrap_statistics(b, s)
-    assert {key: one[key] for key in single} == single
-    twice = paired_bootstrap_replicates([b, b], [s, s])
+    one = paired_bootstrap_replicates([b], [s], samples=500)
+    text = paired_bootstrap(base, system, refs, metrics=("bleu",), samples=500)["bleu"]  # sacreBLEU on the text
+    assert one["p_value"] == pytest.approx(text["p_value"]) and one["seed"] == 12345
+    twice = paired_bootstrap_replicates([b, b], [s, s], samples=500)
     assert twice["p_value"] == one["p_value"] and twice["system"] == pytest.approx(one["system"])
-    assert paired_bootstrap_replicates([b, s], [b, s])["p_value"] == 1.0  # every seed paired with itself
+    same = paired_bootstrap_replicates([b, s], [b, s])  # every seed paired with itself
+    assert same["no_difference"] and same["p_value"] == 1.0 and not one["no_difference"]
+
+
+@pytest.mark.parametrize("value, seed", [("7", 7), ("none", None), ("None", None), ("0", None)])
+def test_the_bootstrap_seed_is_read_as_sacrebleu_reads_it(value, seed, monkeypatch):
+    from multibranch.evaluate.metrics import bootstrap_seed
+
+    monkeypatch.setenv("SACREBLEU_SEED", value)
+    assert bootstrap_seed() == seed
+
+
+def test_a_bootstrap_seed_that_is_no_number_is_a_data_error(monkeypatch):
+    from multibranch.evaluate.metrics import paired_bootstrap_replicates
+
+    monkeypatch.setenv("SACREBLEU_SEED", "abc")
+    refs, base, system = corpus(20)
+    with pytest.raises(DataError, match="SACREBLEU_SEED='abc': give an integer"):
+        paired_bootstrap_replicates([sufficient_statistics(base, refs)], [sufficient_statistics(system, refs)])
 
 
 def test_replicates_must_pair_up_on_one_test_set():
@@ -132,13 +150,18 @@ def test_chrf_statistics_give_sacrebleus_paired_test_on_the_text():
 
 
 def test_compare_replicates_reports_every_metric_over_the_seeds():
-    from multibranch.evaluate.metrics import compare_replicates, format_replicates, paired_bootstrap_replicates
+    from multibranch.evaluate.metrics import (
+        compare_replicates,
+        format_replicates,
+        paired_bootstrap_replicates,
+    )
 
     refs, bases, systems = replicate_corpora()
     named = [(f"base{k}", lines) for k, lines in enumerate(bases)], [(f"sys{k}", lines) for k, lines in
                                                                      enumerate(systems)]
     report = compare_replicates(*named, {"ref": refs}, samples=200)
-    assert report["replicates"] == 3 and report["baseline"] == ["base0", "base1", "base2"]
+    assert report["replicates"] == 3 and report["baseline_files"] == ["base0", "base1", "base2"]
+    assert "|bs:200|seed:12345|" in report["bleu"]["signature"] and report["seed"] == 12345
     for metric in ("bleu", "chrf"):
         expected = paired_bootstrap_replicates([sufficient_statistics(b, refs, metric) for b in bases],
                                                [sufficient_statistics(s, refs, metric) for s in systems],

@@ -265,7 +265,7 @@ def test_cli_compares_replicates_seed_by_seed(tmp_path, capsys):
         return [(p, open(p, encoding="utf-8").read().splitlines()) for p in paths]
 
     expected = compare_replicates(read(bases), read(systems), {ref: REPLICATE_REFS}, samples=200)
-    assert report["bleu"]["p_value"] == expected["bleu"]["p_value"] and report["baseline"] == bases
+    assert report["bleu"]["p_value"] == expected["bleu"]["p_value"] and report["baseline_files"] == bases
     assert report["chrf"]["system"]["scores"] == pytest.approx(expected["chrf"]["system"]["scores"])
     assert printed[1].startswith("  BLEU: baseline ") and f"p = {expected['bleu']['p_value']:.4f}" in printed[1]
     assert printed[2].startswith("  chrF2: baseline ")
@@ -273,6 +273,12 @@ def test_cli_compares_replicates_seed_by_seed(tmp_path, capsys):
     assert main(["evaluate", "--hyp", bases[0], bases[0], bases[0], "--compare", *systems, "--ref", ref,
                  "--metrics", "bleu", "--bootstrap-samples", "50"]) == 0
     assert "over 3 replicates" in capsys.readouterr().out
+    # the files may come one flag each, as --ref does; --json - puts the report alone on stdout
+    repeated = [arg for k in range(3) for arg in ("--hyp", bases[k], "--compare", systems[k])]
+    assert main(["evaluate", *repeated, "--ref", ref, "--bootstrap-samples", "200", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["bleu"]["p_value"] == expected["bleu"]["p_value"]
+    assert captured.err.startswith("paired bootstrap over 3 replicates")
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -293,6 +299,20 @@ def test_cli_replicates_that_do_not_pair_up_are_one_line_before_anything_is_writ
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not out.exists()
+
+
+def test_cli_a_tokenizer_without_its_extra_is_one_line(tmp_path, capsys):
+    try:
+        import MeCab  # noqa: F401
+
+        pytest.skip("MeCab is installed: ja-mecab works here")
+    except ImportError:
+        pass
+    hyp, ref = _write(tmp_path / "hyp", HYP), _write(tmp_path / "ref", REF)
+    assert main(["evaluate", "--hyp", hyp, "--ref", ref, "--tokenize", "ja-mecab"]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer 'ja-mecab' is not usable here" in err and "sacrebleu[ja]" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_cli_replicates_of_other_lengths_are_named(tmp_path, capsys):

@@ -2,9 +2,9 @@
 
 Prints one line per metric, the score followed by its sacreBLEU signature, e.g.
     BLEU = 38.50 83.3/60.0/50.0/33.3 (BP = ...) (nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0)
-Optionally: per-line scores (--sentence-level), a paired bootstrap test against a second system
-(--compare; with several --hyp files and as many --compare files, the outputs of several trainings of each
-system, seed by seed: one test over all of them, as MultEval does), BLEU on the given tokens as the WMT14
+Optionally: per-line scores (--sentence-level), a paired bootstrap test against a second system (--compare;
+with several --hyp files and as many --compare files, the outputs of several trainings of each system, seed by
+seed: one test over all of them, each resample scored on every seed), BLEU on the given tokens as the WMT14
 En-De papers report it (--tokenized-bleu, optionally --compound-split; printed after sacreBLEU, labelled as
 not comparable across tokenisations), and everything as JSON (--json FILE, or --json - for stdout).
 
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="translate: sacreBLEU scores; classify: accuracy, macro-F1, MCC, positive-class F1 and confusion matrix of "
                              "one label per line; code: PoV, mean sentence BLEU and corpus BLEU of one escaped "
                              "Python function per line")
-    parser.add_argument("--hyp", required=True, nargs="+", metavar="FILE",
+    parser.add_argument("--hyp", required=True, nargs="+", action="extend", metavar="FILE",
                         help="detokenised system output ('-' = stdin); several files: the baseline's replicates "
                              "(seeds) for --compare")
     parser.add_argument("--ref", required=True, action="append", metavar="FILE",
@@ -64,12 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-line scores: one row 'BLEU<TAB>chrF' per hypothesis line on stdout (sentence BLEU "
                              "with exponential smoothing and effective order; chrF), corpus scores to stderr; "
                              "with --json also stored under 'sentences' (with --json -, only there)")
-    parser.add_argument("--compare", nargs="+", metavar="FILE",
+    parser.add_argument("--compare", nargs="+", action="extend", metavar="FILE",
                         help="paired bootstrap resampling: score system FILE against the baseline --hyp on the same "
                              "references and report both scores with mean +- 95%% CI and the p-value of the "
                              "difference; as many FILEs as --hyp files: replicate k of the system against replicate "
                              "k of the baseline, one test over the replicates (each resample scored on every "
-                             "replicate and averaged, Clark et al. 2011)")
+                             "replicate and the scores averaged)")
     parser.add_argument("--bootstrap-samples", type=int, default=1000, metavar="N",
                         help="bootstrap resamples for --compare (seeded by $SACREBLEU_SEED, 12345 if unset)")
     parser.add_argument("--tokenized-bleu", action="store_true",

@@ -34,7 +34,10 @@ def _reference_streams(references: Sequence[str] | Sequence[Sequence[str]]) -> l
 
 def _metric(name: str, tokenize: str, lowercase: bool) -> Any:
     if name == "bleu":
-        return BLEU(tokenize=tokenize, lowercase=lowercase)
+        try:
+            return BLEU(tokenize=tokenize, lowercase=lowercase)
+        except RuntimeError as err:  # a tokenizer whose extra is not installed (ja-mecab, ko-mecab)
+            raise DataError(f"tokenizer {tokenize!r} is not usable here: {' '.join(str(err).split())}") from None
     if name == "chrf":
         return CHRF(lowercase=lowercase)
     if name == "chrf++":
@@ -222,19 +225,33 @@ def paired_bootstrap_statistics(baseline: Sequence[Sequence[float]], system: Seq
     return {key: result[key] for key in ("lines", "samples", "baseline", "system", "p_value")}
 
 
+def bootstrap_seed() -> int | None:
+    """The resampling seed sacreBLEU's paired test uses: $SACREBLEU_SEED (default 12345; `none` or 0: fresh
+    entropy, as sacreBLEU reads it); DataError for anything else."""
+    text = os.environ.get("SACREBLEU_SEED", "12345")
+    if text.lower() == "none":
+        return None
+    try:
+        seed = int(text)
+    except ValueError:
+        raise DataError(f"SACREBLEU_SEED={text!r}: give an integer, or 'none' for an unseeded bootstrap") from None
+    return seed or None
+
+
 def paired_bootstrap_replicates(baselines: Sequence[Sequence[Sequence[float]]],
                                 systems: Sequence[Sequence[Sequence[float]]], metric: str = "bleu",
                                 tokenize: str = "13a", lowercase: bool = False, samples: int = 1000
                                 ) -> dict[str, Any]:
-    """The paired bootstrap over replicates (Clark et al. 2011, MultEval): `baselines[k]` and `systems[k]` are
-    the per-line `sufficient_statistics` of replicate k (a training seed) of each system on one test set.
+    """sacreBLEU's paired bootstrap extended to replicates: `baselines[k]` and `systems[k]` are the per-line
+    `sufficient_statistics` of replicate k (a training seed) of each system on one test set.
 
-    Each resample draws test lines once, as sacreBLEU does ($SACREBLEU_SEED, default 12345), scores every
-    replicate on those lines and averages over the replicates; the p-value is sacreBLEU's, computed on those
-    averages. It accounts for the test set's sampling, not for the spread between seeds (report that beside it).
-    One replicate each is sacreBLEU's paired test (`paired_bootstrap_statistics`). Returns {"lines",
-    "samples", "replicates", "baseline", "system" (mean corpus scores), "baseline_scores", "system_scores" (per
-    replicate), "p_value"}; p = 1 when every replicate's two outputs have the same statistics."""
+    Each resample draws test lines once, as sacreBLEU does (`bootstrap_seed`), scores every replicate on those
+    lines and averages the scores over the replicates; the p-value is sacreBLEU's, computed on those averages. It
+    weighs the test set's sampling with every seed's output at once, and treats the seeds as given: the spread
+    between seeds is to be reported beside it. One replicate each is sacreBLEU's paired test
+    (`paired_bootstrap_statistics`). Returns {"lines", "samples", "seed", "replicates", "baseline", "system" (mean
+    corpus scores), "baseline_scores", "system_scores" (per replicate), "p_value", "no_difference" (every
+    replicate's two outputs have the same statistics: p = 1)}."""
     if samples < 1:
         raise DataError(f"bootstrap samples must be >= 1, got {samples}")
     if len(baselines) != len(systems) or not len(baselines):
@@ -250,9 +267,8 @@ def paired_bootstrap_replicates(baselines: Sequence[Sequence[Sequence[float]]],
     def score(totals: np.ndarray) -> float:  # totals [stats]
         return float(scorer._compute_score_from_stats(totals).score)
 
-    seed = os.environ.get("SACREBLEU_SEED", "12345")
-    rng = np.random.default_rng(None if seed.lower() == "none" else int(seed))
-    idxs = rng.choice(lines, size=(samples, lines), replace=True)  # [samples, lines]
+    seed = bootstrap_seed()
+    idxs = np.random.default_rng(seed).choice(lines, size=(samples, lines), replace=True)  # [samples, lines]
     observed, resampled = {}, {}
     for side, replicates in (("baseline", baselines), ("system", systems)):
         stats = [np.array(replicate, dtype="float32") for replicate in replicates]  # [lines, stats] each
@@ -263,9 +279,9 @@ def paired_bootstrap_replicates(baselines: Sequence[Sequence[Sequence[float]]],
     diffs = np.abs(resampled["system"] - resampled["baseline"])
     same = all(same_statistics(b, s) for b, s in zip(baselines, systems, strict=True))
     p_value = 1.0 if same else _compute_p_value(diffs - diffs.mean(), abs(base_score - system_score))
-    return {"lines": lines, "samples": samples, "replicates": len(baselines), "baseline": base_score,
+    return {"lines": lines, "samples": samples, "seed": seed, "replicates": len(baselines), "baseline": base_score,
             "system": system_score, "baseline_scores": observed["baseline"], "system_scores": observed["system"],
-            "p_value": float(p_value)}
+            "p_value": float(p_value), "no_difference": same}
 
 
 def _same_statistics(metric: Any, baseline: Sequence[str], system: Sequence[str],
@@ -309,13 +325,13 @@ def compare_replicates(baselines: Sequence[tuple[str, Sequence[str]]], systems: 
                        tokenize: str = "13a", lowercase: bool = False, allow_download: bool = False,
                        samples: int = 1000) -> dict[str, Any]:
     """`evaluate --hyp B1 B2 ... --compare S1 S2 ...`: two systems trained several times (replicates, e.g. seeds;
-    B_k is paired with S_k, in order), compared by the paired bootstrap over the replicates
-    (`paired_bootstrap_replicates`) on every metric. Each output is (its name, its lines); one output may stand for
-    several replicates (a fixed baseline). `references` maps each reference file's name to its lines.
+    B_k is paired with S_k, in order), compared on every metric by `paired_bootstrap_replicates`. Each output is
+    (its name, its lines); one output may stand for several replicates (a fixed baseline). `references` maps each
+    reference file's name to its lines.
 
-    Returns {"replicates", "samples", "baseline": [names], "system": [names], "refs": [names], and per metric
-    {"name", "baseline": {"score" (the mean), "scores" (per replicate)}, "system": {...}, "p_value",
-    "no_difference", "signature"}}."""
+    Returns {"replicates", "samples", "seed", "baseline_files", "system_files", "refs", and per metric {"name",
+    "baseline": {"score" (the mean), "scores" (per replicate)}, "system": {...}, "p_value", "no_difference",
+    "signature" (the metric's, with the resamples and the seed, as sacreBLEU signs its paired test)}}."""
     if len(baselines) != len(systems) or not baselines:
         raise DataError(f"{len(baselines)} baseline and {len(systems)} system outputs: give one system output per "
                         "baseline output, the same replicate (seed) at the same place")
@@ -325,44 +341,53 @@ def compare_replicates(baselines: Sequence[tuple[str, Sequence[str]]], systems: 
         if len(output) != lines:
             raise DataError(f"line counts differ: {name} has {len(output)} lines, the references {lines}")
     _check_metrics(metrics, tokenize, allow_download)
-    report: dict[str, Any] = {"replicates": len(baselines), "samples": samples,
-                              "baseline": [name for name, _ in baselines], "system": [name for name, _ in systems],
-                              "refs": list(references)}
+    report: dict[str, Any] = {"replicates": len(baselines), "samples": samples, "seed": bootstrap_seed(),
+                              "baseline_files": [name for name, _ in baselines],
+                              "system_files": [name for name, _ in systems], "refs": list(references)}
     for metric in metrics:
-        def per_replicate(outputs: Sequence[tuple[str, Sequence[str]]], metric: str = metric) -> list[list[list[float]]]:
-            return [sufficient_statistics(output, refs, metric, tokenize, lowercase, allow_download)
-                    for _, output in outputs]
-
-        base, other = per_replicate(baselines), per_replicate(systems)
-        result = paired_bootstrap_replicates(base, other, metric, tokenize, lowercase, samples)
-        scored = score_corpus(baselines[0][1], refs, [metric], tokenize, lowercase, allow_download)[metric]
+        base = [sufficient_statistics(output, refs, metric, tokenize, lowercase, allow_download)
+                for _, output in baselines]
+        other = [sufficient_statistics(output, refs, metric, tokenize, lowercase, allow_download)
+                 for _, output in systems]
+        result = paired_bootstrap_replicates(base, other, metric=metric, tokenize=tokenize, lowercase=lowercase,
+                                             samples=samples)
+        signed = _bootstrap_signature(metric, tokenize, lowercase, baselines[0][1], refs, samples, result["seed"])
         report[metric] = {
-            "name": scored["name"],
-            "baseline": {"score": result["baseline"], "scores": result["baseline_scores"]},
+            "name": signed["name"], "baseline": {"score": result["baseline"], "scores": result["baseline_scores"]},
             "system": {"score": result["system"], "scores": result["system_scores"]},
-            "p_value": result["p_value"],
-            "no_difference": all(same_statistics(b, o) for b, o in zip(base, other, strict=True)),
-            "signature": scored["signature"],
+            "p_value": result["p_value"], "no_difference": result["no_difference"], "signature": signed["signature"],
         }
     return report
+
+
+def _bootstrap_signature(metric: str, tokenize: str, lowercase: bool, hypotheses: Sequence[str],
+                         refs: list[Sequence[str]], samples: int, seed: int | None) -> dict[str, str]:
+    """{"name", "signature"} of `metric` on these references, signed with the resamples and the seed as
+    sacreBLEU signs its paired test (`bs:N|seed:S`)."""
+    scorer = _metric(metric, tokenize, lowercase)
+    name = scorer.corpus_score(list(hypotheses), [list(r) for r in refs]).name  # the signature needs the refs' count
+    signature = scorer.get_signature()
+    signature.update("seed", str(seed).lower())
+    signature.update("bs", samples)
+    return {"name": name, "signature": str(signature)}
+
+
+def _mean_and_replicates(side: dict[str, Any]) -> str:
+    """'30.12 (29.80, 30.41, 30.15)': the mean score, then each replicate's."""
+    return f"{side['score']:.2f} ({', '.join(f'{value:.2f}' for value in side['scores'])})"
 
 
 def format_replicates(report: dict[str, Any]) -> list[str]:
     """One line per metric: each system's mean score with the replicates' in brackets, and the p-value."""
     lines = []
-    for name in METRICS:
-        if name not in report:
+    for metric in METRICS:
+        if metric not in report:
             continue
-        entry = report[name]
-        base, other = entry["baseline"], entry["system"]
-
-        def scores(side: dict[str, Any]) -> str:
-            return f"{side['score']:.2f} ({', '.join(f'{value:.2f}' for value in side['scores'])})"
-
+        entry = report[metric]
         verdict = ("no difference (every line has the same statistics in both, in every replicate)"
                    if entry["no_difference"] else f"p = {entry['p_value']:.4f}")
-        lines.append(f"{entry['name']}: baseline {scores(base)}, system {scores(other)}, {verdict} "
-                     f"({entry['signature']})")
+        lines.append(f"{entry['name']}: baseline {_mean_and_replicates(entry['baseline'])}, system "
+                     f"{_mean_and_replicates(entry['system'])}, {verdict} ({entry['signature']})")
     return lines
 
 
