@@ -570,7 +570,7 @@ def files_line(files: list[ResultsFile]) -> str:
 LEGEND = ("Test BLEU and chrF: sacreBLEU on test_2016_flickr, the average of the last checkpoints, mean ± sd over "
           "seeds. Δ: the system's test BLEU minus the standard model's of the same seed. p: the paired bootstrap "
           "against those standard models, first over the seeds together (each resample of test scored on every "
-          "seed and averaged, as MultEval does; from two seeds on), then sacreBLEU's, one per seed. Updates to "
+          "seed and the scores averaged; from two seeds on), then sacreBLEU's, one per seed. Updates to "
           "stop: where early stopping or the cap ended training (best at: the update of the best validation "
           "BLEU). {minutes}: training minutes per run; with jobs N, N runs shared one {device}. Paper's Δ: the "
           "paper's own gain on its own data and shape.")
@@ -1159,11 +1159,13 @@ def plan_region(curve_link: str | None = None) -> str:
         main_rows = [r for r in first["runs"] if r["run"].split("/")[0] in RECIPES["cpu"].main]
         main_left = [r for r in main_rows if r["state"] != "done"]
         main_hours = sum(r["minutes_left"] or 0 for r in main_left) / 60
+        unknown = sum(r["minutes_left"] is None for r in main_left)
         text = (f"CPU recipe ({first['updates']:,} updates a run, seeds 1-3): {first['done']} of "
                 f"{len(first['runs'])} runs done, {first['left']} left; {hours}, two runs side by side. The main "
                 f"rows ({', '.join(f'`{s}`' for s in RECIPES['cpu'].main)}; trained first): "
                 f"{len(main_rows) - len(main_left)} of {len(main_rows)} runs done, about {main_hours:.0f} core-hours "
-                f"left at {precisions[0]}. Done: " + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")
+                f"left at {precisions[0]}" + (f" (not estimated: {unknown} runs)" if unknown else "") + ". Done: "
+                + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")
     costs = cost_table()
     figure = f"\n![{CURVE_CAPTION}]({curve_link})\n" if curve_link else ""
     return "\n" + wrap(text) + "\n" + figure + (f"\n{costs}" if costs else "") + "\n"
