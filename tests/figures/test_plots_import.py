@@ -8,7 +8,8 @@ import sys
 
 PROBE = """
 import sys
-import multibranch.loading.model, multibranch.tasks, multibranch.analysis.lengths, multibranch.pruning.head_report
+import multibranch.loading.model, multibranch.tasks, multibranch.train.trainer, multibranch.serve.server
+import multibranch.analysis.lengths, multibranch.pruning.head_report
 print('matplotlib' in sys.modules)
 from multibranch.figures import plots
 fig = plots.pruning_curve_plot([{"fraction": 0.0, "score": 30.0}, {"fraction": 0.5, "score": 20.0}])
