@@ -296,9 +296,11 @@ class Harness:
         """Train (or resume) one run, then evaluate it once its training has finished; returns its status."""
         folder = self.run_dir(run)
         if (folder / "done.json").is_file():
-            status = "skipped (done before)" if self.analyse(run, folder) else "done (analysed now)"
+            analysed_before = self.analyse(run, folder)
+            if analysed_before and (not self.args.results_per_run or self.reported(run)):
+                return "skipped (done before)"  # its results file stays as it was written, commit and all
             self.report_run(run)
-            return status
+            return "done (reported now)" if analysed_before else "done (analysed now)"
         if self.reported(run):
             return "reported before"
         folder.mkdir(parents=True, exist_ok=True)

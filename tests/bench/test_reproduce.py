@@ -252,3 +252,7 @@ def test_cpu_recipe_tiny_writes_one_file_per_finished_run_and_skips_it_later(mul
     assert "done" in first
     second = reproduce(*[a if a != str(tmp_path / "work") else str(tmp_path / "fresh") for a in common]).stdout
     assert second.count("reported before") == 2 and "train from update" not in second
+    written = {name: (out / name).read_bytes() for name in files}
+    third = reproduce(*common).stdout  # the first call's work folder: its runs are done there
+    assert third.count("skipped (done before)") == 2
+    assert {name: (out / name).read_bytes() for name in files} == written  # commit and wall time as first written
