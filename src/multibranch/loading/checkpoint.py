@@ -31,16 +31,17 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
                task: str | tuple[str, ...] | None = None) -> LoadedCheckpoint:
     """Rebuild the model of a checkpoint (eval mode) with its tokenizer and experiment config.
 
-    `task`: the task (or tasks, the first naming the kind in the message) the caller can use
-    ("translation", "classification", "code"); a checkpoint of another task is a CheckpointError naming
-    the command that uses it, before any weights are built.
+    `task`: the task (or tasks) the caller can use ("translation", "classification", "code"; the message
+    counts code generation as translation where both are wanted); a checkpoint of another task is a
+    CheckpointError naming the command that uses it, before any weights are built.
     """
     payload = load_checkpoint(path)
     config = ExperimentConfig.from_dict(payload["config"])
     wanted = (task,) if isinstance(task, str) else task
     if wanted is not None and config.task not in wanted:
         hint = f"; use `{TASKS[config.task].command}`" if config.task in TASKS else ""
-        raise CheckpointError(f"{path} is a {config.task} model, not a {wanted[0]} model{hint}")
+        named = [kind for kind in wanted if not (kind == "code" and "translation" in wanted)]
+        raise CheckpointError(f"{path} is a {config.task} model, not a {' or '.join(named)} model{hint}")
     model = build_task_model(config)
     load_state_strict(model, payload["model"], str(path))
     model.to(device).eval()

@@ -35,7 +35,7 @@ from multibranch.loading.checkpoint import load_model
 from multibranch.pruning.curve import planned_counts, pruning_steps
 from multibranch.pruning.dominant import dominant_heads
 from multibranch.pruning.importance import head_importance
-from multibranch.pruning.scoring import make_scorer
+from multibranch.pruning.scoring import SCORED_TASKS, make_scorer
 from multibranch.tasks.translation.translator import progress_bar, show_progress
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
 
     options.validate()
     ReportFolder.check(out, force)
-    loaded = load_model(ckpt, options.device)
+    loaded = load_model(ckpt, options.device, task=SCORED_TASKS)
     model, cfg = loaded.model, loaded.config
     data = load_task_data(cfg.task, data_dir, str(ckpt))
     check_vocabulary(data, cfg.model, str(ckpt))

@@ -39,8 +39,12 @@ WHY_NOT = {
 
 
 def check_prunable(payload: dict[str, Any], where: str = "checkpoint") -> None:
-    """ConfigError naming the reason unless both stacks are standard/MAT layers."""
+    """ConfigError naming the reason unless the model is a translation model or a classifier and its stacks
+    are standard/MAT layers."""
     experiment = experiment_config(payload)
+    if experiment.task not in ("translation", "classification"):
+        raise ConfigError(f"{where}: a {experiment.task} model cannot be pruned: prune takes translation models "
+                          "and classifiers")
     cfg = experiment.model
     for stack in ("encoder", "decoder") if experiment.task == "translation" else ("encoder",):
         kind = getattr(cfg, stack).kind

@@ -35,7 +35,7 @@ from multibranch.errors import ConfigError, UserError
 from multibranch.loading.checkpoint import load_model
 from multibranch.pruning.importance import head_importance
 from multibranch.pruning.removal import check_prunable, prune_heads
-from multibranch.pruning.scoring import agreement, make_scorer
+from multibranch.pruning.scoring import SCORED_TASKS, agreement, make_scorer
 from multibranch.pruning.selection import heads_within_drop, least_important
 from multibranch.pruning.speed import side_by_side, speed_spread
 from multibranch.tasks import build_task_model
@@ -93,7 +93,7 @@ class PruneData:
 
     def __init__(self, ckpt: str | Path, options: PruneOptions):
         o = self.options = options
-        self.loaded = load_model(ckpt, o.device)
+        self.loaded = load_model(ckpt, o.device, task=SCORED_TASKS)
         cfg = self.loaded.config
         self.data = load_task_data(cfg.task, o.data, str(ckpt))
         check_vocabulary(self.data, cfg.model, str(ckpt))

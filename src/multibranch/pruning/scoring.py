@@ -85,6 +85,10 @@ class AccuracyScorer:
         return 100.0 * float((predicted == labels).double().mean())
 
 
+# the tasks make_scorer scores: a translation model by BLEU, a classifier by accuracy
+SCORED_TASKS = ("translation", "classification")
+
+
 def make_scorer(model: nn.Module, tokenizer: Any, data: Any, split: str, max_sentences: int | None,
                 decode: DecodeConfig | None, device: str = "cpu", max_tokens: int = 4096) -> BleuScorer | AccuracyScorer:
     """A BLEU scorer on the first `max_sentences` raw sentences of a translation split, or an accuracy

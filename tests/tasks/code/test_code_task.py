@@ -183,6 +183,23 @@ def test_code_checkpoint_is_refused_by_classify(code_run, tmp_path):
         load_model(code_run / "best.pt", task="classification")
 
 
+def test_code_checkpoint_is_refused_by_head_analysis_and_pruning(code_data, code_run, tmp_path, capsys):
+    """Head scoring knows BLEU of translations and accuracy of labels; a code model is refused in one line
+    before anything is written, with data (importance, curve) or without (listed heads)."""
+    ckpt = str(code_run / "best.pt")
+    assert main(["analyze", "heads", "--ckpt", ckpt, "--data", str(code_data), "--out", str(tmp_path / "heads")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"multibranch analyze: error: {ckpt} is a code model, not a translation or classification "
+                   "model; use `multibranch translate`"]
+    heads = tmp_path.parent / f"{tmp_path.name}-heads.json"
+    heads.write_text(json.dumps([["encoder.layers.0.self_attn", 0]]), encoding="utf-8")
+    for how in (["--data", str(code_data), "--fraction", "0.2"], ["--heads-json", str(heads)]):
+        assert main(["prune", "--ckpt", ckpt, *how, "--out", str(tmp_path / "pruned.pt")]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("multibranch prune: error: ") and "code model" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 # ---- presets ----------------------------------------------------------------------------------------
 
 
