@@ -124,7 +124,7 @@ def test_sampling_is_reproducible_for_a_seed_and_gives_n_samples(checkpoint, sou
 
 @pytest.mark.parametrize("args,message", [
     (["--sampling", "--top-p", "0"], "--top-p 0.0: must be in (0, 1]"),
-    (["--sampling", "--temperature", "-1"], "--temperature -1.0: must be > 0"),
+    (["--sampling", "--temperature", "-1"], "--temperature -1.0: must be in [0.001, 1000]"),
     (["--top-k", "5"], "--top-k applies only to --sampling; add --sampling or drop it"),
     (["--top-k", "5", "--seed", "1"], "--top-k, --seed apply only to --sampling; add --sampling or drop them"),
     (["--sampling", "--beam", "4"], "drop --beam"),

@@ -73,7 +73,10 @@ def test_prefixes_start_the_translations_as_translate_decodes_them(engine, token
     ({"texts": ["a"], "temperature": 0.5}, '"temperature" applies only to "sampling": true; add "sampling": true'),
     ({"texts": ["a"], "top_k": 3, "seed": 1}, '"top_k", "seed" apply only to "sampling": true'),
     ({"texts": ["a"], "sampling": True, "beam": 2}, "drop beam"),
-    ({"texts": ["a"], "sampling": True, "temperature": 0.0}, "temperature=0.0 must be > 0"),
+    ({"texts": ["a"], "sampling": True, "temperature": 0.0}, "temperature=0.0 must be in [0.001, 1000]"),
+    ({"texts": ["a"], "sampling": True, "temperature": 1e-39}, "temperature=1e-39 must be in [0.001, 1000]"),
+    ({"texts": ["a"], "sampling": True, "temperature": 1e39}, "temperature=1e+39 must be in [0.001, 1000]"),
+    ({"texts": ["a"], "length_penalty": 1000}, "length_penalty=1000.0 must be in [-10, 10]"),
     ({"texts": ["a"], "sampling": True, "top_p": 1.5}, "top_p=1.5 must be in (0, 1]"),
     ({"texts": ["a"], "sampling": True, "nbest": 9}, "nbest=9: at most 8 samples per text"),
     ({"texts": ["a", "b"], "prefix": ["x"]}, "prefix has 1 entries for 2 texts"),
@@ -85,6 +88,24 @@ def test_bad_sampling_and_prefix_requests_are_422_or_413_naming_the_field(body, 
     assert reply.status_code in (413, 422)
     assert message in str(reply.json()["detail"])
     assert stub.calls == []
+
+
+def test_extreme_lengths_and_nucleus_within_bounds_decode_as_their_limits_say(engine, tokenizer, experiment):
+    """max_len_a/b far past the model's positions stop at its position limit (as the largest sensible values do),
+    and a nucleus p that rounds to 0 in fp32 keeps the best token (as a tiny p does): answers, never a 500 or
+    an empty sample."""
+    config, model = experiment
+    huge, reasonable, nucleus = post(create_app(engine), {"texts": LINES[:2], "max_len_a": 1e20},
+                                     {"texts": LINES[:2], "max_len_b": 2**70},
+                                     {"texts": LINES[:2], "sampling": True, "top_p": 1e-300, "nbest": 2, "seed": 3})
+    capped = Translator(model, tokenizer, dataclasses.replace(config.decode, max_len_a=0.0,
+                                                              max_len_b=model.config.max_positions))
+    assert huge.status_code == reasonable.status_code == nucleus.status_code == 200
+    assert huge.json()["translations"] == reasonable.json()["translations"] == capped.translate(LINES[:2])
+    greedy = Translator(model, tokenizer, dataclasses.replace(config.decode, beam=1, nbest=1)).translate(LINES[:2])
+    samples = nucleus.json()["translations"]
+    assert [[h["text"] for h in entries] for entries in samples] == [[g, g] for g in greedy]  # p -> 0: the argmax
+    assert all(h["score"] is not None for entries in samples for h in entries)
 
 
 def test_a_prefix_longer_than_the_translation_may_be_is_422(engine):

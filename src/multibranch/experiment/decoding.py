@@ -37,7 +37,7 @@ class DecodeConfig:
     """
 
     beam: int = bounded(5, ge=1, note="1: greedy")
-    length_penalty: float = 1.0
+    length_penalty: float = bounded(1.0, ge=-10, le=10, note="0: none; above 1 favours longer outputs")
     length_penalty_kind: Literal["fairseq", "gnmt"] = "fairseq"
     max_len_a: float = bounded(1.2, ge=0)
     max_len_b: int = bounded(10, ge=0)
@@ -49,7 +49,8 @@ class DecodeConfig:
     long_inputs: Literal["truncate", "refuse"] = "truncate"
     no_repeat_ngram_size: int = bounded(0, ge=0, note="0: allow repeats")
     sampling: bool = False
-    temperature: float = bounded(1.0, gt=0, note="1: the model's distribution; lower: sharper, higher: flatter")
+    temperature: float = bounded(1.0, ge=0.001, le=1000,
+                                 note="1: the model's distribution; lower: sharper, higher: flatter")
     top_k: int = bounded(0, ge=0, note="0: no top-k restriction")
     top_p: float = bounded(1.0, gt=0, le=1, note="1: no nucleus restriction")
     seed: int | None = bounded(None, ge=0, le=2**64 - 1)

@@ -117,9 +117,10 @@ def max_output_lengths(model: Decodable, src: Tensor, max_len_a: float, max_len_
 
 def length_limits(cfg: object, src_lens: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
     """`max_output_lengths` from the source lengths src_lens [B] (EOS included) and a model config."""
-    limit = torch.floor(max_len_a * src_lens.double() + max_len_b).clamp(min=0).long()
     positions = getattr(cfg, "max_positions", None)
-    return limit if positions is None else limit.clamp(max=positions - 1)
+    cap = positions - 1 if positions is not None else 2**31 - 1
+    # clamped in float64 before the cast, so that a huge a or b (a request's 1e20) gives the cap, not an overflow
+    return torch.floor(max_len_a * src_lens.double() + float(max_len_b)).clamp(min=0, max=cap).long()
 
 
 def output_limits(model: Decodable, src: Tensor, options: DecodeConfig, prefix: Tensor | None) -> tuple[Tensor, int]:

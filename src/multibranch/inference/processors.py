@@ -183,6 +183,7 @@ class Temperature:
     def __init__(self, temperature: float) -> None:
         if not (math.isfinite(temperature) and temperature > 0):
             raise ConfigError(f"temperature={temperature} must be a finite number > 0 (1: the model's distribution)")
+        # DecodeConfig bounds it to [0.001, 1000]: log-probabilities divided by it stay finite in fp32
         self.temperature = temperature
 
     def __call__(self, scores: Tensor, state: StepState) -> Tensor:
@@ -217,7 +218,8 @@ class TopP:
         ranked, order = scores.sort(dim=-1, descending=True)  # [N, V]
         probs = ranked.exp()
         before = probs.cumsum(dim=-1) - probs  # the probability of the tokens ranked above
-        drop_ranked = before >= self.p  # the best token always stays (before = 0 < p)
+        drop_ranked = before >= self.p
+        drop_ranked[:, 0] = False  # the best token always stays (even where p rounds to 0 in the scores' dtype)
         drop = torch.zeros_like(drop_ranked).scatter_(1, order, drop_ranked)  # [N, V]
         scores.masked_fill_(drop, NEG_INF)
         return torch.log_softmax(scores, dim=-1, out=scores)
