@@ -34,6 +34,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 uvicorn = pytest.importorskip("uvicorn")
 
+from multibranch.errors import ConfigError  # noqa: E402
 from multibranch.serve.app import PAGE_DIR, create_app  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
 from multibranch.serve.server import server_class as _server_class  # noqa: E402
@@ -331,7 +332,7 @@ def test_request_fields_are_strictly_typed(path, body, field, translation_engine
 
 @pytest.mark.parametrize(("method", "path", "allow"), [
     ("GET", "/translate", "POST"), ("GET", "/classify", "POST"), ("GET", "/attention", "POST"),
-    ("PUT", "/translate", "POST"), ("POST", "/health", "GET"), ("DELETE", "/info", "GET"),
+    ("PUT", "/translate", "POST"), ("POST", "/health", "GET, HEAD"), ("DELETE", "/info", "GET"),
 ])
 def test_a_route_asked_with_another_method_is_405_with_the_page_mounted(method, path, allow):
     app = create_app(StubEngine(), static_dir=PAGE_DIR)
@@ -343,6 +344,35 @@ def test_a_route_asked_with_another_method_is_405_with_the_page_mounted(method, 
     reply, page = run(go())
     assert reply.status_code == 405 and reply.headers["allow"] == allow
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
+@pytest.mark.parametrize("path", ["/nope", "/translate/", "/v1/translate", "/index.html"])
+def test_a_post_to_no_route_is_404_with_the_page_mounted(path):
+    app = create_app(StubEngine(), static_dir=PAGE_DIR)
+
+    async def go() -> httpx.Response:
+        async with serving(app) as client:
+            return await client.post(path, json={"texts": ["a"]})
+
+    reply = run(go())
+    assert reply.status_code == 404 and reply.json() == {"detail": "Not Found"}
+
+
+def test_health_answers_head_for_load_balancers():
+    app = create_app(StubEngine(), static_dir=PAGE_DIR)
+
+    async def go() -> tuple[httpx.Response, httpx.Response]:
+        async with serving(app) as client:
+            return await client.head("/health"), await client.get("/health")
+
+    head, get = run(go())
+    assert head.status_code == get.status_code == 200 and head.content == b""
+
+
+def test_a_default_beam_over_max_beam_is_refused_when_the_app_is_made(translation_engine):
+    with pytest.raises(ConfigError, match=rf"default beam {translation_engine.default_beam} \(--beam\) is over "
+                                          r"max_beam=1 \(--max-beam\)"):
+        create_app(translation_engine, ServeLimits(max_beam=1))
 
 
 # ---- Ctrl-C under load ----------------------------------------------------------------------------

@@ -64,6 +64,7 @@ def test_real_uvicorn_server_on_loopback(checkpoint):
     (["--ckpt", "CKPT", "--engine", "ct2"], "needs a directory"),
     (["--ckpt", "CKPT", "--max-queue", "0"], "--max-queue 0: must be >= 1"),
     (["--ckpt", "CKPT", "--timeout", "0"], "--timeout 0.0: must be > 0"),
+    (["--ckpt", "CKPT", "--beam", "8", "--max-beam", "4"], "--beam 8: over --max-beam 4"),
 ])
 def test_serve_argument_errors_are_one_line(argv, message, checkpoint, capsys):
     argv = [str(checkpoint) if a == "CKPT" else a for a in argv]

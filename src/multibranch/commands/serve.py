@@ -109,6 +109,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         from multibranch.experiment.decoding import DecodeConfig
 
         check_value(DecodeConfig, "beam", args.beam, "--beam")
+        if args.max_beam is not None and args.beam > args.max_beam:
+            raise UserError(f"--beam {args.beam}: over --max-beam {args.max_beam}, the largest beam a request may "
+                            "ask; every request without a beam would be refused")
     args.engine = engine_of(args.ckpt, args.engine)
     check_paths(args.ckpt)
     if args.engine == "ct2" and len(args.ckpt) > 1:

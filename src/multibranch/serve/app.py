@@ -401,7 +401,9 @@ class _Answered:
 
 class _PageFiles:
     """The static page mounted at /, except that a request for an API path with a method the API does
-    not take gets 405 with Allow (the router would otherwise hand it to the page: 404)."""
+    not take gets 405 with Allow (the router would otherwise hand it to the page: 404), and a request other than
+    GET or HEAD for any other path gets 404 (the page's files would answer 405: a mistyped route is not a wrong
+    method)."""
 
     def __init__(self, files: ASGIApp, api_methods: dict[str, set[str]]):
         self.files, self.api_methods = files, api_methods
@@ -412,6 +414,9 @@ class _PageFiles:
             await JSONResponse({"detail": "Method Not Allowed"}, 405,
                                headers={"Allow": ", ".join(sorted(methods))})(scope, receive, send)
             return
+        if scope["type"] == "http" and scope.get("method") not in ("GET", "HEAD"):
+            await JSONResponse({"detail": "Not Found"}, 404)(scope, receive, send)
+            return
         await self.files(scope, receive, send)
 
 
@@ -419,6 +424,10 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
     """The server around `engine` (already loaded)."""
     limits = limits or ServeLimits()
     limits.validate()
+    default_beam = getattr(engine, "default_beam", None)
+    if default_beam is not None and default_beam > limits.max_beam:  # every request without a beam would be refused
+        raise ConfigError(f"the model's default beam {default_beam} (--beam) is over max_beam={limits.max_beam} "
+                          "(--max-beam): raise --max-beam or lower --beam")
     metrics = ServeMetrics()
     batcher = MicroBatcher(engine, limits, metrics)
     choices_of = getattr(engine, "attention_choices", None)  # engines without it draw no maps
@@ -526,17 +535,19 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
     @app.post("/attention")
     async def attention(body: AttentionRequest) -> Any:
         _check_attention(body, limits, choices, task, getattr(engine, "ensemble", False))
-        try:
-            return await batcher.run_exclusive(engine.attention, body.text, body.kind, body.layer, body.head,  # type: ignore[attr-defined]
-                                               body.branch, body.beam, body.target)
-        except (QueueFull, ShuttingDown, TimeoutError) as err:
-            return _unavailable(err, limits, metrics)
-        except SelectionError as err:
-            raise HTTPException(422, str(err)) from None
-        except DataError as err:  # a text over the model's limit, refused (`long_inputs` "refuse")
-            raise HTTPException(413, str(err)) from None
 
-    @app.get("/health")
+        async def handle() -> Any:
+            try:
+                return await batcher.run_exclusive(engine.attention, body.text, body.kind, body.layer,  # type: ignore[attr-defined]
+                                                   body.head, body.branch, body.beam, body.target)
+            except SelectionError as err:
+                raise HTTPException(422, str(err)) from None
+            except DataError as err:  # a text over the model's limit, refused (`long_inputs` "refuse")
+                raise HTTPException(413, str(err)) from None
+
+        return await queued(handle)
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Any:
         if batcher.closing:
             return JSONResponse({"status": "shutting down", "queue_depth": batcher.depth}, 503,
