@@ -27,7 +27,8 @@ def test_train_config_chooses_preset_saved_config_or_checkpoint_config(tmp_path)
     torch.save({"format": FORMAT, "version": VERSION, "config": config, "model": {}}, ckpt)
     started = train_config(None, None, [], tmp_path / "new", init_from=ckpt)
     assert started.task == "classification" and started.train.seed == 9
-    with pytest.raises(ConfigError, match="choose a model"):  # a resume without config.yaml ignores --init-from
+    with pytest.raises(ConfigError, match=r"--resume: no .*new/config.yaml to continue from \(no run there to "
+                                          r"resume\); start a run with --preset"):  # --init-from is not a config
         train_config(None, None, [], tmp_path / "new", resume=True, init_from=ckpt)
 
 

@@ -118,6 +118,26 @@ def test_no_checkpoint_command_replaces_the_best_checkpoint_of_a_run(run_dir, ti
     assert snapshot(run_dir) == before
 
 
+def test_prune_never_writes_over_its_heads_file(tiny_checkpoint, tmp_path, capsys):
+    heads = tmp_path / "heads.json"
+    heads.write_text('[["encoder.layers.0.self_attn", 0]]')
+    assert main(["prune", "--ckpt", str(tiny_checkpoint), "--heads-json", str(heads), "--no-speed",
+                 "--out", str(tmp_path / "pruned.pt"), "--report", str(heads), "--force"]) == 2
+    assert f"output is the same file as input {heads}" in one_error_line(capsys)
+    assert heads.read_text() == '[["encoder.layers.0.self_attn", 0]]'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heads.json"]
+
+
+def test_an_output_under_a_file_or_a_missing_folder_is_named_as_such(tiny_checkpoint, tmp_path, capsys):
+    src, plain = tmp_path / "in.txt", tmp_path / "plain.txt"
+    src.write_text("a b c\n", encoding="utf-8")
+    plain.write_text("not a folder\n", encoding="utf-8")
+    for out, why in ((plain / "out.txt", f"{plain} is not a directory"),
+                     (tmp_path / "missing" / "out.txt", f"{tmp_path / 'missing'} does not exist")):
+        assert main(["translate", "--ckpt", str(tiny_checkpoint), "-i", str(src), "-o", str(out)]) == 2
+        assert why in one_error_line(capsys)
+
+
 def test_average_never_replaces_one_of_its_inputs(run_dir, capsys):
     before = snapshot(run_dir)
     step = sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1]

@@ -104,6 +104,7 @@ def test_cli_fold(tmp_path, capsys):
     mat = mat_payload(2, 1)
     save_checkpoint(src_path, mat)
     assert main(["convert", "fold", "--ckpt", str(src_path), "--out", str(out)]) == 0
+    assert "attention branches folded into heads" in capsys.readouterr().out
     loaded = load_model(out)
     assert loaded.config.model.encoder.heads == 8
     src, tgt = batch()
@@ -111,3 +112,14 @@ def test_cli_fold(tmp_path, capsys):
         torch.testing.assert_close(loaded.model(src, tgt), model_of(mat)(src, tgt), atol=1e-5, rtol=1e-5)
     assert main(["convert", "fold", "--ckpt", str(src_path), "--out", str(out)]) == 2
     assert "exists" in capsys.readouterr().err
+
+
+def test_cli_fold_of_a_standard_model_says_nothing_was_folded(tmp_path, capsys):
+    src_path, out = tmp_path / "std.pt", tmp_path / "folded.pt"
+    standard = mat_payload(1, 1)
+    save_checkpoint(src_path, standard)
+    assert main(["convert", "fold", "--ckpt", str(src_path), "--out", str(out)]) == 0
+    assert "the same model (one attention and one FFN branch: nothing to fold)" in capsys.readouterr().out
+    src, tgt = batch()
+    with torch.no_grad():
+        assert torch.equal(load_model(out).model(src, tgt), model_of(standard)(src, tgt))

@@ -143,6 +143,9 @@ def _fold(args: argparse.Namespace) -> int:
     payload = fold_mat(load_checkpoint(args.ckpt), source=str(args.ckpt))
     save_checkpoint(args.out, payload)
     conv = payload["meta"]["conversion"]
+    if all(side["attention_branches"] == 1 and side["ffn_branches"] == 1 for side in conv["before"].values()):
+        print(f"wrote {args.out}: the same model (one attention and one FFN branch: nothing to fold)")
+        return 0
     ffn = "and FFN branches" if conv["ffn_folded"] else "(FFN branches kept: encoder/decoder N_f differ)"
     print(f"wrote {args.out}: attention branches folded into heads {ffn}")
     return 0

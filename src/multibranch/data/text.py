@@ -240,7 +240,8 @@ def check_output_file(path: str, inputs: Iterable[str] = (), parent_must_exist: 
     if target.is_dir():
         raise DataError(f"{path}: is a directory, expected an output file")
     if parent_must_exist and not target.parent.is_dir():
-        raise DataError(f"{path}: directory {target.parent} does not exist")
+        what = "is not a directory" if target.parent.exists() else "does not exist"
+        raise DataError(f"{path}: {target.parent} {what}")
 
 
 def refuse_existing_output(path: str, force: bool) -> None:

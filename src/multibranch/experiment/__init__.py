@@ -105,6 +105,9 @@ def train_config(preset: str | None, config_file: str | None, overrides: list[st
             config_file = str(saved)
         elif init_from is not None and not resume:
             base = load_checkpoint(init_from)["config"]
+        elif resume:
+            raise ConfigError(f"--resume: no {saved} to continue from (no run there to resume); start a run with "
+                              "--preset NAME or --config FILE")
         else:
             raise ConfigError("choose a model with --preset NAME or --config FILE (presets: `multibranch info --list`)")
     return resolve_config(preset, config_file, overrides, base=base)

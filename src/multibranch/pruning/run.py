@@ -163,8 +163,9 @@ def prune_checkpoint(ckpt: str | Path, out: str | Path, report_path: str | Path,
     refuse_replacing(out, CHECKPOINT)  # a text file, a run's last.pt or best.pt: never, --force or not
     refuse_overwrite(out, force)
     refuse_overwrite(report_path, force)
-    check_output_file(str(out), [str(ckpt)], parent_must_exist=False)
-    check_output_file(str(report_path), [str(ckpt), str(out)], parent_must_exist=False)
+    inputs = [str(ckpt), *([options.heads_file] if options.heads_file else [])]
+    check_output_file(str(out), inputs, parent_must_exist=False)
+    check_output_file(str(report_path), [*inputs, str(out)], parent_must_exist=False)
     payload = load_checkpoint(ckpt)
     check_prunable(payload, str(ckpt))
     pruned = None
