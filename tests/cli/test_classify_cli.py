@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 
@@ -50,6 +51,22 @@ def test_classify_labels_lines_and_keeps_empty_lines(classify_run, tmp_path, cap
     assert sorted(values) == ["colour", "number", "place"]
     assert sum(map(float, values.values())) == pytest.approx(1.0, abs=2e-4)
     assert label == max(values, key=lambda k: float(values[k])) == got[0]
+
+
+def test_classify_says_how_many_texts_it_cut_to_the_model_s_positions(classify_run, tmp_path, capsys, caplog):
+    from multibranch.loading.checkpoint import load_model
+
+    limit = load_model(classify_run / "run" / "best.pt").config.model.max_positions - 2
+    long = " ".join(["north the a"] * limit)
+    (tmp_path / "in.txt").write_text(f"the north\n{long}\nis seven\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        assert main(["classify", "--ckpt", str(classify_run / "run" / "best.pt"), "-i", str(tmp_path / "in.txt"),
+                     "--device", "cpu"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"1 of 3 texts are longer than the classifier's {limit} tokens; each is classified from its "
+                        f"first {limit} tokens (pairs: both texts shortened, longest first), as prepare cut the "
+                        "training data"]
 
 
 def test_classify_refuses_bad_arguments(classify_run, tmp_path, capsys):

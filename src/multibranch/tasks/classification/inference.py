@@ -8,6 +8,7 @@ the model's positions). Text lines give pairs as `a<TAB>b` (`parse_examples`).
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 import torch
@@ -19,6 +20,8 @@ from multibranch.tasks.classification.pairs import join_pair, pair_separator
 from multibranch.tasks.classification.task import encode_batch
 
 Example = str | tuple[str, str]
+
+logger = logging.getLogger(__name__)
 
 
 def is_pair_model(model: nn.Module) -> bool:
@@ -38,13 +41,21 @@ def check_examples(model: nn.Module, examples: list[Example], name: str) -> None
 
 def encode_examples(model: nn.Module, tokenizer: AnyTokenizer, examples: list[Example]) -> list[list[int]]:
     """Token ids (no BOS/EOS) of texts or pairs, cut to the model's positions (pairs: longest_first)."""
+    return encode_and_cut(model, tokenizer, examples)[0]
+
+
+def encode_and_cut(model: nn.Module, tokenizer: AnyTokenizer,
+                   examples: list[Example]) -> tuple[list[list[int]], list[int]]:
+    """`encode_examples`' token ids, and the positions of the examples that were cut to fit."""
     limit = model.config.max_positions - 2  # BOS + EOS
     if not examples or not isinstance(examples[0], tuple):
-        return [seq[:limit] for seq in tokenizer.encode_src(list(examples))]  # type: ignore[arg-type]
+        full = tokenizer.encode_src(list(examples))  # type: ignore[arg-type]
+        return [seq[:limit] for seq in full], [i for i, seq in enumerate(full) if len(seq) > limit]
     separator = pair_separator(tokenizer)
     firsts = tokenizer.encode_src([a for a, _ in examples])  # type: ignore[misc]
     seconds = tokenizer.encode_src([b for _, b in examples])  # type: ignore[misc]
-    return [join_pair(a, b, separator, limit)[0] for a, b in zip(firsts, seconds, strict=True)]
+    joined = [join_pair(a, b, separator, limit) for a, b in zip(firsts, seconds, strict=True)]
+    return [ids for ids, _ in joined], [i for i, (_, cut) in enumerate(joined) if cut]
 
 
 def parse_examples(lines: list[str], pairs: bool, name: str) -> list[Example | None]:
@@ -77,10 +88,14 @@ def parse_examples(lines: list[str], pairs: bool, name: str) -> list[Example | N
 def classify_lines(model: nn.Module, tokenizer: AnyTokenizer, lines: list[Example],
                    device: torch.device | str = "cpu", batch_size: int = 64) -> Tensor:
     """Class probabilities [n, C] (fp32) of `lines` (non-empty texts, or pairs for a pair classifier);
-    inputs longer than the model's positions are truncated."""
+    inputs longer than the model's positions are truncated, with one warning counting them."""
     cfg = model.config
     check_examples(model, lines, "the classifier")
-    ids = encode_examples(model, tokenizer, lines)
+    ids, cut = encode_and_cut(model, tokenizer, lines)
+    if cut:
+        logger.warning("%d of %d texts are longer than the classifier's %d tokens; each is classified from its "
+                       "first %d tokens (pairs: both texts shortened, longest first), as prepare cut the training "
+                       "data", len(cut), len(lines), cfg.max_positions - 2, cfg.max_positions - 2)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
     probs = torch.zeros(len(ids), model.head.num_labels)
     for start in range(0, len(order), batch_size):
