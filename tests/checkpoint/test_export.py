@@ -200,3 +200,18 @@ def test_fp16_export_of_weights_beyond_its_range_is_refused_before_writing(tmp_p
     assert len(err) == 1 and "output_bias" in err[0] and "beyond fp16's range" in err[0]
     assert not out.exists()
     assert main(["convert", "export", "--ckpt", str(ckpt), "--out", str(out), "--dtype", "bf16"]) == 0  # bf16 fits
+
+
+def test_a_checkpoint_cut_short_is_one_short_line_naming_it(tmp_path):
+    from multibranch.checkpoint.format import load_checkpoint
+    from multibranch.errors import CheckpointError
+
+    whole = tmp_path / "whole.pt"
+    torch.save({"format": "multibranch", "weights": torch.zeros(4096)}, whole)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(whole.read_bytes()[:600])  # the zip's central directory is gone
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(cut)
+    message = str(refused.value)
+    assert message.startswith(f"{cut} is corrupted or not a multibranch checkpoint (RuntimeError: ")
+    assert "\n" not in message and len(message) < len(str(cut)) + 160  # torch's advice paragraph left out

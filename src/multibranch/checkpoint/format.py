@@ -69,7 +69,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated file, unpickling refused...
-        reason = (str(err).strip().splitlines() or [""])[0]
+        reason = (str(err).strip().splitlines() or [""])[0].split(". ")[0]  # torch's advice on corruption is ours
         raise CheckpointError(f"{path} is corrupted or not a multibranch checkpoint ({type(err).__name__}: {reason})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a multibranch checkpoint (no '{FORMAT}' header)")
