@@ -358,6 +358,21 @@ def test_a_post_to_no_route_is_404_with_the_page_mounted(path):
     assert reply.status_code == 404 and reply.json() == {"detail": "Not Found"}
 
 
+@pytest.mark.parametrize("headers", [{}, {"content-type": "application/x-www-form-urlencoded"},
+                                     {"content-type": "text/plain"}])
+def test_a_body_not_sent_as_json_is_415_naming_its_content_type(headers):
+    app = create_app(StubEngine())
+
+    async def go() -> httpx.Response:
+        async with serving(app) as client:
+            return await client.post("/translate", content=b'{"texts": ["a"]}', headers=headers)
+
+    reply = run(go())
+    assert reply.status_code == 415
+    assert reply.json()["detail"].startswith("send the body as JSON with content-type: application/json")
+    assert headers.get("content-type", "none") in reply.json()["detail"]
+
+
 def test_health_answers_head_for_load_balancers():
     app = create_app(StubEngine(), static_dir=PAGE_DIR)
 

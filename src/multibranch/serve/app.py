@@ -448,6 +448,10 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        kind = request.headers.get("content-type", "")
+        if not kind.split(";")[0].strip().lower().endswith(("/json", "+json")):  # e.g. curl -d without -H
+            return JSONResponse({"detail": f"send the body as JSON with content-type: application/json (this "
+                                           f"request's content-type: {kind or 'none'})"}, 415)
         return JSONResponse({"detail": _validation_errors(err.errors())}, 422)
 
     async def queued(handle: Callable[[], Awaitable[Any]]) -> Any:
