@@ -17,6 +17,8 @@ def resolve_device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"--device {name!r} is not a device (use cpu, cuda, cuda:N or auto)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name}: multibranch runs on cpu or cuda (cuda:N), not {device.type}")
     if device.type == "cuda":
         if torch.version.cuda is None:
             raise ConfigError(f"--device {name}: this PyTorch build ({torch.__version__}) has no CUDA support; "

@@ -117,6 +117,14 @@ def test_sampling_with_seed_repeats(api_model, test_lines):
     (lambda m, p: m.translate(3), multibranch.UserError, "give a str or a list of str"),
     (lambda m, p: multibranch.load(p, ensemble_mean="max"), multibranch.UserError, "choose 'prob' or 'log-prob'"),
     (lambda m, p: multibranch.load([]), multibranch.UserError, "give a checkpoint path"),
+    (lambda m, p: multibranch.load(p, device="meta"), multibranch.ConfigError, "runs on cpu or cuda"),
+    (lambda m, p: multibranch.load(p, device=torch.device("cuda", 7)), multibranch.ConfigError, "--device cuda:7"),
+    (lambda m, p: multibranch.fit("transformer-tiny", data=5, out=p.parent), multibranch.UserError,
+     "data: give a path"),
+    (lambda m, p: multibranch.fit("transformer-tiny", data=p.parent, out=p.parent / "x", device=None),
+     multibranch.UserError, "device: give a str"),
+    (lambda m, p: multibranch.fit("transformer-tiny", data=p.parent, out=p.parent / "x", on_validation=5),
+     multibranch.UserError, "on_validation: give a function"),
 ])
 def test_user_errors(api_model, api_run, call, error, message):
     with pytest.raises(error, match=message):
@@ -158,6 +166,21 @@ def test_fit_auto_resume_starts_over_a_run_stopped_before_its_first_checkpoint(a
     assert result.step == 2 and result.last_checkpoint is not None
     assert multibranch.fit(tiny_experiment(), data=tiny_data, out=out, device="cpu", max_steps=4, valid_every=2,
                            auto_resume=True).step == 4  # now a resume
+
+
+def test_fit_gives_the_caller_its_thread_count_and_determinism_back(tiny_data, tmp_path):
+    from tests.helpers.configs import tiny_experiment
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(False)
+    try:
+        multibranch.fit(tiny_experiment(), data=tiny_data, out=tmp_path / "run", device="cpu", max_steps=1,
+                        valid_every=1, threads=1, **{"train.deterministic": True})
+        assert torch.get_num_threads() == 2 and not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
 
 
 def test_fit_resumes_exactly(tiny_data, tmp_path, api_run):

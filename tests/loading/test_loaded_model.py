@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from multibranch.errors import CheckpointError, UserError
+from multibranch.loading.checkpoint import load_model
 from multibranch.loading.model import TRANSLATION_TASKS, LoadedModel, UnsupportedError, check_ct2_options
 from tests.helpers.translation import corpus_lines
 
@@ -92,3 +93,12 @@ def test_a_classifier_is_labelled_with_the_mean_of_its_members(tokenizer, tmp_pa
     assert torch.allclose(probs, mean) and torch.allclose(probs.sum(-1), torch.ones(3))
     with pytest.raises(UserError, match="is a classifier: decode settings \\(beam\\)"):
         LoadedModel.load(paths[0], "cpu", decode={"beam": 2})
+
+
+def test_loading_leaves_the_caller_s_random_state_alone(checkpoint):
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    LoadedModel.load([str(checkpoint)], "cpu")
+    load_model(checkpoint)
+    assert torch.equal(torch.rand(3), expected)

@@ -322,7 +322,7 @@ def load(path_or_paths: str | Path | Sequence[str | Path], device: str | torch.d
     if not isinstance(device, (str, torch.device)):
         raise UserError(f"device: give a str (\"cpu\", \"cuda\", \"cuda:N\", \"auto\") or a torch.device, not "
                         f"{_kind(device)}")
-    resolved = resolve_device(device) if isinstance(device, str) else device
+    resolved = resolve_device(str(device))  # a torch.device is checked as its name is
     with user_errors(DECODE_RENAMES):
         fields = _decode_fields(decode)
         if not isinstance(precision, str):

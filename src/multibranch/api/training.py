@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,19 @@ __all__ = ["CheckpointEvent", "TrainResult", "ValidationEvent", "build", "fit", 
 
 # the CLI's run-control flags in messages, as fit's arguments
 RUN_ARGUMENTS = {"--auto-resume": "auto_resume=True", "--resume": "resume=True", "--force": "force=True"}
+
+
+@contextmanager
+def torch_settings_kept() -> Iterator[None]:
+    """Training sets torch's thread count (`train.threads`) and deterministic algorithms (`train.deterministic`)
+    for the process; a caller of `fit` gets its own back afterwards (the seeded random states stay seeded)."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
 def presets() -> list[str]:
@@ -90,7 +104,8 @@ def _overrides(overrides: Mapping[str, Any]) -> list[str]:
 
 
 def fit(preset_or_config: str | Path | ExperimentConfig | None = None, data: str | Path | None = None,
-          out: str | Path | None = None, resume: bool = False, force: bool = False, device: str = "auto",
+          out: str | Path | None = None, resume: bool = False, force: bool = False,
+          device: str | torch.device = "auto",
           init_from: str | Path | None = None, stop_at_step: int | None = None, progress: bool = False,
           auto_resume: bool = False, on_validation: RunCallback | None = None,
           on_checkpoint: RunCallback | None = None, **overrides: Any) -> TrainResult:
@@ -106,6 +121,15 @@ def fit(preset_or_config: str | Path | ExperimentConfig | None = None, data: str
     written). Either returning True stops the run there, its checkpoints written (`resume=True` goes on)."""
     if data is None or out is None:
         raise UserError("train: give data= (a directory made by `multibranch prepare`) and out= (the run directory)")
+    for name, path in (("data", data), ("out", out), ("init_from", init_from)):
+        if path is not None and not isinstance(path, (str, Path)):
+            raise UserError(f"{name}: give a path (str or pathlib.Path), not {type(path).__name__}")
+    if not isinstance(device, (str, torch.device)):
+        raise UserError(f'device: give a str ("cpu", "cuda", "cuda:N", "auto") or a torch.device, not '
+                        f"{type(device).__name__}")
+    for name, callback in (("on_validation", on_validation), ("on_checkpoint", on_checkpoint)):
+        if callback is not None and not callable(callback):
+            raise UserError(f"{name}: give a function of one event, not {type(callback).__name__}")
     if auto_resume:
         with user_errors(RUN_ARGUMENTS):
             resume, force = auto_resume_choice(out, resume=resume, force=force)
@@ -119,9 +143,9 @@ def fit(preset_or_config: str | Path | ExperimentConfig | None = None, data: str
                            init_from=init_from)
     run_dir = Path(out)
     opts = RunOptions(data_dir=Path(data), run_dir=run_dir, resume=resume, force=force,
-                      init_from=None if init_from is None else Path(init_from), device=device, progress=progress,
+                      init_from=None if init_from is None else Path(init_from), device=str(device), progress=progress,
                       stop_at_step=stop_at_step, on_validation=on_validation, on_checkpoint=on_checkpoint)
-    with user_errors(RUN_ARGUMENTS):
+    with user_errors(RUN_ARGUMENTS), torch_settings_kept():
         state = run_training(cfg, opts)
     best, last = run_dir / "best.pt", run_dir / "last.pt"
     return TrainResult(run_dir, best if best.is_file() else None, last if last.is_file() else None, state.step,

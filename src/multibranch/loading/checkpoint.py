@@ -42,7 +42,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
         hint = f"; use `{TASKS[config.task].command}`" if config.task in TASKS else ""
         named = [kind for kind in wanted if not (kind == "code" and "translation" in wanted)]
         raise CheckpointError(f"{path} is a {config.task} model, not a {' or '.join(named)} model{hint}")
-    model = build_task_model(config)
+    with torch.random.fork_rng(devices=[]):  # the initial weights, overwritten next, leave the caller's RNG alone
+        model = build_task_model(config)
     load_state_strict(model, payload["model"], str(path))
     model.to(device).eval()
     tokenizer = tokenizer_from_state(payload["tokenizer"]) if payload.get("tokenizer") else None

@@ -4,6 +4,7 @@ SentencePiece model is trained in a fixture on generated text."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import logging
 import subprocess
@@ -72,6 +73,16 @@ def test_either_engine_runs_anywhere_and_searches_alike(tokenizer, experiment, d
     assert DecodeConfig(fixed_shapes="on").validate() is None
     with pytest.raises(ConfigError, match=r"fixed_shapes: 'sometimes' is not one of \['auto', 'on', 'off'\]"):
         DecodeConfig(fixed_shapes="sometimes").validate()  # type: ignore[arg-type]
+
+
+def test_a_beam_wider_than_the_target_vocabulary_is_refused_and_one_as_wide_decodes(tokenizer, experiment):
+    config, model = experiment
+    vocabulary = model.config.tgt_vocab_size
+    with pytest.raises(ConfigError, match=f"beam={vocabulary + 1} is more than the model's {vocabulary} target tokens"):
+        Translator(model, tokenizer, dataclasses.replace(config.decode, beam=vocabulary + 1, nbest=1))
+    widest = Translator(model, tokenizer, dataclasses.replace(config.decode, beam=vocabulary, nbest=vocabulary))
+    (hypotheses,) = widest.translate_nbest(LINES[:1], vocabulary)
+    assert 1 <= len(hypotheses) <= vocabulary
 
 
 def test_empty_and_whitespace_lines_give_empty_outputs_without_the_model(translator, monkeypatch):

@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from multibranch.device import resolve_device
-from multibranch.errors import DataError
+from multibranch.errors import ConfigError, DataError
 from multibranch.experiment.decoding import DecodeConfig
 from multibranch.inference.alignment import check_alignment_layer, cross_attention, hard_alignment, pharaoh
 from multibranch.inference.beam import Hypothesis, forced_scores, length_limits
@@ -169,6 +169,10 @@ class Translator:
         self.tokenizer = tokenizer
         self.cfg = decode_cfg if decode_cfg is not None else DecodeConfig()
         self.cfg.validate()
+        vocabulary = getattr(model.config, "tgt_vocab_size", 0)
+        if not self.cfg.sampling and vocabulary and self.cfg.beam > vocabulary:
+            raise ConfigError(f"beam={self.cfg.beam} is more than the model's {vocabulary} target tokens; a beam keeps "
+                              "that many different continuations, so at most the vocabulary's size")
         self.max_input_tokens = input_limit(model.config, self.cfg)
         self.stats = TranslationStats()
         if alignment_layer is not None:
