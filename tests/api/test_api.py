@@ -125,6 +125,19 @@ def test_sampling_with_seed_repeats(api_model, test_lines):
      multibranch.UserError, "device: give a str"),
     (lambda m, p: multibranch.fit("transformer-tiny", data=p.parent, out=p.parent / "x", on_validation=5),
      multibranch.UserError, "on_validation: give a function"),
+    (lambda m, p: m.translate("x", alignment=True, alignment_layer="x"), multibranch.UserError,
+     "alignment layer 'x': give an int"),
+    (lambda m, p: m.attention("x").map("cross", layer="0"), multibranch.ConfigError, "layer must be an int, not str"),
+    (lambda m, p: m.attention("x").map("cross", head=True), multibranch.ConfigError, "head must be an int, not bool"),
+    (lambda m, p: multibranch.average(p.parent / "avg.pt", str(p)), multibranch.UserError,
+     "average: checkpoints must be a list of checkpoint paths, not str"),
+    (lambda m, p: multibranch.export(None, p.parent / "x"), multibranch.UserError, "export: give ckpt"),
+    (lambda m, p: multibranch.prune(p, p.parent / "x.pt", heads="encoder.layers.0.self_attn"), multibranch.UserError,
+     "prune: heads must be a list of"),
+    (lambda m, p: multibranch.analyze("heads", 5, p.parent / "x", data=p.parent), multibranch.UserError,
+     "analyze: ckpt must be a list of checkpoint paths, not int"),
+    (lambda m, p: multibranch.evaluate_translation(None, ["a"]), multibranch.UserError,
+     "hypotheses must be a list of str"),
 ])
 def test_user_errors(api_model, api_run, call, error, message):
     with pytest.raises(error, match=message):
@@ -289,3 +302,9 @@ def test_a_sentence_pair_classifier_prepared_trained_and_used_through_the_api(tm
     assert model.classify(examples[0]) == model.classify([list(examples[0])])[0]  # one pair; a pair as a list
     with pytest.raises(multibranch.DataError, match="classifies sentence pairs"):
         model.classify("red of it")
+
+
+def test_evaluate_translation_takes_one_metric_by_its_name():
+    lines = ["a small house", "two dogs run"]
+    one = multibranch.evaluate_translation(lines, lines, metrics="bleu")
+    assert one.scores == multibranch.evaluate_translation(lines, lines, metrics=["bleu"]).scores == {"bleu": 100.0}

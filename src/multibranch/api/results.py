@@ -102,6 +102,9 @@ class AttentionMaps:
         """The layer (from 0) of a valid choice; ConfigError with serve's message otherwise."""
         if head is not None and branch is not None:
             raise ConfigError("give at most one of head or branch")
+        for name, value in (("layer", layer), ("head", head), ("branch", branch)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"attention map: {name} must be an int, not {type(value).__name__}")
         choices = {k: {"layers": len(maps), "heads": [m.shape[0] for m in maps],
                        "branches": [b.shape[0] for b in self.branches[k]]} for k, maps in self.heads.items()}
         layers = choices.get(kind, {}).get("layers", 0)

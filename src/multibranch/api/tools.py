@@ -29,6 +29,20 @@ __all__ = ["ReportFolder", "analyze", "AverageResult", "Evaluation", "ExportResu
 FORCE = {"--force": "force=True"}
 
 
+def check_paths(call: str, **paths: Any) -> None:
+    """UserError naming the first argument that is neither None nor a path (str or pathlib.Path)."""
+    for name, value in paths.items():
+        if value is not None and not isinstance(value, (str, Path)):
+            raise UserError(f"{call}: {name} must be a path (str or pathlib.Path), not {type(value).__name__}")
+
+
+def check_list(call: str, name: str, value: Any, of: str) -> None:
+    """UserError when `value` (not None) is a single str or path, or not a list or tuple: a str would be read
+    one character at a time."""
+    if value is not None and (isinstance(value, (str, bytes, Path)) or not isinstance(value, (list, tuple))):
+        raise UserError(f"{call}: {name} must be a list of {of}, not {type(value).__name__}")
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """Corpus scores of hypotheses against references, as `multibranch evaluate` prints them: `scores` metric ->
@@ -49,9 +63,13 @@ def evaluate_translation(hypotheses: Sequence[str], references: Sequence[str] | 
     """Score `hypotheses` (one per line) against one reference list or several (a mapping name -> lines) with
     sacreBLEU, as `multibranch evaluate` does; `compare`: a second system's lines, tested against `hypotheses` (the
     baseline) by paired bootstrap. DataError when a line count differs."""
+    metrics = [metrics] if isinstance(metrics, str) else metrics  # one metric by its name
     for name, value in (("hypotheses", hypotheses), ("compare", compare)):
-        if value is not None and (isinstance(value, (str, bytes)) or not all(isinstance(x, str) for x in value)):
+        if (value is None and name == "hypotheses") or (value is not None and (
+                isinstance(value, (str, bytes)) or not all(isinstance(x, str) for x in value))):
             raise UserError(f"evaluate: {name} must be a list of str (one per line)")
+    if references is None:
+        raise UserError("evaluate: references must be a list of str (one per line) or a mapping name -> lines")
     refs = dict(references) if isinstance(references, Mapping) else {"references": references}
     for name, lines in refs.items():
         if isinstance(lines, (str, bytes)) or not all(isinstance(x, str) for x in lines):
@@ -71,6 +89,8 @@ def average(out: str | Path, checkpoints: Sequence[str | Path] | None = None, *,
             force: bool = False) -> AverageResult:
     """Average `checkpoints`, or the `last` N / `best` N step checkpoints of the run directory `run`, into the
     weights-only checkpoint `out`, as `multibranch average` does; an AverageResult (path, sources)."""
+    check_paths("average", out=out, run=run)
+    check_list("average", "checkpoints", checkpoints, "checkpoint paths")
     with user_errors({**FORCE, "--ckpts CKPT": "checkpoints", "--run RUN": "run", "--last N": "last",
                       "--best N": "best", "--upper-bound": "upper_bound"}):
         return average_to_file(out, checkpoints=checkpoints, run=run, last=last, best=best, upper_bound=upper_bound,
@@ -92,6 +112,9 @@ def export(ckpt: str | Path, out: str | Path, kind: str = "release", *, dtype: s
     folder). Never over the checkpoint itself; over an existing export of the same kind only with `force`."""
     if kind not in ("release", "ct2", "marian"):
         raise UserError(f"export: kind {kind!r}: choose 'release', 'ct2' or 'marian'")
+    check_paths("export", ckpt=ckpt, out=out)
+    if ckpt is None or out is None:
+        raise UserError("export: give ckpt (a checkpoint) and out (the export directory)")
     with user_errors(FORCE):
         payload = load_checkpoint(ckpt)
         if kind == "release":
@@ -128,6 +151,10 @@ def prune(ckpt: str | Path, out: str | Path, *, fraction: float | None = None, m
     keep the score within `max_drop` points, or the listed `heads`; `data` (a prepared directory) ranks and scores
     them. `options`: the rest of PruneOptions (split, max_examples, score_split, max_sentences, beam, step, speed,
     speed_rounds, device, ...)."""
+    check_paths("prune", ckpt=ckpt, out=out, data=data, report=report)
+    if ckpt is None or out is None:
+        raise UserError("prune: give ckpt (a checkpoint) and out (the pruned checkpoint)")
+    check_list("prune", "heads", heads, "(attention name, head index) pairs")
     known = set(PruneOptions.__dataclass_fields__) - {"fraction", "max_drop", "heads", "data"}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -156,6 +183,12 @@ def analyze(kind: str, ckpt: str | Path | Sequence[str | Path], out: str | Path,
     Attention maps are `Model.attention`."""
     if kind not in ANALYSES:
         raise UserError(f"analyze: kind {kind!r}: choose one of {', '.join(map(repr, ANALYSES))}")
+    check_paths("analyze", out=out, data=data)
+    if out is None:
+        raise UserError(f"analyze {kind}: give out (the report folder)")
+    if not isinstance(ckpt, (str, Path)):
+        check_list("analyze", "ckpt", ckpt, "checkpoint paths")
+        check_paths("analyze", **{f"ckpt[{i}]": path for i, path in enumerate(ckpt)})
     paths = [str(ckpt)] if isinstance(ckpt, (str, Path)) else [str(p) for p in ckpt]
     if kind != "lengths" and len(paths) != 1:
         raise UserError(f"analyze {kind}: give one checkpoint ({len(paths)} given)")

@@ -25,6 +25,8 @@ from multibranch.modules.attention import HeadGated
 def cross_attention_module(model: nn.Module, layer: int) -> HeadGated:
     """The cross-attention module of decoder layer `layer` (negative: from the last) of a Seq2SeqModel."""
     layers = model.decoder.layers  # type: ignore[union-attr]
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise ValueError(f"alignment layer {layer!r}: give an int, a decoder layer (negative: from the last)")
     if not -len(layers) <= layer < len(layers):
         raise ValueError(f"alignment layer {layer}: the decoder has layers 0..{len(layers) - 1}")
     found = [m for m in layers[layer].modules() if isinstance(m, HeadGated) and m.role == "cross"]
