@@ -12,7 +12,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
 from multibranch import __version__
 from multibranch.atomic import full_disk_cause
@@ -42,6 +43,23 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, its errors one line (`multibranch CMD: error: ...`, exit code 2) instead of the usage
+    block and the error; `--help` still shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the deepest (sub)command that `argv` names (`multibranch convert fold ...`: fold's)."""
+    for token in argv:
+        children = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if children is not None and token in children:
+            parser = children[token]
+    return parser
+
+
 def all_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[
         tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """(command path, parser) for the parser and every subcommand parser below it."""
@@ -53,7 +71,7 @@ def all_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="multibranch",
         description="Multi-branch Transformers (MAT, Weighted Transformer, MUTE, MUSE, Scheduled DropHead) "
         "for translation: prepare, train, translate, evaluate.",
@@ -73,7 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else argv
+    args, unknown = parser.parse_known_args(arguments)
+    if unknown:  # named by the command they were given to, not by `multibranch`
+        subcommand_parser(parser, arguments).error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",

@@ -310,7 +310,12 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML ({err})") from None
+        mark = getattr(err, "problem_mark", None)  # where PyYAML stopped (0-based), else no place
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}{where}: invalid YAML ({what})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

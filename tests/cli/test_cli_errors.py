@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from multibranch.cli import main
 
 
@@ -28,3 +30,29 @@ def test_average_and_convert_never_overwrite_their_input(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "same file as input" in err and len(err.strip().splitlines()) == 1
         assert ckpt.read_bytes() == b"not read: the output check comes first"
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["train", "--data", "d", "--out", "x", "--bogus"], "multibranch train: error: unrecognized arguments: --bogus"),
+    (["convert", "fold", "--ckpt", "a.pt", "--out", "b.pt", "--bogus", "1"],
+     "multibranch convert fold: error: unrecognized arguments: --bogus 1"),
+    (["translate", "--beam", "x"], "multibranch translate: error: argument --beam: invalid int value: 'x'"),
+    (["train"], "multibranch train: error: the following arguments are required: --data, --out"),
+    (["nosuch"], "multibranch: error: argument COMMAND: invalid choice: 'nosuch'"),
+])
+def test_argument_errors_are_one_line_naming_the_command(argv, line, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith(line) and err.endswith("--help` lists the options)")
+
+
+def test_a_config_that_is_not_yaml_is_one_line_with_its_place(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("model: [\n", encoding="utf-8")
+    assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "--config", str(config)]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err == (f"multibranch train: error: {config}:2:1: invalid YAML (expected the node content, but found "
+                   "'<stream end>')")
+    assert not (tmp_path / "run").exists()

@@ -20,7 +20,7 @@ import torch
 
 from multibranch.checkpoint.format import CheckpointError, load_checkpoint, save_checkpoint
 from multibranch.config import ConfigError
-from multibranch.errors import DataError
+from multibranch.errors import DataError, UserError
 from multibranch.experiment import resolve_config
 from multibranch.tasks import train
 from multibranch.train.trainer import RunOptions
@@ -265,3 +265,70 @@ def test_auto_resume_keeps_checkpoints_without_last_pt_and_a_folder_of_other_fil
         err = one_error_line(capsys)
         assert "no last.pt to resume from; pass --force" in err, err
         assert snapshot(out) == before
+
+
+def test_force_never_deletes_the_checkpoint_it_starts_from(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=1, valid_every=1), RunOptions(tiny_data, run, progress=False))
+    before = snapshot(run)
+    for source in (run / "best.pt", run / "checkpoints" / ".." / "last.pt"):
+        with pytest.raises(UserError, match="is inside the run directory .* whose checkpoints --force deletes"):
+            train(tiny_experiment(max_steps=2), RunOptions(tiny_data, run, force=True, init_from=source))
+    assert snapshot(run) == before
+
+
+def test_a_run_under_a_plain_file_is_refused_before_anything_is_written(tiny_data, tmp_path):
+    plain = tmp_path / "notes.txt"
+    plain.write_text("a file\n")
+    with pytest.raises(FileExistsError, match=f"run directory {plain / 'run'}: {plain} is a file, not a directory"):
+        train(tiny_experiment(max_steps=1), RunOptions(tiny_data, plain / "run"))
+    run = tmp_path / "run"
+    with pytest.raises(FileExistsError, match=f"--tensorboard {plain / 'tb'}: {plain} is a file, not a directory"):
+        train(tiny_experiment(max_steps=1), RunOptions(tiny_data, run, tensorboard=plain / "tb"))
+    assert not run.exists() and plain.read_text() == "a file\n"
+
+
+def test_a_run_another_process_is_training_is_refused_before_anything_changes(tiny_data, tmp_path):
+    """The lock is what a second `train` meets while the first one writes the run; the kernel drops it with
+    the process, so a killed run resumes without it."""
+    from multibranch.train.run_directory import lock_run
+
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=1, valid_every=1), RunOptions(tiny_data, run, progress=False))
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+                               str(run / ".train.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = snapshot(run)
+        for opts in (RunOptions(tiny_data, run, resume=True, progress=False),
+                     RunOptions(tiny_data, run, force=True, progress=False)):
+            with pytest.raises(UserError, match=f"run directory {run} is being trained by"):
+                train(tiny_experiment(max_steps=2, valid_every=1), opts)
+            assert snapshot(run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert train(tiny_experiment(max_steps=2, valid_every=1), RunOptions(tiny_data, run, resume=True,
+                                                                       progress=False)).step == 2
+    held = lock_run(run)  # the finished run released it
+    assert held is not None
+    held.close()
+
+
+def test_a_diverged_validation_is_never_the_best(tiny_data, tmp_path, caplog):
+    run = tmp_path / "run"
+    diverging = tiny_experiment(max_steps=2, valid_every=1, lr={"schedule": "inverse_sqrt", "lr": 1e30, "warmup": 1})
+    with caplog.at_level(logging.WARNING):
+        state = train(diverging, RunOptions(tiny_data, run, progress=False))
+    assert state.step == 2 and not (run / "best.pt").exists() and (run / "last.pt").exists()
+    assert any("the training has diverged" in r.getMessage() for r in caplog.records)
+
+
+def test_a_resume_with_other_max_steps_says_the_schedules_stretch(tiny_data, tmp_path, caplog):
+    run = tmp_path / "run"
+    train(tiny_experiment(max_steps=2, valid_every=2), RunOptions(tiny_data, run, progress=False))
+    with caplog.at_level(logging.WARNING):
+        train(tiny_experiment(max_steps=4, valid_every=2), RunOptions(tiny_data, run, resume=True, progress=False))
+    assert any(r.getMessage().startswith("train.max_steps: run has 2, now 4; schedules planned to the last update")
+               for r in caplog.records)

@@ -96,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
     summary = f"done: {state.step} updates, {state.epoch - (state.batch_in_epoch == 0)} epochs"
     if valid:
         summary += f", valid loss {valid['loss']:.3f}" + (f", BLEU {valid['bleu']:.2f}" if "bleu" in valid else "")
-    print(f"{summary}; best checkpoint: {args.out / 'best.pt'}")
+    best, last = args.out / "best.pt", args.out / "last.pt"
+    where = (f"best checkpoint: {best}" if best.is_file() else
+             f"no best checkpoint (no finite validation score yet); last: {last}" if last.is_file() else
+             "no checkpoint written")
+    print(f"{summary}; {where}")
     if is_worker_of_a_job():
         exit_worker(0)  # every file is written; see exit_worker for why a worker leaves this way
     return 0

@@ -7,13 +7,21 @@ preempted) holds no checkpoint: nothing to resume, and nothing a fresh start wou
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # Windows: runs are not locked
+    fcntl = None  # type: ignore[assignment]
 
 from multibranch.checkpoint.format import CheckpointError
 from multibranch.data.directories import RUN, directory_kind, refuse_other_kind
 from multibranch.errors import UserError
 
 LAST = "last.pt"
+LOCK = ".train.lock"  # held (flock) by the process training the run; the kernel releases it however that ends
 
 
 def saved_checkpoints(run: Path) -> list[Path]:
@@ -39,12 +47,26 @@ def auto_resume(run_dir: str | Path, *, resume: bool = False, force: bool = Fals
     return False, stopped_before_first_checkpoint(run)
 
 
-def check_run_directory(run: Path, *, resume: bool, force: bool) -> None:
-    """Refuse an existing run without --resume/--force, and a --resume without last.pt (reads only); each
-    refusal names what the directory allows."""
+def check_output_parents(path: Path, what: str) -> None:
+    """Refuse a directory to be made at `path` whose nearest existing ancestor is a file (reads only)."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise FileExistsError(f"{what} {path}: {parent} is a file, not a directory")
+            return
+
+
+def check_run_directory(run: Path, *, resume: bool, force: bool, init_from: Path | None = None) -> None:
+    """Refuse an existing run without --resume/--force, a --resume without last.pt, and a --force start whose
+    --init-from lies in the run it would empty (reads only); each refusal names what the directory allows."""
     if run.exists() and not run.is_dir():
         raise FileExistsError(f"run directory {run} exists and is not a directory")
+    check_output_parents(run, "run directory")
     refuse_other_kind(run, RUN)
+    if force and not resume and init_from is not None and run.is_dir() \
+            and init_from.resolve().is_relative_to(run.resolve()):
+        raise UserError(f"--init-from {init_from} is inside the run directory {run}, whose checkpoints --force "
+                        "deletes; copy it out of the run first, or train into another --out")
     if resume:
         if not (run / LAST).exists():
             early = (" (the run stopped before its first checkpoint; start it over with --auto-resume or --force "
@@ -61,3 +83,25 @@ def check_run_directory(run: Path, *, resume: bool, force: bool) -> None:
                               "resume from); pass --auto-resume or --force to start it over")
     raise FileExistsError(f"run directory {run} already exists and holds no {LAST} to resume from; pass --force to "
                           "start over in it")
+
+
+def lock_run(run: Path) -> IO[str] | None:
+    """Hold RUN/.train.lock for this process (None where files cannot be locked); UserError naming the process
+    that holds it already. Keep the returned file open while training: closing it, or the process ending in any
+    way, releases the lock."""
+    if fcntl is None:
+        return None
+    handle = open(run / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 (held open for the run)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise UserError(f"run directory {run} is being trained by {holder}; wait for it to end or stop it "
+                        "(two processes writing one run would mix their checkpoints and metrics)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"process {os.getpid()}\n")
+    handle.flush()
+    return handle

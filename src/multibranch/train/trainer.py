@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -70,7 +71,7 @@ from multibranch.train.graphs import GraphedUpdates, upload
 from multibranch.train.metrics_log import MetricsLog
 from multibranch.train.optim import LRScheduler, build_optimizer, make_capturable, optimizer_state_to_save
 from multibranch.train.rng import rng_state, seed_everything, set_rng_state
-from multibranch.train.run_directory import check_run_directory
+from multibranch.train.run_directory import check_output_parents, check_run_directory, lock_run
 from multibranch.train.task import Task
 from multibranch.train.tensorboard import TensorBoardSink, check_tensorboard
 
@@ -179,7 +180,7 @@ class Trainer:
         self.run_dir = Path(opts.run_dir)
         self.device = resolve_device(opts.device)
         self.dist = D.init_distributed(self.device.type)
-        check_run_directory(self.run_dir, resume=opts.resume, force=opts.force)
+        check_run_directory(self.run_dir, resume=opts.resume, force=opts.force, init_from=opts.init_from)
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
             torch.cuda.set_device(self.device)
@@ -214,6 +215,7 @@ class Trainer:
             check_tensorboard()
             if opts.tensorboard.exists() and not opts.tensorboard.is_dir():
                 raise FileExistsError(f"--tensorboard {opts.tensorboard} exists and is not a directory")
+            check_output_parents(opts.tensorboard, "--tensorboard")
         if opts.resume:
             self._resume()  # in memory only: refuses before anything on disk changes
         else:
@@ -225,6 +227,7 @@ class Trainer:
 
         # Everything checked: now the run directory may be created or changed.
         self._log_handler: logging.Handler | None = None
+        self._lock: Any = None  # RUN/.train.lock, held while this process may write the run
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.dist.is_main)
         self._prepare_run_dir()
         if opts.tensorboard is not None and self.dist.is_main:
@@ -308,6 +311,8 @@ class Trainer:
         run = self.run_dir
         D.barrier(self.dist)  # every rank has checked the run directory before rank 0 changes it
         if self.dist.is_main:
+            run.mkdir(parents=True, exist_ok=True)
+            self._lock = lock_run(run)  # before anything in it changes: another train may be writing it
             if self.opts.force and not self.opts.resume and run.exists():
                 for name in ("metrics.jsonl", "last.pt", "best.pt", "train.log"):
                     (run / name).unlink(missing_ok=True)
@@ -333,6 +338,9 @@ class Trainer:
             logging.getLogger("multibranch").removeHandler(self._log_handler)
             self._log_handler.close()
             self._log_handler = None
+        if self._lock is not None:  # the run is this process's no longer
+            self._lock.close()
+            self._lock = None
 
     def _check_schedules(self) -> None:
         """Fail before training if a rate schedule needs a number of updates nobody gave."""
@@ -416,6 +424,11 @@ class Trainer:
         if new_tokenizer:
             log.warning("--allow-new-tokenizer: the run continues with the data's SentencePiece model, not the one "
                         "it was trained with; expect the loss to jump")
+        if saved["train"].get("max_steps") != now["train"].get("max_steps"):
+            log.warning("train.max_steps: run has %s, now %s; schedules planned to the last update (a cosine LR, "
+                        "DropHead's V, the Weighted Transformer's kappa/alpha freeze, rates without their own total) "
+                        "now run to %s from here on", saved["train"].get("max_steps"), now["train"].get("max_steps"),
+                        now["train"].get("max_steps"))
         # with a moving average, the checkpoint's weights are the average and the trained ones are kept beside it
         load_state_strict(self.model, training.get("raw_model", payload["model"]), str(path))
         if "raw_model" in training:
@@ -656,7 +669,11 @@ class Trainer:
         if result:
             name = next((n for n in (t.best_metric, self.task.best_metric) if n != "loss" and n in result), "loss")
             metric = -result["loss"] if name == "loss" else result[name]
-            improved = self.state.best is None or metric > self.state.best
+            finite = math.isfinite(metric)
+            if not finite:  # a diverged model (NaN or infinite loss) is never the best one
+                log.warning("valid %s is %s at update %d: the training has diverged (lower the learning rate, "
+                            "raise the warm-up, or clip gradients harder)", name, metric, self.state.step)
+            improved = finite and (self.state.best is None or metric > self.state.best)
             if improved:
                 self.state.best, self.state.bad_validations = metric, 0
             else:
