@@ -56,3 +56,32 @@ def test_a_config_that_is_not_yaml_is_one_line_with_its_place(tmp_path, capsys):
     assert err == (f"multibranch train: error: {config}:2:1: invalid YAML (expected the node content, but found "
                    "'<stream end>')")
     assert not (tmp_path / "run").exists()
+
+
+def _corpus(folder, prefix, lines):  # noqa: ANN001, ANN202
+    for lang, text in (("src", lines), ("tgt", [line.upper() for line in lines])):
+        (folder / f"{prefix}.{lang}").write_text("".join(f"{line}\n" for line in text), encoding="utf-8")
+
+
+def test_prepare_refuses_a_split_whose_two_sides_are_one_file(tmp_path, capsys):
+    _corpus(tmp_path, "train", ["a b c", "d e f"])
+    _corpus(tmp_path, "valid", ["a b", "c d"])
+    (tmp_path / "valid.tgt").unlink()
+    (tmp_path / "valid.tgt").symlink_to(tmp_path / "valid.src")
+    out = tmp_path / "data"
+    assert main(["prepare", "--src", "src", "--tgt", "tgt", "--train", str(tmp_path / "train"), "--valid",
+                 str(tmp_path / "valid"), "--out", str(out), "--vocab-size", "20"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{tmp_path / 'valid.src'} and {tmp_path / 'valid.tgt'} are the same file" in err
+    assert not out.exists()
+
+
+def test_prepare_warns_when_the_validation_split_is_the_training_data(tmp_path, caplog):
+    import logging
+
+    _corpus(tmp_path, "train", [f"w{i} w{i + 1} w{i + 2}" for i in range(40)])
+    with caplog.at_level(logging.WARNING):
+        assert main(["prepare", "--src", "src", "--tgt", "tgt", "--train", str(tmp_path / "train"), "--valid",
+                     str(tmp_path / "train"), "--out", str(tmp_path / "data"), "--vocab-size", "60"]) == 0
+    assert any("the valid split" in r.getMessage() and "is the training data" in r.getMessage()
+               for r in caplog.records)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -39,10 +40,12 @@ from multibranch.data.fingerprint import hash_files
 from multibranch.data.progress import progress_bar
 from multibranch.data.sentencepiece_training import Reservoir, check_spm_settings, train_spm
 from multibranch.data.shards import SIDES, SplitWriter, shard_files, shard_names
-from multibranch.data.text import ParallelChunk, ParallelText
+from multibranch.data.text import ParallelChunk, ParallelText, same_file
 from multibranch.data.tokenizer import Tokenizer
 from multibranch.data.vocabulary import adapt_spm_model, count_words, ranked_words, read_dict, word_model
 from multibranch.errors import DataError
+
+log = logging.getLogger(__name__)
 
 FORMAT = "multibranch-data"
 FORMAT_VERSION = 2
@@ -214,6 +217,16 @@ def check_inputs(cfg: PrepareConfig) -> None:
             f"input file(s) not found: {', '.join(missing)} (files are named PREFIX.LANG, "
             f"e.g. {cfg.train}.{cfg.src_lang}; check the prefixes and --src/--tgt)"
         )
+    for name, prefix in cfg.splits():
+        src, tgt = cfg.input_files(prefix)
+        if same_file(str(src), str(tgt)):
+            raise DataError(f"{src} and {tgt} are the same file (a link?): the {name} split would translate its "
+                            "text into itself")
+    train = cfg.input_files(cfg.train)
+    for name, prefix in cfg.splits()[1:]:
+        if all(same_file(str(a), str(b)) for a, b in zip(cfg.input_files(prefix), train, strict=True)):
+            log.warning("the %s split (%s) is the training data: its scores measure memorisation, not "
+                        "translation", name, prefix)
 
 
 def _prefixes_in(directory: Path, cfg: PrepareConfig) -> str:
