@@ -8,6 +8,7 @@ stops as under uvicorn); stub engines blocked on an Event make queueing determin
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import httpx
@@ -22,7 +23,7 @@ from multibranch.models import ModelConfig, build_model  # noqa: E402
 from multibranch.serve.app import create_app  # noqa: E402
 from multibranch.serve.engine import TorchEngine  # noqa: E402
 from multibranch.serve.limits import ServeLimits  # noqa: E402
-from multibranch.tasks.translation.translator import Translator  # noqa: E402
+from multibranch.tasks.translation.translator import Abandoned, Translator  # noqa: E402
 from tests.helpers.serve import BlockingEngine, run, serving, wait_until  # noqa: E402
 from tests.helpers.translation import corpus_lines  # noqa: E402
 
@@ -161,6 +162,50 @@ def test_timeout_answers_504_and_the_abandoned_request_never_reaches_the_engine(
     assert busy.status_code == 504  # it also waited longer than the timeout; its result is dropped
     assert after.json() == {"translations": ["B#0"]}
     assert ["never"] not in stub.calls and stub.calls == [["a"], ["b"]]
+
+
+class AbandonableEngine(BlockingEngine):
+    """A BlockingEngine whose call also ends, raising Abandoned, when the batcher abandons it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.abandoned = threading.Event()
+
+    def abandon(self) -> None:
+        self.abandoned.set()
+
+    def translate(self, texts: list[str], beam: int, nbest: int) -> list[list[tuple[str, float]]]:
+        self.calls.append(list(texts))
+        self.started.set()
+        while not self.release.wait(0.01):
+            if self.abandoned.is_set():
+                self.abandoned.clear()
+                raise Abandoned("nobody waits")
+        return [[(f"{t.upper()}#{k}", -float(k)) for k in range(nbest)] for t in texts]
+
+
+def test_an_engine_call_whose_callers_all_timed_out_is_abandoned_and_the_next_request_served():
+    stub = AbandonableEngine()
+    app = create_app(stub, ServeLimits(timeout_s=0.3, max_wait_ms=0))
+
+    async def go():
+        async with serving(app) as client:
+            busy = await client.post("/translate", json={"texts": ["a"]})  # never released: only abandoned
+            stub.release.set()
+            after = await client.post("/translate", json={"texts": ["b"]})
+            return busy, after
+
+    busy, after = run(go())
+    assert busy.status_code == 504 and after.json() == {"translations": ["B#0"]}
+    assert stub.calls == [["a"], ["b"]]
+
+
+def test_a_torch_engine_stops_an_abandoned_call_before_its_next_batch_and_serves_the_next(engine):
+    engine.abandon()  # as the batcher does once every caller has gone
+    with pytest.raises(Abandoned, match=f"stopped after 0 of {len(LINES)} lines to decode"):
+        engine._translator(engine.default_beam).translate_nbest(LINES, 1)
+    got = engine.translate(LINES[:2], engine.default_beam, 1)  # a new call starts unabandoned
+    assert got == engine._base.translate_nbest(LINES[:2], 1) and all(entries[0][0] for entries in got)
 
 
 def test_shutdown_finishes_accepted_requests_and_refuses_new_ones():

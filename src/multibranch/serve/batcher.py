@@ -7,7 +7,8 @@ source tokens x the call's weight (the beam) or `max_wait_ms` has passed since t
 the texts of all of them in one engine call (in a single worker thread, so the one model copy is
 never used concurrently), and resolves each request's future with its own slice of the results.
 Requests with another call wait for the next round, at the head of the queue.
-A request whose caller has gone (timeout, disconnect) is dropped before the engine call.
+A request whose caller has gone (timeout, disconnect) is dropped before the engine call; once every request of
+an engine call under way has gone, an engine with `abandon()` is told to stop it before its next batch.
 `run_exclusive` runs another engine call (an attention map) on the same worker thread, between
 batches, counted against the same queue bound. `drain` stops accepting (ShuttingDown) and waits for
 every accepted request without blocking the event loop, so a server can keep refusing new requests
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 from multibranch.serve.engine import Engine
 from multibranch.serve.limits import ServeLimits
 from multibranch.serve.metrics import ServeMetrics
+from multibranch.tasks.translation.translator import Abandoned
 
 T = TypeVar("T")
 
@@ -205,13 +207,26 @@ class MicroBatcher:
         method, *settings = live[0].key
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
+        running = True
+        abandon = getattr(self.engine, "abandon", None)
+
+        def gone(_: asyncio.Future[Any]) -> None:  # every caller of the call under way has given up: stop it
+            if running and abandon is not None and all(job.future.cancelled() for job in live):
+                abandon()
+
+        for job in live:
+            job.future.add_done_callback(gone)
         try:
             results = await loop.run_in_executor(self._executor, getattr(self.engine, method), texts, *settings)
+        except Abandoned:  # stopped for nobody: every future is cancelled already
+            return
         except Exception as err:  # the engine failed: every request of the batch gets the error (500)
             for job in live:
                 if not job.future.done():
                     job.future.set_exception(err)
             return
+        finally:
+            running = False
         self.metrics.engine_seconds.inc(time.perf_counter() - start)
         self.metrics.batch_sentences.observe(len(texts))
         self.metrics.batch_requests.observe(len(live))

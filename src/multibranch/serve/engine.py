@@ -12,6 +12,7 @@ classify`'s model). `load_torch_engine` picks the engine from the checkpoint's t
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Protocol
 
 import torch
@@ -119,8 +120,9 @@ class TorchEngine:
         self.model, self.tokenizer, self.decode, self.kind = model, tokenizer, decode, kind
         self.precision = precision  # the model is already the one to decode with (for_decoding)
         self.default_beam = decode.beam
+        self.abandoned = threading.Event()  # set by `abandon`: the call under way stops before its next batch
         self._translators: dict[Any, Any] = {}
-        self._base = Translator(model, tokenizer, decode, device)
+        self._base = self._stoppable(Translator(model, tokenizer, decode, device))
         self._translators[decode.beam] = self._base
         self.summary = summary or {}
 
@@ -133,14 +135,22 @@ class TorchEngine:
             raise CheckpointError(f"{path} is a {engine.task} model, not a translation model")
         return engine
 
+    def _stoppable(self, translator: Translator) -> Translator:
+        translator.stop = self.abandoned
+        return translator
+
+    def abandon(self) -> None:
+        """Stop the engine call under way before its next batch (its callers have all gone: timed out)."""
+        self.abandoned.set()
+
     def _translator(self, beam: int, aligned: bool = False) -> Any:
         """The Translator of a beam size (with attention-based alignments of the last decoder layer when
         `aligned`), made once and kept."""
         key = (beam, aligned) if aligned else beam
         if key not in self._translators:
             cfg = dataclasses.replace(self.decode, beam=beam, nbest=1)
-            self._translators[key] = Translator(self.model, self.tokenizer, cfg, self._base.device,
-                                                alignment_layer=-1 if aligned else None)
+            self._translators[key] = self._stoppable(Translator(self.model, self.tokenizer, cfg, self._base.device,
+                                                                alignment_layer=-1 if aligned else None))
         return self._translators[key]
 
     @property
@@ -157,6 +167,7 @@ class TorchEngine:
         return self._base.max_input_tokens
 
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Hypotheses]:
+        self.abandoned.clear()  # a new call: an abandon of the one before is spent
         return self._translator(beam).translate_nbest(texts, nbest)
 
     def decode_options(self, options: DecodeOptions) -> Any:
@@ -175,10 +186,11 @@ class TorchEngine:
         key = ("options", options)
         translator = None if options.seed is not None else self._translators.get(key)
         if translator is None:
-            translator = Translator(self.model, self.tokenizer, self.decode_options(options), self._base.device,
-                                    alignment_layer=-1 if options.aligned else None)
+            translator = self._stoppable(Translator(self.model, self.tokenizer, self.decode_options(options),
+                                                    self._base.device, alignment_layer=-1 if options.aligned else None))
             if options.seed is None:
                 self._translators[key] = translator
+        self.abandoned.clear()
         texts = [item[0] for item in items] if options.prefixed else list(items)
         prefixes = [item[1] for item in items] if options.prefixed else None
         return [[(t.text, t.score, t.alignment) for t in entries]
@@ -190,6 +202,7 @@ class TorchEngine:
 
     def translate_aligned(self, texts: list[str], beam: int, nbest: int) -> list[list[tuple[str, float, str]]]:
         """`translate` with each hypothesis' Pharaoh alignment (inference/alignment.py: attention-based)."""
+        self.abandoned.clear()
         return [[(t.text, t.score, t.alignment or "") for t in entries]
                 for entries in self._translator(beam, aligned=True).translate_full(texts, nbest)]
 
@@ -203,6 +216,7 @@ class TorchEngine:
         with `beam`, as POST /translate gives it): the source is encoded and truncated as for
         translation; a target longer than learned positions allow raises SelectionError."""
 
+        self.abandoned.clear()
         translation, src_ids, tgt_ids = sentence_ids(self._translator(beam or self.default_beam), text, target)
         entry = sentence_map(self.model, self.tokenizer, src_ids, tgt_ids, kind, layer, head, branch)
         return {"text": text, "translation": translation, "kind": kind, "layer": layer, "head": head,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -150,6 +151,10 @@ def make_batches(lengths: list[int], beam: int, batch_tokens: int, batch_size: i
     return batches
 
 
+class Abandoned(Exception):
+    """A call stopped between two of its batches because its `stop` event was set (nobody waits for it)."""
+
+
 class Translator:
     """Translate raw text lines with a model and its tokenizer.
 
@@ -160,6 +165,9 @@ class Translator:
         device: "cpu", "cuda", "cuda:1", or "auto".
         alignment_layer: decoder layer whose cross-attention gives `Translation.alignment`
           (-1: the last, fairseq's default); None: no alignments.
+
+    `stop` (a threading.Event, unset: never): once set, a call raises Abandoned before its next batch (a server's
+    request whose callers have all gone).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, decode_cfg: DecodeConfig | None = None,
@@ -178,6 +186,7 @@ class Translator:
         if alignment_layer is not None:
             check_alignment_layer(self.model, alignment_layer)
         self.alignment_layer = alignment_layer
+        self.stop: threading.Event | None = None
         # the fixed-shape search (on CUDA unless decode.fixed_shapes says otherwise), its buffers and graphs kept
         # across batches
         fixed = self.cfg.fixed_shapes == "on" or (self.cfg.fixed_shapes == "auto" and self.device.type == "cuda")
@@ -356,10 +365,12 @@ class Translator:
         warn_truncated([first_line + i for i in truncated], self.max_input_tokens)
         order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # longest first, stable
         lengths = [len(sources[i]) for i in order]
-        tgt_tokens = 0
+        tgt_tokens = done = 0
         width = nbest if self.cfg.sampling else self.cfg.beam  # rows per sentence in the decoder
         with torch.inference_mode():
             for positions in make_batches(lengths, width, self.cfg.batch_tokens, self.cfg.batch_size):
+                if self.stop is not None and self.stop.is_set():
+                    raise Abandoned(f"stopped after {done} of {len(keep)} lines to decode: nobody waits for them")
                 members = [order[p] for p in positions]
                 src = self._source_batch([sources[i] for i in members])
                 prefix = None if prefixes is None else self._prefix_batch([prefixes[keep[i]] for i in members])
@@ -369,6 +380,7 @@ class Translator:
                     results[keep[i]] = self._detokenize(nbest_hyps, alignments)
                     tgt_tokens += len(nbest_hyps[0].tokens) + 1 if nbest_hyps else 0
                 self._advance(bar, len(members))
+                done += len(members)
         if owned:
             bar.close()
         self.stats.sentences += len(lines)
