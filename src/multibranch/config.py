@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import math
+import numbers
 import re
 import types
 import typing
@@ -127,16 +128,16 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true/false, got {value!r}")
         return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+    if tp is int:  # numbers.Integral: NumPy's integers too
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             if isinstance(value, float) and value.is_integer():
                 return int(value)
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
+        return int(value)
+    if tp is float:  # numbers.Real: NumPy's floats and integers too
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
             return float(value)  # YAML 1.1 reads 5e-5 and 1e3 (no dot) as strings
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         if not math.isfinite(value):
             raise ConfigError(f"{where}: expected a finite number, got {value!r}")

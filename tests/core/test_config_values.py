@@ -142,3 +142,19 @@ def test_every_train_shortcut_names_a_field_of_the_experiment_config():
         assert type(owner) is cls and hasattr(owner, name), key
     with pytest.raises(ConfigError, match="train.lrr.lr: unknown field of TrainConfig"):
         field_at(ExperimentConfig, "train.lrr.lr")
+
+
+def test_numpy_numbers_are_read_as_the_python_numbers_they_hold():
+    import numpy as np
+
+    from multibranch.config import check_value
+    from multibranch.experiment.decoding import DecodeConfig
+
+    beam = check_value(DecodeConfig, "beam", np.int64(4))
+    assert beam == 4 and type(beam) is int
+    ratio = check_value(DecodeConfig, "max_len_a", np.float32(0.5))
+    assert ratio == 0.5 and type(ratio) is float
+    with pytest.raises(ConfigError, match="expected an integer"):
+        check_value(DecodeConfig, "beam", np.bool_(True))
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        check_value(DecodeConfig, "beam", np.int32(0))
