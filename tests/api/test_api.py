@@ -138,6 +138,8 @@ def test_sampling_with_seed_repeats(api_model, test_lines):
      "analyze: ckpt must be a list of checkpoint paths, not int"),
     (lambda m, p: multibranch.evaluate_translation(None, ["a"]), multibranch.UserError,
      "hypotheses must be a list of str"),
+    (lambda m, p: m.score("x", "y", nbest=2, sampling=True), multibranch.UserError,
+     "score: nbest, sampling only shape a search or samples"),
 ])
 def test_user_errors(api_model, api_run, call, error, message):
     with pytest.raises(error, match=message):

@@ -33,6 +33,9 @@ __all__ = ["AlignedTranslation", "AttentionMaps", "ExistingFileError", "ForcedSc
 DECODE_ALIASES = {"lenpen": "length_penalty", "lenpen_kind": "length_penalty_kind"}
 DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 # the CLI's names in the library's messages -> the API's arguments
+# decode options that forced decoding (`score`) never reads
+SEARCH_ONLY = frozenset({"beam", "nbest", "sampling", "temperature", "top_k", "top_p", "seed", "min_len", "max_len_a",
+                         "max_len_b", "no_repeat_ngram_size"})
 DECODE_RENAMES = {"--max-len-a/--max-len-b": "max_len_a/max_len_b", "--alignment-layer": "alignment_layer",
                   "--print-alignment": "alignment=True", "--long-inputs truncate": "long_inputs='truncate'"}
 
@@ -236,6 +239,10 @@ class Model:
         the translation of `texts[i]`. Per pair a ForcedScore (score = log_prob / length penalty, log_prob
         = natural-log probability of the reference tokens with EOS, tokens = their count), None for an empty
         text; one pair of strings gives one result."""
+        unused = sorted(set(options) & SEARCH_ONLY)
+        if unused:
+            raise UserError(f"score: {', '.join(unused)} only shape a search or samples; forced decoding scores the "
+                            "given references (drop them)")
         lines, single = _as_list(texts, "score")
         refs, _ = _as_list(references, "score")
         with user_errors(DECODE_RENAMES):
