@@ -118,7 +118,7 @@ def test_sampling_with_seed_repeats(api_model, test_lines):
     (lambda m, p: multibranch.load(p, ensemble_mean="max"), multibranch.UserError, "choose 'prob' or 'log-prob'"),
     (lambda m, p: multibranch.load([]), multibranch.UserError, "give a checkpoint path"),
     (lambda m, p: multibranch.load(p, device="meta"), multibranch.ConfigError, "runs on cpu or cuda"),
-    (lambda m, p: multibranch.load(p, device=torch.device("cuda", 7)), multibranch.ConfigError, "--device cuda:7"),
+    (lambda m, p: multibranch.load(p, device=torch.device("cuda", 7)), multibranch.ConfigError, "^device cuda:7: "),
     (lambda m, p: multibranch.fit("transformer-tiny", data=5, out=p.parent), multibranch.UserError,
      "data: give a path"),
     (lambda m, p: multibranch.fit("transformer-tiny", data=p.parent, out=p.parent / "x", device=None),

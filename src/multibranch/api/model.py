@@ -32,12 +32,14 @@ __all__ = ["AlignedTranslation", "AttentionMaps", "ExistingFileError", "ForcedSc
 # the CLI's decoding flag names that differ from DecodeConfig's fields (translate --lenpen ...)
 DECODE_ALIASES = {"lenpen": "length_penalty", "lenpen_kind": "length_penalty_kind"}
 DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
-# the CLI's names in the library's messages -> the API's arguments
 # decode options that forced decoding (`score`) never reads
 SEARCH_ONLY = frozenset({"beam", "nbest", "sampling", "temperature", "top_k", "top_p", "seed", "min_len", "max_len_a",
                          "max_len_b", "no_repeat_ngram_size"})
+# the CLI's names in the library's messages -> the API's arguments
 DECODE_RENAMES = {"--max-len-a/--max-len-b": "max_len_a/max_len_b", "--alignment-layer": "alignment_layer",
-                  "--print-alignment": "alignment=True", "--long-inputs truncate": "long_inputs='truncate'"}
+                  "--print-alignment": "alignment=True", "--long-inputs truncate": "long_inputs='truncate'",
+                  "--long-inputs refuse": "long_inputs='refuse'"}
+LOAD_RENAMES = {**DECODE_RENAMES, "--device": "device", "--precision": "precision"}
 
 
 class WrongTaskError(CheckpointError):
@@ -329,8 +331,9 @@ def load(path_or_paths: str | Path | Sequence[str | Path], device: str | torch.d
     if not isinstance(device, (str, torch.device)):
         raise UserError(f"device: give a str (\"cpu\", \"cuda\", \"cuda:N\", \"auto\") or a torch.device, not "
                         f"{_kind(device)}")
-    resolved = resolve_device(str(device))  # a torch.device is checked as its name is
-    with user_errors(DECODE_RENAMES):
+    with user_errors(LOAD_RENAMES):
+        resolved = resolve_device(str(device))  # a torch.device is checked as its name is
+    with user_errors(LOAD_RENAMES):
         fields = _decode_fields(decode)
         if not isinstance(precision, str):
             raise UserError(f"precision: give a str (\"fp32\", \"int8\", \"bf16\", \"fp16\"), not {_kind(precision)}")
