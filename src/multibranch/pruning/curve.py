@@ -1,8 +1,8 @@
 """The pruning curve by masking (docs/papers.md#drophead-pruning-curve-and-dominant-heads).
 
 Pruning curve: rank every head of every attention module globally by ascending importance and mask
-the lowest 10%, 20%, ... of the total head count (cumulative; each step adds round(step * total)
-heads), scoring the model after each step. Importance is computed once (default) or recomputed
+the lowest 10%, 20%, ... of the total head count (cumulative: step k masks round(k * step * total) heads in
+all, so the steps' sizes alternate around step * total), scoring the model after each step. Importance is computed once (default) or recomputed
 under the current mask after each step (`recompute`); `keep_one` never masks the last unmasked head
 of a module (the curve then stops at the last reachable step). Masking = gate 0, no rescale.
 
