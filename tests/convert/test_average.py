@@ -129,6 +129,13 @@ def test_select_last_and_best(run_dir):
     assert steps(select_checkpoints(run_dir, best=2)) == [500, 600]
 
 
+def test_best_never_picks_a_diverged_validation(run_dir):
+    write(run_dir / "checkpoints" / "step_00000600.pt", make_payload(6, 600, float("nan"), float("nan")))
+    assert steps(select_checkpoints(run_dir, best=2)) == [200, 400]  # by BLEU: NaN ranks last
+    write(run_dir / "checkpoints" / "step_00000700.pt", make_payload(7, 700, None, 0.5))
+    assert steps(select_checkpoints(run_dir, best=2)) == [500, 700]  # by loss: NaN ranks last too
+
+
 def test_cli_average(run_dir, tmp_path, capsys):
     out = tmp_path / "avg.pt"
     assert main(["average", "--run", str(run_dir), "--last", "2", "--out", str(out)]) == 0

@@ -3,6 +3,8 @@ reproduces it."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -149,3 +151,17 @@ def test_cli_end_to_end_and_refuses_overwrite(tmp_path, capsys):
     assert main(args + ["--force"]) == 0
     assert main(["convert", "proximal", "--ckpt", str(mat), "--out", str(tmp_path / "x.pt"), "--branches", "2"]) == 2
     assert "standard Transformer" in capsys.readouterr().err
+
+
+def test_mean_sq_with_ffn_branches_only_is_not_function_preserving_and_says_so(caplog):
+    source = make_payload()
+    with caplog.at_level(logging.WARNING):
+        mat = proximal_init(source, 1, 3, {"branch_merge": "mean_sq"})
+    assert mat["meta"]["conversion"]["function_preserving"] is False
+    assert any("divides FFN outputs by 1/N_f" in r.getMessage() for r in caplog.records)
+    src, tgt = batch()
+    with torch.no_grad():
+        assert not torch.allclose(model_of(mat, torch.float64)(src, tgt),
+                                  model_of(source, torch.float64)(src, tgt), atol=1e-3)
+    mean = proximal_init(source, 1, 3, {"branch_merge": "mean"})
+    assert mean["meta"]["conversion"]["function_preserving"] is True

@@ -322,3 +322,16 @@ def test_cli_replicates_of_other_lengths_are_named(tmp_path, capsys):
     assert main(["evaluate", "--hyp", base, base, "--compare", base, short, "--ref", ref]) == 2
     err = capsys.readouterr().err
     assert f"{short} has 19 lines, the references 20" in err and len(err.strip().splitlines()) == 1
+
+
+def test_ter_is_sacrebleu_s_default_case_insensitive_ter():
+    from sacrebleu.metrics import TER
+
+    from multibranch.evaluate.metrics import evaluate_translation
+
+    hyps = ["The Cat sat on the Mat .", "A dog runs in the park ."]
+    refs = ["the cat sat on the mat .", "A dog is running in the Park ."]
+    ours = evaluate_translation(hyps, {"ref": refs}, metrics=["ter"])["ter"]
+    expected = TER().corpus_score(hyps, [refs])
+    assert ours["score"] == pytest.approx(expected.score) and "case:lc" in ours["signature"]
+    assert ours["score"] != pytest.approx(TER(case_sensitive=True).corpus_score(hyps, [refs]).score)

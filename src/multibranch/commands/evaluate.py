@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", nargs="+", default=["bleu", "chrf"], choices=["bleu", "chrf", "chrf++", "ter"],
                         help="corpus-level metrics (and those of --compare)")
     parser.add_argument("--tokenize", default="13a", help="sacreBLEU tokenizer for BLEU")
-    parser.add_argument("--lowercase", action="store_true", help="case-insensitive scores")
+    parser.add_argument("--lowercase", action="store_true", help="case-insensitive BLEU and chrF (TER is case-insensitive always, as sacreBLEU's default)")
     parser.add_argument("--allow-download", action="store_true",
                         help="allow tokenizers that download a model (spm, flores101, flores200)")
     parser.add_argument("--sentence-level", action="store_true",

@@ -17,6 +17,7 @@ directory (`RUN/checkpoints/step_XXXXXXXX.pt`, as the trainer writes them).
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -221,7 +222,8 @@ def select_checkpoints(
     scored = [(step, path, read_meta(path).get("valid") or {}) for step, path in candidates]
     for metric, sign in BEST_METRICS:
         if all(valid.get(metric) is not None for _, _, valid in scored):
-            ranked = sorted(scored, key=lambda r: (-sign * r[2][metric], -r[0]))
+            # a NaN score (a diverged validation) ranks below every number, never among the best
+            ranked = sorted(scored, key=lambda r: (math.isnan(r[2][metric]), -sign * r[2][metric], -r[0]))
             return [p for _, p, _ in sorted(ranked[:count], key=lambda r: r[0])]
     bad = next(str(p) for _, p, valid in scored if valid.get("loss") is None)
     raise CheckpointError(f"best=N needs validation scores in every checkpoint; {bad} has none")

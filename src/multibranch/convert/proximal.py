@@ -3,7 +3,8 @@
 Every attention module (encoder self, decoder self, decoder cross) is copied verbatim into each of
 the N_a branches; with N_f > 1 the FFN is copied into each FFN branch; embeddings, layer norms and
 everything else are copied once. With `branch_merge="mean"` the result computes exactly the source
-model (c * N_a identical terms, c = 1/N_a); with "mean_sq" every attention output is divided by N_a.
+model (c * N_a identical terms, c = 1/N_a); with "mean_sq" every attention output is divided by N_a and
+every FFN output by N_f (where they have more than one branch).
 
 Widths are not converted (the released converter only duplicates tensors): d, d_h, heads, depth and
 vocabulary of the MAT are those of the source; asking for other widths is an error. The optimizer,
@@ -91,11 +92,14 @@ def proximal_init(
             state[key] = tensor  # same object: tied embeddings stay tied
     check_state(new, state, where)
 
-    merges = {side: layer.branch_merge for side, layer in branches.items() if layer.attention_branches > 1}
-    if "mean_sq" in merges.values():
+    # "mean_sq" scales a merge of N > 1 identical branches by 1/N: attention outputs by 1/N_a, FFN outputs by 1/N_f
+    scaled = sorted({part for layer in branches.values() if layer.branch_merge == "mean_sq"
+                     for part, n in (("attention outputs by 1/N_a", layer.attention_branches),
+                                     ("FFN outputs by 1/N_f", layer.ffn_branches)) if n > 1})
+    if scaled:
         log.warning(
-            "branch_merge='mean_sq' does not preserve the source function: attention outputs are divided by N_a "
-            "(as in the released MAT code); use 'mean' for a function-preserving proximal init"
+            "branch_merge='mean_sq' does not preserve the source function: it divides %s (as in the released MAT "
+            "code); use 'mean' for a function-preserving proximal init", " and ".join(scaled)
         )
     src_meta = payload.get("meta") or {}
     meta = {
@@ -109,7 +113,7 @@ def proximal_init(
                        "branch_merge": layer.branch_merge}
                 for side, layer in branches.items()
             },
-            "function_preserving": "mean_sq" not in merges.values(),
+            "function_preserving": not scaled,
             "restart": "optimizer, LR schedule (warm-up from step 0) and counters restart",
         },
         "source": describe_source(payload, source),

@@ -43,7 +43,7 @@ def _metric(name: str, tokenize: str, lowercase: bool) -> Any:
     if name == "chrf++":
         return CHRF(word_order=2, lowercase=lowercase)
     if name == "ter":
-        return TER(case_sensitive=not lowercase)
+        return TER()  # sacreBLEU's default: case-insensitive (`case:lc`), whatever `lowercase` says
     raise DataError(f"unknown metric {name!r}; choose from {', '.join(METRICS)}")
 
 
