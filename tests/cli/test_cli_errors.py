@@ -85,3 +85,15 @@ def test_prepare_warns_when_the_validation_split_is_the_training_data(tmp_path, 
                      str(tmp_path / "train"), "--out", str(tmp_path / "data"), "--vocab-size", "60"]) == 0
     assert any("the valid split" in r.getMessage() and "is the training data" in r.getMessage()
                for r in caplog.records)
+
+
+def test_prepare_refuses_a_test_set_without_a_pair_as_it_refuses_such_a_valid_set(tmp_path, capsys):
+    _corpus(tmp_path, "train", [f"w{i} w{i + 1} w{i + 2}" for i in range(40)])
+    _corpus(tmp_path, "valid", ["w1 w2", "w3 w4"])
+    _corpus(tmp_path, "test", ["", "  "])
+    out = tmp_path / "data"
+    assert main(["prepare", "--src", "src", "--tgt", "tgt", "--train", str(tmp_path / "train"), "--valid",
+                 str(tmp_path / "valid"), "--test", str(tmp_path / "test"), "--out", str(out), "--vocab-size", "60"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.endswith(f"{tmp_path / 'test'}.{{src,tgt}}: no non-empty test pairs; each --test needs at least one")
+    assert not out.exists()

@@ -178,11 +178,15 @@ class Scan:
     words: dict[str, Counter[str]] = field(default_factory=dict)
 
 
-def require_pairs(cfg: PrepareConfig, train: int, valid: int) -> None:
-    """DataError when the training or validation split has no non-empty pair."""
-    if train == 0:
+def require_pairs(cfg: PrepareConfig, pairs: dict[str, int]) -> None:
+    """DataError when a split (training, validation, a test set) has no non-empty pair; `pairs`: split -> count."""
+    if pairs["train"] == 0:
         raise DataError(f"{cfg.train}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty training pairs")
-    require_valid_pairs(cfg, valid)
+    require_valid_pairs(cfg, pairs["valid"])
+    for name, prefix in cfg.splits()[2:]:
+        if pairs.get(name) == 0:
+            raise DataError(f"{prefix}.{{{cfg.src_lang},{cfg.tgt_lang}}}: no non-empty test pairs; each --test "
+                            "needs at least one")
 
 
 def build_data_dir(cfg: PrepareConfig, splits: list[Split], out: Path) -> dict[str, Any]:
@@ -324,7 +328,7 @@ def write_data_dir(cfg: PrepareConfig, protos: dict[str, bytes], streams: list[S
             entry, stats[name], non_empty[name] = _write_split(cfg, name, chunks, encoder, out, bar,
                                                                (dropped_before or {}).get(name))
             split_meta[name] = {"prefix": prefix, **entry, "lines": entry["lines"] if lines is None else lines}
-    require_pairs(cfg, non_empty["train"], non_empty["valid"])
+    require_pairs(cfg, non_empty)
     if split_meta["train"]["pairs"] == 0:
         raise DataError(
             f"{cfg.train}.*: every training pair was dropped by the length filters "

@@ -55,7 +55,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     check_output_directory(out, DATA, force=cfg.force, inputs=cfg.input_paths(), error=DataError)
     scan = scan_inputs(cfg) if needs_scan(cfg) else Scan()
     if scan.pairs:  # else the same checks run once the splits are written
-        require_pairs(cfg, scan.pairs["train"], scan.pairs["valid"])
+        require_pairs(cfg, scan.pairs)
     protos = vocabulary_protos(cfg, scan)
     total = sum(scan.lines.values()) if scan.lines else _total_lines(cfg)
     del scan  # the sample is spent; encoding workers forked later would carry it
