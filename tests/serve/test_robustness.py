@@ -570,3 +570,8 @@ def test_a_text_over_the_models_token_limit_is_truncated_or_with_long_inputs_ref
     assert truncated.status_code == 200 and len(truncated.json()["translations"]) == 2
     assert refused.status_code == 413
     assert refused.json()["detail"] == f"texts[1] has {count} tokens (EOS included): the model takes at most {limit}"
+    [drawn] = post_all(create_app(engine), [("/attention", {"text": long_text, "head": 0})])
+    [not_drawn] = post_all(create_app(refusing), [("/attention", {"text": long_text, "head": 0})])
+    assert drawn.status_code == 200
+    assert not_drawn.status_code == 413
+    assert not_drawn.json()["detail"] == f"text has {count} tokens (EOS included): the model takes at most {limit}"

@@ -325,16 +325,18 @@ def _check_sampling(body: TranslateRequest, limits: ServeLimits) -> None:
         raise HTTPException(422, f"nbest={body.nbest}: at most {limits.max_beam} samples per text")
 
 
-def _check_lengths(texts: list[str], tokens: list[int], engine: Any) -> None:
+def _check_lengths(texts: list[str], tokens: list[int], engine: Any, names: list[str] | None = None) -> None:
     """413 naming the first text over the model's token limit when the engine refuses long inputs
-    (`long_inputs` "refuse"); otherwise such texts are translated from their first tokens."""
+    (`long_inputs` "refuse"); otherwise such texts are translated from their first tokens. `names`: the texts'
+    places in the request (unset: texts[i])."""
     limit = getattr(engine, "input_limit", None)
     decode = getattr(engine, "decode", None)
     if limit is None or getattr(decode, "long_inputs", "truncate") != "refuse":
         return
     for i, count in enumerate(tokens):
         if count > limit and texts[i].strip():
-            raise HTTPException(413, f"texts[{i}] has {count} tokens (EOS included): the model takes at most {limit}")
+            name = names[i] if names is not None else f"texts[{i}]"
+            raise HTTPException(413, f"{name} has {count} tokens (EOS included): the model takes at most {limit}")
 
 
 def _decode_options(body: Any, beam: int) -> DecodeOptions:
@@ -539,6 +541,7 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
     @app.post("/attention")
     async def attention(body: AttentionRequest) -> Any:
         _check_attention(body, limits, choices, task, getattr(engine, "ensemble", False))
+        _check_lengths([body.text], engine.count_tokens([body.text]), engine, names=["text"])  # type: ignore[attr-defined]
 
         async def handle() -> Any:
             try:
