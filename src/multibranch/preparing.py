@@ -105,8 +105,8 @@ class PrepareOptions:
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{option(name)}: invalid choice: {getattr(self, name)!r} (choose from "
                                   f"{', '.join(map(repr, choices))})")
-        if self.task == "classify":
-            wrong = self.given(TRANSLATION_ONLY + CODE_ONLY + TRANSLATION_SCALE)
+        if self.task == "classify":  # one text side: no length ratio, no second vocabulary
+            wrong = self.given(TRANSLATION_ONLY + CODE_ONLY + TRANSLATION_SCALE + ("max_len_ratio", "separate_vocab"))
         elif self.task == "code":
             wrong = self.given(TRANSLATION_ONLY + tuple(n for n in CLASSIFY_ONLY if n != "holdout") + ("max_len_ratio",)
                                + TRANSLATION_SCALE)

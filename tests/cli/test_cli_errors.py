@@ -97,3 +97,27 @@ def test_prepare_refuses_a_test_set_without_a_pair_as_it_refuses_such_a_valid_se
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert err.endswith(f"{tmp_path / 'test'}.{{src,tgt}}: no non-empty test pairs; each --test needs at least one")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--holdout", "nan"], "holdout=nan must be a fraction in (0, 1) or a whole count >= 1"),
+    (["--holdout", "1", "--label-column", "label", "--text-column", "text"],
+     "2 columns are named 'text' in the header; name the text column by its number (from 0) instead"),
+    (["--holdout", "1", "--max-len-ratio", "2"], "--max-len-ratio: not for --task classify"),
+    (["--holdout", "1", "--separate-vocab"], "--separate-vocab: not for --task classify"),
+])
+def test_prepare_classify_refuses_what_it_cannot_honour_in_one_line(extra, message, tmp_path, capsys):
+    table = tmp_path / "d.tsv"
+    table.write_text("label\ttext\ttext\npos\ta b\tc d\nneg\te f\tg h\npos\ta c\tx\nneg\te g\ty\n", encoding="utf-8")
+    out = tmp_path / "data"
+    assert main(["prepare", "--task", "classify", "--train", str(table), "--out", str(out), "--vocab-size", "20",
+                 *extra]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("multibranch prepare: error: ") and message in err
+    assert not out.exists()
+
+
+def test_prepare_code_refuses_a_holdout_that_is_not_a_number(tmp_path, capsys):
+    assert main(["prepare", "--task", "code", "--train", str(tmp_path / "train"), "--valid", str(tmp_path / "valid"),
+                 "--holdout", "nan", "--out", str(tmp_path / "data")]) == 2
+    assert "holdout=nan must be a whole count >= 1, a fraction in (0, 1), or 0" in capsys.readouterr().err

@@ -104,7 +104,8 @@ class ClassifyPrepareConfig:
         if (self.valid is None) == (self.holdout is None):
             raise ConfigError("give exactly one of valid (a file) and holdout (a fraction or count of train)")
         if self.holdout is not None:
-            if self.holdout <= 0 or (self.holdout >= 1 and not float(self.holdout).is_integer()):
+            if not math.isfinite(self.holdout) or self.holdout <= 0 or \
+                    (self.holdout >= 1 and not float(self.holdout).is_integer()):
                 raise ConfigError(f"holdout={self.holdout} must be a fraction in (0, 1) or a whole count >= 1")
         check_spm_settings(self.model_type, self.vocab_size, self.character_coverage, self.max_len)
         if self.too_long not in ("truncate", "drop"):

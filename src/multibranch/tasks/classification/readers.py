@@ -211,6 +211,9 @@ def _column(path: Path, header: list[str] | None, column: int | str, width: int,
         names = [cell.strip() for cell in header or []]
         if column not in names:
             raise DataError(f"{path}:1: no {what} column named {column!r} in the header ({', '.join(names)})")
+        if names.count(column) > 1:
+            raise DataError(f"{path}:1: {names.count(column)} columns are named {column!r} in the header; name the "
+                            f"{what} column by its number (from 0) instead")
         return names.index(column)
     if column >= width:
         raise DataError(f"{path}: {what} column {column} does not exist: rows have {width} column(s)")

@@ -28,6 +28,7 @@ docstrings kept raw, and how many test docstrings also occur verbatim in train.
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +84,8 @@ class CodePrepareConfig:
 
     def validate(self) -> None:
         if self.holdout is not None and self.holdout != 0:
-            if self.holdout < 0 or (self.holdout >= 1 and not float(self.holdout).is_integer()):
+            if not math.isfinite(self.holdout) or self.holdout < 0 or \
+                    (self.holdout >= 1 and not float(self.holdout).is_integer()):
                 raise ConfigError(f"holdout={self.holdout:g} must be a whole count >= 1, a fraction in (0, 1), or 0")
         check_spm_settings(self.model_type, self.vocab_size, self.character_coverage, self.max_len)
         if self.docstring_errors not in DOCSTRING_ERRORS:
