@@ -44,7 +44,7 @@ def test_a_wrong_argument_names_itself(api_model, call, error, message):
     (lambda path: multibranch.load(123), r"load: give a checkpoint path .*, not an int \(123\)"),
     (lambda path: multibranch.load(None), "load: give a checkpoint path .*, not None"),
     (lambda path: multibranch.load([path, 7]), r"load: path 1 is an int \(7\)"),
-    (lambda path: multibranch.load(path, device=0), "device: give a str"),
+    (lambda path: multibranch.load(path, device=0), "load: device must be a str"),
     (lambda path: multibranch.load(path, temperature=0.5), "temperature applies only to sampling=True"),
     (lambda path: multibranch.load(path, lenpen=math.nan), "length_penalty: expected a finite number"),
 ])

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from multibranch.analysis.attention_maps import SelectionError
+from multibranch.api.checks import check_device
 from multibranch.api.results import AlignedTranslation, AttentionMaps
 from multibranch.config import check_value
 from multibranch.device import resolve_device
@@ -328,9 +329,7 @@ def load(path_or_paths: str | Path | Sequence[str | Path], device: str | torch.d
     paths = _paths(path_or_paths)
     if ensemble_mean not in ("prob", "log-prob"):
         raise UserError(f"ensemble_mean {ensemble_mean!r}: choose 'prob' or 'log-prob'")
-    if not isinstance(device, (str, torch.device)):
-        raise UserError(f"device: give a str (\"cpu\", \"cuda\", \"cuda:N\", \"auto\") or a torch.device, not "
-                        f"{_kind(device)}")
+    check_device("load", device)
     with user_errors(LOAD_RENAMES):
         resolved = resolve_device(str(device))  # a torch.device is checked as its name is
     with user_errors(LOAD_RENAMES):

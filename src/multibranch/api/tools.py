@@ -12,6 +12,7 @@ from multibranch.analysis.diversity import analyze_diversity
 from multibranch.analysis.gate_report import analyze_gates
 from multibranch.analysis.heads import HeadId
 from multibranch.analysis.lengths import LengthOptions, analyze_lengths
+from multibranch.api.checks import check_list, check_paths
 from multibranch.api.model import user_errors
 from multibranch.checkpoint.format import load_checkpoint
 from multibranch.convert.average import AverageResult, average_to_file
@@ -27,20 +28,6 @@ from multibranch.pruning.run import PruneOptions, prune_checkpoint, report_path_
 __all__ = ["ReportFolder", "analyze", "AverageResult", "Evaluation", "ExportResult", "PruneResult", "average", "evaluate_translation", "export", "prune"]
 
 FORCE = {"--force": "force=True"}
-
-
-def check_paths(call: str, **paths: Any) -> None:
-    """UserError naming the first argument that is neither None nor a path (str or pathlib.Path)."""
-    for name, value in paths.items():
-        if value is not None and not isinstance(value, (str, Path)):
-            raise UserError(f"{call}: {name} must be a path (str or pathlib.Path), not {type(value).__name__}")
-
-
-def check_list(call: str, name: str, value: Any, of: str) -> None:
-    """UserError when `value` (not None) is a single str or path, or not a list or tuple: a str would be read
-    one character at a time."""
-    if value is not None and (isinstance(value, (str, bytes, Path)) or not isinstance(value, (list, tuple))):
-        raise UserError(f"{call}: {name} must be a list of {of}, not {type(value).__name__}")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from multibranch.api.checks import check_device, check_paths
 from multibranch.api.model import user_errors
 from multibranch.errors import ConfigError, UserError
 from multibranch.experiment import (
@@ -121,12 +122,8 @@ def fit(preset_or_config: str | Path | ExperimentConfig | None = None, data: str
     written). Either returning True stops the run there, its checkpoints written (`resume=True` goes on)."""
     if data is None or out is None:
         raise UserError("train: give data= (a directory made by `multibranch prepare`) and out= (the run directory)")
-    for name, path in (("data", data), ("out", out), ("init_from", init_from)):
-        if path is not None and not isinstance(path, (str, Path)):
-            raise UserError(f"{name}: give a path (str or pathlib.Path), not {type(path).__name__}")
-    if not isinstance(device, (str, torch.device)):
-        raise UserError(f'device: give a str ("cpu", "cuda", "cuda:N", "auto") or a torch.device, not '
-                        f"{type(device).__name__}")
+    check_paths("fit", data=data, out=out, init_from=init_from)
+    check_device("fit", device)
     for name, callback in (("on_validation", on_validation), ("on_checkpoint", on_checkpoint)):
         if callback is not None and not callable(callback):
             raise UserError(f"{name}: give a function of one event, not {type(callback).__name__}")
