@@ -318,11 +318,13 @@ def test_a_run_another_process_is_training_is_refused_before_anything_changes(ti
 
 def test_a_diverged_validation_is_never_the_best(tiny_data, tmp_path, caplog):
     run = tmp_path / "run"
-    diverging = tiny_experiment(max_steps=2, valid_every=1, lr={"schedule": "inverse_sqrt", "lr": 1e30, "warmup": 1})
+    diverging = tiny_experiment(max_steps=3, valid_every=1, lr={"schedule": "inverse_sqrt", "lr": 1e30, "warmup": 1})
     with caplog.at_level(logging.WARNING):
         state = train(diverging, RunOptions(tiny_data, run, progress=False))
-    assert state.step == 2 and not (run / "best.pt").exists() and (run / "last.pt").exists()
+    assert state.step == 3 and not (run / "best.pt").exists() and (run / "last.pt").exists()
     assert any("the training has diverged" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if "the run has diverged" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("the training loss is nan at update ")  # logged every update, said once
 
 
 def test_a_resume_with_other_max_steps_says_the_schedules_stretch(tiny_data, tmp_path, caplog):

@@ -238,6 +238,7 @@ class Trainer:
             self.metrics.truncate_after(self.state.step)
         self._saved_at = self.state.step if opts.resume else -1
         self._stop_requested = False  # a callback asked the run to stop
+        self._warned_divergence = False  # a non-finite training loss has been reported
         self.train_model: nn.Module = self.model
         # Data parallelism: fixed-shape runs (and so graphs) average the gradients themselves, in one collective
         # after the backward (train/gradients.py); other runs hand the model to DDP.
@@ -834,6 +835,11 @@ class Trainer:
         if module_metrics:
             record["modules"] = module_metrics
         self.metrics.write(record)
+        if not math.isfinite(record["loss"]) and not self._warned_divergence:  # once: every line after says it too
+            self._warned_divergence = True
+            log.warning("the training loss is %s at update %d: the run has diverged (lower the learning rate, raise "
+                        "the warm-up, or clip gradients harder); it goes on, and no NaN validation becomes best.pt",
+                        record["loss"], s.step)
         fields = task.describe_train(record)
         step_log.info("train | step %d | epoch %d | loss %.3f | %slr %.2e | %.0f %s", s.step, s.epoch, record["loss"],
                       f"{fields} | " if fields else "", record["lr"], record[f"{task.sample_unit}_per_s"],
