@@ -122,7 +122,8 @@ class TorchEngine:
         self.default_beam = decode.beam
         self.abandoned = threading.Event()  # set by `abandon`: the call under way stops before its next batch
         self._translators: dict[Any, Any] = {}
-        self._base = self._stoppable(Translator(model, tokenizer, decode, device))
+        self._device = device
+        self._base = self._new_translator(decode)
         self._translators[decode.beam] = self._base
         self.summary = summary or {}
 
@@ -135,7 +136,10 @@ class TorchEngine:
             raise CheckpointError(f"{path} is a {engine.task} model, not a translation model")
         return engine
 
-    def _stoppable(self, translator: Translator) -> Translator:
+    def _new_translator(self, cfg: Any, aligned: bool = False) -> Translator:
+        """A Translator over the engine's model with `cfg`, stopped by `abandon` (aligned: Pharaoh alignments of
+        the last decoder layer)."""
+        translator = Translator(self.model, self.tokenizer, cfg, self._device, alignment_layer=-1 if aligned else None)
         translator.stop = self.abandoned
         return translator
 
@@ -149,8 +153,7 @@ class TorchEngine:
         key = (beam, aligned) if aligned else beam
         if key not in self._translators:
             cfg = dataclasses.replace(self.decode, beam=beam, nbest=1)
-            self._translators[key] = self._stoppable(Translator(self.model, self.tokenizer, cfg, self._base.device,
-                                                                alignment_layer=-1 if aligned else None))
+            self._translators[key] = self._new_translator(cfg, aligned)
         return self._translators[key]
 
     @property
@@ -186,8 +189,7 @@ class TorchEngine:
         key = ("options", options)
         translator = None if options.seed is not None else self._translators.get(key)
         if translator is None:
-            translator = self._stoppable(Translator(self.model, self.tokenizer, self.decode_options(options),
-                                                    self._base.device, alignment_layer=-1 if options.aligned else None))
+            translator = self._new_translator(self.decode_options(options), options.aligned)
             if options.seed is None:
                 self._translators[key] = translator
         self.abandoned.clear()

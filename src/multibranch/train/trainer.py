@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 import yaml
@@ -97,6 +97,7 @@ TaskFactory = Callable[[ExperimentConfig, Path], Task]
 DATA_FIELDS = {"seed", "max_tokens", "max_sentences", "update_freq", "length_buckets", "length_multiple"}
 DEFAULT_LENGTH_BUCKETS = 8  # with graphs: batch shapes per run (each shape one captured graph)
 SCHEDULE_FIELDS = {"lr"}
+DIVERGED_ADVICE = "lower the learning rate, raise the warm-up, or clip gradients harder"
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ class Trainer:
 
         # Everything checked: now the run directory may be created or changed.
         self._log_handler: logging.Handler | None = None
-        self._lock: Any = None  # RUN/.train.lock, held while this process may write the run
+        self._lock: IO[str] | None = None  # RUN/.train.lock, held while this process may write the run
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.dist.is_main)
         self._prepare_run_dir()
         if opts.tensorboard is not None and self.dist.is_main:
@@ -672,8 +673,8 @@ class Trainer:
             metric = -result["loss"] if name == "loss" else result[name]
             finite = math.isfinite(metric)
             if not finite:  # a diverged model (NaN or infinite loss) is never the best one
-                log.warning("valid %s is %s at update %d: the training has diverged (lower the learning rate, "
-                            "raise the warm-up, or clip gradients harder)", name, metric, self.state.step)
+                log.warning("valid %s is %s at update %d: the training has diverged (%s)", name, metric,
+                            self.state.step, DIVERGED_ADVICE)
             improved = finite and (self.state.best is None or metric > self.state.best)
             if improved:
                 self.state.best, self.state.bad_validations = metric, 0
@@ -837,9 +838,8 @@ class Trainer:
         self.metrics.write(record)
         if not math.isfinite(record["loss"]) and not self._warned_divergence:  # once: every line after says it too
             self._warned_divergence = True
-            log.warning("the training loss is %s at update %d: the run has diverged (lower the learning rate, raise "
-                        "the warm-up, or clip gradients harder); it goes on, and no NaN validation becomes best.pt",
-                        record["loss"], s.step)
+            log.warning("the training loss is %s at update %d: the run has diverged (%s); it goes on, and no NaN "
+                        "validation becomes best.pt", record["loss"], s.step, DIVERGED_ADVICE)
         fields = task.describe_train(record)
         step_log.info("train | step %d | epoch %d | loss %.3f | %slr %.2e | %.0f %s", s.step, s.epoch, record["loss"],
                       f"{fields} | " if fields else "", record["lr"], record[f"{task.sample_unit}_per_s"],
