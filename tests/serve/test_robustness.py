@@ -373,6 +373,18 @@ def test_a_body_not_sent_as_json_is_415_naming_its_content_type(headers):
     assert headers.get("content-type", "none") in reply.json()["detail"]
 
 
+@pytest.mark.parametrize("path", ["/translate", "/attention"])
+def test_a_body_that_is_not_utf8_is_400_naming_the_byte(path):
+    app = create_app(StubEngine())
+    body = b'{"texts": ["a\xff b"], "text": "a\xff b"}'  # Latin-1 bytes sent as JSON
+    reply, = post_all(app, [(path, body)])
+    assert reply.status_code == 400
+    offset = body.index(b"\xff")
+    assert reply.json()["detail"] == (f"the request body is not valid UTF-8: byte 0xff at offset {offset} "
+                                      "(send JSON encoded in UTF-8)")
+    assert latency_counts(app).get("400") == 1
+
+
 def test_health_answers_head_for_load_balancers():
     app = create_app(StubEngine(), static_dir=PAGE_DIR)
 

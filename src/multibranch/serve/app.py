@@ -9,7 +9,8 @@ labels and probabilities for a classifier); an API path asked with another metho
 
 Request bodies are checked strictly (no `true` for a number, no `"yes"` for a flag: 422; decoding values as
 `multibranch translate` checks its options, NaN and Infinity included: 422); a text that is not valid Unicode
-(a lone surrogate such as the JSON escape "\\ud800") gets 400 naming it. A body over `limits.max_body_bytes`
+(a lone surrogate such as the JSON escape "\\ud800") gets 400 naming it, and a body that is not UTF-8 gets
+400 naming its first bad byte. A body over `limits.max_body_bytes`
 gets 413 before it is read whole or parsed, and a 422 never echoes more of the input than a short value.
 With the engine's `long_inputs` "refuse" (`serve --long-inputs refuse`), a text over the model's token limit
 gets 413 naming it; otherwise it is translated from its first tokens, as `translate` does.
@@ -34,9 +35,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -455,6 +458,15 @@ def create_app(engine: Engine, limits: ServeLimits | None = None, static_dir: st
             return JSONResponse({"detail": f"send the body as JSON with content-type: application/json (this "
                                            f"request's content-type: {kind or 'none'})"}, 415)
         return JSONResponse({"detail": _validation_errors(err.errors())}, 422)
+
+    @app.exception_handler(StarletteHTTPException)  # what FastAPI raises for a body it cannot parse
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
+        cause = err.__cause__  # FastAPI's "error parsing the body" 400 raised from the JSON parser's error
+        if err.status_code == 400 and isinstance(cause, UnicodeDecodeError):
+            bad = cause.object[cause.start:cause.start + 1].hex()
+            return JSONResponse({"detail": f"the request body is not valid UTF-8: byte 0x{bad} at offset "
+                                           f"{cause.start} (send JSON encoded in UTF-8)"}, 400)
+        return await http_exception_handler(request, err)
 
     async def queued(handle: Callable[[], Awaitable[Any]]) -> Any:
         """Answer a request that goes through the queue, counted in the in-flight gauge; 503 / 504 when
