@@ -71,6 +71,24 @@ def test_average_keeps_low_precision_dtype(tmp_path):
     assert torch.equal(avg["model"][key], expected)
 
 
+def test_mixing_an_fp16_export_with_fp32_checkpoints_warns_and_keeps_the_newest_dtype(tmp_path, caplog):
+    full, half = make_payload(1, 100), make_payload(2, 200)
+    converted: dict[int, torch.Tensor] = {}  # one fp16 copy per storage: tied weights stay tied, as in an export
+    half["model"] = {k: converted.setdefault(v.data_ptr(), v.to(torch.float16)) for k, v in half["model"].items()}
+    paths = [write(tmp_path / "full.pt", full), write(tmp_path / "half.pt", half)]
+    caplog.set_level(logging.WARNING, logger="multibranch")
+    avg = average_checkpoints(paths)
+    key = "decoder.layers.0.ffn.fc1.weight"
+    assert avg["model"][key].dtype == torch.float16
+    expected = ((full["model"][key].double() + half["model"][key].double()) / 2).to(torch.float16)
+    assert torch.equal(avg["model"][key], expected)
+    assert (f"{paths[0]} stores float32 weights and {paths[1]} float16: the average is stored in float16"
+            in caplog.text)
+    caplog.clear()
+    average_checkpoints([write(tmp_path / "full2.pt", make_payload(3, 300)), paths[0]])
+    assert "stores" not in caplog.text  # one dtype: nothing to say
+
+
 def test_average_refuses_mismatches(tmp_path):
     good = write(tmp_path / "good.pt", make_payload(1, 1))
     other_cfg = write(tmp_path / "cfg.pt", make_payload(2, 2, dropout=0.3))

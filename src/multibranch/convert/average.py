@@ -1,7 +1,8 @@
 """Checkpoint averaging (fairseq's average_checkpoints.py semantics, stricter checks).
 
 `average_checkpoints(paths)`: the element-wise mean of the models' floating-point tensors,
-accumulated in float64 and cast back to the newest checkpoint's dtype; integer and bool buffers
+accumulated in float64 and cast back to the newest checkpoint's dtype (a warning says so when the files
+store different float dtypes, an fp16 export among fp32 checkpoints); integer and bool buffers
 are copied from the newest checkpoint (highest meta step; the last path on ties). Every file must
 have the same model config, tokenizer, keys, shapes and tie structure. Tied tensors (a shared
 embedding stored under several keys) stay one tensor. The result carries no training state.
@@ -60,6 +61,7 @@ def average_checkpoints(paths: Sequence[str | Path], *, force: bool = False) -> 
     newest: tuple[int, dict[str, Any], str] | None = None
     sources = []
     origins: dict[str, dict[str, str] | None] = {}
+    dtypes: dict[str, str] = {}  # path -> the float dtypes its model stores
     for path in paths:
         payload = load_checkpoint(path)
         state = payload["model"]
@@ -75,6 +77,7 @@ def average_checkpoints(paths: Sequence[str | Path], *, force: bool = False) -> 
                 sums[key] += value
             else:
                 sums[key] = value.clone()
+        dtypes[str(path)] = _float_dtypes(state)
         meta = payload.get("meta") or {}
         origins[str(path)] = origin_of(meta)
         step = int(meta.get("step") or 0)
@@ -86,6 +89,10 @@ def average_checkpoints(paths: Sequence[str | Path], *, force: bool = False) -> 
     assert newest is not None
     _check_origins(origins, force)
     _, latest, latest_path = newest
+    if len(set(dtypes.values())) > 1:
+        other = next(path for path, kind in dtypes.items() if kind != dtypes[latest_path])
+        log.warning("%s stores %s weights and %s %s: the average is stored in %s, as the newest checkpoint (%s)",
+                    other, dtypes[other], latest_path, dtypes[latest_path], dtypes[latest_path], latest_path)
     out: dict[str, Tensor] = {}
     for key, tensor in latest["model"].items():
         if key in aliases:
@@ -102,6 +109,11 @@ def average_checkpoints(paths: Sequence[str | Path], *, force: bool = False) -> 
     meta["averaged_from"] = sources
     meta["averaged_newest"] = latest_path
     return {"config": latest["config"], "model": state, "tokenizer": latest.get("tokenizer"), "meta": meta}
+
+
+def _float_dtypes(state: dict[str, Tensor]) -> str:
+    """The floating-point dtypes of a state dict's tensors, for messages: "float32", "float16", "bfloat16, float32"."""
+    return ", ".join(sorted({str(t.dtype).removeprefix("torch.") for t in state.values() if t.is_floating_point()}))
 
 
 def _require_compatible(
