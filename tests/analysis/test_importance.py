@@ -22,6 +22,8 @@ KINDS = {
             "decoder": {"kind": "transformer", "attention_branches": 2}},
     "weighted": {"encoder": {"kind": "weighted"}, "decoder": {"kind": "weighted"}},
     "mute": {"norm": "pre", "encoder": {"kind": "mute", "units": 2}},
+    "mute-shared-attention": {"norm": "pre", "encoder": {"kind": "mute", "units": 2, "shared_attention": True}},
+    "muse": {"encoder": {"kind": "muse"}, "decoder": {"kind": "muse"}},
 }
 
 
@@ -68,6 +70,36 @@ def test_importance_equals_finite_differences_of_the_nll(kind):
                         losses.append(float(batch_nll(model, batch)))
                 total += abs(losses[0] - losses[1]) / (2 * eps)
             assert float(scores[site.name][head]) == pytest.approx(total / tokens, rel=1e-4, abs=1e-7), (site.name, head)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_per_example_importance_equals_the_per_batch_one_over_batches_of_one_example(kind):
+    """Per example, each row of the [B, H] gates carries one example's gradient: the same scores as the batch
+    form computed one example at a time ([H] gates), and different from the batch form over the same batches."""
+    model = _model(kind, torch.float64)
+    split = _split(12)
+    batches = teacher_forced_batches(split, model.config, max_tokens=60)
+    assert min(len(b) for b in batches) >= 2
+    singles = [batch for i in range(len(split))
+               for batch in teacher_forced_batches(
+                   ParallelSplit.from_sequences([split.src(i).tolist()], [split.tgt(i).tolist()]), model.config,
+                   max_tokens=60)]
+    assert len(singles) == 12 and sum(b.n_tgt_tokens for b in singles) == sum(b.n_tgt_tokens for b in batches)
+    per_example = head_importance(model, batches, normalize=False, per_example=True)
+    one_at_a_time = head_importance(model, singles, normalize=False)
+    per_batch = head_importance(model, batches, normalize=False)
+    for name, values in per_example.items():
+        torch.testing.assert_close(values, one_at_a_time[name], rtol=1e-6, atol=1e-9)
+        assert bool((values >= per_batch[name] * (1 - 1e-6)).all())  # |a| + |b| >= |a + b| (scores are fp32)
+    assert any(not torch.allclose(per_example[n], per_batch[n]) for n in per_example)
+
+
+def test_a_gate_per_example_must_match_the_head_count():
+    site = attention_sites(_model())[0]
+    with pytest.raises(ValueError, match="head gate of shape"):
+        site.module.set_head_gate(torch.ones(3, site.heads + 1))
+    with pytest.raises(ValueError, match="head gate of shape"):
+        site.module.set_head_gate(torch.ones(2, 3, site.heads))
 
 
 def test_normalised_importance_has_unit_norm_per_module():

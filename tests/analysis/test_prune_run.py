@@ -12,12 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from multibranch.analysis.batches import teacher_forced_batches
+from multibranch.analysis.heads import attention_sites
 from multibranch.checkpoint.format import save_checkpoint
 from multibranch.cli import main
 from multibranch.config import from_dict
 from multibranch.experiment import ExperimentConfig
+from multibranch.loading.checkpoint import load_model
+from multibranch.pruning.importance import head_importance
 from multibranch.pruning.report import summary
 from multibranch.pruning.run import PruneOptions, prune_checkpoint
+from multibranch.pruning.selection import least_important
 from multibranch.pruning.speed import speed_spread
 from multibranch.tasks import build_task_model
 from multibranch.tasks.translation.dataset import PreparedData
@@ -117,6 +122,22 @@ def test_no_speed_scores_both_models_without_timing(tiny_data, tmp_path, capsys)
     assert "speed" not in report and "speedup" not in report and "seconds" not in report["before"]
     assert report["set"]["rounds"] is None and "score" in report["after"] and "identical_outputs" in report
     assert "sentences/s" not in printed and "BLEU on 4 sentences" in printed
+
+
+def test_per_example_ranks_the_heads_by_the_per_example_importance(tiny_data, tmp_path):
+    data = PreparedData.load(tiny_data)
+    ckpt = _checkpoint(tmp_path / "model.pt", data.meta["vocab_size"]["src"])
+    out = tmp_path / "pruned.pt"
+    assert main(["prune", "--ckpt", str(ckpt), "--out", str(out), "--data", str(tiny_data), "--fraction", "0.25",
+                 "--max-examples", "8", "--max-tokens", "200", "--max-sentences", "2", "--no-speed",
+                 "--per-example"]) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["selection"]["per_example"] is True
+    model = load_model(ckpt).model
+    sites = attention_sites(model)
+    batches = teacher_forced_batches(data.split("valid"), model.config, max_tokens=200, limit=8)
+    expected = least_important(sites, head_importance(model, batches, sites, per_example=True), 0.25)
+    assert report["removed"] == [[name, head] for name, head in sorted(expected)]
 
 
 def _imports(path: Path) -> list[str]:

@@ -64,6 +64,23 @@ def test_analyze_heads_writes_numbers_plots_and_index(tiny_checkpoint, tiny_data
         ["heads.json", "importance.png", "entropy.png", "pruning_curve.png", "index.md"])  # no temporaries
 
 
+def test_per_example_importance_does_not_depend_on_the_batch_size(tiny_checkpoint, tiny_data, tmp_path):
+    """--per-example takes |gradient| per sentence, so --max-tokens (how sentences are batched) changes nothing."""
+    def importance(max_tokens: str, *mode: str) -> list[list[float]]:
+        out = tmp_path / f"report{max_tokens}{''.join(mode)}"
+        assert _analyze(tiny_checkpoint, tiny_data, out, "--no-curve", "--no-dominant", "--max-tokens", max_tokens,
+                        *mode) == 0
+        report = json.loads((out / "heads.json").read_text())
+        assert report["per_example"] is bool(mode)
+        return [module["importance"] for module in report["modules"]]
+
+    for small, large in zip(importance("200", "--per-example"), importance("4096", "--per-example"), strict=True):
+        assert small == pytest.approx(large, rel=1e-4, abs=1e-6)
+    # per batch (Michel et al.'s code), gradients of opposite sign cancel within a batch: the batching shows
+    flat = [[value for module in importance(size) for value in module] for size in ("200", "4096")]
+    assert flat[0] != pytest.approx(flat[1], rel=1e-3)
+
+
 def test_analyze_refuses_a_non_empty_report_dir_and_bad_input(tiny_checkpoint, tiny_data, tmp_path, capsys):
     out = tmp_path / "busy"
     out.mkdir()

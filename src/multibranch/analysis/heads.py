@@ -88,7 +88,8 @@ def mask_gates(sites: Iterable[AttentionSite], masked: Iterable[HeadId]) -> dict
 
 @contextlib.contextmanager
 def gates_installed(sites: Iterable[AttentionSite], gates: Mapping[str, Tensor]) -> Iterator[None]:
-    """Install `gates` (site name -> [H]) for the duration of the block; every site is ungated after."""
+    """Install `gates` (site name -> [H], or [B, H] per example) for the duration of the block; every site is
+    ungated after."""
     sites = list(sites)
     names = {site.name for site in sites}
     unknown = set(gates) - names

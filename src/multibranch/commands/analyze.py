@@ -2,7 +2,7 @@
 (JSON numbers, PNG plots, index.md).
 
     multibranch analyze heads --ckpt X.pt --data PREPARED_DIR --out REPORT_DIR [--split valid]
-        [--max-examples N] [--no-normalize] [--bleu-split test] [--bleu-max-sentences N] [--beam K]
+        [--max-examples N] [--no-normalize] [--per-example] [--bleu-split test] [--bleu-max-sentences N] [--beam K]
         [--step 0.1] [--recompute] [--keep-one] [--no-curve] [--no-dominant] [--force]
     multibranch analyze lengths --ckpt A.pt [B.pt ...] [--label A B ...] --data PREPARED_DIR
         --out REPORT_DIR [--split test] [--buckets 15,30,45,60,75,90,105] [--max-sentences N] [--beam K] [--force]
@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _examples(p, "importance and entropy set")
     _report_folder(p)
     p.add_argument("--no-normalize", action="store_true", help="do not l2-normalise importance per module")
+    p.add_argument("--per-example", action="store_true", help="importance's absolute gradient per example (Michel et al.'s formula; the scores then do not "
+                   "depend on --max-tokens) instead of per batch (their code)")
     p.add_argument("--bleu-split", default=None,
                    help="split scored: BLEU, or accuracy for a classifier (default: --split)")
     p.add_argument("--bleu-max-sentences", type=positive_int, default=None,
@@ -144,7 +146,7 @@ def _heads(args: argparse.Namespace) -> int:
 
     options = HeadAnalysisOptions(
         split=args.split, max_examples=args.max_examples, max_tokens=args.max_tokens, normalize=not args.no_normalize,
-        bleu_split=args.bleu_split, bleu_max_sentences=args.bleu_max_sentences, beam=args.beam,
+        per_example=args.per_example, bleu_split=args.bleu_split, bleu_max_sentences=args.bleu_max_sentences, beam=args.beam,
         curve=not args.no_curve, step=args.step, recompute=args.recompute, keep_one=args.keep_one,
         dominant=not args.no_dominant, device=args.device, progress=False if args.no_progress else None,
     )

@@ -2,6 +2,7 @@
 (translation model or classifier), and report parameters, speed and BLEU / accuracy before and after.
 
     multibranch prune --ckpt X.pt --out Y.pt --fraction 0.3 --data PREPARED_DIR [--split valid] [--max-examples N]
+        [--per-example]
     multibranch prune --ckpt X.pt --out Y.pt --max-drop 0.5 --data PREPARED_DIR [--step 0.05] [--recompute]
         [--score-split valid] [--max-sentences N] [--beam K]
     multibranch prune --ckpt X.pt --out Y.pt --heads-json HEADS.json [--data PREPARED_DIR]
@@ -58,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-examples", type=positive_int, default=None,
                         help="only the first N examples of --split (default: all)")
     parser.add_argument("--max-tokens", type=positive_int, default=4096, help="padded tokens per batch")
+    parser.add_argument("--per-example", action="store_true", help="importance's absolute gradient per example (Michel et al.'s formula; the scores then do not "
+                        "depend on --max-tokens) instead of per batch (their code)")
     parser.add_argument("--score-split", default=None, help="split scored for --max-drop and the report (default: --split)")
     parser.add_argument("--max-sentences", type=positive_int, default=None,
                         help="score (and time) only the first N sentences of --score-split (default: all)")
@@ -82,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     options = PruneOptions(
         fraction=args.fraction, max_drop=args.max_drop, heads=read_heads(args.heads_json) if args.heads_json else None,
         heads_file=args.heads_json, data=args.data, split=args.split,
-        max_examples=args.max_examples, max_tokens=args.max_tokens, score_split=args.score_split,
+        max_examples=args.max_examples, max_tokens=args.max_tokens,
+        per_example=args.per_example, score_split=args.score_split,
         max_sentences=args.max_sentences, beam=args.beam, step=args.step, recompute=args.recompute,
         speed=not args.no_speed, speed_rounds=args.speed_rounds, device=args.device,
     )

@@ -26,7 +26,8 @@ the C++ kernels of one decoding step (the query over its history, the query over
 Head gate (analysis, docs/papers.md#drophead-head-gates): every attention module of every layer kind is a `HeadGated`
 module. Its `head_gate` is None by default (the forward is untouched); set to a tensor [H] it scales
 head h's output before W_O (so before the output bias): 0/1 masks heads, a leaf tensor with
-requires_grad gives the importance |dL/d gate_h|. It is a non-persistent buffer: never in the
+requires_grad gives the importance |dL/d gate_h|. A gate [B, H] scales each example's heads by its own
+row (per-example importance: row b's gradient is example b's). It is a non-persistent buffer: never in the
 state dict, moved with the module. Likewise `attention_probe` (None by default) is called with the
 attention probabilities [B, H, L, S] of every forward (attention entropy, attention maps).
 """
@@ -134,7 +135,7 @@ def _causal_mask(query_len: int, key_len: int, query_offset: int, device: torch.
 class HeadGated(nn.Module):
     """Base of attention modules with a per-head output gate (see the module docstring).
 
-    Subclasses call `init_head_gate(H)` and apply `self.head_gate` [H] (when not None) to their head
+    Subclasses call `init_head_gate(H)` and apply `self.head_gate` [H] or [B, H] (when not None) to their head
     outputs before the output projection.
     """
 
@@ -147,8 +148,8 @@ class HeadGated(nn.Module):
         self.register_buffer("head_gate", None, persistent=False)
 
     def set_head_gate(self, gate: Tensor | None) -> None:
-        """Install a gate [H] (float) or remove it (None: the ungated forward)."""
-        if gate is not None and tuple(gate.shape) != (self.gate_heads,):
+        """Install a gate [H] or [B, H] (float) or remove it (None: the ungated forward)."""
+        if gate is not None and (gate.dim() not in (1, 2) or gate.shape[-1] != self.gate_heads):
             raise ValueError(f"head gate of shape {tuple(gate.shape)} for {self.gate_heads} heads")
         self.head_gate = gate
 
@@ -262,7 +263,7 @@ class ParallelAttention(HeadGated, DecodingAcceleration):
             if dh is not None:
                 head_scale = dh if head_scale is None else head_scale * dh
         if self.head_gate is not None:
-            gate = self.head_gate[None, :]  # [1, H]
+            gate = self.head_gate if self.head_gate.dim() == 2 else self.head_gate[None, :]  # [B or 1, H]
             head_scale = gate if head_scale is None else head_scale * gate
         return head_scale, branch_scale
 

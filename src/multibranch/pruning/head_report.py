@@ -3,6 +3,7 @@ written as one report folder (heads.json, PNG plots, index.md).
 
 heads.json:
     {"checkpoint", "data", "task", "split", "examples", "target_tokens" (null for a classifier), "normalized",
+     "per_example" (importance's absolute value taken per example, else per batch),
      "modules": [{"name", "role", "layer", "heads", "importance": [H], "entropy": [H]}],
      "metric": "bleu" | "accuracy",
      "score": {"metric", "split", "sentences", "signature", "decode": {...} | null},
@@ -53,6 +54,7 @@ class HeadAnalysisOptions:
     max_examples: int | None = None
     max_tokens: int = 4096
     normalize: bool = True
+    per_example: bool = False  # importance's |gradient| per example (Michel et al.'s formula), not per batch
     bleu_split: str | None = None
     bleu_max_sentences: int | None = None
     beam: int | None = None
@@ -95,13 +97,13 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
     show = show_progress(options.progress)
     log.info("importance and entropy over %d batches of %s", len(batches), options.split)
     importance = head_importance(model, with_bar(batches, show, "importance", "batch"), sites,
-                                 normalize=options.normalize)
+                                 normalize=options.normalize, per_example=options.per_example)
     entropy = attention_entropy(model, with_bar(batches, show, "entropy", "batch"), sites)
     report: dict[str, Any] = {
         "checkpoint": str(ckpt), "data": str(data_dir), "task": cfg.task, "split": options.split,
         "examples": int(sum(len(b) for b in batches)),
         "target_tokens": int(sum(batch_units(b) for b in batches)) if cfg.task == "translation" else None,
-        "normalized": options.normalize,
+        "normalized": options.normalize, "per_example": options.per_example,
         "modules": [{"name": s.name, "role": s.role, "layer": s.layer, "heads": s.heads,
                      "importance": importance[s.name].tolist(), "entropy": entropy[s.name].tolist()} for s in sites],
         "metric": "bleu" if cfg.task == "translation" else "accuracy",
@@ -114,7 +116,9 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
         baseline = None
         if options.curve:
             def importance_under(gates):  # the first ranking is the one already computed
-                return head_importance(model, batches, sites, options.normalize, gates) if gates else importance
+                if not gates:
+                    return importance
+                return head_importance(model, batches, sites, options.normalize, gates, options.per_example)
 
             maskable = total_heads(sites) - len(sites) if options.keep_one else None
             steps = pruning_steps(sites, importance_under, scorer, options.step, options.recompute, options.keep_one)

@@ -55,6 +55,7 @@ class PruneOptions:
     split: str = "valid"
     max_examples: int | None = None
     max_tokens: int = 4096
+    per_example: bool = False  # importance's |gradient| per example (Michel et al.'s formula), not per batch
     score_split: str | None = None
     max_sentences: int | None = None
     beam: int | None = None
@@ -114,9 +115,11 @@ class PruneData:
 
     def importance(self, gates: dict) -> dict:
         if gates:
-            return head_importance(self.loaded.model, self.batches, self.sites, gates=gates)
+            return head_importance(self.loaded.model, self.batches, self.sites, gates=gates,
+                                   per_example=self.options.per_example)
         if self._scores is None:
-            self._scores = head_importance(self.loaded.model, self.batches, self.sites)
+            self._scores = head_importance(self.loaded.model, self.batches, self.sites,
+                                           per_example=self.options.per_example)
         return self._scores
 
     def least_important(self, fraction: float) -> list[HeadId]:
@@ -177,12 +180,13 @@ def prune_checkpoint(ckpt: str | Path, out: str | Path, report_path: str | Path,
     chosen_point = None
     if options.fraction is not None:
         remove = context.least_important(options.fraction)
-        selection = {"mode": "fraction", "fraction": options.fraction, "split": options.split}
+        selection = {"mode": "fraction", "fraction": options.fraction, "split": options.split,
+                     "per_example": options.per_example}
     elif options.max_drop is not None:
         chosen_point, walked = context.within_drop(options.max_drop, options.step, options.recompute)
         remove = chosen_point.masked
         selection = {"mode": "max_drop", "max_drop": options.max_drop, "step": options.step,
-                     "recompute": options.recompute, "split": options.split,
+                     "recompute": options.recompute, "split": options.split, "per_example": options.per_example,
                      "chosen_fraction": chosen_point.fraction,
                      "walked": [{k: v for k, v in p.to_dict().items() if k != "masked"} for p in walked]}
     if pruned is None:

@@ -161,9 +161,11 @@ class UnitSelfAttention(HeadGated):
             probe(probs)  # [B, U*H, S, S], heads unit-major like the gate
         if scale is not None:  # DropHead per sample and unit, rescaled H/#kept within the unit
             heads = heads * scale.view(B, U * H, 1, 1).to(heads.dtype)
-        if self.head_gate is not None:  # [Uw*H]; a shared attention's gate covers every noised input
-            gate = self.head_gate.view(-1, H).expand(U, H).reshape(U * H)  # [U*H]
-            heads = heads * gate[None, :, None, None].to(heads.dtype)
+        if self.head_gate is not None:  # [Uw*H] or [B, Uw*H]; a shared attention's gate covers every noised input
+            gate = self.head_gate.view(-1, self.gate_heads)  # [1 or B, Uw*H]
+            rows = gate.shape[0]
+            gate = gate.view(rows, -1, H).expand(rows, U, H).reshape(rows, U * H)  # [1 or B, U*H]
+            heads = heads * gate[:, :, None, None].to(heads.dtype)
         heads = heads.view(B, U, H, S, dk).permute(1, 0, 3, 2, 4).reshape(U, B, S, d)  # [U, B, S, H*d_k]
         out = unit_linear(heads, self.out_weight, self.out_bias)  # [U, B, S, d]
         return out, (probs.view(B, U, H, S, S) if need_weights else None)
