@@ -287,7 +287,9 @@ class Harness:
             config["train"]["lr"] = {**config["train"].get("lr", {}), "lr": a.lr}
         if a.tiny:
             config = deep_merge(TINY, config)
-        config = deep_merge(config, system_delta(run.system, a.max_updates, run.rho, tiny=a.tiny, recipe=a.recipe))
+        # the CPU recipe's MAT systems (from scratch, outside MAT_SYSTEMS' grid) take the fixed --rho
+        rho = run.rho if run.rho is not None or a.recipe != "cpu" else a.rho
+        config = deep_merge(config, system_delta(run.system, a.max_updates, rho, tiny=a.tiny, recipe=a.recipe))
         sets = [s.split(":", 1)[1] if ":" in s.split("=", 1)[0] else s for s in a.overrides
                 if ":" not in s.split("=", 1)[0] or s.split(":", 1)[0] in (run.system, run.name)]
         return {"preset": RECIPES[a.recipe].base_preset, "config": config, "sets": sets}
@@ -890,7 +892,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     recipe.add_argument("--average-last", type=int, default=None, help="checkpoints averaged (full: 5; tiny: 3)")
     recipe.add_argument("--rho-grid", type=lambda s: [float(x) for x in s.split(",")], default=list(DEFAULT_RHO_GRID),
                         help="MAT drop-branch rates tried at --grid-seed (default: 0.1,0.2,0.3)")
-    recipe.add_argument("--rho", type=float, default=None, help="fix MAT's rho (no grid; cpu: 0.1, mat-tiny's)")
+    recipe.add_argument("--rho", type=float, default=None, help="fix MAT's rho (no grid; cpu: 0.2, mat-tiny's)")
     recipe.add_argument("--grid-seed", type=int, default=1, help="seed of the rho grid runs (default: 1)")
     recipe.add_argument("--warmup", type=int, default=None, help="LR warm-up updates (default: the preset's 4000)")
     recipe.add_argument("--lr", type=float, default=None, help="peak LR (default: the preset's 5e-4)")

@@ -7,8 +7,8 @@ run's averaged checkpoint as soon as it is scored. The numbers go into the resul
 Which analysis each system gets (the paper that makes the claim, docs/papers.md):
   pruning     `analyze heads`: head importance on valid, then the pruning curve (BLEU on the first
               --analysis-sentences of test as the least important heads are masked, 10% at a time), and with
-              `dominant` the BLEU change when each attention's most important head alone is masked (one
-              translation per head). Scheduled DropHead claims a flatter curve and a smaller drop (its Tables 3
+              `dominant` the BLEU change when each head alone is masked (one translation per head), whose
+              largest drop per attention is its dominant head's. Scheduled DropHead claims a flatter curve and a smaller drop (its Tables 3
               and 4) than the standard model's.
   importance  `analyze heads --no-curve`: head importance and entropy only. For MAT the report sums it per
               branch (head h belongs to branch h // M).
@@ -38,7 +38,8 @@ ANALYSES: dict[str, tuple[str, ...]] = {
     "mute": ("diversity",), "mute-bias": ("diversity",), "mute-bias-seq": ("diversity",),
     "muse": ("gates", "lengths"), "muse-simple": ("lengths",),
     # the CPU recipe's own systems
-    "mat": ("importance",), "mat-proximal": ("importance",), "mat-drophead": ("pruning",),
+    # mat gets the pruning curve too: the baseline of mat-drophead's (8 heads per attention, drop-branch on)
+    "mat": ("pruning",), "mat-proximal": ("importance",), "mat-drophead": ("pruning",),
     "drophead-constant": ("pruning",),
 }
 REPORT_FILES = {"pruning": "heads.json", "importance": "heads.json", "lengths": "lengths.json",

@@ -80,7 +80,7 @@ def figure_prefix(recipe: str) -> str:
 # updates the standard model needed, so that DropHead's V schedule and Weighted's kappa/alpha freeze fit the run)
 RECIPE_KEYS = ("patience", "valid_every", "average_last", "tiny", "data.vocab_size")
 BOOTSTRAP_SAMPLES = 1000
-PRUNING_SYSTEMS = ("standard", "drophead", "drophead-constant", "mat3-narrow-drophead", "mat-drophead")
+PRUNING_SYSTEMS = ("standard", "drophead", "drophead-constant", "mat", "mat3-narrow-drophead", "mat-drophead")
 LENGTH_SYSTEMS = ("standard", "muse", "muse-simple")
 DOMINANT_ROLES = {"encoder_self": "encoder self", "decoder_self": "decoder self", "cross": "cross"}
 MUTE_SYSTEMS = ("mute", "mute-bias", "mute-bias-seq")
@@ -663,8 +663,8 @@ def verdict_line(summary: dict[str, Any]) -> str | None:
 
 
 def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
-    """Scheduled DropHead's Table 4: the test BLEU change when each attention's most important head alone is
-    masked, averaged over the layers of each role, mean ± sd over seeds (from the pruning analysis)."""
+    """Scheduled DropHead's Table 4: the test BLEU change when each attention's dominant head (the one whose
+    masking alone lowers BLEU most) is masked, averaged over the layers of each role, mean ± sd over seeds (from the pruning analysis)."""
     lines = []
     for system in PRUNING_SYSTEMS:
         per_seed = [(((analysis(run, "pruning") or {}).get("dominant_heads") or {}).get("mean_dominant_delta") or {})
@@ -1007,7 +1007,7 @@ class Figure:
 FIGURES = (
     Figure("valid_curves.png", "validation BLEU against updates, per system", lambda m, r: valid_curves_data(r),
            draw_valid_curves),
-    Figure("pruning_curves.png", "BLEU as heads are masked: standard, Scheduled DropHead, MAT + DropHead",
+    Figure("pruning_curves.png", "BLEU as heads are masked: standard, Scheduled DropHead, MAT, MAT + DropHead",
            lambda m, r: pruning_curves_data(r), draw_pruning_curves),
     Figure("bleu_by_length.png", "BLEU by source length: standard, MUSE, MUSE-simple", lambda m, r: lengths_data(r),
            draw_bleu_by_length),

@@ -30,7 +30,7 @@ BASE = load_preset_dict("transformer-tiny")["model"]
                                     "mute-bias-seq"])
 def test_a_cpu_system_trains_its_tiny_presets_model(system):
     """The delta merged onto transformer-tiny (as `train --config` merges it) is the preset's own model."""
-    delta = system_delta(system, 3000, 0.1, recipe="cpu")
+    delta = system_delta(system, 3000, RECIPES["cpu"].rho, recipe="cpu")
     assert set(delta) == {"model"}  # training and decoding stay transformer-tiny's for every system
     assert deep_merge(BASE, delta["model"]) == load_preset_dict(CPU_PRESETS[system])["model"]
 
@@ -38,12 +38,12 @@ def test_a_cpu_system_trains_its_tiny_presets_model(system):
 def test_the_recipes_schedules_plan_for_its_updates_and_the_combination_is_both():
     weighted = system_delta("weighted", 3000, recipe="cpu")["model"]
     assert weighted["encoder"]["freeze_last"] == weighted["decoder"]["freeze_last"] == 500  # the last sixth
-    combined = deep_merge(BASE, system_delta("mat-drophead", 3000, 0.1, recipe="cpu")["model"])
+    combined = deep_merge(BASE, system_delta("mat-drophead", 3000, RECIPES["cpu"].rho, recipe="cpu")["model"])
     mat = load_preset_dict("mat-tiny")["model"]
     assert {k: v for k, v in combined.items() if k != "drophead"} == mat  # mat-tiny's width and branches
-    assert combined["drophead"] == load_preset_dict("drophead-tiny")["model"]["drophead"]  # V, 0.1
+    assert combined["drophead"] == load_preset_dict("drophead-tiny")["model"]["drophead"]  # V, 0.2
     constant = system_delta("drophead-constant", 3000, recipe="cpu")["model"]["drophead"]["rate"]
-    assert constant == {"schedule": "constant", "rate": 0.1}
+    assert constant == {"schedule": "constant", "rate": 0.2}
     source = deep_merge(BASE, system_delta("mat-source", 3000, recipe="cpu")["model"])
     assert source["d_model"] == mat["d_model"] and source["encoder"]["attention_branches"] == 1
 
@@ -59,7 +59,7 @@ def test_the_plan_goes_seed_by_seed_main_rows_first_and_refuses_other_recipes_sy
     assert plan == [f"{s}/seed{k}" for k in (1, 2) for s in main] + [f"{s}/seed{k}" for k in (1, 2) for s in others]
     assert "mat-proximal" not in table  # a chain of two runs: only when asked for
     assert reproduce.main([*args, "--systems", "mat-proximal", "--seeds", "1"]) == 0
-    assert capsys.readouterr().out.split() == ["mat-source/seed1", "mat-proximal-rho0.1/seed1", "needs",
+    assert capsys.readouterr().out.split() == ["mat-source/seed1", "mat-proximal-rho0.2/seed1", "needs",
                                                "mat-source/seed1"]
     with pytest.raises(SystemExit) as stop:
         reproduce.main([*args, "--systems", "mat3-narrow"])
@@ -364,6 +364,16 @@ def test_the_validation_curves_run_is_taken_over_as_the_standard_run_of_its_seed
     assert trained["step"] == 1500 and trained["train_threads"] == 2 and "reproduce_curve" in trained["trained_by"]
     record = harness.run_record(run_)
     assert record["trained_by"] == trained["trained_by"] and record["segments"][0]["wall_s"] == 9000.0
+
+
+@pytest.mark.parametrize("system", ["mat", "mat-drophead"])
+def test_the_cpu_recipes_mat_systems_train_at_the_rho_asked_for(tmp_path, system):
+    """MAT from scratch is outside the IWSLT grid's MAT_SYSTEMS: --rho still sets its drop-branch rate."""
+    run_ = reproduce.Run(system, 1)
+    for rho, args in ((RECIPES["cpu"].rho, ()), (0.3, ("--rho", "0.3"))):
+        model = _harness(tmp_path, *args).run_config(run_)["config"]["model"]
+        assert model["encoder"]["drop_branch"] == model["decoder"]["drop_branch"] == rho
+        assert model["encoder"]["attention_branches"] == 2
 
 
 @pytest.mark.parametrize(("case", "steps", "args", "seed"), [
