@@ -4,7 +4,7 @@ bench/reproduce_report.py tabulates them).
 
 Two recipes share the pipeline and the system names:
   iwslt  the papers' IWSLT shape (the `transformer` preset, d=512, 6+6 layers), for GPUs
-  cpu    the CPU shape (the `-tiny` presets, d=224-256, 3+3 layers, parameter-matched where the papers allow),
+  cpu    the CPU shape (the `-tiny` presets, d=192-256, 3+3 layers, parameter-matched where the papers allow),
          a fixed number of updates for every system, built in the background one run at a time
          (bench/reproduce_runner.py) or finished on a GPU"""
 
