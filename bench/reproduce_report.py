@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's multibranch (no torch needed)
 
 from bench.common import multi30k_dir  # noqa: E402
-from bench.reproduce_systems import MAT_SYSTEMS, PAPER_CLAIMS, RECIPES, SYSTEMS, grid_of  # noqa: E402
+from bench.reproduce_systems import MAT_SYSTEMS, PAPER_BASELINES, PAPER_CLAIMS, RECIPES, SYSTEMS, grid_of  # noqa: E402
 from multibranch.atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
 from multibranch.evaluate.metrics import paired_bootstrap_replicates, paired_bootstrap_statistics  # noqa: E402
 from multibranch.json_file import read_json_object, write_json  # noqa: E402
@@ -347,12 +347,14 @@ def recorded_p_value(run: dict[str, Any], standard: dict[str, Any] | None) -> fl
 
 
 def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: dict[int, dict[str, Any]],
-                   row: dict[str, Any] | None = None, p_values: dict[int, float | None] | None = None
-                   ) -> dict[str, Any]:
+                   row: dict[str, Any] | None = None, p_values: dict[int, float | None] | None = None,
+                   paper_baseline_by_seed: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One table row: statistics over the finished `runs` of `system` (one per seed), paired by seed with
     `standard_by_seed` (seed -> the standard model's run). `row`: the merged results row (parameters, rho,
     paper_claim); `p_values`: seed -> p computed elsewhere, used where the runs record none. mean ± sd are
-    statistics.fmean / stdev (sd None for one seed); BLEU and chrF of the averaged checkpoint on test."""
+    statistics.fmean / stdev (sd None for one seed); BLEU and chrF of the averaged checkpoint on test.
+    `paper_baseline_by_seed`: the runs of the system's PAPER_BASELINES row, for a second Δ against the baseline
+    the paper measured its gain from (`paper_baseline`)."""
     row = row or {}
     runs = sorted((r for r in runs if is_done(r)), key=lambda r: r["seed"])
     claim = row.get("paper_claim") or PAPER_CLAIMS.get(system) or {}
@@ -370,7 +372,7 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
         "test_bleu_best_ckpt": mean_sd([r["test"]["best"]["bleu"] for r in runs
                                         if (r["test"].get("best") or {}).get("bleu") is not None]),
         "delta_bleu_to_standard": None, "p_values": [], "pooled_p_value": None,
-        "paper_delta_bleu": claim.get("delta_bleu"), "paper_claim": claim or None,
+        "paper_delta_bleu": claim.get("delta_bleu"), "paper_claim": claim or None, "paper_baseline": None,
     }
     if system == "standard":
         return summary
@@ -384,16 +386,24 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
             p, origin = p_values[r["seed"]], "computed"
         summary["p_values"].append({"seed": r["seed"], "p_value": p, "from": origin})
     summary["pooled_p_value"] = pooled_p_value(paired, standard_by_seed)
+    against = [r for r in runs if r["seed"] in (paper_baseline_by_seed or {})]
+    if against:
+        base = paper_baseline_by_seed or {}
+        delta = mean_sd([r["test"]["avg"]["bleu"] - base[r["seed"]]["test"]["avg"]["bleu"] for r in against])
+        summary["paper_baseline"] = {"system": PAPER_BASELINES[system], "delta_bleu": {
+            **delta, "seeds": [r["seed"] for r in against]}, "p_value": pooled_p_value(against, base, fewest=1)}
     return summary
 
 
-def pooled_p_value(runs: list[dict[str, Any]], standard_by_seed: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+def pooled_p_value(runs: list[dict[str, Any]], standard_by_seed: dict[int, dict[str, Any]], fewest: int = 2
+                   ) -> dict[str, Any] | None:
     """The paired bootstrap over the seeds together (`paired_bootstrap_replicates`: every resample of test scored on
-    each seed, the BLEU averaged over the seeds) of `runs` against the standard model of their seeds, from their
-    per-line BLEU statistics: {"p_value", "seeds"}; None for fewer than two seeds or where a run lacks statistics."""
+    each seed, the BLEU averaged over the seeds) of `runs` against the baseline runs of their seeds
+    (`standard_by_seed`), from their per-line BLEU statistics: {"p_value", "seeds"}; None for fewer than `fewest`
+    seeds (one: sacreBLEU's paired test) or where a run lacks statistics."""
     pairs = [(standard_by_seed[r["seed"]]["test"]["avg"].get("bleu_sentence_stats"),
               r["test"]["avg"].get("bleu_sentence_stats")) for r in runs]
-    if len(pairs) < 2 or not all(base and mine for base, mine in pairs):
+    if len(pairs) < fewest or not all(base and mine for base, mine in pairs):
         return None
     result = paired_bootstrap_replicates([base for base, _ in pairs], [mine for _, mine in pairs],
                                          samples=BOOTSTRAP_SAMPLES)
@@ -482,7 +492,8 @@ def summaries(merged: Merged, ref: Path | None) -> list[dict[str, Any]]:
         row = {**merged.rows.get(system, {})}
         if system in MAT_SYSTEMS:
             row["rho"] = chosen_rho(system, merged)
-        out.append(system_summary(system, mine, standard, row, computed.get(system)))
+        paper_baseline = {r["seed"]: r for r in runs.get(PAPER_BASELINES.get(system, ""), [])}
+        out.append(system_summary(system, mine, standard, row, computed.get(system), paper_baseline))
     return out
 
 
@@ -658,13 +669,23 @@ def verdict_line(summary: dict[str, Any]) -> str | None:
     p_text = f"p {pooled['p_value']:.3f} over the seeds, {ps} per seed" if pooled else f"p {ps}"
     claim = (summary.get("paper_claim") or {}).get("claim") or "no paper claims an effect"
     partial = f" so far ({seeds} of {PLANNED_SEEDS} seeds)" if seeds < PLANNED_SEEDS else ""
-    return (f"- `{summary['system']}`: Δ {fmt(summary['delta_bleu_to_standard'], sign=True)} BLEU ({p_text}): "
+    line = (f"- `{summary['system']}`: Δ {fmt(summary['delta_bleu_to_standard'], sign=True)} BLEU ({p_text}): "
             f"**{found}**{partial}. The paper: {claim}.")
+    other = summary.get("paper_baseline")
+    if other:
+        p_other = other["p_value"]
+        p_text = DASH if p_other is None else f"{p_other['p_value']:.3f}"
+        together = ", seeds together" if p_other and len(p_other["seeds"]) > 1 else ""
+        line += (f" Against `{other['system']}`, the baseline layout of the paper's own comparison: Δ "
+                 f"{fmt(other['delta_bleu'], sign=True)} BLEU (p {p_text}{together}; seeds "
+                 f"{', '.join(map(str, other['delta_bleu']['seeds']))}).")
+    return line
 
 
 def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
     """Scheduled DropHead's Table 4: the test BLEU change when each attention's dominant head (the one whose
-    masking alone lowers BLEU most) is masked, averaged over the layers of each role, mean ± sd over seeds (from the pruning analysis)."""
+    masking alone lowers BLEU most) is masked, averaged over the layers of each role, mean ± sd over seeds (from
+    the pruning analysis)."""
     lines = []
     for system in PRUNING_SYSTEMS:
         per_seed = [(((analysis(run, "pruning") or {}).get("dominant_heads") or {}).get("mean_dominant_delta") or {})

@@ -21,9 +21,9 @@ BASE_PRESET = "transformer"  # fairseq transformer_iwslt_de_en: 6+6, d=512, FFN 
 IWSLT_SYSTEMS = ("standard", "mat2", "mat3", "standard-narrow", "mat2-narrow", "mat3-narrow", "weighted", "mute",
                  "mute-bias", "mute-bias-seq", "muse", "muse-simple", "drophead", "mat3-narrow-drophead")
 # the CPU recipe's systems, in the order the runs are worth having: the main rows (CPU_MAIN: a paper's system each,
-# and the combination) seed by seed, then the other rows seed by seed
-CPU_SYSTEMS = ("standard", "drophead", "mat", "weighted", "muse", "mute-bias-seq", "mat-drophead", "muse-simple",
-               "mute", "mute-bias", "drophead-constant", "mat-source", "mat-proximal")
+# and the combination) seed by seed, then the other rows seed by seed (first the MUTE paper's baseline layout)
+CPU_SYSTEMS = ("standard", "drophead", "mat", "weighted", "muse", "mute-bias-seq", "mat-drophead", "standard-prenorm",
+               "muse-simple", "mute", "mute-bias", "drophead-constant", "mat-source", "mat-proximal")
 CPU_MAIN = CPU_SYSTEMS[:7]
 SYSTEMS = IWSLT_SYSTEMS + tuple(s for s in CPU_SYSTEMS if s not in IWSLT_SYSTEMS)
 # MAT system -> (the standard system it is initialised from, N_a)
@@ -71,6 +71,8 @@ PAPER_CLAIMS: dict[str, dict[str, Any]] = {
                      "35.85 vs the default 1/512/1024's 34.95, +0.90, IWSLT14 De->En (MAT Table 2); the best, "
                      "+1.27, takes 3 branches and rho=0.3"},
     "mat-drophead": {"delta_bleu": None, "claim": "none: a combination no paper tried (MAT with Scheduled DropHead)"},
+    "standard-prenorm": {"delta_bleu": None, "claim": "none: the MUTE paper's baseline layout (OpenNMT-py: pre-norm, "
+                         "ReLU dropout), against which its MUTE gains are measured (MUTE Table 1, App. A)"},
     "drophead-constant": {"delta_bleu": 0.5, "claim": "the paper's ablation: DropHead at a constant rate, about +0.5 "
                           "BLEU, the V schedule about 0.2 more, WMT14 En-De, big (Scheduled DropHead Tables 1 and 7)"},
 }
@@ -133,10 +135,15 @@ RECIPES = {
 
 # the CPU recipe's systems: the `-tiny` preset whose model section each one trains (training and decoding stay
 # transformer-tiny's for every system, as the IWSLT recipe keeps the standard recipe's)
-CPU_PRESETS = {"standard": "transformer-tiny", "drophead": "drophead-tiny", "drophead-constant": "drophead-tiny",
+CPU_PRESETS = {"standard": "transformer-tiny", "standard-prenorm": "transformer-tiny", "drophead": "drophead-tiny", "drophead-constant": "drophead-tiny",
                "mat": "mat-tiny", "mat-source": "mat-tiny", "mat-proximal": "mat-tiny", "weighted": "weighted-tiny",
                "muse": "muse-tiny", "muse-simple": "muse-simple-tiny", "mute": "mute-tiny",
                "mute-bias": "mute-bias-tiny", "mute-bias-seq": "mute-bias-seq-tiny"}
+# the layout of the MUTE paper's models, its baseline's included (OpenNMT-py); the `mute*` presets have it too, with
+# relative positions on top
+ONMT_LAYOUT = {"norm": "pre", "activation_dropout": 0.1}
+# the systems whose Δ the report also gives against another baseline than `standard`: the paper's own layout
+PAPER_BASELINES = {"mute": "standard-prenorm", "mute-bias": "standard-prenorm", "mute-bias-seq": "standard-prenorm"}
 
 
 def system_delta(system: str, max_updates: int, rho: float | None = None, *, tiny: bool = False,
@@ -188,7 +195,9 @@ def cpu_system_delta(system: str, max_updates: int, rho: float | None = None, *,
     if system not in CPU_PRESETS:
         raise ValueError(f"system {system!r} is not in the CPU recipe ({', '.join(CPU_SYSTEMS)})")
     model = changes(preset_model(CPU_PRESETS[system]), preset_model(RECIPES["cpu"].base_preset))
-    if system == "mat-source":  # mat-tiny's width with one branch: what proximal initialisation copies
+    if system == "standard-prenorm":
+        model.update(ONMT_LAYOUT)
+    elif system == "mat-source":  # mat-tiny's width with one branch: what proximal initialisation copies
         for side in ("encoder", "decoder"):
             model[side] = {**model[side], "attention_branches": 1, "drop_branch": 0.0}
     elif system in ("mat", "mat-proximal") and rho is not None:

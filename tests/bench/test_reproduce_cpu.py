@@ -16,9 +16,9 @@ import pytest
 
 from bench import reproduce, reproduce_cost, reproduce_runner
 from bench.reproduce_report import docs_region, merge, summaries, table_runs
-from bench.reproduce_systems import CPU_PRESETS, RECIPES, system_delta
+from bench.reproduce_systems import CPU_PRESETS, ONMT_LAYOUT, RECIPES, system_delta
 from multibranch.config import deep_merge
-from multibranch.evaluate.metrics import paired_bootstrap_statistics
+from multibranch.evaluate.metrics import paired_bootstrap_replicates, paired_bootstrap_statistics
 from multibranch.experiment import load_preset_dict
 from tests.helpers.reproduction import compared, results, run, write
 
@@ -54,7 +54,7 @@ def test_the_plan_goes_seed_by_seed_main_rows_first_and_refuses_other_recipes_sy
     plan = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     table = RECIPES["cpu"].table_systems
     main = ["standard", "drophead", "mat", "weighted", "muse", "mute-bias-seq", "mat-drophead"]
-    others = ["muse-simple", "mute", "mute-bias", "drophead-constant"]
+    others = ["standard-prenorm", "muse-simple", "mute", "mute-bias", "drophead-constant"]
     assert sorted(table) == sorted(main + others)
     assert plan == [f"{s}/seed{k}" for k in (1, 2) for s in main] + [f"{s}/seed{k}" for k in (1, 2) for s in others]
     assert "mat-proximal" not in table  # a chain of two runs: only when asked for
@@ -280,7 +280,6 @@ def test_a_p_value_over_the_seeds_together_decides_the_verdict_where_there_is_on
 
 def test_the_p_value_over_the_seeds_comes_from_every_seeds_line_statistics(tmp_path):
     from bench.reproduce_report import BOOTSTRAP_SAMPLES, load_results, p_cell
-    from multibranch.evaluate.metrics import paired_bootstrap_replicates
 
     records, base_stats, mine_stats = [], [], []
     for seed, (base_right, mine_right) in enumerate([(10, 14), (12, 13), (11, 16)], start=1):
@@ -305,6 +304,37 @@ def test_the_p_value_over_the_seeds_comes_from_every_seeds_line_statistics(tmp_p
     assert row["pooled_p_value"] is None and p_cell(row).endswith(", 0.040")
     one_seed = merge([load_results(write(tmp_path / "reproduce_cpu_a.json", cpu_results(records[:2])))])
     assert next(r for r in summaries(one_seed, None) if r["system"] == "drophead")["pooled_p_value"] is None
+
+
+def test_mute_is_also_compared_with_the_paper_baseline_layout(tmp_path):
+    """The MUTE paper measures its gain against OpenNMT-py's layout, which its MUTE models share (pre-norm, ReLU
+    dropout): `standard-prenorm` has it, and the report gives the mute rows' Δ against it beside the table's."""
+    from bench.reproduce_report import BOOTSTRAP_SAMPLES, load_results, verdict_line
+
+    for preset in ("mute-tiny", "mute-bias-tiny", "mute-bias-seq-tiny"):
+        model = load_preset_dict(preset)["model"]
+        assert {key: model[key] for key in ONMT_LAYOUT} == ONMT_LAYOUT
+    assert deep_merge(BASE, system_delta("standard-prenorm", 3000, recipe="cpu")["model"]) == {**BASE, **ONMT_LAYOUT}
+    records, base_stats, mine_stats = [], [], []
+    for seed, (base_right, mine_right) in enumerate([(10, 14), (12, 13)], start=1):
+        standard, prenorm, mute = run("standard", seed, 30.0), run("standard-prenorm", seed, 29.0), \
+            run("mute-bias-seq", seed, 30.5 + seed)
+        prenorm["test"]["avg"]["bleu_sentence_stats"] = stats(base_right)
+        mute["test"]["avg"]["bleu_sentence_stats"] = stats(mine_right)
+        records += [standard, prenorm, mute]
+        base_stats.append(stats(base_right))
+        mine_stats.append(stats(mine_right))
+    merged = merge([load_results(write(tmp_path / "reproduce_cpu_a.json", cpu_results(records)))])
+    rows = {r["system"]: r for r in summaries(merged, None)}
+    other = rows["mute-bias-seq"]["paper_baseline"]
+    expected = paired_bootstrap_replicates(base_stats, mine_stats, samples=BOOTSTRAP_SAMPLES)["p_value"]
+    assert other["system"] == "standard-prenorm" and other["delta_bleu"]["values"] == [2.5, 3.5]
+    assert other["p_value"] == {"p_value": pytest.approx(expected), "seeds": [1, 2]}
+    assert rows["mute-bias-seq"]["delta_bleu_to_standard"]["values"] == [1.5, 2.5]
+    assert rows["standard-prenorm"]["paper_baseline"] is None and rows["standard"]["paper_baseline"] is None
+    line = verdict_line(rows["mute-bias-seq"])
+    assert line.endswith(f"Against `standard-prenorm`, the baseline layout of the paper's own comparison: Δ +3.00 ± 0.71 "
+                         f"BLEU (p {expected:.3f}, seeds together; seeds 1, 2).")
 
 
 def test_the_standard_models_training_does_not_read_the_update_cap(tiny_data, tmp_path):
