@@ -74,8 +74,8 @@ def head_importance(
             grads = torch.autograd.grad(batch_nll(model, batch), list(leaves.values()), allow_unused=True)
         for name, grad in zip(leaves, grads, strict=True):
             if grad is not None:
-                summed = grad.detach().abs().double()
-                totals[name] += (summed if rows is None else summed.sum(0)).cpu()
+                absolute = grad.detach().abs().double()  # [H] or [B, H]
+                totals[name] += (absolute if rows is None else absolute.sum(0)).cpu()
         tokens += batch_units(batch)
     if tokens == 0:
         raise ValueError("the importance set has no target tokens")
