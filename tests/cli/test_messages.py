@@ -4,6 +4,7 @@ says what is wrong rather than what it led to; a translation preset on classific
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,20 @@ def test_translation_preset_on_classification_data_warns(classify_data, tmp_path
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("holds classification data but the config is not a classification one" in w for w in warnings)
     assert "task: classification" in (run / "config.yaml").read_text()
+
+
+def test_a_translation_run_resumed_on_classification_data_is_one_refusal_without_a_warning(
+        tiny_checkpoint, classify_data, tmp_path, capsys, caplog):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint.parent, run)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    caplog.set_level(logging.INFO, logger="multibranch")
+    assert main(["train", "--data", str(classify_data), "--out", str(run), "--resume", "--preset",
+                 "transformer-tiny", *TINY_MODEL, "--no-progress"]) == 2
+    err = one_error_line(capsys)
+    assert f"cannot resume {run}: it trains a translation model and {classify_data} holds classification data" in err
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
 def test_classification_preset_on_classification_data_does_not_warn(classify_data, tmp_path, caplog):

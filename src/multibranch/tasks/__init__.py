@@ -12,6 +12,7 @@ from multibranch.experiment import ExperimentConfig
 from multibranch.tasks.registry import (
     TASKS,
     build_task_model,
+    check_resume_task,
     model_for_counting,
     task_class,
     task_for_data,
@@ -26,4 +27,6 @@ __all__ = ["TASKS", "Task", "build_task_model", "model_for_counting", "task_clas
 
 def train(cfg: ExperimentConfig, opts: RunOptions) -> TrainState:
     """Train `cfg` on the prepared data in `opts.data_dir` (its task chosen by the data), writing `opts.run_dir`."""
+    if opts.resume:
+        check_resume_task(opts.run_dir, opts.data_dir)
     return Trainer(cfg, opts, task_for_data).train()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import nn
 
 from multibranch.errors import ConfigError, DataError
@@ -70,6 +71,21 @@ def task_for_data(cfg: ExperimentConfig, data_dir: str | Path) -> Task:
                     "info --list`) or set task: classification", data_dir)
     cfg.task = found
     return task_class(found)(cfg, Path(data_dir))
+
+
+def check_resume_task(run_dir: str | Path, data_dir: str | Path) -> None:
+    """DataError, before any data is loaded, when the run to resume trains a classifier and the data is not
+    classification data, or the other way round (else the data's task would be taken with a warning first, and
+    the resume refused after it). Runs and data whose task cannot be read are left to the trainer's checks."""
+    try:
+        saved: Any = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return
+    run_task = saved.get("task") if isinstance(saved, dict) else None
+    data_task = task_name_of(data_dir, default="")
+    if run_task in TASKS and data_task and (run_task == "classification") != (data_task == "classification"):
+        raise DataError(f"cannot resume {run_dir}: it trains a {run_task} model and {data_dir} holds {data_task} "
+                        "data; resume it on the data it was trained on, or start a new run")
 
 
 def build_task_model(cfg: ExperimentConfig) -> nn.Module:
