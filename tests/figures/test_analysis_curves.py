@@ -47,8 +47,8 @@ def test_v_schedule_hits_p_at_zero_zero_at_warmup_and_p_at_total():
     curves = schedule_curves(config, points=11)
     assert list(curves) == ["model.drophead.rate"]
     curve = dict(zip(curves["model.drophead.rate"]["step"], curves["model.drophead.rate"]["value"], strict=True))
-    assert curve[0] == pytest.approx(0.1) and curve[20] == 0.0 and curve[100] == pytest.approx(0.1)
-    assert curve[10] == pytest.approx(0.05) and curve[60] == pytest.approx(0.05)  # linear on both sides of the V
+    assert curve[0] == pytest.approx(0.2) and curve[20] == 0.0 and curve[100] == pytest.approx(0.2)
+    assert curve[10] == pytest.approx(0.1) and curve[60] == pytest.approx(0.1)  # linear on both sides of the V
 
 
 def test_plot_run_writes_expected_series_and_pngs(tmp_path):
