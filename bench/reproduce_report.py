@@ -377,8 +377,7 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
     if system == "standard":
         return summary
     paired = [r for r in runs if r["seed"] in standard_by_seed]
-    delta = mean_sd([r["test"]["avg"]["bleu"] - standard_by_seed[r["seed"]]["test"]["avg"]["bleu"] for r in paired])
-    summary["delta_bleu_to_standard"] = {**delta, "seeds": [r["seed"] for r in paired]}
+    summary["delta_bleu_to_standard"] = paired_delta(paired, standard_by_seed)
     for r in paired:
         p = recorded_p_value(r, standard_by_seed[r["seed"]])
         origin = "results" if p is not None else None
@@ -386,22 +385,27 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
             p, origin = p_values[r["seed"]], "computed"
         summary["p_values"].append({"seed": r["seed"], "p_value": p, "from": origin})
     summary["pooled_p_value"] = pooled_p_value(paired, standard_by_seed)
-    against = [r for r in runs if r["seed"] in (paper_baseline_by_seed or {})]
+    base = paper_baseline_by_seed or {}
+    against = [r for r in runs if r["seed"] in base]
     if against:
-        base = paper_baseline_by_seed or {}
-        delta = mean_sd([r["test"]["avg"]["bleu"] - base[r["seed"]]["test"]["avg"]["bleu"] for r in against])
-        summary["paper_baseline"] = {"system": PAPER_BASELINES[system], "delta_bleu": {
-            **delta, "seeds": [r["seed"] for r in against]}, "p_value": pooled_p_value(against, base, fewest=1)}
+        summary["paper_baseline"] = {"system": PAPER_BASELINES[system], "delta_bleu": paired_delta(against, base),
+                                     "p_value": pooled_p_value(against, base, fewest=1)}
     return summary
 
 
-def pooled_p_value(runs: list[dict[str, Any]], standard_by_seed: dict[int, dict[str, Any]], fewest: int = 2
+def paired_delta(runs: list[dict[str, Any]], baseline_by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """mean ± sd over seeds of each run's test BLEU minus its seed's baseline run's, with the seeds paired."""
+    delta = mean_sd([r["test"]["avg"]["bleu"] - baseline_by_seed[r["seed"]]["test"]["avg"]["bleu"] for r in runs])
+    return {**delta, "seeds": [r["seed"] for r in runs]}
+
+
+def pooled_p_value(runs: list[dict[str, Any]], baseline_by_seed: dict[int, dict[str, Any]], fewest: int = 2
                    ) -> dict[str, Any] | None:
     """The paired bootstrap over the seeds together (`paired_bootstrap_replicates`: every resample of test scored on
     each seed, the BLEU averaged over the seeds) of `runs` against the baseline runs of their seeds
-    (`standard_by_seed`), from their per-line BLEU statistics: {"p_value", "seeds"}; None for fewer than `fewest`
+    (`baseline_by_seed`), from their per-line BLEU statistics: {"p_value", "seeds"}; None for fewer than `fewest`
     seeds (one: sacreBLEU's paired test) or where a run lacks statistics."""
-    pairs = [(standard_by_seed[r["seed"]]["test"]["avg"].get("bleu_sentence_stats"),
+    pairs = [(baseline_by_seed[r["seed"]]["test"]["avg"].get("bleu_sentence_stats"),
               r["test"]["avg"].get("bleu_sentence_stats")) for r in runs]
     if len(pairs) < fewest or not all(base and mine for base, mine in pairs):
         return None
@@ -674,10 +678,10 @@ def verdict_line(summary: dict[str, Any]) -> str | None:
     other = summary.get("paper_baseline")
     if other:
         p_other = other["p_value"]
-        p_text = DASH if p_other is None else f"{p_other['p_value']:.3f}"
+        other_p_text = DASH if p_other is None else f"{p_other['p_value']:.3f}"
         together = ", seeds together" if p_other and len(p_other["seeds"]) > 1 else ""
         line += (f" Against `{other['system']}`, the baseline layout of the paper's own comparison: Δ "
-                 f"{fmt(other['delta_bleu'], sign=True)} BLEU (p {p_text}{together}; seeds "
+                 f"{fmt(other['delta_bleu'], sign=True)} BLEU (p {other_p_text}{together}; seeds "
                  f"{', '.join(map(str, other['delta_bleu']['seeds']))}).")
     return line
 
