@@ -64,3 +64,13 @@ def test_no_work_log_words_in_docs_readme_src_bench_and_tests():
              for number, words in work_log_words(path.read_text(errors="replace"),
                                                  WORK_ITEM_PATTERNS if path.is_relative_to(TESTS) else PATTERNS)]
     assert not found, "work-item or work-log words (describe the toolkit instead):\n" + "\n".join(found)
+
+
+NAME_PATTERN = re.compile(r"(^|_)(round|stop|issue|session|iteration)_?\d+($|[_.])", re.I)
+
+
+def test_file_names_tell_what_they_hold_not_when_they_were_written():
+    assert NAME_PATTERN.search("test_bad_input_round3.py") and NAME_PATTERN.search("issue_12_checks.py")
+    assert not NAME_PATTERN.search("test_refused_before_disk.py") and not NAME_PATTERN.search("rounding_2.py")
+    found = [str(path.relative_to(ROOT)) for path in scanned_files() if NAME_PATTERN.search(path.name)]
+    assert not found, "file names that record the work rather than the content:\n" + "\n".join(found)
