@@ -8,8 +8,10 @@ a resume refuses a changed SentencePiece model unless allowed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -325,6 +327,34 @@ def test_a_diverged_validation_is_never_the_best(tiny_data, tmp_path, caplog):
     assert any("the training has diverged" in r.getMessage() for r in caplog.records)
     said = [r.getMessage() for r in caplog.records if "the run has diverged" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("the training loss is nan at update ")  # logged every update, said once
+
+
+    def no_bare_constants(word: str) -> None:
+        raise AssertionError(f"metrics.jsonl holds the bare constant {word}, which strict JSON parsers refuse")
+
+    lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line, parse_constant=no_bare_constants) for line in lines]
+    assert [r["loss"] for r in records if r["type"] == "valid"] == [None, None, None]  # written as null
+
+
+def test_a_run_or_its_tensorboard_inside_the_prepared_data_is_refused_before_any_write(tiny_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    before = sorted(p.name for p in data.rglob("*"))
+    for out, board in ((data / "run", None), (tmp_path / "run", data / "tb"), (tmp_path / "run", data)):
+        opts = RunOptions(data, out, progress=False, tensorboard=board)
+        with pytest.raises(UserError, match=f"{'--tensorboard' if board else '--out'} .* is inside the prepared data"):
+            train(tiny_experiment(max_steps=1, valid_every=1), opts)
+    assert sorted(p.name for p in data.rglob("*")) == before and not (tmp_path / "run").exists()
+
+
+def test_a_tensorboard_folder_that_is_another_run_is_refused(tiny_data, tmp_path):
+    other = tmp_path / "other"
+    train(tiny_experiment(max_steps=1, valid_every=1), RunOptions(tiny_data, other, progress=False))
+    with pytest.raises(UserError, match=f"--tensorboard {other} is a training run directory"):
+        train(tiny_experiment(max_steps=1, valid_every=1),
+              RunOptions(tiny_data, tmp_path / "run", progress=False, tensorboard=other))
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_resume_with_other_max_steps_says_the_schedules_stretch(tiny_data, tmp_path, caplog):

@@ -1,12 +1,29 @@
-"""metrics.jsonl: one JSON object per line, the source of truth for curves and analyses."""
+"""metrics.jsonl: one JSON object per line, the source of truth for curves and analyses.
+
+Every line is strict JSON (RFC 8259), readable by any parser: a value that is not a finite number (a
+diverged loss, an overflowed gradient norm) is written as `null`, as JavaScript's JSON.stringify writes it;
+the TensorBoard sinks still get the value itself.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from multibranch.atomic import atomic_write_text, reporting_full_disk
+
+
+def finite_or_null(value: Any) -> Any:
+    """`value` with every NaN or infinite float in it (in dicts and lists too) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
 
 
 class MetricsLog:
@@ -23,7 +40,7 @@ class MetricsLog:
         if not self.enabled:
             return
         with reporting_full_disk(self.path), self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, sort_keys=False) + "\n")
+            handle.write(json.dumps(finite_or_null(record), sort_keys=False, allow_nan=False) + "\n")
         for sink in self.sinks:
             sink.write(record)
 

@@ -17,7 +17,7 @@ except ImportError:  # Windows: runs are not locked
     fcntl = None  # type: ignore[assignment]
 
 from multibranch.checkpoint.format import CheckpointError
-from multibranch.data.directories import RUN, directory_kind, refuse_other_kind
+from multibranch.data.directories import DATA, RUN, directory_kind, refuse_other_kind
 from multibranch.errors import UserError
 
 LAST = "last.pt"
@@ -83,6 +83,24 @@ def check_run_directory(run: Path, *, resume: bool, force: bool, init_from: Path
                               "resume from); pass --auto-resume or --force to start it over")
     raise FileExistsError(f"run directory {run} already exists and holds no {LAST} to resume from; pass --force to "
                           "start over in it")
+
+
+def check_beside_the_data(run: Path, data: Path, tensorboard: Path | None = None) -> None:
+    """Refuse a run directory or a --tensorboard directory inside the prepared data directory, which
+    `prepare --force` replaces whole (the run would go with it), and a --tensorboard directory that is
+    another recognised kind of directory than this run (a prepared data directory, another run, an
+    export...). Reads only."""
+    if directory_kind(data) != DATA:
+        return  # the task reports what is wrong with the data itself
+    for option, path in (("--out", run), ("--tensorboard", tensorboard)):
+        if path is not None and path.resolve().is_relative_to(data.resolve()):
+            raise UserError(f"{option} {path} is inside the prepared data directory {data}, which `prepare "
+                            "--force` replaces whole; write it outside the data")
+    if tensorboard is not None and tensorboard.resolve() != run.resolve():
+        found = directory_kind(tensorboard)
+        if found is not None:
+            raise UserError(f"--tensorboard {tensorboard} is a {found}; give an empty or new directory (or one "
+                            "inside the run directory)")
 
 
 def lock_run(run: Path) -> IO[str] | None:

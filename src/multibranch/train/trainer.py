@@ -71,7 +71,12 @@ from multibranch.train.graphs import GraphedUpdates, upload
 from multibranch.train.metrics_log import MetricsLog
 from multibranch.train.optim import LRScheduler, build_optimizer, make_capturable, optimizer_state_to_save
 from multibranch.train.rng import rng_state, seed_everything, set_rng_state
-from multibranch.train.run_directory import check_output_parents, check_run_directory, lock_run
+from multibranch.train.run_directory import (
+    check_beside_the_data,
+    check_output_parents,
+    check_run_directory,
+    lock_run,
+)
 from multibranch.train.task import Task
 from multibranch.train.tensorboard import TensorBoardSink, check_tensorboard
 
@@ -182,6 +187,7 @@ class Trainer:
         self.device = resolve_device(opts.device)
         self.dist = D.init_distributed(self.device.type)
         check_run_directory(self.run_dir, resume=opts.resume, force=opts.force, init_from=opts.init_from)
+        check_beside_the_data(self.run_dir, Path(opts.data_dir), opts.tensorboard)
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
             torch.cuda.set_device(self.device)
