@@ -115,6 +115,12 @@ def test_jsonl_keys_integer_labels_and_joined_lines(tmp_path):
     assert read.joined_lines == 1
 
 
+def test_jsonl_integer_and_string_spellings_of_a_label_are_one_class(tmp_path):
+    rows = [{"label": 1, "text": "a"}, {"label": "1", "text": "b"}, {"label": " 1 ", "text": "c"}]
+    path = _write(tmp_path / "d.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    assert read_labeled(path).labels == ["1", "1", "1"]
+
+
 @pytest.mark.parametrize("line,message", [
     ('{"label": "a", "text": "x"', r"d\.jsonl:2: invalid JSON"),
     ('["a", "x"]', r"d\.jsonl:2: expected a JSON object, got list"),

@@ -6,7 +6,8 @@ UTF-8 BOM handled, strict UTF-8 with `file:line` errors), then parsed one line p
 - `tsv`: columns separated by tabs, no quoting (a tab inside a text is a column-count error);
 - `csv`: comma-separated, with `"` quoting via the `csv` module; a quoted field cannot span lines;
 - `trec`: `LABEL:fine text...` (the label is `LABEL`, or `LABEL:fine` with `fine_labels`);
-- `jsonl`: one JSON object per line; `label_key` holds a string or integer, `text_key` a string.
+- `jsonl`: one JSON object per line; `label_key` holds a string or integer, `text_key` a string. Labels
+  are text, as in the other formats: the integer 1 is the label "1", so `1` and `"1"` name one class.
   Each run of line breaks inside a JSONL text is replaced by one space (the prepared text keeps one
   example per line); such texts are counted as `joined_lines`.
 
