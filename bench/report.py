@@ -13,6 +13,7 @@ tests/bench/test_benchmarks_doc.py fails when the text there differs from what `
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import statistics
@@ -31,6 +32,35 @@ def load(name: str) -> dict | None:
 
 def rows_by_system(result: dict) -> dict[str, dict]:
     return {row["system"]: row for row in result["rows"]}
+
+
+BENCH_VOCAB = 8000  # the shared SentencePiece vocabulary of the benchmarks' Multi30k data
+
+
+@functools.cache
+def preset_parameters(preset: str, vocab: int = BENCH_VOCAB) -> int | None:
+    """The parameter count of `preset` as the package defines it, at the benchmarks' vocabulary; None for a system
+    that is not a preset (a peer, a variant the harness names)."""
+    import multibranch
+    from multibranch.experiment import list_presets
+
+    if preset not in list_presets():
+        return None
+    module = multibranch.build(preset, src_vocab_size=vocab, tgt_vocab_size=vocab)
+    return sum(parameter.numel() for parameter in module.parameters())
+
+
+def parameters_cell(system: str, parameters: int, marks: list[str]) -> str:
+    """`parameters` in millions; marked with a dagger, and a line added to `marks`, when the row measured `system`
+    at a shape its preset does not define (the preset's count differs), so that the row is not read as the
+    preset's."""
+    cell = f"{parameters / 1e6:.2f}M"
+    defined = preset_parameters(system)
+    if defined is None or defined == parameters:
+        return cell
+    marks.append(f"† {system} measured at another shape ({cell} parameters) than the preset defines ({defined / 1e6:.2f}M "
+                 "at this vocabulary); the row holds the numbers of the shape it measured.")
+    return cell + " †"
 
 
 def header(title: str, result: dict, columns: list[str]) -> list[str]:
@@ -278,6 +308,11 @@ def footnote(*names: str, merged: list[str] | None = None) -> list[str]:
     return lines
 
 
+def notes(marks: list[str]) -> list[str]:
+    """The lines that explain a table's marks, each once, after a blank line."""
+    return ["", *dict.fromkeys(marks)] if marks else []
+
+
 def table(columns: list[str], rows: list[list]) -> list[str]:
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
             *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)]
@@ -303,16 +338,17 @@ def doc_cpu_train_presets() -> list[str]:
     rows_speed = rows_by_system(load("presets_speed_bf16"))
     flops = rows_by_system(load("presets_flops"))
     base, base_flops = rows_speed["transformer-tiny"], flops["transformer-tiny"]["gflops_per_update"]
-    rows = []
+    rows, marks = [], []
     for row in rows_speed.values():
         step = row["ms_per_update"] / base["ms_per_update"]
         flop = flops[row["system"]]["gflops_per_update"] / base_flops
-        rows.append([row["system"], f"{row['parameters'] / 1e6:.2f}M", f"{row['ms_per_update']:.0f}",
+        rows.append([row["system"], parameters_cell(row["system"], row["parameters"], marks),
+                     f"{row['ms_per_update']:.0f}",
                      f"{row['tokens_per_s']:.0f}", f"{row['peak_rss_mb']:.0f}", f"{step:.2f}x",
                      f"{flops[row['system']]['gflops_per_update']:.1f}", f"{flop:.2f}x", f"{step / flop:.2f}"])
     return table(["preset", "parameters", "ms/update", "target tokens/s", "peak RSS MB", "step time vs transformer-tiny",
-                  "GFLOP/update", "FLOPs vs transformer-tiny", "step-time ratio / FLOP ratio"], rows) + footnote(
-        "presets_speed_bf16", "presets_flops")
+                  "GFLOP/update", "FLOPs vs transformer-tiny", "step-time ratio / FLOP ratio"], rows) + notes(marks) + \
+        footnote("presets_speed_bf16", "presets_flops")
 
 
 def round_ratios(names: tuple[str, ...], ours: str, peer: str) -> list[float]:
@@ -353,16 +389,16 @@ def doc_cpu_decode_presets() -> list[str]:
     result = load("decode_presets_fixed_kernels")
     rows = {(r["system"], r["precision"]): r for r in result["rows"]}
     base = rows[("transformer-tiny", "fp32")]["sentences_per_s"]
-    out = []
+    out, marks = [], []
     for (system, precision), row in rows.items():
         if precision != "fp32":
             continue
         composed = rows[(system, "fp32-composed")]["sentences_per_s"]
-        out.append([system, f"{row['parameters'] / 1e6:.2f}M", f"{row['sentences_per_s']:.1f}",
+        out.append([system, parameters_cell(system, row["parameters"], marks), f"{row['sentences_per_s']:.1f}",
                     f"{row['sentences_per_s'] / base:.2f}x", f"{composed:.1f}",
                     f"{row['sentences_per_s'] / composed:.2f}x"])
     return table(["preset", "parameters", "sentences/s (fp32)", "vs transformer-tiny", "sentences/s (fp32-composed)",
-                  "fp32 / fp32-composed"], out) + footnote("decode_presets_fixed_kernels")
+                  "fp32 / fp32-composed"], out) + notes(marks) + footnote("decode_presets_fixed_kernels")
 
 
 def doc_gpu_train() -> list[str]:
@@ -395,17 +431,19 @@ def doc_gpu_decode() -> list[str]:
 
 
 def doc_quality() -> list[str]:
-    rows = []
+    rows, marks = [], []
     for name in ("quality", "quality_presets"):
         for row in load(name)["rows"]:
             avg = row.get("avg_last3", {}).get("bleu")
-            rows.append([f"{row['minutes_budget']:g}", row["system"], f"{row['parameters'] / 1e6:.2f}M", row["updates"],
+            rows.append([f"{row['minutes_budget']:g}", row["system"], parameters_cell(row["system"], row["parameters"],
+                                                                                      marks), row["updates"],
                          f"{row['tokens_per_s']:.0f}", f"{row['best']['bleu']:.2f}",
                          "–" if avg is None else f"{avg:.2f}", f"{row['best']['chrf']:.2f}"])
     signatures = {row["best"]["signature"] for name in ("quality", "quality_presets") for row in load(name)["rows"]}
     return table(["training minutes", "system", "parameters", "updates", "target tokens/s",
                   "test BLEU (best by valid loss)", "test BLEU (average of last 3)", "chrF (best)"], rows) + [
-        "", f"sacreBLEU signature: `{' / '.join(sorted(signatures))}`"] + footnote("quality", "quality_presets")
+        "", f"sacreBLEU signature: `{' / '.join(sorted(signatures))}`"] + notes(marks) + footnote("quality",
+                                                                                            "quality_presets")
 
 
 

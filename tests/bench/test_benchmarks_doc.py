@@ -74,3 +74,18 @@ def test_portable_shows_machine_paths_as_a_checkout_has_them():
     assert report.portable("x.py --dir /tmp/pscale --out /var/tmp/o") == "x.py --dir $TMPDIR/pscale --out $TMPDIR/o"
     unchanged = "x.py --ckpt runs/bench/a.pt --set train.x=1 --src .gpu/data/test.src.txt --url http://h/tmp/"
     assert report.portable(unchanged) == unchanged
+
+
+def test_a_row_measured_at_another_shape_of_its_preset_is_marked_and_explained():
+    import multibranch
+
+    module = multibranch.build("transformer-tiny", src_vocab_size=report.BENCH_VOCAB, tgt_vocab_size=report.BENCH_VOCAB)
+    defined = sum(parameter.numel() for parameter in module.parameters())
+    marks: list[str] = []
+    assert report.parameters_cell("transformer-tiny", defined, marks) == f"{defined / 1e6:.2f}M" and not marks
+    assert report.parameters_cell("hf-marian", 123, marks) == "0.00M" and not marks  # not a preset: no claim made
+    assert report.parameters_cell("transformer-tiny", defined - 70_000, marks).endswith(" †")
+    assert marks == [f"† transformer-tiny measured at another shape ({(defined - 70_000) / 1e6:.2f}M parameters) than "
+                     f"the preset defines ({defined / 1e6:.2f}M at this vocabulary); the row holds the numbers of the "
+                     "shape it measured."]
+    assert report.notes(marks + marks) == ["", marks[0]]
