@@ -13,7 +13,6 @@ tests/bench/test_benchmarks_doc.py fails when the text there differs from what `
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import re
 import statistics
@@ -23,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS  # noqa: E402
+from bench.preset_changes import changed_after  # noqa: E402
 
 
 def load(name: str) -> dict | None:
@@ -34,33 +34,25 @@ def rows_by_system(result: dict) -> dict[str, dict]:
     return {row["system"]: row for row in result["rows"]}
 
 
-BENCH_VOCAB = 8000  # the shared SentencePiece vocabulary of the benchmarks' Multi30k data
+def system_cell(system: str, measured: str | None, marks: list[str]) -> str:
+    """`system`, marked with a dagger (and a line added to `marks`) when it names a preset whose definition changed
+    after `measured`, the date its results file records (bench/preset_changes.py): the row is then not the preset's
+    as it is defined."""
+    changed = changed_after(system, measured)
+    if changed is None:
+        return system
+    marks.append(f"{system} (measured {measured}, changed {changed})")
+    return system + " †"
 
 
-@functools.cache
-def preset_parameters(preset: str, vocab: int = BENCH_VOCAB) -> int | None:
-    """The parameter count of `preset` as the package defines it, at the benchmarks' vocabulary; None for a system
-    that is not a preset (a peer, a variant the harness names)."""
-    import multibranch
-    from multibranch.experiment import list_presets
-
-    if preset not in list_presets():
-        return None
-    module = multibranch.build(preset, src_vocab_size=vocab, tgt_vocab_size=vocab)
-    return sum(parameter.numel() for parameter in module.parameters())
+def oldest(dates: list[str | None]) -> str | None:
+    """The oldest of the dates of a row's results files; None when any of them records none."""
+    return None if None in dates or not dates else min(dates)  # type: ignore[type-var]
 
 
-def parameters_cell(system: str, parameters: int, marks: list[str]) -> str:
-    """`parameters` in millions; marked with a dagger, and a line added to `marks`, when the row measured `system`
-    at a shape its preset does not define (the preset's count differs), so that the row is not read as the
-    preset's."""
-    cell = f"{parameters / 1e6:.2f}M"
-    defined = preset_parameters(system)
-    if defined is None or defined == parameters:
-        return cell
-    marks.append(f"† {system} measured at another shape ({cell} parameters) than the preset defines ({defined / 1e6:.2f}M "
-                 "at this vocabulary); the row holds the numbers of the shape it measured.")
-    return cell + " †"
+def measured_on(result: dict) -> str | None:
+    """The date a results file records (None in files that predate the field)."""
+    return result["environment"].get("date")
 
 
 def header(title: str, result: dict, columns: list[str]) -> list[str]:
@@ -309,8 +301,11 @@ def footnote(*names: str, merged: list[str] | None = None) -> list[str]:
 
 
 def notes(marks: list[str]) -> list[str]:
-    """The lines that explain a table's marks, each once, after a blank line."""
-    return ["", *dict.fromkeys(marks)] if marks else []
+    """The line under a table that names its rows marked by `system_cell`, each preset once."""
+    if not marks:
+        return []
+    return ["", "† measured before the preset's definition changed (bench/preset_changes.json): "
+            + ", ".join(dict.fromkeys(marks)) + "; such a row holds the numbers of the definition it measured."]
 
 
 def table(columns: list[str], rows: list[list]) -> list[str]:
@@ -342,8 +337,8 @@ def doc_cpu_train_presets() -> list[str]:
     for row in rows_speed.values():
         step = row["ms_per_update"] / base["ms_per_update"]
         flop = flops[row["system"]]["gflops_per_update"] / base_flops
-        rows.append([row["system"], parameters_cell(row["system"], row["parameters"], marks),
-                     f"{row['ms_per_update']:.0f}",
+        rows.append([system_cell(row["system"], measured_on(load("presets_speed_bf16")), marks),
+                     f"{row['parameters'] / 1e6:.2f}M", f"{row['ms_per_update']:.0f}",
                      f"{row['tokens_per_s']:.0f}", f"{row['peak_rss_mb']:.0f}", f"{step:.2f}x",
                      f"{flops[row['system']]['gflops_per_update']:.1f}", f"{flop:.2f}x", f"{step / flop:.2f}"])
     return table(["preset", "parameters", "ms/update", "target tokens/s", "peak RSS MB", "step time vs transformer-tiny",
@@ -394,7 +389,8 @@ def doc_cpu_decode_presets() -> list[str]:
         if precision != "fp32":
             continue
         composed = rows[(system, "fp32-composed")]["sentences_per_s"]
-        out.append([system, parameters_cell(system, row["parameters"], marks), f"{row['sentences_per_s']:.1f}",
+        out.append([system_cell(system, measured_on(result), marks), f"{row['parameters'] / 1e6:.2f}M",
+                    f"{row['sentences_per_s']:.1f}",
                     f"{row['sentences_per_s'] / base:.2f}x", f"{composed:.1f}",
                     f"{row['sentences_per_s'] / composed:.2f}x"])
     return table(["preset", "parameters", "sentences/s (fp32)", "vs transformer-tiny", "sentences/s (fp32-composed)",
@@ -435,8 +431,8 @@ def doc_quality() -> list[str]:
     for name in ("quality", "quality_presets"):
         for row in load(name)["rows"]:
             avg = row.get("avg_last3", {}).get("bleu")
-            rows.append([f"{row['minutes_budget']:g}", row["system"], parameters_cell(row["system"], row["parameters"],
-                                                                                      marks), row["updates"],
+            rows.append([f"{row['minutes_budget']:g}", system_cell(row["system"], measured_on(load(name)), marks),
+                         f"{row['parameters'] / 1e6:.2f}M", row["updates"],
                          f"{row['tokens_per_s']:.0f}", f"{row['best']['bleu']:.2f}",
                          "–" if avg is None else f"{avg:.2f}", f"{row['best']['chrf']:.2f}"])
     signatures = {row["best"]["signature"] for name in ("quality", "quality_presets") for row in load(name)["rows"]}
@@ -451,11 +447,12 @@ def _stdev(values: list[float]) -> float:
     """The sample standard deviation (0 for a single run)."""
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
-def summary_row(dataset: str, system: str, runs: list[dict], params: int | None) -> list:
+def summary_row(dataset: str, system: str, runs: list[dict], params: int | None, measured: str | None,
+                marks: list[str]) -> list:
     accuracy = [100 * r["accuracy"] for r in runs]
     f1 = [100 * r["macro_f1"] for r in runs]
     seeds = len(runs) if runs[0]["seed"] is not None else "–"
-    return [dataset, system, f"{params / 1e6:.2f}M" if params else "–", seeds,
+    return [dataset, system_cell(system, measured, marks), f"{params / 1e6:.2f}M" if params else "–", seeds,
             f"{statistics.mean(accuracy):.2f} ± {_stdev(accuracy):.2f}", f"{statistics.mean(f1):.2f} ± {_stdev(f1):.2f}",
             f"{max(r['cpu_s'] for r in runs) / 60:.1f}"]
 
@@ -468,10 +465,11 @@ def doc_classify() -> list[str]:
     result = load("classify_quality")
     rows = sorted(result["rows"], key=lambda r: (r["dataset"] != "trec6", r["system"] != "tfidf-lr",
                                                   "minilm" not in r["system"]))
+    marks: list[str] = []
     lines = [summary_row({"trec6": "TREC-6", "sst2": "SST-2"}[r["dataset"]], r["system"], r["runs"],
-                         r.get("parameters")) for r in rows]
+                         r.get("parameters"), measured_on(result), marks) for r in rows]
     commands = list(dict.fromkeys(r.get("command", "(not recorded)") for r in result["rows"]))
-    return table(CLASSIFY_COLUMNS, lines) + footnote("classify_quality", merged=commands)
+    return table(CLASSIFY_COLUMNS, lines) + notes(marks) + footnote("classify_quality", merged=commands)
 
 
 def doc_classify_pairs() -> list[str]:
@@ -484,12 +482,15 @@ def doc_classify_pairs() -> list[str]:
         clipped = " (clip_norm=1.0)" if "clip" in name else ""
         for row in load(name)["rows"]:
             key = (row["dataset"], row["system"] + clipped)
-            entry = merged.setdefault(key, {"runs": {}, "parameters": row.get("parameters")})
+            entry = merged.setdefault(key, {"runs": {}, "parameters": row.get("parameters"), "dates": []})
+            entry["dates"].append(measured_on(load(name)))
             for run in row["runs"]:
                 entry["runs"].setdefault(run["seed"], run)
-    rows = [summary_row(dataset.upper(), system, list(entry["runs"].values()), entry["parameters"])
+    marks: list[str] = []
+    rows = [summary_row(dataset.upper(), system, list(entry["runs"].values()), entry["parameters"],
+                        oldest(entry["dates"]), marks)
             for (dataset, system), entry in sorted(merged.items(), key=lambda kv: kv[0][0] != "rte")]
-    return table(CLASSIFY_COLUMNS, rows) + footnote(*names)
+    return table(CLASSIFY_COLUMNS, rows) + notes(marks) + footnote(*names)
 
 
 def doc_classify_speed() -> list[str]:

@@ -76,16 +76,16 @@ def test_portable_shows_machine_paths_as_a_checkout_has_them():
     assert report.portable(unchanged) == unchanged
 
 
-def test_a_row_measured_at_another_shape_of_its_preset_is_marked_and_explained():
-    import multibranch
 
-    module = multibranch.build("transformer-tiny", src_vocab_size=report.BENCH_VOCAB, tgt_vocab_size=report.BENCH_VOCAB)
-    defined = sum(parameter.numel() for parameter in module.parameters())
+def test_a_row_measured_before_its_preset_changed_is_marked_and_named_under_the_table():
+    changed = report.changed_after("mat-tiny", "2000-01-01")
+    assert changed is not None  # every preset was defined after that day
     marks: list[str] = []
-    assert report.parameters_cell("transformer-tiny", defined, marks) == f"{defined / 1e6:.2f}M" and not marks
-    assert report.parameters_cell("hf-marian", 123, marks) == "0.00M" and not marks  # not a preset: no claim made
-    assert report.parameters_cell("transformer-tiny", defined - 70_000, marks).endswith(" †")
-    assert marks == [f"† transformer-tiny measured at another shape ({(defined - 70_000) / 1e6:.2f}M parameters) than "
-                     f"the preset defines ({defined / 1e6:.2f}M at this vocabulary); the row holds the numbers of the "
-                     "shape it measured."]
-    assert report.notes(marks + marks) == ["", marks[0]]
+    assert report.system_cell("mat-tiny", "2000-01-01", marks) == "mat-tiny †"
+    assert report.system_cell("mat-tiny", changed, marks) == "mat-tiny"  # measured on the day of the change
+    assert report.system_cell("mat-tiny", None, marks) == "mat-tiny"  # a file without a date: no claim either way
+    assert report.system_cell("hf-marian", "2000-01-01", marks) == "hf-marian"  # not a preset
+    assert report.notes(marks + marks) == ["", "† measured before the preset's definition changed "
+                                           f"(bench/preset_changes.json): mat-tiny (measured 2000-01-01, changed "
+                                           f"{changed}); such a row holds the numbers of the definition it measured."]
+    assert report.notes([]) == []
