@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="multibranch",
         description="Multi-branch Transformers (MAT, Weighted Transformer, MUTE, MUSE, Scheduled DropHead) "
-        "for translation: prepare, train, translate, evaluate.",
+        "for translation, text classification and code generation: prepare, train, translate or classify, "
+        "evaluate, analyze, serve.",
     )
     parser.add_argument("--version", action="version", version=f"multibranch {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
