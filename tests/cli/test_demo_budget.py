@@ -108,6 +108,29 @@ def test_the_demo_translation_builds_no_cpu_kernels_and_leaves_them_as_it_found_
     assert os.environ[cpu_kernels.ENV_SWITCH] == "1"
 
 
+def test_the_demo_loads_and_translates_its_checkpoint_without_building_the_cpu_kernels(monkeypatch, tiny_checkpoint,
+                                                                                      tiny_data, tmp_path):
+    """Loading packs the model for decoding, which builds the kernels where they are not built: the demo's load
+    must happen inside `without_a_kernel_build` as well as its translation."""
+    from multibranch.commands.demo import translate_test_set
+
+    built = []
+
+    @functools.cache
+    def kernels():
+        if not cpu_kernels.enabled():
+            return None
+        built.append(1)
+        raise AssertionError("the CPU kernels were built")
+
+    monkeypatch.setattr(cpu_kernels, "kernels", kernels)
+    monkeypatch.delenv(cpu_kernels.ENV_SWITCH, raising=False)
+    result = translate_test_set(tiny_checkpoint, tiny_data, tmp_path / "test.hyp.txt")
+    assert not built and len(result.hypotheses) == len(result.references) > 0
+    assert (tmp_path / "test.hyp.txt").read_text(encoding="utf-8").count("\n") == len(result.hypotheses)
+    assert cpu_kernels.ENV_SWITCH not in os.environ
+
+
 @pytest.mark.slow  # the whole demo: about 1.5 minutes on 2 cores
 def test_the_whole_demo_learns_and_builds_no_kernels(tmp_path):
     """BLEU far above zero after its updates, and no kernel build (an empty extension cache stays empty)."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from multibranch.experiment import ExperimentConfig
+    from multibranch.tasks.translation.heldout import SplitTranslation
 
 HELP = "generate the built-in synthetic task, prepare it, train a small MAT for a fixed number of updates, report BLEU"
 
@@ -45,18 +46,28 @@ def demo_config(args: argparse.Namespace) -> ExperimentConfig:
                                               f"train.seed={args.seed}", *args.overrides])
 
 
+def translate_test_set(checkpoint: Path, data: Path, hyp_file: Path) -> SplitTranslation:
+    """The test set of `data` translated with `checkpoint` on the CPU and scored, loaded and decoded without
+    building the CPU kernels where they are not built yet: loading packs the model for decoding, which would
+    build them, so both happen inside `without_a_kernel_build`."""
+    from multibranch.loading.model import TRANSLATION_TASKS, LoadedModel
+    from multibranch.tasks.translation.heldout import translate_split, without_a_kernel_build
+    from multibranch.tasks.translation.translator import show_progress
+
+    with without_a_kernel_build():
+        translator = LoadedModel.load(checkpoint, "cpu", tasks=TRANSLATION_TASKS).translator()
+        return translate_split(translator, data, "test", hyp_file=hyp_file, progress=show_progress())
+
+
 def run(args: argparse.Namespace) -> int:
     import shutil
     import time
 
     from multibranch.data.parallel_prepare import PrepareConfig
     from multibranch.errors import UserError
-    from multibranch.loading.model import TRANSLATION_TASKS, LoadedModel
     from multibranch.tasks import train
-    from multibranch.tasks.translation.heldout import translate_split
     from multibranch.tasks.translation.prepare import prepare
     from multibranch.tasks.translation.synthetic import generate_synthetic_task
-    from multibranch.tasks.translation.translator import show_progress
     from multibranch.train.trainer import RunOptions
 
     out: Path = args.out
@@ -83,9 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     print("[4/4] translating the test set with the best checkpoint (by validation loss; without building the CPU "
           "kernels, which the first `multibranch translate` builds once)", flush=True)
-    translator = LoadedModel.load(out / "run" / "best.pt", "cpu", tasks=TRANSLATION_TASKS).translator()
-    result = translate_split(translator, out / "data", "test", hyp_file=out / "run" / "test.hyp.txt",
-                             progress=show_progress(), cpu_kernels_build=False)  # a bar on a terminal
+    result = translate_test_set(out / "run" / "best.pt", out / "data", out / "run" / "test.hyp.txt")
     scores = result.scores
     print()
     for src, hyp, ref in list(zip(result.sources, result.hypotheses, result.references))[:5]:

@@ -26,15 +26,12 @@ class SplitTranslation:
 
 
 def translate_split(translator: Translator, data_dir: str | Path, split: str = "test",
-                    hyp_file: str | Path | None = None, progress: Any = False,
-                    cpu_kernels_build: bool = True) -> SplitTranslation:
+                    hyp_file: str | Path | None = None, progress: Any = False) -> SplitTranslation:
     """Translate the raw source lines of `split` with `translator`, write them (one a line) to `hyp_file` if
-    given, and score them with BLEU and chrF against the raw references. With `cpu_kernels_build=False` a machine
-    without the CPU kernels built decodes without them rather than build them (`without_a_kernel_build`)."""
+    given, and score them with BLEU and chrF against the raw references."""
     data = PreparedData.load(data_dir).split(split)
     sources, references = data.raw_src_lines(), data.raw_tgt_lines()
-    with contextlib.nullcontext() if cpu_kernels_build else without_a_kernel_build():
-        hypotheses = translator.translate(sources, progress=progress)
+    hypotheses = translator.translate(sources, progress=progress)
     if hyp_file is not None:
         atomic_write_text(hyp_file, "".join(one_line(h) + "\n" for h in hypotheses))
     scores = score_corpus(hypotheses, [references], metrics=("bleu", "chrf"))
