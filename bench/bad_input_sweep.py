@@ -251,7 +251,7 @@ def cases(fx: Fixtures) -> list[Case]:
              "model.bogus"),
         # numbers out of range, NaN or infinite: one line naming the option, before anything is loaded or written
         Case("train-max-steps-negative", lambda f: train_args(fx.data, f / "run", "--max-steps", "-3"),
-             "max_steps=-3 must be >= 1"),
+             "--max-steps -3: must be >= 1"),
         Case("translate-lenpen-nan", lambda f: translate_input(f, b"ein haus\n", "--lenpen", "nan"), "--lenpen"),
         Case("translate-lenpen-inf", lambda f: translate_input(f, b"ein haus\n", "--lenpen", "inf"), "--lenpen"),
         Case("translate-max-len-b-negative", lambda f: translate_input(f, b"ein haus\n", "--max-len-b", "-5"),
