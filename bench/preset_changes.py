@@ -5,12 +5,14 @@ preset's definition changes later (its width, a rate, a batch size), the row sti
 `bench/report.py` marks it, by comparing the date its results file records with the date here.
 
     python bench/preset_changes.py            # list the presets whose definition differs from the record
-    python bench/preset_changes.py --update   # record today's date for each of them (and for new presets)
+    python bench/preset_changes.py --update   # record today's date for each of them (and for new presets; drop
+                                              # the ones that no longer exist)
 
-A preset's definition is its YAML file with its `base` chain merged, its description left out (package defaults
-that every preset shares are not part of it). tests/bench/test_preset_changes.py fails while the record and the
+A preset's definition is its YAML file with its `base` chain merged, its description left out. The package's defaults
+(the config fields a preset does not set) are not part of it: a change to a default marks no row. tests/bench/test_preset_changes.py fails while the record and the
 presets disagree, so a change to a preset is recorded on the day it is made. Dates have a day's resolution: a row
-recorded on the day of a change counts as measured after it.
+recorded on the day of a change counts as measured after it; a definition that returns to an earlier one counts
+as a change (rows of the earlier days are marked, though they measured the same definition).
 """
 
 from __future__ import annotations
@@ -50,20 +52,24 @@ def changed_after(preset: str, measured: str | None, record: dict[str, dict[str,
     return entry["changed"] if measured < entry["changed"] else None
 
 
-def differences(record: dict[str, dict[str, str]]) -> dict[str, str]:
-    """{preset: its fingerprint} for every preset whose definition is not the recorded one (new ones included)."""
+def differences(record: dict[str, dict[str, str]]) -> dict[str, str | None]:
+    """{preset: its fingerprint} for every preset whose definition is not the recorded one (new ones included),
+    and {name: None} for every recorded preset that no longer exists."""
     from multibranch.experiment import list_presets
 
     current = {name: preset_fingerprint(name) for name in list_presets()}
-    return {name: fingerprint for name, fingerprint in current.items()
-            if record.get(name, {}).get("fingerprint") != fingerprint}
+    changed: dict[str, str | None] = {name: fingerprint for name, fingerprint in current.items()
+                                      if record.get(name, {}).get("fingerprint") != fingerprint}
+    return {**changed, **{name: None for name in record if name not in current}}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--update", action="store_true", help="record today's date for every changed or new preset")
+    parser.add_argument("--update", action="store_true",
+                        help="record today's date for every changed or new preset, and drop the deleted ones")
+    parser.add_argument("--record", type=Path, default=RECORD, help="the record to check or update")
     args = parser.parse_args(argv)
-    record = load_record()
+    record = load_record(args.record)
     changed = differences(record)
     if not changed:
         print("every preset is as recorded")
@@ -73,10 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     today = datetime.date.today().isoformat()
     for name, fingerprint in changed.items():
-        record[name] = {"fingerprint": fingerprint, "changed": today}
+        if fingerprint is None:
+            del record[name]  # the preset is gone: no row can be read as its own
+        else:
+            record[name] = {"fingerprint": fingerprint, "changed": today}
     from multibranch.atomic import atomic_write_text
 
-    atomic_write_text(RECORD, json.dumps({"presets": dict(sorted(record.items()))}, indent=1) + "\n")
+    atomic_write_text(args.record, json.dumps({"presets": dict(sorted(record.items()))}, indent=1) + "\n")
     print(f"recorded {today} for " + ", ".join(sorted(changed)))
     return 0
 

@@ -74,7 +74,7 @@ def summarize_run(run: Path) -> dict:
     seconds = sum(r["tokens"] / r["tokens_per_s"] for r in train_records)
     return {"updates": max(r["step"] for r in records), "epochs_started": last["epoch"],
             "train_minutes": last["elapsed_s"] / 60, "tokens_per_s": sum(r["tokens"] for r in train_records) / seconds,
-            "best_valid_loss": min(r["loss"] for r in valid) if valid else None}
+            "best_valid_loss": min((r["loss"] for r in valid if r["loss"] is not None), default=None)}
 
 
 def run_system(system: str, data: Path, runs: Path, minutes: float, extra: list[str]) -> dict:

@@ -34,15 +34,21 @@ def rows_by_system(result: dict) -> dict[str, dict]:
     return {row["system"]: row for row in result["rows"]}
 
 
-def system_cell(system: str, measured: str | None, marks: list[str]) -> str:
-    """`system`, marked with a dagger (and a line added to `marks`) when it names a preset whose definition changed
-    after `measured`, the date its results file records (bench/preset_changes.py): the row is then not the preset's
-    as it is defined."""
-    changed = changed_after(system, measured)
+# benchmark systems that train a preset under another name (bench/quality.py: mat-proximal trains mat-tiny twice)
+TRAINED_PRESET = {"mat-proximal": "mat-tiny"}
+
+
+def system_cell(system: str, measured: str | None, marks: list[str], label: str | None = None) -> str:
+    """`label` (default `system`), marked with a dagger (and a line added to `marks`) when `system` names a preset,
+    or trains one (TRAINED_PRESET), whose definition changed after `measured`, the date its results file records
+    (bench/preset_changes.py): the row is then not the preset's as it is defined."""
+    label = label or system
+    preset = TRAINED_PRESET.get(system, system)
+    changed = changed_after(preset, measured)
     if changed is None:
-        return system
-    marks.append(f"{system} (measured {measured}, changed {changed})")
-    return system + " †"
+        return label
+    marks.append(f"{preset} (measured {measured}, changed {changed})")
+    return label + " †"
 
 
 def oldest(dates: list[str | None]) -> str | None:
@@ -448,11 +454,11 @@ def _stdev(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 def summary_row(dataset: str, system: str, runs: list[dict], params: int | None, measured: str | None,
-                marks: list[str]) -> list:
+                marks: list[str], label: str | None = None) -> list:
     accuracy = [100 * r["accuracy"] for r in runs]
     f1 = [100 * r["macro_f1"] for r in runs]
     seeds = len(runs) if runs[0]["seed"] is not None else "–"
-    return [dataset, system_cell(system, measured, marks), f"{params / 1e6:.2f}M" if params else "–", seeds,
+    return [dataset, system_cell(system, measured, marks, label), f"{params / 1e6:.2f}M" if params else "–", seeds,
             f"{statistics.mean(accuracy):.2f} ± {_stdev(accuracy):.2f}", f"{statistics.mean(f1):.2f} ± {_stdev(f1):.2f}",
             f"{max(r['cpu_s'] for r in runs) / 60:.1f}"]
 
@@ -482,30 +488,34 @@ def doc_classify_pairs() -> list[str]:
         clipped = " (clip_norm=1.0)" if "clip" in name else ""
         for row in load(name)["rows"]:
             key = (row["dataset"], row["system"] + clipped)
-            entry = merged.setdefault(key, {"runs": {}, "parameters": row.get("parameters"), "dates": []})
-            entry["dates"].append(measured_on(load(name)))
-            for run in row["runs"]:
-                entry["runs"].setdefault(run["seed"], run)
+            entry = merged.setdefault(key, {"system": row["system"], "runs": {}, "parameters": row.get("parameters"),
+                                            "dates": []})
+            kept = [run for run in row["runs"] if run["seed"] not in entry["runs"]]
+            for run in kept:
+                entry["runs"][run["seed"]] = run
+            if kept:  # the date of a file whose runs the row shows
+                entry["dates"].append(measured_on(load(name)))
     marks: list[str] = []
-    rows = [summary_row(dataset.upper(), system, list(entry["runs"].values()), entry["parameters"],
-                        oldest(entry["dates"]), marks)
-            for (dataset, system), entry in sorted(merged.items(), key=lambda kv: kv[0][0] != "rte")]
+    rows = [summary_row(dataset.upper(), entry["system"], list(entry["runs"].values()), entry["parameters"],
+                        oldest(entry["dates"]), marks, label)
+            for (dataset, label), entry in sorted(merged.items(), key=lambda kv: kv[0][0] != "rte")]
     return table(CLASSIFY_COLUMNS, rows) + notes(marks) + footnote(*names)
 
 
 def doc_classify_speed() -> list[str]:
     names = ("classify_speed_none", "classify_speed_minilm_none", "classify_speed_minilm_bf16")
-    rows = []
+    rows, marks = [], []
     for name in names:
         by = rows_by_system(load(name))
         hf = by["hf-bert"]
         for row in by.values():
-            rows.append([row["preset"], row["amp"], row["system"], f"{row['parameters'] / 1e6:.2f}M",
+            rows.append([system_cell(row["preset"], measured_on(load(name)), marks), row["amp"], row["system"],
+                         f"{row['parameters'] / 1e6:.2f}M",
                          f"{row['sentences_per_s']:.0f}", f"{row['ms_per_update']:.0f}", f"{row['peak_rss_mb']:.0f}",
                          f"{row['sentences_per_s'] / hf['sentences_per_s']:.2f}x",
                          f"{row['peak_rss_mb'] / hf['peak_rss_mb']:.2f}x"])
     return table(["architecture", "autocast", "system", "parameters", "sentences/s (median round)", "ms/update",
-                  "peak RSS MB", "sentences/s vs HF", "peak RSS vs HF"], rows) + footnote(*names)
+                  "peak RSS MB", "sentences/s vs HF", "peak RSS vs HF"], rows) + notes(marks) + footnote(*names)
 
 
 def doc_prepare_scale() -> list[str]:

@@ -76,7 +76,6 @@ def test_portable_shows_machine_paths_as_a_checkout_has_them():
     assert report.portable(unchanged) == unchanged
 
 
-
 def test_a_row_measured_before_its_preset_changed_is_marked_and_named_under_the_table():
     changed = report.changed_after("mat-tiny", "2000-01-01")
     assert changed is not None  # every preset was defined after that day

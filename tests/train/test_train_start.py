@@ -328,7 +328,6 @@ def test_a_diverged_validation_is_never_the_best(tiny_data, tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if "the run has diverged" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("the training loss is nan at update ")  # logged every update, said once
 
-
     def no_bare_constants(word: str) -> None:
         raise AssertionError(f"metrics.jsonl holds the bare constant {word}, which strict JSON parsers refuse")
 
@@ -341,9 +340,11 @@ def test_a_run_or_its_tensorboard_inside_the_prepared_data_is_refused_before_any
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
     before = sorted(p.name for p in data.rglob("*"))
-    for out, board in ((data / "run", None), (tmp_path / "run", data / "tb"), (tmp_path / "run", data)):
+    for out, board, where in ((data / "run", None, "is inside"), (tmp_path / "run", data / "tb", "is inside"),
+                              (tmp_path / "run", data, "is")):
         opts = RunOptions(data, out, progress=False, tensorboard=board)
-        with pytest.raises(UserError, match=f"{'--tensorboard' if board else '--out'} .* is inside the prepared data"):
+        option = "--tensorboard" if board else "--out"
+        with pytest.raises(UserError, match=f"{option} {board or out} {where} the prepared data directory {data},"):
             train(tiny_experiment(max_steps=1, valid_every=1), opts)
     assert sorted(p.name for p in data.rglob("*")) == before and not (tmp_path / "run").exists()
 

@@ -55,7 +55,8 @@ class MetricsLog:
         return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
     def truncate_after(self, step: int) -> None:
-        """Keep only records with record["step"] <= step (atomically rewritten)."""
+        """Keep only records with record["step"] <= step (atomically rewritten, each as strict JSON: a log written
+        with bare NaNs comes back with nulls)."""
         if not self.enabled or not self.path.exists():
             return
         lines = self.path.read_text(encoding="utf-8").splitlines()
@@ -66,5 +67,5 @@ class MetricsLog:
             except json.JSONDecodeError:  # a line cut by a kill
                 continue
             if record.get("step", 0) <= step:
-                kept.append(line)
+                kept.append(json.dumps(finite_or_null(record), sort_keys=False, allow_nan=False))
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))

@@ -17,7 +17,7 @@ except ImportError:  # Windows: runs are not locked
     fcntl = None  # type: ignore[assignment]
 
 from multibranch.checkpoint.format import CheckpointError
-from multibranch.data.directories import DATA, RUN, directory_kind, refuse_other_kind
+from multibranch.data.directories import RUN, directory_kind, refuse_other_kind
 from multibranch.errors import UserError
 
 LAST = "last.pt"
@@ -85,22 +85,27 @@ def check_run_directory(run: Path, *, resume: bool, force: bool, init_from: Path
                           "start over in it")
 
 
-def check_beside_the_data(run: Path, data: Path, tensorboard: Path | None = None) -> None:
-    """Refuse a run directory or a --tensorboard directory inside the prepared data directory, which
-    `prepare --force` replaces whole (the run would go with it), and a --tensorboard directory that is
-    another recognised kind of directory than this run (a prepared data directory, another run, an
-    export...). Reads only."""
-    if directory_kind(data) != DATA:
-        return  # the task reports what is wrong with the data itself
+def check_outside_the_data(run: Path, data: Path, tensorboard: Path | None = None) -> None:
+    """Refuse a run directory or a --tensorboard directory that is, or lies inside, the prepared data directory
+    `data`, which `prepare --force` replaces whole (the run would go with it). Reads only."""
     for option, path in (("--out", run), ("--tensorboard", tensorboard)):
-        if path is not None and path.resolve().is_relative_to(data.resolve()):
-            raise UserError(f"{option} {path} is inside the prepared data directory {data}, which `prepare "
-                            "--force` replaces whole; write it outside the data")
-    if tensorboard is not None and tensorboard.resolve() != run.resolve():
-        found = directory_kind(tensorboard)
-        if found is not None:
-            raise UserError(f"--tensorboard {tensorboard} is a {found}; give an empty or new directory (or one "
-                            "inside the run directory)")
+        if path is None or not path.resolve().is_relative_to(data.resolve()):
+            continue
+        where = "is" if path.resolve() == data.resolve() else "is inside"
+        raise UserError(f"{option} {path} {where} the prepared data directory {data}, which `prepare --force` "
+                        "replaces whole; write it outside the data")
+
+
+def check_tensorboard_directory(tensorboard: Path, run: Path) -> None:
+    """Refuse a --tensorboard path that is a file, sits under a file, or is a recognised directory of another kind
+    than this run (prepared data, another run, an export...). Reads only."""
+    if tensorboard.exists() and not tensorboard.is_dir():
+        raise FileExistsError(f"--tensorboard {tensorboard} exists and is not a directory")
+    check_output_parents(tensorboard, "--tensorboard")
+    found = directory_kind(tensorboard)
+    if found is not None and tensorboard.resolve() != run.resolve():
+        raise UserError(f"--tensorboard {tensorboard} is a {found}; give an empty or new directory (or one inside "
+                        "the run directory)")
 
 
 def lock_run(run: Path) -> IO[str] | None:

@@ -72,9 +72,9 @@ from multibranch.train.metrics_log import MetricsLog
 from multibranch.train.optim import LRScheduler, build_optimizer, make_capturable, optimizer_state_to_save
 from multibranch.train.rng import rng_state, seed_everything, set_rng_state
 from multibranch.train.run_directory import (
-    check_beside_the_data,
-    check_output_parents,
+    check_outside_the_data,
     check_run_directory,
+    check_tensorboard_directory,
     lock_run,
 )
 from multibranch.train.task import Task
@@ -187,7 +187,7 @@ class Trainer:
         self.device = resolve_device(opts.device)
         self.dist = D.init_distributed(self.device.type)
         check_run_directory(self.run_dir, resume=opts.resume, force=opts.force, init_from=opts.init_from)
-        check_beside_the_data(self.run_dir, Path(opts.data_dir), opts.tensorboard)
+        check_outside_the_data(self.run_dir, Path(opts.data_dir), opts.tensorboard)
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
             torch.cuda.set_device(self.device)
@@ -218,11 +218,8 @@ class Trainer:
         self._resumed_window: dict[str, Any] | None = None  # the log window last.pt saved (`_window_state`)
         self._resumed_average: dict[str, Any] | None = None  # the weights' moving average last.pt saved
         if opts.tensorboard is not None:
-
             check_tensorboard()
-            if opts.tensorboard.exists() and not opts.tensorboard.is_dir():
-                raise FileExistsError(f"--tensorboard {opts.tensorboard} exists and is not a directory")
-            check_output_parents(opts.tensorboard, "--tensorboard")
+            check_tensorboard_directory(opts.tensorboard, self.run_dir)
         if opts.resume:
             self._resume()  # in memory only: refuses before anything on disk changes
         else:
@@ -238,7 +235,6 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.dist.is_main)
         self._prepare_run_dir()
         if opts.tensorboard is not None and self.dist.is_main:
-
             # events of steps this run will (re)write are dropped: after the resumed step, or all on a fresh start
             self.metrics.sinks.append(TensorBoardSink(opts.tensorboard, self.state.step + 1 if opts.resume else 0))
         if opts.resume:
