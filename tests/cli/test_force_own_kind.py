@@ -82,6 +82,35 @@ def test_prepare_force_keeps_an_unmarked_directory(tiny_data, notes, capfd, capl
                    "directory of other files", "prepared data directory", capfd, caplog, process=True)
 
 
+def test_prepare_force_keeps_a_training_run_kept_inside_the_data(tiny_data, run_dir, tmp_path, capfd, caplog):
+    """--force replaces prepared data whole: a run someone trained into it, or a checkpoint averaged into it, would
+    go with it, so the replacement is refused, naming them."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    shutil.move(run_dir, data / "runs" / "mat")
+    shutil.copy(data / "runs" / "mat" / "last.pt", data / "avg.pt")
+    (data / "notes.txt").write_text("not an output\n", encoding="utf-8")
+    raw = tiny_data.parent / "raw"
+    before = snapshot(data)
+    line = refusal(["prepare", "--src", "src", "--tgt", "tgt", "--train", raw / "train", "--valid", raw / "valid",
+                    "--out", data, "--vocab-size", "200", "--force"], capfd, caplog, process=True)
+    assert line.endswith(f"{data}: holds other commands' output, which replacing it would delete: avg.pt "
+                         f"(multibranch checkpoint), runs/mat (training run directory); move it out first, or "
+                         "choose another --out"), line
+    assert snapshot(data) == before
+
+
+def test_convert_force_keeps_a_checkpoint_kept_inside_its_output(tiny_checkpoint, tmp_path, capfd, caplog):
+    out = tmp_path / "ct2"
+    assert main(["convert", "ct2", "--ckpt", str(tiny_checkpoint), "--out", str(out)]) == 0
+    shutil.copy(tiny_checkpoint, out / "source.pt")
+    before = snapshot(out)
+    line = refusal(["convert", "ct2", "--ckpt", tiny_checkpoint, "--out", out, "--force"], capfd, caplog)
+    assert "holds other commands' output, which replacing it would delete: source.pt (multibranch checkpoint)" \
+        in line, line
+    assert snapshot(out) == before
+
+
 def test_export_force_keeps_prepared_data(tiny_checkpoint, tiny_data, tmp_path, capfd, caplog):
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)

@@ -16,7 +16,8 @@ output, a folder of notes, a text file) is refused with one line naming what it 
 changed; and no checkpoint is written as a run's last.pt or best.pt, which belong to its training (with or
 without --force). `refuse_other_kind` is the looser check of commands that write into a directory without
 deleting what is there (`analyze` into a folder of notes): it refuses only another recognised kind.
-`check_output_directory` is every check of a command that writes a whole directory (`prepare`, `convert`).
+`check_output_directory` is every check of a command that writes a whole directory (`prepare`, `convert`),
+including that `--force` deletes no other command's output inside it (a training run kept in a data directory).
 """
 
 from __future__ import annotations
@@ -144,6 +145,35 @@ def check_output_directory(out: str | Path, kind: str, *, force: bool, inputs: I
     refuse_replacing(out, kind, error=error)
     if out.is_dir() and any(out.iterdir()) and not force:
         raise error(f"{out}: exists and is not empty; pass --force to replace it")
+    held = outputs_inside(out)
+    if held:
+        shown = ", ".join(f"{path.relative_to(out)} ({what})" for path, what in held[:3])
+        more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+        raise error(f"{out}: holds other commands' output, which replacing it would delete: {shown}{more}; move "
+                    "it out first, or choose another --out")
+
+
+def outputs_inside(directory: str | Path, depth: int = 2) -> list[tuple[Path, str]]:
+    """(path, kind) of every recognised output inside `directory`, down to `depth` levels: directories of
+    DIRECTORY_KINDS (a training run, an export...) and multibranch checkpoint files, the work a command that
+    replaces `directory` whole must not delete. A recognised directory is listed, not searched."""
+    found: list[tuple[Path, str]] = []
+    try:
+        children = sorted(Path(directory).iterdir())
+    except OSError:  # absent or unreadable: nothing held
+        return found
+    for child in children:
+        if child.is_symlink():
+            continue
+        if child.is_dir():
+            kind = directory_kind(child)
+            if kind is not None:
+                found.append((child, kind))
+            elif depth > 1:
+                found += outputs_inside(child, depth - 1)
+        elif child.suffix == ".pt" and is_checkpoint_file(child):
+            found.append((child, CHECKPOINT))
+    return found
 
 
 def refuse_other_kind(path: str | Path, kind: str, option: str = "--out") -> None:
