@@ -78,6 +78,24 @@ def test_the_demo_trains_the_model_its_description_names(demo_training_config):
     assert "2 attention branches of 4 heads, drop-branch 0.1; d=128, 2+2 layers, FFN 256" in cfg.description
 
 
+def test_force_replaces_a_demo_directory_and_refuses_any_other_folder(demo_training_config, capsys, tmp_path):
+    out = tmp_path / "demo"
+    for name in ("raw", "data", "run"):
+        (out / name).mkdir(parents=True)
+        (out / name / "old.txt").write_text("from the last demo\n", encoding="utf-8")
+    assert demo_training_config() == 2  # without --force: refused
+    assert not isinstance(demo_training_config("--force"), int)  # replaced: the demo went on to its training
+    assert not (out / "run" / "old.txt").exists()
+    (out / "run").mkdir(parents=True, exist_ok=True)
+    (out / "thesis.tex").write_text("months of work\n", encoding="utf-8")
+    capsys.readouterr()
+    assert demo_training_config("--force") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--out {out}: holds thesis.tex, which a demo does not write; --force replaces only a demo's "
+                        "own directory (raw/, data/, run/): choose another --out"), err
+    assert (out / "thesis.tex").read_text(encoding="utf-8") == "months of work\n"
+
+
 def test_the_demo_trains_in_fp32_on_every_cpu(demo_training_config):
     """amp auto would train in bf16 on CPUs with native bf16 and in fp32 elsewhere: two models, two BLEUs."""
     assert demo_training_config().train.amp == "none"

@@ -46,6 +46,23 @@ def demo_config(args: argparse.Namespace) -> ExperimentConfig:
                                               f"train.seed={args.seed}", *args.overrides])
 
 
+DEMO_ENTRIES = {"raw": None, "data": "prepared data directory", "run": "training run directory"}
+
+
+def check_demo_directory(out: Path) -> None:
+    """UserError unless `out` holds only what a demo writes (raw/, data/ as prepared data, run/ as a training run):
+    `--force` replaces a demo's own directory, never a folder of other files."""
+    from multibranch.data.directories import directory_kind
+    from multibranch.errors import UserError
+
+    for entry in sorted(out.iterdir()):
+        expected = DEMO_ENTRIES.get(entry.name, "")
+        if expected == "" or not entry.is_dir() or entry.is_symlink() or \
+                (expected is not None and directory_kind(entry) not in (None, expected)):
+            raise UserError(f"--out {out}: holds {entry.name}, which a demo does not write; --force replaces only a "
+                            "demo's own directory (raw/, data/, run/): choose another --out")
+
+
 def translate_test_set(checkpoint: Path, data: Path, hyp_file: Path) -> SplitTranslation:
     """The test set of `data` translated with `checkpoint` on the CPU and scored, loaded and decoded without
     building the CPU kernels where they are not built yet: loading packs the model for decoding, which would
@@ -72,9 +89,12 @@ def run(args: argparse.Namespace) -> int:
 
     out: Path = args.out
     cfg = demo_config(args)  # a bad --updates or --set fails before anything is written
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a directory; choose another --out")
     if out.exists() and any(out.iterdir()):
         if not args.force:
             raise UserError(f"{out} already exists; pass --force to replace it or --out to choose another directory")
+        check_demo_directory(out)
         shutil.rmtree(out)
     started = time.perf_counter()
     print(f"[1/4] generating the synthetic task in {out / 'raw'}", flush=True)
