@@ -12,8 +12,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from multibranch import cpu_kernels
+from multibranch.checkpoint.format import save_checkpoint
 from multibranch.cli import main
 from multibranch.tasks.translation.heldout import without_a_kernel_build
 
@@ -80,20 +82,38 @@ def test_the_demo_trains_the_model_its_description_names(demo_training_config):
 
 def test_force_replaces_a_demo_directory_and_refuses_any_other_folder(demo_training_config, capsys, tmp_path):
     out = tmp_path / "demo"
-    for name in ("raw", "data", "run"):
-        (out / name).mkdir(parents=True)
-        (out / name / "old.txt").write_text("from the last demo\n", encoding="utf-8")
+
+    def last_demo() -> None:
+        for name, content in (("raw/train.src", "a b\n"), ("data/data.json", '{"format": "multibranch-data"}'),
+                              ("run/config.yaml", "model: {}\n"), ("run/last.pt", "weights")):
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_text(content, encoding="utf-8")
+
+    def refused(expected: str) -> None:
+        before = sorted(str(path) for path in out.rglob("*"))
+        capsys.readouterr()
+        assert demo_training_config("--force") == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(f"--out {out}: holds {expected}, which a demo does not write; --force replaces only a "
+                            "demo's own directory (raw/, data/, run/): choose another --out"), err
+        assert sorted(str(path) for path in out.rglob("*")) == before
+
+    last_demo()
     assert demo_training_config() == 2  # without --force: refused
     assert not isinstance(demo_training_config("--force"), int)  # replaced: the demo went on to its training
-    assert not (out / "run" / "old.txt").exists()
-    (out / "run").mkdir(parents=True, exist_ok=True)
+    assert not (out / "run").exists()
+    last_demo()
     (out / "thesis.tex").write_text("months of work\n", encoding="utf-8")
-    capsys.readouterr()
-    assert demo_training_config("--force") == 2
-    err = capsys.readouterr().err.strip()
-    assert err.endswith(f"--out {out}: holds thesis.tex, which a demo does not write; --force replaces only a demo's "
-                        "own directory (raw/, data/, run/): choose another --out"), err
-    assert (out / "thesis.tex").read_text(encoding="utf-8") == "months of work\n"
+    refused("thesis.tex")
+    (out / "thesis.tex").unlink()
+    (out / "raw" / "corpus.de").write_text("my corpus\n", encoding="utf-8")
+    refused("raw/corpus.de")
+    (out / "raw" / "corpus.de").unlink()
+    (out / "data" / "data.json").unlink()
+    refused("data/ (not the demo's prepared data)")
+    last_demo()
+    save_checkpoint(out / "run" / "avg.pt", {"config": {}, "model": {"w": torch.zeros(1)}, "meta": {}})
+    refused("run/avg.pt")
 
 
 def test_the_demo_trains_in_fp32_on_every_cpu(demo_training_config):

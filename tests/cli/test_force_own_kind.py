@@ -161,3 +161,14 @@ def test_force_replaces_its_own_kind_and_an_empty_directory(tiny_checkpoint, tin
     assert main(prepare) == 0
     assert main([*prepare, "--force"]) == 0
     capsys.readouterr()
+
+
+def test_prepare_force_never_replaces_the_sentencepiece_model_it_reuses(tiny_data, tmp_path, capfd, caplog):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    raw = tiny_data.parent / "raw"
+    before = snapshot(data)
+    line = refusal(["prepare", "--src", "src", "--tgt", "tgt", "--train", raw / "train", "--valid", raw / "valid",
+                    "--out", data, "--spm-model", data / "spm.model", "--force"], capfd, caplog)
+    assert line.endswith(f"{data}: holds the input {data / 'spm.model'}; choose another --out"), line
+    assert snapshot(data) == before

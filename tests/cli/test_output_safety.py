@@ -190,3 +190,42 @@ def test_classify_refuses_an_existing_output_without_force(tmp_path, capsys):
     assert main(["classify", "--ckpt", str(ckpt), "-i", str(src), "-o", str(out), "--device", "cpu", "--force"]) == 2
     assert "not a multibranch checkpoint" in one_error_line(capsys)
     assert out.read_bytes() == b"earlier labels\n"
+
+
+def test_no_checkpoint_command_writes_into_a_runs_checkpoints_folder(run_dir, capsys):
+    """A file there is taken for a step checkpoint: `average --last` reads it and the training's clean-up deletes it."""
+    before = snapshot(run_dir)
+    (step,) = sorted((run_dir / "checkpoints").glob("step_*.pt"))
+    for out in (step, run_dir / "checkpoints" / "mine.pt"):
+        assert main(["average", "--ckpts", str(run_dir / "best.pt"), "--out", str(out), "--force"]) == 2
+        err = one_error_line(capsys)
+        assert f"--out {out}: is in the checkpoints/ folder of the training run" in err, err
+    assert snapshot(run_dir) == before
+
+
+def test_text_outputs_never_replace_another_commands_output_even_with_force(run_dir, tiny_data, tmp_path, capsys):
+    """-o / --json / --report with --force replace an earlier translation or report, never a checkpoint, a file of
+    prepared data or a run's own files; a new file beside them is fine."""
+    src = tmp_path / "in.txt"
+    src.write_text("a b c\n", encoding="utf-8")
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("a b c\n", encoding="utf-8")
+    data_before, run_before = snapshot(tiny_data), snapshot(run_dir)
+    translate = ["translate", "--ckpt", str(run_dir / "best.pt"), "-i", str(src), "--device", "cpu", "--beam", "1",
+                 "--max-len-b", "5", "--force", "-o"]
+    evaluate = ["evaluate", "--hyp", str(hyp), "--ref", str(src), "--force", "--json"]
+    cases = [(translate, run_dir / "last.pt", "is a multibranch checkpoint"),
+             (translate, run_dir / "metrics.jsonl", f"is a file the training run {run_dir.resolve()} keeps"),
+             (translate, run_dir / "tokenizer" / "src.model", f"is a file the training run {run_dir.resolve()} keeps"),
+             (evaluate, tiny_data / "data.json", f"is a file of the prepared data directory {tiny_data.resolve()}"),
+             (evaluate, tiny_data / "test.tgt.txt", "is a file of the prepared data directory")]
+    for argv, out, said in cases:
+        assert out.exists(), out
+        assert main([*argv, str(out)]) == 2
+        err = one_error_line(capsys)
+        assert f" {out}: {said}" in err, err
+    assert snapshot(tiny_data) == data_before and snapshot(run_dir) == run_before
+    assert main([*translate, str(run_dir / "test.hyp")]) == 0  # a new file in the run: fine
+    (run_dir / "test.hyp").unlink()
+    assert main([*evaluate, str(tmp_path / "scores.json")]) == 0
+    assert main([*evaluate, str(tmp_path / "scores.json")]) == 0  # its own earlier output: replaced

@@ -49,6 +49,7 @@ def format_line(labels: list[str], probs: list[float] | None, with_probs: bool) 
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from multibranch.data.directories import refuse_replacing_file
     from multibranch.data.text import (
         check_can_write,
         check_input_file,
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.input != "-":
         check_input_file(args.input)
     check_output_file(args.output, [args.input, *args.ckpt])
+    refuse_replacing_file(args.output, "-o")  # another command's output: never, --force or not
     refuse_existing_output(args.output, args.force)
     device = resolve_device(args.device)
     if args.threads is not None:

@@ -46,21 +46,34 @@ def demo_config(args: argparse.Namespace) -> ExperimentConfig:
                                               f"train.seed={args.seed}", *args.overrides])
 
 
-DEMO_ENTRIES = {"raw": None, "data": "prepared data directory", "run": "training run directory"}
+RAW_FILES = frozenset(f"{split}.{side}" for split in ("train", "valid", "test") for side in ("src", "tgt"))
 
 
 def check_demo_directory(out: Path) -> None:
-    """UserError unless `out` holds only what a demo writes (raw/, data/ as prepared data, run/ as a training run):
-    `--force` replaces a demo's own directory, never a folder of other files."""
-    from multibranch.data.directories import directory_kind
+    """UserError unless `out` holds only what a demo writes: raw/ with the task's six files, data/ as prepared data
+    and run/ as a training run holding nothing but its own files (no `average` output, no report). `--force`
+    replaces a demo's own directory, never a folder of other files."""
+    from multibranch.data.directories import DATA, RUN, directory_kind, outputs_inside
     from multibranch.errors import UserError
 
+    def refuse(what: str) -> UserError:
+        return UserError(f"--out {out}: holds {what}, which a demo does not write; --force replaces only a demo's "
+                         "own directory (raw/, data/, run/): choose another --out")
+
     for entry in sorted(out.iterdir()):
-        expected = DEMO_ENTRIES.get(entry.name, "")
-        if expected == "" or not entry.is_dir() or entry.is_symlink() or \
-                (expected is not None and directory_kind(entry) not in (None, expected)):
-            raise UserError(f"--out {out}: holds {entry.name}, which a demo does not write; --force replaces only a "
-                            "demo's own directory (raw/, data/, run/): choose another --out")
+        if entry.is_symlink() or not entry.is_dir() or entry.name not in ("raw", "data", "run"):
+            raise refuse(entry.name)
+        if entry.name == "raw":
+            extra = sorted(path.name for path in entry.iterdir() if path.name not in RAW_FILES or not path.is_file())
+            if extra:
+                raise refuse(f"raw/{extra[0]}")
+        elif directory_kind(entry) != {"data": DATA, "run": RUN}[entry.name]:
+            raise refuse(f"{entry.name}/ (not the demo's {'prepared data' if entry.name == 'data' else 'run'})")
+        elif entry.name == "run":
+            kept = [path for path, _ in outputs_inside(entry) if not (path.parent == entry / "checkpoints"
+                                                                    or path in (entry / "last.pt", entry / "best.pt"))]
+            if kept:
+                raise refuse(f"run/{kept[0].relative_to(entry)}")
 
 
 def translate_test_set(checkpoint: Path, data: Path, hyp_file: Path) -> SplitTranslation:

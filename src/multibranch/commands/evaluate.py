@@ -131,6 +131,7 @@ def _replicates(args: argparse.Namespace) -> bool:
 
 def _check_arguments(args: argparse.Namespace, replicates: bool = False) -> None:
     """User errors that need no scoring, before anything is read or written."""
+    from multibranch.data.directories import refuse_replacing_file
     from multibranch.data.text import check_input_file, check_output_file
     from multibranch.errors import UserError
 
@@ -154,6 +155,7 @@ def _check_arguments(args: argparse.Namespace, replicates: bool = False) -> None
         if path != "-":
             check_input_file(path)
     if args.json and args.json != "-":
+        refuse_replacing_file(args.json, "--json")  # another command's output: never, --force or not
         if Path(args.json).exists() and not args.force:
             raise FileExistsError(f"{args.json} exists; pass --force to overwrite it")
         check_output_file(args.json, inputs, parent_must_exist=False)

@@ -229,6 +229,7 @@ def _check_decoding(args: argparse.Namespace, interactive: bool) -> None:
 def _check_output(args: argparse.Namespace, interactive: bool) -> tuple[list[str], list[str]] | None:
     """Input errors, then the output: refuse an existing -o without --force and a directory that cannot
     take the output, before the model is loaded. Returns the --score-reference or --prefix pairs (read whole)."""
+    from multibranch.data.directories import refuse_replacing_file
     from multibranch.data.text import check_can_write, refuse_existing_output, scan_lines
     from multibranch.tasks.translation.files import read_scored_pairs
 
@@ -240,6 +241,7 @@ def _check_output(args: argparse.Namespace, interactive: bool) -> tuple[list[str
                                   what="the prefix file starts the translation of")
     elif not interactive and args.input != "-":
         scan_lines(args.input, args.encoding_errors)  # invalid UTF-8: an error now, not after hours of decoding
+    refuse_replacing_file(args.output, "-o")  # another command's output: never, --force or not
     refuse_existing_output(args.output, args.force)
     size = Path(args.input).stat().st_size if args.input != "-" else 0
     check_can_write(args.output, size * (args.nbest or 1))  # a translation is about as long as its source

@@ -129,6 +129,39 @@ def refuse_run_checkpoint(path: str | Path, option: str = "--out", error: type[U
         role = RUN_CHECKPOINTS.get(candidate.name)
         if role is not None and directory_kind(candidate.parent) == RUN:
             raise error(f"{option} {path}: is the {candidate.name} of a training run, {role}; write to another file")
+    refuse_run_step_checkpoint(path, option, error)
+
+
+RUN_OWN_FILES = frozenset({RUN_CONFIG, "metrics.jsonl", "train.log", *RUN_CHECKPOINTS})
+RUN_OWN_FOLDERS = frozenset({"checkpoints", "tokenizer"})
+
+
+def refuse_replacing_file(path: str | Path, option: str = "--output", error: type[UserError] = UserError) -> None:
+    """`error` when the file output `path` (a translation, a JSON report) would replace another command's output,
+    with or without --force: a checkpoint; a file of a prepared data directory, an export, a CTranslate2 or Hugging
+    Face model folder (each written whole by its command); a training run's own files (config.yaml, metrics.jsonl,
+    train.log, its checkpoints and tokenizer). A new file beside them, or in a run directory, passes. Reads only."""
+    path = Path(path)
+    if str(path) == "-" or not (path.exists() or path.is_symlink()):
+        return
+    if output_kind(path) == CHECKPOINT:
+        raise error(f"{option} {path}: is a {CHECKPOINT}; write to another file")
+    resolved = path.resolve()
+    parent = directory_kind(resolved.parent)
+    if parent in (DATA, EXPORT, CT2, HF):
+        raise error(f"{option} {path}: is a file of the {parent} {resolved.parent}; write to another file")
+    run = resolved.parent.parent if resolved.parent.name in RUN_OWN_FOLDERS else resolved.parent
+    if directory_kind(run) == RUN and (resolved.parent != run or resolved.name in RUN_OWN_FILES):
+        raise error(f"{option} {path}: is a file the training run {run} keeps; write to another file")
+
+
+def refuse_run_step_checkpoint(path: str | Path, option: str = "--out", error: type[UserError] = UserError) -> None:
+    """`error` when `path` lies in a training run's checkpoints/ folder, whose step checkpoints the run's training
+    writes, prunes and `average --last` reads."""
+    folder = Path(path).resolve().parent
+    if folder.name == "checkpoints" and directory_kind(folder.parent) == RUN:
+        raise error(f"{option} {path}: is in the checkpoints/ folder of the training run {folder.parent}, which its "
+                    "training keeps; write to another file")
 
 
 def check_output_directory(out: str | Path, kind: str, *, force: bool, inputs: Iterable[str | Path] = (),

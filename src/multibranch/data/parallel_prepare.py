@@ -152,6 +152,12 @@ class PrepareConfig:
         """Both files of every split, in split order."""
         return [path for _, prefix in self.splits() for path in self.input_files(prefix)]
 
+    def read_paths(self) -> list[Path]:
+        """Everything `prepare` reads, which its output must not replace: `input_paths`, then the vocabulary files
+        it reuses (SentencePiece models, fairseq dicts)."""
+        vocabularies = [Path(path) for path in (self.spm_model, self.spm_model_tgt, self.dict, self.dict_tgt) if path]
+        return self.input_paths() + vocabularies
+
     def encoding_workers(self) -> int:
         return self.workers or os.cpu_count() or 1
 

@@ -28,7 +28,7 @@ from multibranch.analysis.heads import HeadId, attention_sites
 from multibranch.atomic import atomic_write_text
 from multibranch.checkpoint.format import load_checkpoint, load_state_strict, save_checkpoint
 from multibranch.convert.payload import experiment_config, refuse_overwrite
-from multibranch.data.directories import CHECKPOINT, refuse_replacing
+from multibranch.data.directories import CHECKPOINT, refuse_replacing, refuse_replacing_file
 from multibranch.data.text import check_output_file
 from multibranch.device import resolve_device
 from multibranch.errors import ConfigError, UserError
@@ -165,6 +165,7 @@ def prune_checkpoint(ckpt: str | Path, out: str | Path, report_path: str | Path,
     report_path = Path(report_path)
     refuse_replacing(out, CHECKPOINT)  # a text file, a run's last.pt or best.pt: never, --force or not
     refuse_overwrite(out, force)
+    refuse_replacing_file(report_path, "--report")  # another command's output: never, --force or not
     refuse_overwrite(report_path, force)
     inputs = [str(ckpt), *([options.heads_file] if options.heads_file else [])]
     check_output_file(str(out), inputs, parent_must_exist=False)

@@ -126,7 +126,7 @@ def prepare_code(cfg: CodePrepareConfig) -> dict[str, Any]:
     base = cfg.translation_config()
     out = Path(cfg.out).resolve()
     check_inputs(base)
-    check_output_directory(out, DATA, force=base.force, inputs=base.input_paths(), error=DataError)
+    check_output_directory(out, DATA, force=base.force, inputs=base.read_paths(), error=DataError)
     read = {name: _read(cfg, prefix) for name, prefix in base.splits()}  # train, valid, test, test1, ...
     train = read["train"]
     held = holdout_indices(len(train.corpus.codes), cfg.holdout, cfg.seed) if cfg.holdout else []

@@ -52,7 +52,7 @@ def prepare(cfg: PrepareConfig) -> dict[str, Any]:
     cfg.validate()
     out = Path(cfg.out).resolve()
     check_inputs(cfg)
-    check_output_directory(out, DATA, force=cfg.force, inputs=cfg.input_paths(), error=DataError)
+    check_output_directory(out, DATA, force=cfg.force, inputs=cfg.read_paths(), error=DataError)
     scan = scan_inputs(cfg) if needs_scan(cfg) else Scan()
     if scan.pairs:  # else the same checks run once the splits are written
         require_pairs(cfg, scan.pairs)
