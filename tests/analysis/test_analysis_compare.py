@@ -69,3 +69,20 @@ def test_compare_refuses_mixed_or_missing_reports(tmp_path, capsys):
     assert main(["analyze", "compare", "--report", str(heads), "--report", str(heads), "--label", "x",
                  "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()
+
+
+def test_compare_never_writes_into_a_report_it_compares(tmp_path, capsys):
+    a = _heads_report(tmp_path / "std", [30.0, 25.0], {"encoder_self": -1.5})
+    b = _heads_report(tmp_path / "dh", [29.0, 28.0], {"encoder_self": -0.5})
+    (a / "index.md").write_text("# the standard model's heads\n")
+    before = {path: path.read_bytes() for path in a.rglob("*")}
+    for out in (a, a / "compare"):
+        assert main(["analyze", "compare", "--report", str(a), "--report", str(b), "--out", str(out), "--force"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(f"--out {out}: is or lies in the compared report {a}, whose files the comparison would "
+                            "replace; choose another --out"), err
+    assert {path: path.read_bytes() for path in a.rglob("*")} == before
+    assert main(["analyze", "compare", "--report", str(a), "--report", str(b), "--out", str(tmp_path)]) == 2
+    assert main(["analyze", "compare", "--report", str(a), "--report", str(b), "--out", str(tmp_path),
+                 "--force"]) == 0  # the folder holding both reports: their files are not replaced
+    assert {path: path.read_bytes() for path in a.rglob("*")} == before
