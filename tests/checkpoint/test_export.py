@@ -215,3 +215,30 @@ def test_a_checkpoint_cut_short_is_one_short_line_naming_it(tmp_path):
     message = str(refused.value)
     assert message.startswith(f"{cut} is corrupted or not a multibranch checkpoint (RuntimeError: ")
     assert "\n" not in message and len(message) < len(str(cut)) + 160  # torch's advice paragraph left out
+
+
+def test_a_replacement_that_fails_midway_leaves_the_previous_export_whole(tmp_path, monkeypatch):
+    """The export is written beside the directory and swapped in when complete: new weights never sit beside the
+    previous config.json, and a switch from separate to joint vocabularies leaves no stale source/target model."""
+    from multibranch.checkpoint import export as export_module
+
+    out = tmp_path / "export"
+    export(make_payload(False, "none"), out)
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert {"source.model", "target.model"} <= set(before)
+    real = export_module._write_bytes
+
+    def fail_at_the_config(path, data):
+        if path.name == "config.json":
+            raise OSError("disk gone")
+        return real(path, data)
+
+    monkeypatch.setattr(export_module, "_write_bytes", fail_at_the_config)
+    with pytest.raises(OSError, match="disk gone"):
+        export(make_payload(True, "all"), out, force=True)
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no temporary directory left
+    monkeypatch.setattr(export_module, "_write_bytes", real)
+    export(make_payload(True, "all"), out, force=True)
+    assert sorted(path.name for path in out.iterdir()) == ["config.json", "model.safetensors", "sentencepiece.model"]
+    assert load_export(out)["config"] == make_payload(True, "all")["config"]

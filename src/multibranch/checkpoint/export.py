@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save
 from torch import Tensor
 
 from multibranch import __version__
-from multibranch.atomic import atomic_write_bytes
+from multibranch.atomic import atomic_directory, atomic_write_bytes
 from multibranch.checkpoint.payload import FORMAT, VERSION, tied_groups
 from multibranch.checkpoint.tokenizer_state import (
     HF_ID_NAMES,
@@ -47,17 +47,24 @@ HF_TOKENIZER = "tokenizer.json"
 
 
 def export(payload: dict[str, Any], out_dir: str | Path, *, force: bool = False) -> list[Path]:
-    """Write `payload` (its model, config, tokenizer, meta; never training state) to `out_dir`."""
+    """Write `payload` (its model, config, tokenizer, meta; never training state) to `out_dir`, built beside it
+    and swapped in when complete (an existing export is replaced whole, or left as it was)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out} is not empty; pass --force to overwrite the exported files in it")
+        raise FileExistsError(f"{out} is not empty; pass --force to replace the export in it")
+    with atomic_directory(out) as folder:  # a complete export replaces the directory, or nothing changes
+        written = _write_export(payload, folder)
+    return [out / path.name for path in written]
+
+
+def _write_export(payload: dict[str, Any], out: Path) -> list[Path]:
+    """The files of `export`, written into the (empty) directory `out`."""
     config = payload["config"]
     state: dict[str, Tensor] = payload["model"]
     aliases = tied_groups(state)
     tensors = {key: _standalone(t) for key, t in state.items() if key not in aliases}
-    out.mkdir(parents=True, exist_ok=True)
 
     written = []
     weights = save(tensors, metadata={"format": "pt", "tied_weights": json.dumps(aliases)})
