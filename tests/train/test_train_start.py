@@ -248,7 +248,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_started_over_by_auto_resume
 
 def test_auto_resume_keeps_checkpoints_without_last_pt_and_a_folder_of_other_files(tiny_data, tmp_path, capsys):
     """Only a run with no checkpoint at all is started over: best.pt without last.pt, or a directory that is no
-    run, is refused as a plain start is, and stays as it was."""
+    run, is refused as a plain start is, and stays as it was; a folder of other files is refused with --force too."""
     from multibranch.cli import main
     from tests.helpers.cli import TINY_MODEL, one_error_line
 
@@ -261,12 +261,17 @@ def test_auto_resume_keeps_checkpoints_without_last_pt_and_a_folder_of_other_fil
     notes.mkdir()
     (notes / "todo.txt").write_text("mine\n")
     capsys.readouterr()
-    for out in (run, notes):
+    for out, said in ((run, "no last.pt to resume from; pass --force"),
+                      (notes, "holds files of no training run (todo.txt); training starts only in a new or empty "
+                              "directory or a run's own, --force or not")):
         before = snapshot(out)
-        assert main([*base, "--out", str(out), "--auto-resume"]) == 2
-        err = one_error_line(capsys)
-        assert "no last.pt to resume from; pass --force" in err, err
-        assert snapshot(out) == before
+        for start in ("--auto-resume", "--force"):
+            if start == "--force" and out == run:
+                continue  # a run's own directory: --force starts it over
+            assert main([*base, "--out", str(out), start]) == 2
+            err = one_error_line(capsys)
+            assert said in err, err
+            assert snapshot(out) == before
 
 
 def test_force_never_deletes_the_checkpoint_it_starts_from(tiny_data, tmp_path):

@@ -21,6 +21,9 @@ from multibranch.data.directories import RUN, directory_kind, refuse_other_kind
 from multibranch.errors import UserError
 
 LAST = "last.pt"
+# what a training run writes at its top level (train/trainer.py, figures: --plots), besides dotted temporaries
+RUN_ENTRIES = frozenset({"config.yaml", "metrics.jsonl", "train.log", LAST, "best.pt", "checkpoints", "tokenizer",
+                         "plots"})
 LOCK = ".train.lock"  # held (flock) by the process training the run; the kernel releases it however that ends
 
 
@@ -73,6 +76,13 @@ def check_run_directory(run: Path, *, resume: bool, force: bool, init_from: Path
                      "instead of --resume)") if stopped_before_first_checkpoint(run) else ""
             raise CheckpointError(f"--resume: no {run / LAST} to resume from{early}")
         return
+    if run.is_dir() and directory_kind(run) is None:
+        foreign = sorted(path.name for path in run.iterdir()
+                         if path.name not in RUN_ENTRIES and not path.name.startswith("."))  # dotfiles: temporaries
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise UserError(f"run directory {run} holds files of no training run ({shown}); training starts only in "
+                            "a new or empty directory or a run's own, --force or not: choose another --out")
     if force or not run.exists() or not any(run.iterdir()):
         return
     if (run / LAST).exists():
