@@ -114,3 +114,19 @@ def test_tensorboard_of_a_resumed_run_keeps_one_value_per_step(tiny_data, tmp_pa
     got = [(e.step, e.value) for e in events.Scalars("train/loss")]
     assert [s for s, _ in got] == [s for s, _ in expected] == list(range(1, 9))
     assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-6)
+
+
+def test_a_new_run_refuses_a_tensorboard_folder_holding_another_runs_events(tiny_data, tmp_path):
+    """A new run's events hide every step it logs: a second run in the same folder would blank out the first's curves.
+    A resume of the run (its own events) and a --force start (a start over) write there."""
+    pytest.importorskip("tensorboard", reason="the [tb] extra (tensorboard) is not installed")
+    board = tmp_path / "tb"
+    cfg = tiny_experiment(max_steps=2, valid_every=2)
+    train(cfg, RunOptions(tiny_data, tmp_path / "first", device="cpu", progress=False, tensorboard=board))
+    events = sorted(board.iterdir())
+    with pytest.raises(FileExistsError, match=f"--tensorboard {board} holds the events of an earlier run"):
+        train(cfg, RunOptions(tiny_data, tmp_path / "second", device="cpu", progress=False, tensorboard=board))
+    assert sorted(board.iterdir()) == events and not (tmp_path / "second").exists()
+    train(tiny_experiment(max_steps=4, valid_every=2),
+          RunOptions(tiny_data, tmp_path / "first", device="cpu", progress=False, tensorboard=board, resume=True))
+    train(cfg, RunOptions(tiny_data, tmp_path / "first", device="cpu", progress=False, tensorboard=board, force=True))

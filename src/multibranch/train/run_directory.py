@@ -106,9 +106,11 @@ def check_outside_the_data(run: Path, data: Path, tensorboard: Path | None = Non
                         "replaces whole; write it outside the data")
 
 
-def check_tensorboard_directory(tensorboard: Path, run: Path) -> None:
+def check_tensorboard_directory(tensorboard: Path, run: Path, *, resume: bool, force: bool) -> None:
     """Refuse a --tensorboard path that is a file, sits under a file, or is a recognised directory of another kind
-    than this run (prepared data, another run, an export...). Reads only."""
+    than this run (prepared data, another run, an export...); and, for a new run without --force, a folder that holds
+    TensorBoard events already (a new run's events hide those of every step it logs: another run's curves would
+    vanish from the board). Reads only."""
     if tensorboard.exists() and not tensorboard.is_dir():
         raise FileExistsError(f"--tensorboard {tensorboard} exists and is not a directory")
     check_output_parents(tensorboard, "--tensorboard")
@@ -116,6 +118,9 @@ def check_tensorboard_directory(tensorboard: Path, run: Path) -> None:
     if found is not None and tensorboard.resolve() != run.resolve():
         raise UserError(f"--tensorboard {tensorboard} is a {found}; give an empty or new directory (or one inside "
                         "the run directory)")
+    if not resume and not force and tensorboard.is_dir() and any(tensorboard.glob("events.out.tfevents.*")):
+        raise FileExistsError(f"--tensorboard {tensorboard} holds the events of an earlier run, which this run's "
+                              "would hide; give each run its own folder, or pass --force to start over in it")
 
 
 def lock_run(run: Path) -> IO[str] | None:

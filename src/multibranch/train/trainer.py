@@ -219,7 +219,7 @@ class Trainer:
         self._resumed_average: dict[str, Any] | None = None  # the weights' moving average last.pt saved
         if opts.tensorboard is not None:
             check_tensorboard()
-            check_tensorboard_directory(opts.tensorboard, self.run_dir)
+            check_tensorboard_directory(opts.tensorboard, self.run_dir, resume=opts.resume, force=opts.force)
         if opts.resume:
             self._resume()  # in memory only: refuses before anything on disk changes
         else:
