@@ -172,3 +172,22 @@ def test_prepare_force_never_replaces_the_sentencepiece_model_it_reuses(tiny_dat
                     "--out", data, "--spm-model", data / "spm.model", "--force"], capfd, caplog)
     assert line.endswith(f"{data}: holds the input {data / 'spm.model'}; choose another --out"), line
     assert snapshot(data) == before
+
+
+@pytest.mark.parametrize("conversion,kind,marker", [("to-hf", "Hugging Face model folder", "multibranch_hf.json"),
+                                                    ("ct2", "CTranslate2 model directory", "multibranch_ct2.json")])
+def test_convert_force_keeps_a_model_folder_another_program_wrote(conversion, kind, marker, tiny_checkpoint, tmp_path,
+                                                                  capfd, caplog):
+    """A downloaded Marian model or CTranslate2 directory looks like the converter's own output; only the one
+    with the converter's marker file is replaced."""
+    out = tmp_path / conversion
+    assert main(["convert", conversion, "--ckpt", str(tiny_checkpoint), "--out", str(out)]) == 0
+    assert (out / marker).is_file()
+    assert main(["convert", conversion, "--ckpt", str(tiny_checkpoint), "--out", str(out), "--force"]) == 0
+    (out / marker).unlink()  # now as another program writes it
+    (out / "README.md").write_text("# opus-mt-de-en\n", encoding="utf-8")
+    before = snapshot(out)
+    line = refusal(["convert", conversion, "--ckpt", tiny_checkpoint, "--out", out, "--force"], capfd, caplog)
+    assert line.endswith(f"{out}: is a {kind} that multibranch did not write (no {marker}), such as a downloaded "
+                         "model; --force replaces only its own: choose another --out"), line
+    assert snapshot(out) == before

@@ -53,6 +53,7 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
 _TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
 RUN_DIR_MARKERS = ("last.pt", "best.pt", "checkpoints")
 CT2_SETTINGS_FILE = "multibranch_ct2.json"  # in every `convert ct2` directory (convert/ct2.py writes it)
+HF_MARKER_FILE = "multibranch_hf.json"  # in every `convert to-hf` folder (convert/hf_marian_export.py writes it)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -28,6 +28,9 @@ Special tokens: pad_token_id = our pad, eos_token_id = our EOS, decoder_start_to
 bans pad and `<s>` (`bad_words_ids`), which our search never generates. HF applies that ban after
 its log-softmax, ours before it, so HF's `generate` scores can differ slightly from ours; logits are
 equal (the test compares them).
+
+multibranch_hf.json marks the folder as this converter's, so that `--force` replaces it and never a model folder
+another program wrote (a downloaded Marian model).
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ import torch
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from torch import Tensor
 
+from multibranch import __version__
 from multibranch.atomic import atomic_directory
-from multibranch.checkpoint.format import CheckpointError
+from multibranch.checkpoint.format import HF_MARKER_FILE, CheckpointError
 from multibranch.checkpoint.tokenizer_state import missing_tokenizer
 from multibranch.config import ConfigError
 from multibranch.convert.fold import fold_output
@@ -93,6 +97,7 @@ def export_marian(payload: dict[str, Any], out_dir: str | Path, *, force: bool =
         model.save_pretrained(str(tmp))
         generation.save_pretrained(str(tmp))
         _write_tokenizer(tmp, tokenizer, vocab_src, vocab_tgt, cfg.model)
+        _write_json(tmp / HF_MARKER_FILE, {"written_by": "multibranch convert to-hf", "version": __version__})
     return out
 
 

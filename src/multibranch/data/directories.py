@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from multibranch.checkpoint.export import CONFIG_FILE, EXPORT_FORMAT
-from multibranch.checkpoint.format import CT2_SETTINGS_FILE, RUN_DIR_MARKERS
+from multibranch.checkpoint.format import CT2_SETTINGS_FILE, HF_MARKER_FILE, RUN_DIR_MARKERS
 from multibranch.checkpoint.payload import FORMAT as CHECKPOINT_FORMAT
 from multibranch.data.meta import META_FILE
 from multibranch.errors import UserError
@@ -164,6 +164,10 @@ def refuse_run_step_checkpoint(path: str | Path, option: str = "--out", error: t
                     "training keeps; write to another file")
 
 
+# the file each command writes into a model folder of a kind other programs write too: --force replaces only those
+OWN_MARKERS = {CT2: CT2_SETTINGS_FILE, HF: HF_MARKER_FILE}
+
+
 def check_output_directory(out: str | Path, kind: str, *, force: bool, inputs: Iterable[str | Path] = (),
                            error: type[UserError] = UserError) -> None:
     """`error` (one CLI line naming `out`) when a command that writes the whole directory `out` must not: a
@@ -178,6 +182,10 @@ def check_output_directory(out: str | Path, kind: str, *, force: bool, inputs: I
     refuse_replacing(out, kind, error=error)
     if out.is_dir() and any(out.iterdir()) and not force:
         raise error(f"{out}: exists and is not empty; pass --force to replace it")
+    marker = OWN_MARKERS.get(kind)
+    if marker is not None and directory_kind(out) == kind and not (out / marker).is_file():
+        raise error(f"{out}: is a {kind} that multibranch did not write (no {marker}), such as a downloaded model; "
+                    "--force replaces only its own: choose another --out")
     held = outputs_inside(out)
     if held:
         shown = ", ".join(f"{path.relative_to(out)} ({what})" for path, what in held[:3])
