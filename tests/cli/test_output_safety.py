@@ -229,3 +229,24 @@ def test_text_outputs_never_replace_another_commands_output_even_with_force(run_
     (run_dir / "test.hyp").unlink()
     assert main([*evaluate, str(tmp_path / "scores.json")]) == 0
     assert main([*evaluate, str(tmp_path / "scores.json")]) == 0  # its own earlier output: replaced
+
+
+def test_a_report_never_replaces_an_index_md_no_report_wrote(run_dir, tmp_path, capsys):
+    """A documentation folder has an index.md too: a report (plot, analyze) adds to such a folder only when its own
+    index.md would replace none; a report folder (index.md beside its numbers) is the report's to rewrite."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# My project\n", encoding="utf-8")
+    before = snapshot(docs)
+    assert main(["plot", str(run_dir), "--out", str(docs), "--force"]) == 2
+    assert one_error_line(capsys).endswith(f"{docs} holds an index.md that no report wrote, which the report's "
+                                           "would replace; write the report into another folder")
+    assert snapshot(docs) == before
+    report = tmp_path / "report"
+    assert main(["plot", str(run_dir), "--out", str(report)]) == 0
+    assert main(["plot", str(run_dir), "--out", str(report), "--force"]) == 0  # its own: rewritten
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine\n", encoding="utf-8")
+    assert main(["plot", str(run_dir), "--out", str(notes), "--force"]) == 0  # added to a folder of notes
+    assert (notes / "todo.txt").read_text(encoding="utf-8") == "mine\n" and (notes / "index.md").is_file()

@@ -3,7 +3,7 @@
 Directories, recognised by their marker files:
     prepared data         data.json of a prepared format                 (`prepare`)
     training run          config.yaml, last.pt, best.pt, checkpoints/    (`train`)
-    analysis report       index.md                                       (`analyze ...`, `plot`)
+    analysis report       index.md + its numbers (heads.json, ...)       (`analyze ...`, `plot`)
     CTranslate2 model     model.bin + config.json                        (`convert ct2`)
     release export        config.json of format multibranch-export       (`convert export`)
     Hugging Face model    config.json with a model_type                  (`convert to-hf`)
@@ -34,6 +34,10 @@ from multibranch.data.meta import META_FILE
 from multibranch.errors import UserError
 
 REPORT_INDEX = "index.md"
+# the numbers file each report writes beside its index.md (analyze heads/diversity/lengths/gates/attention/compare,
+# plot): an index.md alone is any folder's (a documentation site's)
+REPORT_DATA = ("heads.json", "diversity.json", "lengths.json", "gates.json", "attention.json", "compare.json",
+               "curves.json")
 RUN_CONFIG = "config.yaml"
 CT2_WEIGHTS = "model.bin"
 DATA_FORMATS = ("multibranch-data", "multibranch-classification-data")  # translation/code, classification
@@ -70,7 +74,7 @@ def directory_kind(path: str | Path) -> str | None:
         return DATA
     if any((path / name).exists() for name in (RUN_CONFIG, *RUN_DIR_MARKERS)):
         return RUN
-    if (path / REPORT_INDEX).exists():
+    if (path / REPORT_INDEX).exists() and any((path / name).is_file() for name in REPORT_DATA):
         return REPORT
     config = path / CONFIG_FILE
     if ((path / CT2_WEIGHTS).is_file() and config.is_file()) or (path / CT2_SETTINGS_FILE).is_file():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from multibranch.atomic import atomic_write_bytes, atomic_write_text
-from multibranch.data.directories import REPORT, refuse_other_kind
+from multibranch.data.directories import REPORT, REPORT_INDEX, directory_kind, refuse_other_kind
 
 
 class ReportFolder:
@@ -34,6 +34,9 @@ class ReportFolder:
         refuse_other_kind(path, REPORT)
         if path.is_dir() and any(path.iterdir()) and not force:
             raise FileExistsError(f"{path} is not empty; pass --force to write the report into it")
+        if directory_kind(path) is None and (path / REPORT_INDEX).exists():  # a folder of other files: added to only
+            raise FileExistsError(f"{path} holds an {REPORT_INDEX} that no report wrote, which the report's would "
+                                  "replace; write the report into another folder")
         return path
 
     @classmethod
