@@ -250,3 +250,13 @@ def test_a_report_never_replaces_an_index_md_no_report_wrote(run_dir, tmp_path, 
     (notes / "todo.txt").write_text("mine\n", encoding="utf-8")
     assert main(["plot", str(run_dir), "--out", str(notes), "--force"]) == 0  # added to a folder of notes
     assert (notes / "todo.txt").read_text(encoding="utf-8") == "mine\n" and (notes / "index.md").is_file()
+
+
+def test_a_report_added_to_a_folder_of_other_files_replaces_none_of_them(run_dir, tmp_path, capsys):
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "curves.png").write_bytes(b"a figure drawn by hand")
+    assert main(["plot", str(run_dir), "--out", str(figures), "--force"]) == 2
+    err = one_error_line(capsys)
+    assert f"{figures / 'curves.png'} exists in a folder of other files, and the report does not replace it" in err
+    assert (figures / "curves.png").read_bytes() == b"a figure drawn by hand"

@@ -20,9 +20,10 @@ from multibranch.data.directories import REPORT, REPORT_INDEX, directory_kind, r
 class ReportFolder:
     """An output directory of one analysis; `files` lists what was written, in order."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, among_other_files: bool = False):
         self.path = path
         self.files: list[str] = []
+        self.among_other_files = among_other_files  # written into a folder of other files: adds, never replaces
 
     @staticmethod
     def check(path: str | Path, force: bool) -> Path:
@@ -42,14 +43,24 @@ class ReportFolder:
     @classmethod
     def create(cls, path: str | Path, force: bool = False) -> ReportFolder:
         path = cls.check(path, force)
+        among_other_files = path.is_dir() and any(path.iterdir()) and directory_kind(path) is None
         path.mkdir(parents=True, exist_ok=True)
-        return cls(path)
+        return cls(path, among_other_files)
+
+    def _free(self, name: str) -> None:
+        """FileExistsError before a file of a folder of other files would be replaced (a report's own files, or
+        the files of a report folder, are rewritten)."""
+        if self.among_other_files and name not in self.files and (self.path / name).exists():
+            raise FileExistsError(f"{self.path / name} exists in a folder of other files, and the report does not "
+                                  "replace it; write the report into another folder")
 
     def write_json(self, name: str, data: Any) -> Path:
+        self._free(name)
         atomic_write_text(self.path / name, json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
         return self._written(name)
 
     def write_text(self, name: str, text: str) -> Path:
+        self._free(name)
         atomic_write_text(self.path / name, text)
         return self._written(name)
 
@@ -60,6 +71,7 @@ class ReportFolder:
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
         plt.close(figure)
+        self._free(name)
         atomic_write_bytes(self.path / name, buffer.getvalue())
         return self._written(name)
 
