@@ -94,8 +94,8 @@ def test_force_replaces_a_demo_directory_and_refuses_any_other_folder(demo_train
         capsys.readouterr()
         assert demo_training_config("--force") == 2
         err = capsys.readouterr().err.strip()
-        assert err.endswith(f"--out {out}: holds {expected}, which a demo does not write; --force replaces only a "
-                            "demo's own directory (raw/, data/, run/): choose another --out"), err
+        assert err.endswith(f"--out {out}: holds {expected}; --force replaces only a demo's own directory (raw/, "
+                            "data/, run/): choose another --out"), err
         assert sorted(str(path) for path in out.rglob("*")) == before
 
     last_demo()
@@ -104,16 +104,19 @@ def test_force_replaces_a_demo_directory_and_refuses_any_other_folder(demo_train
     assert not (out / "run").exists()
     last_demo()
     (out / "thesis.tex").write_text("months of work\n", encoding="utf-8")
-    refused("thesis.tex")
+    refused("thesis.tex, which a demo does not write")
     (out / "thesis.tex").unlink()
     (out / "raw" / "corpus.de").write_text("my corpus\n", encoding="utf-8")
-    refused("raw/corpus.de")
+    refused("raw/corpus.de, which a demo does not write")
     (out / "raw" / "corpus.de").unlink()
     (out / "data" / "data.json").unlink()
-    refused("data/ (not the demo's prepared data)")
+    refused("data/, which is not a prepared data directory")
     last_demo()
     save_checkpoint(out / "run" / "avg.pt", {"config": {}, "model": {"w": torch.zeros(1)}, "meta": {}})
-    refused("run/avg.pt")
+    refused("run/avg.pt, another command's output")
+    (out / "run" / "avg.pt").unlink()
+    (out / ".DS_Store").write_bytes(b"")  # a dotfile: not the user's work
+    assert not isinstance(demo_training_config("--force"), int)
 
 
 def test_the_demo_trains_in_fp32_on_every_cpu(demo_training_config):

@@ -163,15 +163,22 @@ def test_force_replaces_its_own_kind_and_an_empty_directory(tiny_checkpoint, tin
     capsys.readouterr()
 
 
-def test_prepare_force_never_replaces_the_sentencepiece_model_it_reuses(tiny_data, tmp_path, capfd, caplog):
+def test_prepare_force_never_deletes_a_vocabulary_file_it_reuses(tiny_data, tmp_path, capfd, caplog):
+    """A model under another name than the output's own would be deleted by the replacement; the data's own
+    spm.model is written again (adapted), so re-preparing with it is allowed."""
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
+    shutil.copy(data / "spm.model", data / "custom.model")
     raw = tiny_data.parent / "raw"
     before = snapshot(data)
-    line = refusal(["prepare", "--src", "src", "--tgt", "tgt", "--train", raw / "train", "--valid", raw / "valid",
-                    "--out", data, "--spm-model", data / "spm.model", "--force"], capfd, caplog)
-    assert line.endswith(f"{data}: holds the input {data / 'spm.model'}; choose another --out"), line
+    prepare = ["prepare", "--src", "src", "--tgt", "tgt", "--train", raw / "train", "--valid", raw / "valid",
+               "--out", data, "--force", "--spm-model"]
+    line = refusal([*prepare, data / "custom.model"], capfd, caplog)
+    assert line.endswith(f"{data}: holds the input {data / 'custom.model'}; choose another --out"), line
     assert snapshot(data) == before
+    (data / "custom.model").unlink()
+    assert main([*map(str, prepare), str(data / "spm.model")]) == 0
+    assert (data / "spm.model").is_file() and (data / "data.json").is_file()
 
 
 @pytest.mark.parametrize("conversion,kind,marker", [("to-hf", "Hugging Face model folder", "multibranch_hf.json"),
@@ -188,6 +195,7 @@ def test_convert_force_keeps_a_model_folder_another_program_wrote(conversion, ki
     (out / "README.md").write_text("# opus-mt-de-en\n", encoding="utf-8")
     before = snapshot(out)
     line = refusal(["convert", conversion, "--ckpt", tiny_checkpoint, "--out", out, "--force"], capfd, caplog)
-    assert line.endswith(f"{out}: is a {kind} that multibranch did not write (no {marker}), such as a downloaded "
-                         "model; --force replaces only its own: choose another --out"), line
+    assert line.endswith(f"{out}: is a {kind} without {marker}: written by another program (a downloaded model), "
+                         "or by multibranch before it marked its folders; --force replaces only a folder it marked: "
+                         "delete it yourself or choose another --out"), line
     assert snapshot(out) == before

@@ -217,10 +217,12 @@ def test_text_outputs_never_replace_another_commands_output_even_with_force(run_
     cases = [(translate, run_dir / "last.pt", "is a multibranch checkpoint"),
              (translate, run_dir / "metrics.jsonl", f"is a file the training run {run_dir.resolve()} keeps"),
              (translate, run_dir / "tokenizer" / "src.model", f"is a file the training run {run_dir.resolve()} keeps"),
-             (evaluate, tiny_data / "data.json", f"is a file of the prepared data directory {tiny_data.resolve()}"),
-             (evaluate, tiny_data / "test.tgt.txt", "is a file of the prepared data directory")]
+             (evaluate, tiny_data / "data.json", f"is inside the prepared data directory {tiny_data.resolve()}, "
+                                                  "which its own command writes and replaces whole"),
+             (evaluate, tiny_data / "new-scores.json", "is inside the prepared data directory"),
+             (translate, run_dir / "checkpoints" / "new.hyp", f"is a file the training run {run_dir.resolve()} keeps")]
     for argv, out, said in cases:
-        assert out.exists(), out
+        assert out.exists() or out.name.startswith("new"), out
         assert main([*argv, str(out)]) == 2
         err = one_error_line(capsys)
         assert f" {out}: {said}" in err, err
@@ -256,7 +258,16 @@ def test_a_report_added_to_a_folder_of_other_files_replaces_none_of_them(run_dir
     figures = tmp_path / "figures"
     figures.mkdir()
     (figures / "curves.png").write_bytes(b"a figure drawn by hand")
+    before = snapshot(figures)
     assert main(["plot", str(run_dir), "--out", str(figures), "--force"]) == 2
     err = one_error_line(capsys)
     assert f"{figures / 'curves.png'} exists in a folder of other files, and the report does not replace it" in err
-    assert (figures / "curves.png").read_bytes() == b"a figure drawn by hand"
+    assert snapshot(figures) == before  # the report's files written before the refusal are gone again
+
+
+def test_a_report_cut_short_before_its_index_is_rewritten_by_the_next_run(run_dir, tmp_path):
+    report = tmp_path / "report"
+    assert main(["plot", str(run_dir), "--out", str(report)]) == 0
+    (report / "index.md").unlink()  # as a run killed while drawing leaves it
+    assert main(["plot", str(run_dir), "--out", str(report), "--force"]) == 0
+    assert (report / "index.md").is_file()

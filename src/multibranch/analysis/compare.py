@@ -40,13 +40,13 @@ def read_report(folder: str | Path) -> tuple[str, dict[str, Any]]:
 
 def compare_reports(folders: list[str], labels: list[str] | None, out: str | Path, force: bool = False) -> ReportFolder:
     """Read every report (one kind), then write compare.json, the overlay plots and index.md."""
-    ReportFolder.check(out, force)
     target = Path(out).resolve()
     for folder in folders:
         source = Path(folder).resolve()
         if target.is_relative_to(source):  # the report itself, or a folder inside it
             raise UserError(f"--out {out}: is or lies in the compared report {folder}, whose files the comparison "
                             "would replace; choose another --out")
+    ReportFolder.check(out, force)
     if len(folders) < 2:
         raise ValueError("give at least two reports to compare")
     labels = labels or [Path(f).name for f in folders]

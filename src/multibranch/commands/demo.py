@@ -51,29 +51,31 @@ RAW_FILES = frozenset(f"{split}.{side}" for split in ("train", "valid", "test") 
 
 def check_demo_directory(out: Path) -> None:
     """UserError unless `out` holds only what a demo writes: raw/ with the task's six files, data/ as prepared data
-    and run/ as a training run holding nothing but its own files (no `average` output, no report). `--force`
-    replaces a demo's own directory, never a folder of other files."""
+    and run/ as a training run, neither holding another command's output (an `average` checkpoint, a report, a
+    run); dotfiles (temporaries) aside. `--force` replaces a demo's own directory, never a folder of other files."""
     from multibranch.data.directories import DATA, RUN, directory_kind, outputs_inside
     from multibranch.errors import UserError
 
     def refuse(what: str) -> UserError:
-        return UserError(f"--out {out}: holds {what}, which a demo does not write; --force replaces only a demo's "
-                         "own directory (raw/, data/, run/): choose another --out")
+        return UserError(f"--out {out}: holds {what}; --force replaces only a demo's own directory (raw/, data/, "
+                         "run/): choose another --out")
 
-    for entry in sorted(out.iterdir()):
+    for entry in sorted(path for path in out.iterdir() if not path.name.startswith(".")):
         if entry.is_symlink() or not entry.is_dir() or entry.name not in ("raw", "data", "run"):
-            raise refuse(entry.name)
+            raise refuse(f"{entry.name}, which a demo does not write")
         if entry.name == "raw":
-            extra = sorted(path.name for path in entry.iterdir() if path.name not in RAW_FILES or not path.is_file())
+            extra = sorted(path.name for path in entry.iterdir()
+                           if not path.name.startswith(".") and (path.name not in RAW_FILES or not path.is_file()))
             if extra:
-                raise refuse(f"raw/{extra[0]}")
-        elif directory_kind(entry) != {"data": DATA, "run": RUN}[entry.name]:
-            raise refuse(f"{entry.name}/ (not the demo's {'prepared data' if entry.name == 'data' else 'run'})")
-        elif entry.name == "run":
-            kept = [path for path, _ in outputs_inside(entry) if not (path.parent == entry / "checkpoints"
-                                                                    or path in (entry / "last.pt", entry / "best.pt"))]
-            if kept:
-                raise refuse(f"run/{kept[0].relative_to(entry)}")
+                raise refuse(f"raw/{extra[0]}, which a demo does not write")
+            continue
+        expected = {"data": DATA, "run": RUN}[entry.name]
+        if directory_kind(entry) != expected:
+            raise refuse(f"{entry.name}/, which is not a {expected}")
+        own = (entry / "last.pt", entry / "best.pt")
+        kept = [path for path, _ in outputs_inside(entry) if not (path.parent == entry / "checkpoints" or path in own)]
+        if kept:
+            raise refuse(f"{entry.name}/{kept[0].relative_to(entry)}, another command's output")
 
 
 def translate_test_set(checkpoint: Path, data: Path, hyp_file: Path) -> SplitTranslation:
@@ -105,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a directory; choose another --out")
     if out.exists() and any(out.iterdir()):
+        check_demo_directory(out)  # before the advice to pass --force, which it would refuse
         if not args.force:
             raise UserError(f"{out} already exists; pass --force to replace it or --out to choose another directory")
-        check_demo_directory(out)
         shutil.rmtree(out)
     started = time.perf_counter()
     print(f"[1/4] generating the synthetic task in {out / 'raw'}", flush=True)

@@ -141,19 +141,21 @@ RUN_OWN_FOLDERS = frozenset({"checkpoints", "tokenizer"})
 
 
 def refuse_replacing_file(path: str | Path, option: str = "--output", error: type[UserError] = UserError) -> None:
-    """`error` when the file output `path` (a translation, a JSON report) would replace another command's output,
-    with or without --force: a checkpoint; a file of a prepared data directory, an export, a CTranslate2 or Hugging
-    Face model folder (each written whole by its command); a training run's own files (config.yaml, metrics.jsonl,
-    train.log, its checkpoints and tokenizer). A new file beside them, or in a run directory, passes. Reads only."""
+    """`error` when the file output `path` (a translation, a JSON report) would replace another command's output or
+    be lost with it, with or without --force: an existing checkpoint; any file inside a prepared data directory, an
+    export, a CTranslate2 or Hugging Face model folder (each written, and replaced, whole by its command); a training
+    run's own files (config.yaml, metrics.jsonl, train.log, last.pt, best.pt) or anything in its checkpoints/ or
+    tokenizer/. A file beside a run's own, in the run directory, passes. Reads only."""
     path = Path(path)
-    if str(path) == "-" or not (path.exists() or path.is_symlink()):
+    if str(path) == "-":
         return
-    if output_kind(path) == CHECKPOINT:
+    if (path.exists() or path.is_symlink()) and output_kind(path) == CHECKPOINT:
         raise error(f"{option} {path}: is a {CHECKPOINT}; write to another file")
     resolved = path.resolve()
     parent = directory_kind(resolved.parent)
     if parent in (DATA, EXPORT, CT2, HF):
-        raise error(f"{option} {path}: is a file of the {parent} {resolved.parent}; write to another file")
+        raise error(f"{option} {path}: is inside the {parent} {resolved.parent}, which its own command writes and "
+                    "replaces whole; write to another folder")
     run = resolved.parent.parent if resolved.parent.name in RUN_OWN_FOLDERS else resolved.parent
     if directory_kind(run) == RUN and (resolved.parent != run or resolved.name in RUN_OWN_FILES):
         raise error(f"{option} {path}: is a file the training run {run} keeps; write to another file")
@@ -184,18 +186,19 @@ def check_output_directory(out: str | Path, kind: str, *, force: bool, inputs: I
         if Path(path).resolve().is_relative_to(out.resolve()):
             raise error(f"{out}: holds the input {path}; choose another --out")
     refuse_replacing(out, kind, error=error)
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise error(f"{out}: exists and is not empty; pass --force to replace it")
-    marker = OWN_MARKERS.get(kind)
+    marker = OWN_MARKERS.get(kind)  # refusals --force cannot lift come before the advice to pass it
     if marker is not None and directory_kind(out) == kind and not (out / marker).is_file():
-        raise error(f"{out}: is a {kind} that multibranch did not write (no {marker}), such as a downloaded model; "
-                    "--force replaces only its own: choose another --out")
+        raise error(f"{out}: is a {kind} without {marker}: written by another program (a downloaded model), or by "
+                    "multibranch before it marked its folders; --force replaces only a folder it marked: delete it "
+                    "yourself or choose another --out")
     held = outputs_inside(out)
     if held:
         shown = ", ".join(f"{path.relative_to(out)} ({what})" for path, what in held[:3])
         more = f" and {len(held) - 3} more" if len(held) > 3 else ""
         raise error(f"{out}: holds other commands' output, which replacing it would delete: {shown}{more}; move "
                     "it out first, or choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise error(f"{out}: exists and is not empty; pass --force to replace it")
 
 
 def outputs_inside(directory: str | Path, depth: int = 2) -> list[tuple[Path, str]]:

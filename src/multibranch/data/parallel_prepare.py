@@ -153,10 +153,15 @@ class PrepareConfig:
         return [path for _, prefix in self.splits() for path in self.input_files(prefix)]
 
     def read_paths(self) -> list[Path]:
-        """Everything `prepare` reads, which its output must not replace: `input_paths`, then the vocabulary files
-        it reuses (SentencePiece models, fairseq dicts)."""
-        vocabularies = [Path(path) for path in (self.spm_model, self.spm_model_tgt, self.dict, self.dict_tgt) if path]
-        return self.input_paths() + vocabularies
+        """What `prepare` reads and its output would not hold again: `input_paths`, the fairseq dicts it reuses, and
+        a reused SentencePiece model unless it sits where the output writes its (adapted) copy (`--spm-model
+        data/spm.model --out data --force` re-prepares with the data's own vocabulary)."""
+        rewritten = {"spm.model"} if self.joint else {"spm.src.model", "spm.tgt.model"}
+        models = [Path(path) for path in (self.spm_model, self.spm_model_tgt) if path]
+        kept = [path for path in models if not (path.name in rewritten and path.resolve().parent ==
+                                                 Path(self.out).resolve())]
+        dicts = [Path(path) for path in (self.dict, self.dict_tgt) if path]
+        return self.input_paths() + kept + dicts
 
     def encoding_workers(self) -> int:
         return self.workers or os.cpu_count() or 1

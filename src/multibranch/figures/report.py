@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from multibranch.atomic import atomic_write_bytes, atomic_write_text
-from multibranch.data.directories import REPORT, REPORT_INDEX, directory_kind, refuse_other_kind
+from multibranch.data.directories import REPORT, REPORT_DATA, REPORT_INDEX, directory_kind, refuse_other_kind
 
 
 class ReportFolder:
@@ -43,7 +43,9 @@ class ReportFolder:
     @classmethod
     def create(cls, path: str | Path, force: bool = False) -> ReportFolder:
         path = cls.check(path, force)
-        among_other_files = path.is_dir() and any(path.iterdir()) and directory_kind(path) is None
+        # a folder of other files: neither a report nor one cut short before its index.md (it holds a report's numbers)
+        among_other_files = path.is_dir() and any(path.iterdir()) and directory_kind(path) is None \
+            and not any((path / name).is_file() for name in REPORT_DATA)
         path.mkdir(parents=True, exist_ok=True)
         return cls(path, among_other_files)
 
@@ -51,6 +53,8 @@ class ReportFolder:
         """FileExistsError before a file of a folder of other files would be replaced (a report's own files, or
         the files of a report folder, are rewritten)."""
         if self.among_other_files and name not in self.files and (self.path / name).exists():
+            for written in self.files:  # the folder as it was: this report's files so far go
+                (self.path / written).unlink(missing_ok=True)
             raise FileExistsError(f"{self.path / name} exists in a folder of other files, and the report does not "
                                   "replace it; write the report into another folder")
 
