@@ -370,3 +370,30 @@ def test_a_resume_with_other_max_steps_says_the_schedules_stretch(tiny_data, tmp
         train(tiny_experiment(max_steps=4, valid_every=2), RunOptions(tiny_data, run, resume=True, progress=False))
     assert any(r.getMessage().startswith("train.max_steps: run has 2, now 4; schedules planned to the last update")
                for r in caplog.records)
+
+
+def test_a_signal_just_before_an_update_saves_last_pt_at_the_update_before(tiny_data, tmp_path, monkeypatch):
+    """A SIGTERM that lands after one update and before the next one holds the signals is between updates: last.pt
+    is saved there (it was lost when the run marked itself mid-update before holding the signals)."""
+    import contextlib
+
+    from multibranch.checkpoint.format import load_checkpoint as load
+    from multibranch.interrupts import Terminated
+    from multibranch.train import trainer as trainer_module
+
+    real = trainer_module.deferred_interrupt
+    entered = []
+
+    @contextlib.contextmanager
+    def signal_on_the_fourth_update():
+        entered.append(1)
+        if len(entered) == 4:  # the signal arrives as the block is entered, before it holds anything
+            raise Terminated
+        with real():
+            yield
+
+    monkeypatch.setattr(trainer_module, "deferred_interrupt", signal_on_the_fourth_update)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt, match="interrupted at update 3; continue with --resume"):
+        train(tiny_experiment(max_steps=10, valid_every=5), RunOptions(tiny_data, run, progress=False))
+    assert load(run / "last.pt")["meta"]["step"] == 3

@@ -745,8 +745,8 @@ class Trainer:
                     while s.batch_in_epoch < len(batches) and stop is None:
                         group = batches[s.batch_in_epoch : s.batch_in_epoch + t.update_freq]
                         tick = time.perf_counter()
-                        self._mid_update = True
                         with deferred_interrupt():  # Ctrl-C/SIGTERM: the update (and its log) finishes, then
+                            self._mid_update = True  # (set once the signals are held: one before is between updates)
                             stats = self._update([self._collate(ix) for ix in group])  # last.pt is saved
                             s.batch_in_epoch += len(group)
                             self._window["time"] += time.perf_counter() - tick
