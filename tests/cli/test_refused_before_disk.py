@@ -152,17 +152,25 @@ def exported(tiny_checkpoint, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("cut, process", [(100, True), (2000, False), (-50, False)])
 def test_export_with_a_truncated_sentencepiece_model_is_refused_by_name(exported, tmp_path, capfd, caplog, cut,
                                                                         process):
-    broken = tmp_path / "model"
-    shutil.copytree(exported, broken)
-    spm = next(p for p in broken.iterdir() if p.suffix == ".model")
-    spm.write_bytes(spm.read_bytes()[:cut])
-    source = tmp_path / "in.txt"
-    source.write_text("sagun nivnikib rapzubfo\n")
-    before = snapshot(broken)
-    line = refusal(["translate", "--ckpt", broken, "-i", source, "-o", tmp_path / "out.txt", "--device", "cpu"],
-                   capfd, caplog, process=process)
+    broken, spm, line, unchanged = _translate_with_a_truncated_spm(exported, tmp_path / "model", cut, capfd, caplog,
+                                                                   process)
     assert spm.name in line, line
-    assert snapshot(broken) == before and not (tmp_path / "out.txt").exists()
+    assert unchanged and not (tmp_path / "out.txt").exists()
+
+
+def _translate_with_a_truncated_spm(model: Path, copy: Path, cut: int, capfd, caplog,
+                                    process: bool) -> tuple[Path, Path, str, bool]:
+    """`translate` with a copy of `model` whose SentencePiece model is cut at `cut` bytes: (the copy, its cut model,
+    the refusal line, whether the copy is as it was before)."""
+    shutil.copytree(model, copy)
+    spm = next(p for p in copy.iterdir() if p.suffix == ".model")
+    spm.write_bytes(spm.read_bytes()[:cut])
+    source = copy.parent / "in.txt"
+    source.write_text("sagun nivnikib rapzubfo\n")
+    before = snapshot(copy)
+    line = refusal(["translate", "--ckpt", copy, "-i", source, "-o", copy.parent / "out.txt", "--device", "cpu"],
+                   capfd, caplog, process=process)
+    return copy, spm, line, snapshot(copy) == before
 
 
 @pytest.fixture(scope="module")
@@ -177,14 +185,7 @@ def ct2_model(tiny_checkpoint, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("cut, process", [(100, True), (-50, False)])
 def test_ct2_directory_with_a_truncated_sentencepiece_model_is_refused_by_name(ct2_model, tmp_path, capfd, caplog,
                                                                                cut, process):
-    directory = tmp_path / "ct2"
-    shutil.copytree(ct2_model, directory)
-    spm = next(p for p in directory.iterdir() if p.suffix == ".model")
-    spm.write_bytes(spm.read_bytes()[:cut])
-    source = tmp_path / "in.txt"
-    source.write_text("sagun nivnikib rapzubfo\n")
-    before = snapshot(directory)
-    line = refusal(["translate", "--ckpt", directory, "-i", source, "-o", tmp_path / "out.txt", "--device", "cpu"],
-                   capfd, caplog, process=process)
+    directory, spm, line, unchanged = _translate_with_a_truncated_spm(ct2_model, tmp_path / "ct2", cut, capfd, caplog,
+                                                                      process)
     assert spm.name in line and str(directory) in line, line
-    assert snapshot(directory) == before and not (tmp_path / "out.txt").exists()
+    assert unchanged and not (tmp_path / "out.txt").exists()
