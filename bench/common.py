@@ -127,9 +127,12 @@ def run_isolated(module_args: list[str]) -> dict[str, Any]:
 
 
 def save_results(name: str, payload: dict[str, Any]) -> Path:
+    """Write bench/results/NAME.json atomically (a temporary file renamed into place)."""
+    from multibranch.atomic import atomic_write_text
+
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
     return path
 
 

@@ -1192,8 +1192,28 @@ def plan_region(curve_link: str | None = None) -> str:
                 f"left at {precisions[0]}" + (f" (not estimated: {unknown} runs)" if unknown else "") + ". Done: "
                 + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")
     costs = cost_table()
+    priority = priority_paragraph()
     figure = f"\n![{CURVE_CAPTION}]({curve_link})\n" if curve_link else ""
-    return "\n" + wrap(text) + "\n" + figure + (f"\n{costs}" if costs else "") + "\n"
+    return ("\n" + wrap(text) + "\n" + figure + (f"\n{costs}" if costs else "")
+            + (f"\n{priority}" if priority else "") + "\n")
+
+
+PRIORITY_FILE = RESULTS / "runner_priority.json"
+
+
+def priority_paragraph() -> str:
+    """What the runner costs the foreground (bench/results/runner_priority.json), or '' when not measured."""
+    try:
+        data = json.loads(PRIORITY_FILE.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    env = data["environment"]
+    paused, going = data["paused"], data["going"]
+    return wrap(f"What the runner costs the machine's other work: `{data['workload']}` took "
+                f"{paused['median_wall_s']:.1f} s with the runner paused and {going['median_wall_s']:.1f} s with it "
+                f"going ({data['going_over_paused']:.2f}×, the median of {len(going['repeats'])} rounds each), the "
+                f"runner taking {going['runner_share_of_cpu']:.0%} of the CPU meanwhile (`python "
+                f"bench/runner_priority.py`, {env['cpu_model']}, {data['cores']} cores, {env['date']}).") + "\n"
 
 
 CURVE_CAPTION = "the standard model's validation BLEU, every 250 updates, from which the number of updates is chosen"
