@@ -265,6 +265,37 @@ def test_a_report_added_to_a_folder_of_other_files_replaces_none_of_them(run_dir
     assert snapshot(figures) == before  # the report's files written before the refusal are gone again
 
 
+def test_a_name_a_report_would_replace_is_refused_before_the_analysis_runs(run_dir, tiny_data, tmp_path, capsys,
+                                                                          monkeypatch):
+    """The refusal comes before the checkpoint is loaded, so no analysis is computed only to be thrown away."""
+    from multibranch.pruning import head_report
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the checkpoint was loaded before the output folder was checked")
+
+    monkeypatch.setattr(head_report, "load_model", no_loading)
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "entropy.png").write_bytes(b"a figure drawn by hand")
+    before = snapshot(figures)
+    assert main(["analyze", "heads", "--ckpt", str(run_dir / "best.pt"), "--data", str(tiny_data), "--out", str(figures),
+                 "--force", "--no-curve"]) == 2
+    assert f"{figures / 'entropy.png'} exists in a folder of other files" in one_error_line(capsys)
+    assert snapshot(figures) == before
+
+
+def test_a_report_writes_only_the_names_it_declares(tmp_path):
+    from multibranch.figures.report import ReportFolder
+
+    folder = ReportFolder.create(tmp_path / "report", files=("numbers.json", "map_*.png"))
+    folder.write_json("numbers.json", {"x": 1})
+    folder.write_text("map_0.png", "not really a png")
+    folder.write_text("index.md", "# report\n")
+    with pytest.raises(ValueError, match="other.json: not among the files this report declared"):
+        folder.write_json("other.json", {})
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["index.md", "map_0.png", "numbers.json"]
+
+
 def test_a_report_cut_short_before_its_index_is_rewritten_by_the_next_run(run_dir, tmp_path):
     report = tmp_path / "report"
     assert main(["plot", str(run_dir), "--out", str(report)]) == 0

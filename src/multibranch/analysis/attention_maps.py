@@ -25,6 +25,9 @@ from multibranch.loading.checkpoint import load_model
 from multibranch.tasks.translation.dataset import PreparedData
 from multibranch.tasks.translation.translator import Translator
 
+# the report's files beside index.md: in a folder of other files, ReportFolder.check refuses them up front
+REPORT_FILES = ("attention.json", "attention_s*.png")
+
 
 class SelectionError(ValueError):
     """The chosen sentences, heads, branch or layers do not exist."""
@@ -118,7 +121,7 @@ def analyze_attention(ckpt: str, out: str, *, data_dir: str | None = None, split
     translation as target); writes attention.json, one PNG per sentence and module, and index.md."""
 
 
-    ReportFolder.check(out, force)
+    ReportFolder.check(out, force, REPORT_FILES)
     selection = selection or Selection()
     loaded = load_model(ckpt, "cpu", task="translation")
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -161,7 +164,7 @@ def analyze_attention(ckpt: str, out: str, *, data_dir: str | None = None, split
 
 
 def write_report(report: dict[str, Any], out: str, force: bool) -> Any:
-    folder = ReportFolder.create(out, force)
+    folder = ReportFolder.create(out, force, REPORT_FILES)
     lines = [f"# Attention maps of `{report['checkpoint']}`", "", "Numbers: [attention.json](attention.json).", ""]
     for i, sentence in enumerate(report["sentences"]):
         lines += [f"## Sentence {i}: `{sentence['sentence']}`", ""]

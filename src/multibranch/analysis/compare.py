@@ -24,6 +24,9 @@ from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
 from multibranch.json_file import read_json_object
 
+# the report's files beside index.md: in a folder of other files, ReportFolder.check refuses them up front
+REPORT_FILES = ("compare.json", "pruning_curves.png", "dominant_heads.png", "diversity.png")
+
 KINDS = {"heads.json": "heads", "diversity.json": "diversity"}
 
 
@@ -46,7 +49,7 @@ def compare_reports(folders: list[str], labels: list[str] | None, out: str | Pat
         if target.is_relative_to(source):  # the report itself, or a folder inside it
             raise UserError(f"--out {out}: is or lies in the compared report {folder}, whose files the comparison "
                             "would replace; choose another --out")
-    ReportFolder.check(out, force)
+    ReportFolder.check(out, force, REPORT_FILES)
     if len(folders) < 2:
         raise ValueError("give at least two reports to compare")
     labels = labels or [Path(f).name for f in folders]
@@ -88,7 +91,7 @@ def _diversity(reports: list[tuple[str, dict]], folders: list[str], labels: list
 
 def _write_heads(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
     metric = "BLEU" if report["metric"] == "bleu" else "accuracy (%)"
-    folder = ReportFolder.create(out, force)
+    folder = ReportFolder.create(out, force, REPORT_FILES)
     folder.write_json("compare.json", report)
     lines = ["# Head analyses compared", "", "Numbers: [compare.json](compare.json). Reports: "
              + ", ".join(f"[{m['label']}]({m['report']})" for m in report["models"]) + ".", ""]
@@ -124,7 +127,7 @@ def _write_heads(report: dict[str, Any], out: str | Path, force: bool) -> Report
 
 
 def _write_diversity(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-    folder = ReportFolder.create(out, force)
+    folder = ReportFolder.create(out, force, REPORT_FILES)
     folder.write_json("compare.json", report)
     folder.write_png("diversity.png", plots.diversity_comparison_plot(report["models"], TITLES))
     lines = ["# MUTE unit diversity compared", "", "Numbers: [compare.json](compare.json). Reports: "

@@ -29,6 +29,9 @@ from multibranch.loading.checkpoint import load_model
 from multibranch.models.layers.mute import MuteEncoderLayer, encoder_diversity
 from multibranch.tasks.translation.dataset import PreparedData
 
+# the report's files beside index.md: in a folder of other files, ReportFolder.check refuses them up front
+REPORT_FILES = ("diversity.json", "diversity.png", "unit_weights.png")
+
 VARIANTS = ("att_pos", "att_sub", "ffn_sub")
 TITLES = {"att_pos": "Att Pos.", "att_sub": "Att Sub.", "ffn_sub": "FFN Sub."}
 
@@ -67,7 +70,7 @@ def analyze_diversity(ckpt: str | Path, data_dir: str | Path, out: str | Path, s
                       force: bool = False) -> ReportFolder:
     """Score the split and write diversity.json, diversity.png, unit_weights.png and index.md."""
 
-    ReportFolder.check(out, force)
+    ReportFolder.check(out, force, REPORT_FILES)
     loaded = load_model(ckpt, device)
     check_mute(loaded.model, str(ckpt))
     data = PreparedData.load(data_dir)
@@ -84,7 +87,7 @@ def analyze_diversity(ckpt: str | Path, data_dir: str | Path, out: str | Path, s
 
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-    folder = ReportFolder.create(out, force)
+    folder = ReportFolder.create(out, force, REPORT_FILES)
     folder.write_json("diversity.json", report)
     folder.write_png("diversity.png", plots.diversity_plot(report["layers"], TITLES))
     folder.write_png("unit_weights.png", plots.unit_weights_plot(report["unit_weights"]))

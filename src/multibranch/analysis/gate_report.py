@@ -16,12 +16,15 @@ from multibranch.figures import plots
 from multibranch.figures.report import ReportFolder
 from multibranch.loading.checkpoint import load_model
 
+# the report's files beside index.md: in a folder of other files, ReportFolder.check refuses them up front
+REPORT_FILES = ("gates.json", "kernel_gate_ratio.png", "kappa_alpha.png", "unit_weights.png")
+
 
 def analyze_gates(ckpt: str | Path, out: str | Path, ratio: tuple[int, int] = (3, 15),
                   force: bool = False) -> ReportFolder:
     """ValueError (before writing) when the model has no kernel gates, kappa/alpha or unit weights."""
 
-    ReportFolder.check(out, force)
+    ReportFolder.check(out, force, REPORT_FILES)
     model = load_model(ckpt, "cpu").model
     report = {"checkpoint": str(ckpt), "ratio_kernels": list(ratio), "kernel_gates": kernel_gates(model, ratio),
               "branch_weights": branch_weights(model), "unit_weights": unit_weights(model)}
@@ -32,7 +35,7 @@ def analyze_gates(ckpt: str | Path, out: str | Path, ratio: tuple[int, int] = (3
 
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-    folder = ReportFolder.create(out, force)
+    folder = ReportFolder.create(out, force, REPORT_FILES)
     folder.write_json("gates.json", report)
     lines = [f"# Learned mixing weights of `{report['checkpoint']}`", "", "Numbers: [gates.json](gates.json).", ""]
     gates = report["kernel_gates"]

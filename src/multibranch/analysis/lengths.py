@@ -28,6 +28,9 @@ from multibranch.loading.checkpoint import load_model
 from multibranch.tasks.translation.dataset import PreparedData
 from multibranch.tasks.translation.translator import Translator
 
+# the report's files beside index.md: in a folder of other files, ReportFolder.check refuses them up front
+REPORT_FILES = ("lengths.json", "lengths.png")
+
 DEFAULT_EDGES = (15, 30, 45, 60, 75, 90, 105)
 
 
@@ -101,7 +104,7 @@ def analyze_lengths(ckpts: list[str], labels: list[str] | None, data_dir: str | 
                     options: LengthOptions, force: bool = False) -> ReportFolder:
     """Translate the split with every checkpoint and write lengths.json, lengths.png, index.md."""
 
-    ReportFolder.check(out, force)
+    ReportFolder.check(out, force, REPORT_FILES)
     labels = labels or [Path(c).stem if len(ckpts) == 1 else str(c) for c in ckpts]
     if len(labels) != len(ckpts):
         raise ValueError(f"{len(labels)} labels for {len(ckpts)} checkpoints")
@@ -130,7 +133,7 @@ def analyze_lengths(ckpts: list[str], labels: list[str] | None, data_dir: str | 
 
 
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
-    folder = ReportFolder.create(out, force)
+    folder = ReportFolder.create(out, force, REPORT_FILES)
     folder.write_json("lengths.json", report)
     folder.write_png("lengths.png", plots.length_buckets_plot(report))
     lines = [f"# BLEU by source length ({report['sentences']} sentences of `{report['split']}` of "

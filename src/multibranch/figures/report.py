@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterable
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +22,18 @@ from multibranch.data.directories import REPORT, REPORT_DATA, REPORT_INDEX, dire
 class ReportFolder:
     """An output directory of one analysis; `files` lists what was written, in order."""
 
-    def __init__(self, path: Path, among_other_files: bool = False):
+    def __init__(self, path: Path, among_other_files: bool = False, declared: tuple[str, ...] = ()):
         self.path = path
         self.files: list[str] = []
         self.among_other_files = among_other_files  # written into a folder of other files: adds, never replaces
+        self.declared = declared  # the names (fnmatch patterns) `check` was given; () = not declared
 
     @staticmethod
-    def check(path: str | Path, force: bool) -> Path:
+    def check(path: str | Path, force: bool, files: Iterable[str] = ()) -> Path:
         """FileExistsError if `path` is a non-empty directory and not `force`; NotADirectoryError-like
-        FileExistsError if it is a file. Touches nothing."""
+        FileExistsError if it is a file. `files`: the names (or fnmatch patterns) the report writes; in a folder
+        of other files, one of them already there is refused now, before the report is computed. Touches
+        nothing."""
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise FileExistsError(f"{path} exists and is not a directory")
@@ -38,20 +43,28 @@ class ReportFolder:
         if directory_kind(path) is None and (path / REPORT_INDEX).exists():  # a folder of other files: added to only
             raise FileExistsError(f"{path} holds an {REPORT_INDEX} that no report wrote, which the report's would "
                                   "replace; write the report into another folder")
+        if holds_other_files(path):
+            taken = sorted(p.name for p in path.iterdir() if any(fnmatch(p.name, pattern) for pattern in files))
+            if taken:
+                raise FileExistsError(f"{path / taken[0]} exists in a folder of other files, and the report does not "
+                                      "replace it; write the report into another folder")
         return path
 
     @classmethod
-    def create(cls, path: str | Path, force: bool = False) -> ReportFolder:
-        path = cls.check(path, force)
-        # a folder of other files: neither a report nor one cut short before its index.md (it holds a report's numbers)
-        among_other_files = path.is_dir() and any(path.iterdir()) and directory_kind(path) is None \
-            and not any((path / name).is_file() for name in REPORT_DATA)
+    def create(cls, path: str | Path, force: bool = False, files: Iterable[str] = ()) -> ReportFolder:
+        """Check (as `check`) and make the folder; with `files`, writing any other name than those and
+        index.md is a programming error (ValueError), so that `check` is told every name the report writes."""
+        files = tuple(files)
+        path = cls.check(path, force, files)
+        among_other_files = holds_other_files(path)
         path.mkdir(parents=True, exist_ok=True)
-        return cls(path, among_other_files)
+        return cls(path, among_other_files, files)
 
     def _free(self, name: str) -> None:
         """FileExistsError before a file of a folder of other files would be replaced (a report's own files, or
         the files of a report folder, are rewritten)."""
+        if self.declared and not any(fnmatch(name, pattern) for pattern in (*self.declared, REPORT_INDEX)):
+            raise ValueError(f"{name}: not among the files this report declared ({', '.join(self.declared)})")
         if self.among_other_files and name not in self.files and (self.path / name).exists():
             for written in self.files:  # the folder as it was: this report's files so far go
                 (self.path / written).unlink(missing_ok=True)
@@ -83,3 +96,10 @@ class ReportFolder:
         if name not in self.files:
             self.files.append(name)
         return self.path / name
+
+
+def holds_other_files(path: Path) -> bool:
+    """Whether `path` is a non-empty folder of other files: neither a report nor one cut short before its
+    index.md (which holds a report's numbers)."""
+    return path.is_dir() and any(path.iterdir()) and directory_kind(path) is None \
+        and not any((path / name).is_file() for name in REPORT_DATA)

@@ -15,6 +15,9 @@ from multibranch.experiment import ExperimentConfig
 from multibranch.figures import curves, plots
 from multibranch.figures.report import ReportFolder
 
+# the report's files beside index.md: in a folder of other files, ReportFolder.check refuses them up front
+REPORT_FILES = ("curves.json", "curves.png", "modules.png", "schedules.png")
+
 
 class EmptyRunError(ValueError):
     """The run has logged no metrics yet."""
@@ -30,7 +33,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, window: int = 1
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a directory")
     out = Path(out) if out else run_dir / "plots"
-    ReportFolder.check(out, force)
+    ReportFolder.check(out, force, REPORT_FILES)
     records = curves.read_metrics(run_dir / "metrics.jsonl")
     if not records:
         raise EmptyRunError(f"{run_dir / 'metrics.jsonl'} has no records yet")
@@ -45,7 +48,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, window: int = 1
               "modules": curves.module_curves(records, window),
               "schedules": curves.schedule_curves(config, points)}
 
-    folder = ReportFolder.create(out, force)
+    folder = ReportFolder.create(out, force, REPORT_FILES)
     folder.write_json("curves.json", report)
     lines = [f"# Training run `{run_dir}`", "", "Numbers: [curves.json](curves.json).", ""]
     if report["train"] or report["valid"]:

@@ -39,6 +39,9 @@ from multibranch.pruning.importance import head_importance
 from multibranch.pruning.scoring import SCORED_TASKS, make_scorer
 from multibranch.tasks.translation.translator import progress_bar, show_progress
 
+# the report's files beside index.md: in a folder of other files, ReportFolder.check refuses them up front
+REPORT_FILES = ("heads.json", "importance.png", "entropy.png", "pruning_curve.png")
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -81,7 +84,7 @@ def analyze_heads(ckpt: str | Path, data_dir: str | Path, out: str | Path, optio
     the classification loss."""
 
     options.validate()
-    ReportFolder.check(out, force)
+    ReportFolder.check(out, force, REPORT_FILES)
     loaded = load_model(ckpt, options.device, task=SCORED_TASKS)
     model, cfg = loaded.model, loaded.config
     data = load_task_data(cfg.task, data_dir, str(ckpt))
@@ -160,7 +163,7 @@ def counted(evaluate: Callable[[], float], bar: Any) -> Callable[[], float]:
 def write_report(report: dict[str, Any], out: str | Path, force: bool) -> ReportFolder:
     """heads.json, importance.png, entropy.png, pruning_curve.png (if any) and index.md."""
 
-    folder = ReportFolder.create(out, force)
+    folder = ReportFolder.create(out, force, REPORT_FILES)
     folder.write_json("heads.json", report)
     label = "l2-normalised per module" if report["normalized"] else "not normalised"
     folder.write_png("importance.png", plots.head_heatmaps(report["modules"], "importance", "head importance", label))
