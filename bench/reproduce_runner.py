@@ -19,7 +19,8 @@ the device, CPU model and flags, autocast, commit, threads and wall minutes); an
 nothing. With --hours, no run starts that its estimate (bench/reproduce_cost.py) says would not finish in time,
 and every training stops by then.
 
-`status` prints the runs done, running and left, and the hours of one core the ones left need here.
+`status` prints the runs done, running (with a running run's last validation BLEU, and the finished standard model's
+of its seed at that update) and left, and the hours of one core the ones left need here.
 `stop` ends the job (its trainings save a checkpoint to resume from). Then `python bench/reproduce_report.py
 --docs docs/reproduction.md` rebuilds the table.
 """
@@ -164,6 +165,29 @@ def progress(train_dir: Path) -> int | None:
     return max(steps, default=0)
 
 
+def last_validation(train_dir: Path) -> dict[str, Any] | None:
+    """The last validation record ({"step", "bleu", ...}) a training folder logged, None before its first."""
+    metrics = train_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.startswith("{")]
+    valid = [r for r in records if r.get("type") == "valid" and r.get("bleu") is not None]
+    return valid[-1] if valid else None
+
+
+def standard_valid_bleu(results: Path, seed: int, step: int) -> float | None:
+    """The validation BLEU of the finished standard run of `seed` at `step` (its results file), else None."""
+    try:
+        runs = json.loads((results / f"{NAME}_standard_seed{seed}.json").read_text(encoding="utf-8"))["runs"]
+    except (OSError, ValueError, KeyError):
+        return None
+    for run in runs:
+        for point in (run.get("curve") or {}).get("valid") or []:
+            if run.get("system") == "standard" and point.get("step") == step:
+                return point.get("bleu")
+    return None
+
+
 def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[int, ...] = SEEDS,
                 precision: str | None = None) -> dict[str, Any]:
     """Every run of the CPU recipe's table: done (its results file is in `results`), running (started: its training
@@ -188,8 +212,13 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
             minutes = None if state == "done" or updates is None else estimate_minutes(
                 system, updates - (step or 0), precision, updates, results)
             scoring = state == "running" and (folder / "trained.json").is_file()  # trained; scored and analysed now
-            rows.append({"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes,
-                         "scoring": scoring})
+            row = {"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes,
+                   "scoring": scoring, "valid": None}
+            valid = last_validation(folder / "train") if state == "running" else None
+            if valid is not None:
+                row["valid"] = {"step": valid["step"], "bleu": valid["bleu"],
+                                "standard_bleu": standard_valid_bleu(results, seed, valid["step"])}
+            rows.append(row)
     left = [r for r in rows if r["state"] != "done"]
     unknown = [r["run"] for r in left if r["minutes_left"] is None]
     return {"updates": updates, "precision": precision, "runs": rows,
@@ -226,6 +255,12 @@ def status(args: argparse.Namespace) -> int:
     for row in plan["runs"]:
         if row["state"] == "running":
             doing = "scoring and analyses" if row["scoring"] else f"update {row['update'] or 0}"
+            valid = row["valid"]
+            if valid is not None and not row["scoring"]:
+                seed = row["run"].rsplit("seed", 1)[1]
+                doing += f", validation BLEU {valid['bleu']:.2f} at {valid['step']}" + (
+                    f" (standard, seed {seed}: {valid['standard_bleu']:.2f})" if valid["standard_bleu"] is not None
+                    and not row["run"].startswith("standard/") else "")
             print(f"  running {row['run']}: {doing}, about {row['minutes_left'] or 0:.0f} minutes left")
     return 0
 

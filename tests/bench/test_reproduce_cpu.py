@@ -149,6 +149,29 @@ def test_plan_status_counts_runs_done_running_and_left(tmp_path):
     assert states["standard/seed2"]["minutes_left"] == pytest.approx(reproduce_cost.EVALUATION_MINUTES)
 
 
+def test_status_shows_a_running_runs_validation_beside_the_standard_model_at_that_update(tmp_path, capsys):
+    cost_files(tmp_path)
+    write(tmp_path / "reproduce_cpu_curve.json", {"chosen_updates": 3000})
+    standard = run("standard", 1, 30.0) | {"curve": {"valid": [{"step": 250, "bleu": 20.0},
+                                                                {"step": 500, "bleu": 25.5}]}}
+    write(tmp_path / "reproduce_cpu_standard_seed1.json", {"settings": {"recipe": "cpu"}, "runs": [standard]})
+    train = tmp_path / "w" / "runs" / "mute" / "seed1" / "train"
+    train.mkdir(parents=True)
+    (train / "metrics.jsonl").write_text('{"type": "valid", "step": 250, "bleu": 18.0}\n'
+                                         '{"type": "valid", "step": 500, "bleu": 24.25}\n'
+                                         '{"type": "train", "step": 600, "loss": 3.0}\n')
+    row = next(r for r in reproduce_runner.plan_status(tmp_path, tmp_path / "w", seeds=(1,), precision="fp32")["runs"]
+               if r["run"] == "mute/seed1")
+    assert row["update"] == 600 and row["valid"] == {"step": 500, "bleu": 24.25, "standard_bleu": 25.5}
+    assert reproduce_runner.main(["--work", str(tmp_path / "w"), "--out", str(tmp_path), "status"]) == 0
+    assert "running mute/seed1: update 600, validation BLEU 24.25 at 500 (standard, seed 1: 25.50)" in \
+        capsys.readouterr().out
+    (train / "metrics.jsonl").write_text('{"type": "train", "step": 100, "loss": 5.0}\n')  # before its first validation
+    row = next(r for r in reproduce_runner.plan_status(tmp_path, tmp_path / "w", seeds=(1,), precision="fp32")["runs"]
+               if r["run"] == "mute/seed1")
+    assert row["valid"] is None
+
+
 @pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling on this kernel")
 def test_the_runner_runs_in_a_group_of_its_own_at_the_lowest_priority(tmp_path):
     # A process in the kernel's default group reads an empty file here; one in a session's group reads its nice value.
