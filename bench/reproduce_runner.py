@@ -60,10 +60,9 @@ def running_pid(work: Path) -> int | None:
     try:
         pid = int(pid_file(work).read_text().strip())
         os.kill(pid, 0)
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError):
         return None
-    return None if state == "Z" else pid  # an ended process its parent has not reaped yet is not running
+    return pid if process_live(pid) else None  # an ended process its parent has not reaped yet is not running
 
 
 def lower_priority() -> None:
@@ -138,12 +137,12 @@ def validating(work: Path) -> list[str]:
     for train_dir in sorted((work / "runs").glob("*/seed*/train")):
         if (train_dir.parent / "trained.json").is_file() or not training_process_alive(train_dir):
             continue  # trained (scored and analysed now), or not being trained
+        records = metrics_records(train_dir)
         try:
-            lines = (train_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
             valid_every = yaml.safe_load((train_dir / "config.yaml").read_text(encoding="utf-8"))["train"]["valid_every"]
-            last = json.loads(lines[-1]) if lines else None
-        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
-            continue  # not started, or being rewritten: nothing to wait for
+        except (OSError, KeyError, TypeError, yaml.YAMLError):
+            continue  # not started: nothing to wait for
+        last = records[-1] if records else None
         if last and last.get("type") == "train" and last.get("step") and last["step"] % valid_every == 0:
             busy.append(f"{train_dir.parent.parent.name}/{train_dir.parent.name}")
     return busy
@@ -155,11 +154,10 @@ def training_process_alive(train_dir: Path) -> bool:
     that starts at that moment."""
     try:
         pid = int((train_dir / ".train.lock").read_text(encoding="utf-8").split()[1])
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError, IndexError):
         return False
-    return state != "Z" and b"train" in command  # not a later process that got the number
+    return process_live(pid) and b"train" in command  # not a later process that got the number
 
 
 def stop(args: argparse.Namespace) -> int:
@@ -188,35 +186,57 @@ def stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def stat_fields(stat: Path) -> list[str] | None:
+    """The fields of a /proc/PID/stat file after the command name: state, ppid, pgrp, ..., utime (11), stime (12);
+    None when the process has ended meanwhile."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_live(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (an ended one its parent has not reaped yet is a zombie)."""
+    fields = stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields is not None and fields[0] != "Z"
+
+
+def group_stats(pgid: int) -> list[list[str]]:
+    """The stat fields of every process of process group `pgid`, zombies included."""
+    found = (stat_fields(stat) for stat in Path("/proc").glob("[0-9]*/stat"))
+    return [fields for fields in found if fields is not None and int(fields[2]) == pgid]
+
+
 def group_alive(pgid: int) -> bool:
-    """Whether a live process of process group `pgid` (the runner's, which its trainings share) is still there
-    (/proc; an ended process its parent has not reaped yet does not count)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    """Whether a live process of process group `pgid` (the runner's, which its trainings share) is still there."""
+    return any(fields[0] != "Z" for fields in group_stats(pgid))
+
+
+def metrics_records(train_dir: Path) -> list[dict[str, Any]] | None:
+    """The records of a training folder's metrics.jsonl, None when it has none; a line cut by a write under way
+    is left out."""
+    try:
+        lines = (train_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    records = []
+    for line in lines:
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # ended meanwhile
-        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
-            return True
-    return False
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
 
 
-def progress(train_dir: Path) -> int | None:
-    """The last update a training folder logged, None when it has no metrics there."""
-    metrics = train_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        return None
-    steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines() if line.startswith("{")]
-    return max(steps, default=0)
+def progress(train_dir: Path, records: list[dict[str, Any]] | None = None) -> int | None:
+    """The last update a training folder logged (from `records` when read already), None when it has no metrics."""
+    records = metrics_records(train_dir) if records is None else records
+    return None if records is None else max((r.get("step", 0) for r in records), default=0)
 
 
-def last_validation(train_dir: Path) -> dict[str, Any] | None:
-    """The last validation record ({"step", "bleu", ...}) a training folder logged, None before its first."""
-    metrics = train_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        return None
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.startswith("{")]
-    valid = [r for r in records if r.get("type") == "valid" and r.get("bleu") is not None]
+def last_validation(records: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The last validation record ({"step", "bleu", ...}) among a training's `records`, None before its first."""
+    valid = [r for r in records or [] if r.get("type") == "valid" and r.get("bleu") is not None]
     return valid[-1] if valid else None
 
 
@@ -247,7 +267,8 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
         for system in recipe.table_systems:
             path = results / f"{NAME}_{system}_seed{seed}.json"
             folder = work / "runs" / system / f"seed{seed}" if work else None
-            step = progress(folder / "train") if folder else None
+            records = metrics_records(folder / "train") if folder else None
+            step = progress(folder / "train", records) if folder else None
             if path.is_file():
                 state, step = "done", updates
             elif system == "standard" and seed == curve_seed:  # the validation curve's run: trained, to be scored
@@ -259,7 +280,7 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
             scoring = state == "running" and (folder / "trained.json").is_file()  # trained; scored and analysed now
             row = {"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes,
                    "scoring": scoring, "valid": None}
-            valid = last_validation(folder / "train") if state == "running" else None
+            valid = last_validation(records) if state == "running" else None
             if valid is not None:
                 row["valid"] = {"step": valid["step"], "bleu": valid["bleu"],
                                 "standard_bleu": standard_valid_bleu(results, seed, valid["step"])}

@@ -27,23 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from bench.common import environment, save_results  # noqa: E402
-from bench.reproduce_runner import WORK, running_pid  # noqa: E402
+from bench.reproduce_runner import WORK, group_stats, running_pid  # noqa: E402
 
 DEFAULT_WORKLOAD = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/modules"]
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of the live processes of process group `pgid` (/proc/PID/stat)."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # ended meanwhile
-        if int(fields[2]) == pgid:  # fields from state on: state, ppid, pgrp, ..., utime (11), stime (12)
-            total += int(fields[11]) + int(fields[12])
-    return total / TICKS
+    """User + system CPU seconds of the processes of process group `pgid` (/proc/PID/stat)."""
+    return sum(int(fields[11]) + int(fields[12]) for fields in group_stats(pgid)) / TICKS
 
 
 def timed_workload(workload: list[str], runner_pgid: int) -> dict[str, float]:
