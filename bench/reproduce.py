@@ -49,6 +49,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -428,13 +429,17 @@ class Harness:
             args += ["--stop-at-step", str(step + a.segment_updates)]
         say(f"{run.key}: {'resume' if resume else 'train'} from update {step}")
         began = time.time()
-        self.cli(args, log)
-        reason = self.stop_reason(train_dir)
-        segment = {"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(began)), "wall_s": time.time() - began,
-                   "from_step": step, "to_step": self.current_step(train_dir), "resume": resume, "stop": reason,
-                   "jobs": a.jobs, "device": a.device}
-        with (folder / "segments.jsonl").open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(segment) + "\n")
+        ended = False
+        try:
+            self.cli(args, log)
+            ended = True
+        finally:  # a training stopped by a signal or an error is a segment too, up to the last.pt it saved
+            reason = self.stop_reason(train_dir) if ended else "interrupted or failed"
+            segment = {"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(began)),
+                       "wall_s": time.time() - began, "from_step": step, "to_step": self.current_step(train_dir),
+                       "resume": resume, "stop": reason, "jobs": a.jobs, "device": a.device}
+            with (folder / "segments.jsonl").open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(segment) + "\n")
         say(f"{run.key}: update {segment['to_step']}, {reason} ({segment['wall_s']:.0f} s)")
         if reason is None or not reason.startswith(FINISHED_REASONS):
             return "unfinished"
@@ -660,7 +665,10 @@ class Harness:
             "updates": max((r["step"] for r in records), default=0), "best_valid_bleu": best_bleu,
             "best_valid_step": best_step,
             "train_minutes": train[-1]["elapsed_s"] / 60 if train else None,
-            "wall_minutes": sum(s["wall_s"] for s in segments) / 60 + ((done or {}).get("eval_wall_s", 0) / 60)
+            # training as the trainer counts it (across resumes, what an interruption lost not included), else the
+            # segments' sum; then scoring and the analyses
+            "wall_minutes": (train[-1]["elapsed_s"] if train else sum(s["wall_s"] for s in segments)) / 60
+            + (done or {}).get("eval_wall_s", 0) / 60
             + sum(v.get("wall_s", 0) for v in (read_json(folder / "analyses.json") or {}).values()) / 60,
             "segments": segments,
             **{k: v for k, v in (self.trained(run) or {}).items() if k in ("trained_by", "train_threads")},
@@ -957,8 +965,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def stop_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM to the harness's process group (the background runner's stop) ends it as Ctrl-C does: the trainings,
+    signalled too, save last.pt, and the harness writes each run's record of its training call before it exits."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
-    return Harness(parse_args(argv)).main()
+    args = parse_args(argv)
+    if threading.current_thread() is not threading.main_thread():
+        return Harness(args).main()
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        return Harness(args).main()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

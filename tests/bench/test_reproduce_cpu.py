@@ -521,3 +521,59 @@ def test_the_current_update_counts_pauses_and_interrupts_that_saved_last_pt_alon
     assert reproduce.Harness.current_step(train) == 611
     (train / "train.log").write_text("x | INFO | training stopped at update 400: reached max_minutes=3\n")
     assert reproduce.Harness.current_step(train) == 500  # an end validates, so its step checkpoint is there
+
+
+def test_a_training_call_stopped_by_a_signal_is_recorded_and_its_minutes_counted(tmp_path, monkeypatch):
+    """The runner's stop ends a training mid-run: its segment is still written, and the run's wall minutes come
+    from the trainer's own clock (kept across resumes), not from the segments that ended on their own."""
+    harness = _harness(tmp_path)
+    run_ = reproduce.Run("standard", 2)
+    folder = harness.run_dir(run_)
+    folder.mkdir(parents=True)
+    train = folder / "train"
+    calls = []
+
+    def fake_cli(args, log, *, check=True):  # a training of 1,500 updates, stopped at 600 the first time
+        calls.append(args)
+        (train / "checkpoints").mkdir(parents=True, exist_ok=True)
+        first = len(calls) == 1
+        end = 600 if first else 1500
+        records = [{"type": "train", "step": s, "elapsed_s": 4.0 * s} for s in range(100, end + 1, 100)]
+        (train / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        (train / "last.pt").write_text("last", encoding="utf-8")
+        if not first:  # the last update validates and keeps its step checkpoint
+            (train / "checkpoints" / f"step_{end:08d}.pt").write_text("step", encoding="utf-8")
+        with (train / "train.log").open("a", encoding="utf-8") as handle:
+            handle.write(f"training interrupted at update {end}; last.pt saved\n" if first
+                         else f"training stopped at update {end}: reached max_steps=1500\n")
+        if first:
+            raise RuntimeError("`multibranch train ...` failed (143)")
+
+    monkeypatch.setattr(harness, "cli", fake_cli)
+    with pytest.raises(RuntimeError):
+        harness.train(run_, folder, folder / "harness.log")
+    assert harness.train(run_, folder, folder / "harness.log") == "trained"
+    assert "--resume" in calls[1] and "--resume" not in calls[0]
+    segments = [json.loads(line) for line in (folder / "segments.jsonl").read_text().splitlines()]
+    assert [(s["from_step"], s["to_step"], s["resume"], s["stop"]) for s in segments] == [
+        (0, 600, False, "interrupted or failed"), (600, 1500, True, "reached max_steps=1500")]
+    record = harness.run_record(run_)
+    assert record["train_minutes"] == pytest.approx(4.0 * 1500 / 60)
+    assert record["wall_minutes"] == pytest.approx(4.0 * 1500 / 60)  # not the segments' few milliseconds
+
+
+def test_sigterm_ends_the_harness_through_its_cleanup(tmp_path):
+    """SIGTERM reaches the harness as SystemExit, so that `finally` blocks (a run's segment record) run."""
+    script = tmp_path / "term.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        f"sys.path.insert(0, {str(reproduce.ROOT)!r})\n"
+        "from bench import reproduce\n"
+        "signal.signal(signal.SIGTERM, reproduce.stop_on_sigterm)\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(5)\n"
+        "finally:\n"
+        "    print('cleaned up')\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM and "cleaned up" in done.stdout
