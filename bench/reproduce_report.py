@@ -51,7 +51,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's multibranch (no torch needed)
 
 from bench.common import multi30k_dir  # noqa: E402
-from bench.reproduce_systems import MAT_SYSTEMS, PAPER_BASELINES, PAPER_CLAIMS, RECIPES, SYSTEMS, grid_of  # noqa: E402
+from bench.reproduce_systems import (  # noqa: E402
+    MAT_SYSTEMS,
+    PAPER_BASELINES,
+    PAPER_CLAIMS,
+    RECIPES,
+    SYSTEMS,
+    attention_branches,
+    grid_of,
+)
 from multibranch.atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
 from multibranch.evaluate.metrics import paired_bootstrap_replicates, paired_bootstrap_statistics  # noqa: E402
 from multibranch.json_file import read_json_object, write_json  # noqa: E402
@@ -865,14 +873,14 @@ def rho_grid_data(merged: Merged) -> dict[str, Any] | None:
     return out or None
 
 
-def branch_importance_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+def branch_importance_data(runs: dict[str, list[dict[str, Any]]], recipe: str = "iwslt") -> dict[str, Any] | None:
     """MAT system -> role -> {"mean": [per branch], "sd": [...]}: head importance summed over each branch's heads
     (head h is in branch h // M, M = heads / N_a), averaged over the role's layers, then over seeds."""
     out: dict[str, Any] = {}
     for system, mine in runs.items():
-        if system not in MAT_SYSTEMS:
+        branches = attention_branches(system, recipe) if system in SYSTEMS else 1
+        if branches < 2:
             continue
-        branches = MAT_SYSTEMS[system][1]
         per_seed: list[dict[str, list[float]]] = []
         for run in mine:
             report = analysis(run, "importance") or analysis(run, "pruning")
@@ -1004,13 +1012,13 @@ def draw_branch_importance(data: dict[str, Any]) -> Any:
 
     fig, axes = plt.subplots(1, len(data), figsize=(4.6 * len(data), 3.6), squeeze=False, layout="constrained")
     for ax, (system, roles) in zip(axes[0], data.items(), strict=True):
-        branches = MAT_SYSTEMS[system][1]
+        branches = len(next(iter(roles.values()))["mean"])
         width = 0.8 / branches
         for b in range(branches):
             xs = [j + (b - (branches - 1) / 2) * width for j in range(len(roles))]
             spread = [roles[r]["sd"][b] for r in roles] if any(r["seeds"] > 1 for r in roles.values()) else None
             ax.bar(xs, [roles[r]["mean"][b] for r in roles], width, yerr=spread, capsize=2, label=f"branch {b + 1}")
-        ax.set_xticks(range(len(roles)), [ROLE_TITLES.get(r, r).replace(" attention", "\nattention") for r in roles],
+        ax.set_xticks(range(len(roles)), [ROLE_TITLES.get(r, r).replace(" ", "\n", 1) for r in roles],
                       fontsize=8)
         seeds = max(r["seeds"] for r in roles.values())
         ax.set_title(seeds_label(system, seeds), fontsize=10)
@@ -1042,7 +1050,7 @@ FIGURES = (
            lambda m, r: kappa_alpha_data(r), draw_kappa_alpha),
     Figure("mat_rho_grid.png", "validation BLEU over MAT's rho grid", lambda m, r: rho_grid_data(m), draw_rho_grid),
     Figure("mat_branch_importance.png", "MAT head importance summed per branch",
-           lambda m, r: branch_importance_data(r), draw_branch_importance),
+           lambda m, r: branch_importance_data(r, m.recipe), draw_branch_importance),
 )
 
 

@@ -234,6 +234,15 @@ def preset_model(name: str) -> dict[str, Any]:
     return load_preset_dict(name)["model"]
 
 
+def attention_branches(system: str, recipe: str = "iwslt") -> int:
+    """N_a, the attention branches of `system` as `recipe` trains it (1 for the systems without MAT)."""
+    if recipe != "cpu" or system in MAT_SYSTEMS:  # the IWSLT recipe's MAT systems (a combination: its MAT's)
+        return MAT_SYSTEMS[grid_of(system)][1] if grid_of(system) in MAT_SYSTEMS else 1
+    model = deep_merge(preset_model(RECIPES[recipe].base_preset),
+                       system_delta(system, RECIPES[recipe].defaults["max_updates"] or 1, recipe=recipe)["model"])
+    return int(model["encoder"].get("attention_branches", 1))
+
+
 def grid_of(system: str) -> str:
     """The MAT system whose rho grid chooses `system`'s rho (a combination uses its MAT system's)."""
     return COMBINATIONS[system][0] if system in COMBINATIONS else system

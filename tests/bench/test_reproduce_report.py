@@ -254,6 +254,17 @@ def test_figure_data_against_hand_computed_numbers(tmp_path):
     assert importance["cross"]["mean"] == pytest.approx([4.0, 4.0, 4.0])
 
 
+def test_the_cpu_recipes_mat_rows_get_branch_importance_from_their_preset():
+    """The CPU recipe's MAT systems train from scratch (not MAT_SYSTEMS): N_a = 2 comes from mat-tiny."""
+    pruning = {"modules": [heads("encoder_self", 0, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])]}
+    runs = {system: [run(system, 1, 30.0, analyses={"pruning": pruning})] for system in ("mat", "mat-drophead",
+                                                                                     "drophead")}
+    data = branch_importance_data(runs, "cpu")
+    assert set(data) == {"mat", "mat-drophead"}  # DropHead has one branch: nothing to sum per branch
+    assert data["mat"]["encoder_self"]["mean"] == pytest.approx([10.0, 26.0])
+    assert branch_importance_data(runs, "iwslt") is None  # the IWSLT recipe has no `mat` system of one preset
+
+
 def test_every_figure_is_drawn_as_a_png_when_its_data_exists(tmp_path, capsys):
     results_file = write(tmp_path / "r.json", analysed_results())
     images = tmp_path / "images"
