@@ -802,7 +802,7 @@ def pruning_curves_data(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str,
                 scores, changes = [c[f][0] for c in curves], [c[f][1] for c in curves]
                 curve.append({"fraction": f, "score": mean(scores), "score_sd": sd(scores), "change": mean(changes),
                               "change_sd": sd(changes)})
-            models.append({"label": seeds_label(system, len(curves)), "curve": curve})
+            models.append({"system": system, "label": seeds_label(system, len(curves)), "curve": curve})
     return models or None
 
 
@@ -937,7 +937,7 @@ def draw_pruning_curves(models: list[dict[str, Any]]) -> Any:
     """multibranch's pruning-curve overlay of the seed means, with a ± sd band over seeds."""
     from multibranch.figures import plots
 
-    fig = plots.pruning_curves_overlay(models)
+    fig = plots.pruning_curves_overlay([{**model, "color": system_color(model["system"])} for model in models])
     for ax, key in zip(fig.axes[:2], ("score", "change"), strict=True):
         for line, model in zip(ax.lines, models, strict=False):
             xs = [100 * p["fraction"] for p in model["curve"]]

@@ -22,10 +22,12 @@ from bench.reproduce_report import (
     branch_importance_data,
     chosen_rho,
     default_files,
+    draw_pruning_curves,
     load_results,
     main,
     merge,
     pruning_curves_data,
+    system_color,
     system_summary,
     table_runs,
 )
@@ -252,6 +254,16 @@ def test_figure_data_against_hand_computed_numbers(tmp_path):
     importance = branch_importance_data(runs)["mat3-narrow"]  # 12 heads, 3 branches of 4
     assert importance["encoder_self"]["mean"] == pytest.approx([10.0, 26.0, 42.0])
     assert importance["cross"]["mean"] == pytest.approx([4.0, 4.0, 4.0])
+
+
+def test_the_pruning_figure_colours_each_system_as_every_other_figure_does(tmp_path):
+    from matplotlib.colors import to_rgba
+
+    runs = table_runs(merge([load_results(write(tmp_path / "r.json", analysed_results()))]))
+    fig = draw_pruning_curves(pruning_curves_data(runs))
+    for ax in fig.axes[:2]:
+        colours = {line.get_label(): to_rgba(line.get_color()) for line in ax.lines}
+        assert colours == {"standard (2 seeds)": system_color("standard"), "drophead (2 seeds)": system_color("drophead")}
 
 
 def test_the_cpu_recipes_mat_rows_get_branch_importance_from_their_preset():

@@ -234,12 +234,14 @@ def attention_map_plot(panels: list[tuple[str, Any]], queries: list[str], keys: 
 
 
 def pruning_curves_overlay(models: list[dict[str, Any]], metric: str = "BLEU") -> Any:
-    """Two panels: each model's pruning curve (score) and its change from the model's unpruned score."""
+    """Two panels: each model's pruning curve (score) and its change from the model's unpruned score (in the model's
+    "color" where it has one)."""
     fig, axes = _pyplot().subplots(1, 2, figsize=(10.0, 3.6), layout="constrained")
     for model in models:
         xs = [100 * p["fraction"] for p in model["curve"]]
-        axes[0].plot(xs, [p["score"] for p in model["curve"]], marker="o", label=model["label"])
-        axes[1].plot(xs, [p["change"] for p in model["curve"]], marker="o", label=model["label"])
+        style = {"marker": "o", "label": model["label"], "color": model.get("color")}
+        axes[0].plot(xs, [p["score"] for p in model["curve"]], **style)
+        axes[1].plot(xs, [p["change"] for p in model["curve"]], **style)
     for ax, ylabel in zip(axes, (metric, f"{metric} change from unpruned"), strict=True):
         ax.set_xlabel("heads masked (%)")
         ax.set_ylabel(ylabel)
