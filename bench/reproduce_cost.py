@@ -90,23 +90,39 @@ def finished_runs(precision: str, max_updates: int, folder: Path = RESULTS) -> l
         settings = data.get("settings") or {}
         if settings.get("recipe") != "cpu" or settings.get("tiny") or settings.get("max_updates") != max_updates:
             continue
-        runs += [r for r in data.get("runs", []) if r.get("status") == "done" and r.get("precision") == precision
+        threads = run_threads(data.get("environment") or {})
+        runs += [{**r, "threads": threads} for r in data.get("runs", []) if r.get("status") == "done"
+                 and r.get("precision") == precision
                  and not r.get("trained_by")]  # the validation curve's run trained at its own threads
     return runs
 
 
+def run_threads(environment: dict[str, Any]) -> int:
+    """The threads each run of a results file trained with (its environment's `threads`; 1 where unset)."""
+    try:
+        return max(1, int(environment.get("threads") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def core_minutes(run: dict[str, Any]) -> float:
+    """A finished run's wall minutes times its threads: what it would take on one core, at most (a run at more
+    threads is not that many times faster), so that runs at two threads do not shrink the plan of one-thread runs."""
+    return run["wall_minutes"] * run.get("threads", 1)
+
+
 def estimate_minutes(system: str, updates: int, precision: str, max_updates: int,
                      folder: Path = RESULTS) -> float | None:
-    """Wall minutes a run of `system` needs for `updates` more updates and its evaluation, or None when nothing
-    was measured for it."""
+    """Minutes a one-thread run of `system` needs for `updates` more updates and its evaluation, or None when
+    nothing was measured for it."""
     done = finished_runs(precision, max_updates, folder)
-    mine = [r["wall_minutes"] for r in done if r["system"] == system and r.get("wall_minutes")]
+    mine = [core_minutes(r) for r in done if r["system"] == system and r.get("wall_minutes")]
     if mine and updates >= max_updates:
         return max(mine)
     rates = load_rates(precision, folder)
     if system not in rates:
         return None
-    ratios = [r["wall_minutes"] / (max_updates * rates[r["system"]] / 60 + EVALUATION_MINUTES)
+    ratios = [core_minutes(r) / (max_updates * rates[r["system"]] / 60 + EVALUATION_MINUTES)
               for r in done if r["system"] in rates and r.get("wall_minutes")]
     overhead = max(ratios) if ratios else 1.0
     return overhead * (updates * rates[system] * OVERHEAD / 60 + EVALUATION_MINUTES)

@@ -1,13 +1,15 @@
 """The CPU recipe of the reproduction, built in the background at the lowest priority.
 
-    python bench/reproduce_runner.py start [--hours H] [--jobs 2] [-- REPRODUCE_ARGS...]
+    python bench/reproduce_runner.py start [--hours H] [--jobs 2] [--threads 1] [-- REPRODUCE_ARGS...]
     python bench/reproduce_runner.py status [--json]
     python bench/reproduce_runner.py stop
 
 `start` returns at once, leaving a job that first measures the recipe's number of updates when bench/results has
 none chosen yet (bench/reproduce_curve.py: the standard model's validation curve, at --jobs threads), then runs
 `bench/reproduce.py --recipe cpu --results-per-run --out bench/results` on every run of the table that
-bench/results does not yet hold, --jobs runs side by side with one thread each.
+bench/results does not yet hold, --jobs runs side by side with --threads threads each (one by default). Where
+the machine, and runs/ with it, will not last until two runs side by side finish, `--jobs 1 --threads 2`
+finishes one in about 60% of the time.
 The job runs in a process group and scheduling group of its own (setsid) whose autogroup nice value is set to
 19, then at nice 19 itself: on Linux with autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled = 1)
 `nice` alone only orders processes inside one group, and a job started from another terminal would get an equal
@@ -19,8 +21,9 @@ the device, CPU model and flags, autocast, commit, threads and wall minutes); an
 nothing. With --hours, no run starts that its estimate (bench/reproduce_cost.py) says would not finish in time,
 and every training stops by then.
 
-`status` prints the runs done, running (with a running run's last validation BLEU, and the finished standard model's
-of its seed at that update) and left, and the hours of one core the ones left need here.
+`status` prints the runs done, started (training now or paused until the runner resumes them; with a run's last
+validation BLEU, and the finished standard model's of its seed at that update) and left, the minutes a training
+run needs at its own pace here, and the hours of one core the ones left need.
 `stop` ends the job (its trainings save a checkpoint to resume from), once no training is validating (a
 stop during a validation saves nothing; at most --wait-validation seconds). Then `python bench/reproduce_report.py
 --docs docs/reproduction.md` rebuilds the table.
@@ -41,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from bench.reproduce_cost import cpu_precision, estimate_minutes  # noqa: E402
+from bench.reproduce_cost import EVALUATION_MINUTES, cpu_precision, estimate_minutes  # noqa: E402
 from bench.reproduce_systems import RECIPES, chosen_cpu_updates  # noqa: E402
 from multibranch.atomic import atomic_write_text  # noqa: E402
 
@@ -82,7 +85,7 @@ def start(args: argparse.Namespace) -> int:
         return 1
     work.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--work", str(work), "--out", str(args.out), "work",
-               "--jobs", str(args.jobs)]
+               "--jobs", str(args.jobs), "--threads", str(args.threads)]
     if args.hours is not None:
         command += ["--until", f"{time.time() + 3600 * args.hours:.0f}"]
     pid = launch(command + ["--", *args.reproduce_args], work)
@@ -116,7 +119,7 @@ def work(args: argparse.Namespace) -> int:
         if code != 0 or chosen_cpu_updates() is None:
             return code or 1
     command = [sys.executable, str(ROOT / "bench" / "reproduce.py"), "--recipe", "cpu", "--jobs", str(args.jobs),
-               "--threads", "1", "--results-per-run", "--out", str(args.out), "--work", str(args.work),
+               "--threads", str(args.threads), "--results-per-run", "--out", str(args.out), "--work", str(args.work),
                "--name", NAME, "--device", "cpu", "--max-updates", str(chosen_cpu_updates())]
     if args.until is not None:
         minutes = (args.until - time.time()) / 60
@@ -278,8 +281,12 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
             minutes = None if state == "done" or updates is None else estimate_minutes(
                 system, updates - (step or 0), precision, updates, results)
             scoring = state == "running" and (folder / "trained.json").is_file()  # trained; scored and analysed now
+            training = state == "running" and not scoring and training_process_alive(folder / "train")
+            pace = seconds_per_update(records, call_began_at(folder)) if training else None
+            if pace is not None:  # its own pace, on this machine, at its threads and load, validations included
+                minutes = (updates - (step or 0)) * pace / 60 + EVALUATION_MINUTES
             row = {"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes,
-                   "scoring": scoring, "valid": None}
+                   "scoring": scoring, "training": training, "valid": None}
             valid = last_validation(records) if state == "running" else None
             if valid is not None:
                 row["valid"] = {"step": valid["step"], "bleu": valid["bleu"],
@@ -290,6 +297,32 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
     return {"updates": updates, "precision": precision, "runs": rows,
             "done": len(rows) - len(left), "left": len(left),
             "core_hours_left": sum(r["minutes_left"] or 0 for r in left) / 60, "not_estimated": unknown}
+
+
+def seconds_per_update(records: list[dict[str, Any]] | None, since: int = 0, span: int = 500) -> float | None:
+    """Wall seconds per update over the last `span` updates (fewer, down to 250, so that one validation is counted)
+    that a training logged after update `since` (where its present call began: the pace of an earlier call, maybe
+    on another machine or at other threads, is not this one's), from its train records' `elapsed_s` (the trainer's
+    clock); None before it has logged 250 updates past `since`."""
+    points = [(r["step"], r["elapsed_s"]) for r in records or [] if r.get("type") == "train"
+              and (r.get("step") or 0) > since and r.get("elapsed_s") is not None]
+    if not points:
+        return None
+    last_step, last_elapsed = points[-1]
+    first = next(((step, elapsed) for step, elapsed in points if last_step - step <= span), points[-1])
+    if last_step - first[0] < 250:
+        return None
+    return (last_elapsed - first[1]) / (last_step - first[0])
+
+
+def call_began_at(run_folder: Path) -> int:
+    """The update the present training call of a run began at: where its last recorded call (segments.jsonl,
+    written by the harness as each call ends) stopped; 0 before any has ended."""
+    try:
+        lines = (run_folder / "segments.jsonl").read_text(encoding="utf-8").splitlines()
+        return int(json.loads(lines[-1])["to_step"]) if lines else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def curve_run_seed(path: Path) -> int | None:
@@ -320,6 +353,7 @@ def status(args: argparse.Namespace) -> int:
           + (f" (not estimated: {', '.join(plan['not_estimated'])})" if plan["not_estimated"] else ""))
     for row in plan["runs"]:
         if row["state"] == "running":
+            how = "running" if row["training"] or row["scoring"] else "paused"
             doing = "scoring and analyses" if row["scoring"] else f"update {row['update'] or 0}"
             valid = row["valid"]
             if valid is not None and not row["scoring"]:
@@ -327,7 +361,7 @@ def status(args: argparse.Namespace) -> int:
                 doing += f", validation BLEU {valid['bleu']:.2f} at {valid['step']}" + (
                     f" (standard, seed {seed}: {valid['standard_bleu']:.2f})" if valid["standard_bleu"] is not None
                     and not row["run"].startswith("standard/") else "")
-            print(f"  running {row['run']}: {doing}, about {row['minutes_left'] or 0:.0f} minutes left")
+            print(f"  {how} {row['run']}: {doing}, about {row['minutes_left'] or 0:.0f} minutes left")
     return 0
 
 
@@ -339,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     go = sub.add_parser("start", help="start the background runner")
     go.add_argument("--hours", type=float, default=None, help="start no run that would not finish within H hours, "
                     "and stop every training by then (default: run until the table is complete)")
-    go.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each (default: 2)")
+    go.add_argument("--jobs", type=int, default=2, help="runs side by side (default: 2)")
+    go.add_argument("--threads", type=int, default=1, help="threads of each run (default: 1)")
     go.add_argument("reproduce_args", nargs="*", help="after --: more bench/reproduce.py options")
     show = sub.add_parser("status", help="runs done, running and left")
     show.add_argument("--json", action="store_true")
@@ -351,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                       "default: 300)")
     job = sub.add_parser("work", help="what the background job runs (in the foreground; `start` runs it)")
     job.add_argument("--jobs", type=int, default=2)
+    job.add_argument("--threads", type=int, default=1)
     job.add_argument("--until", type=float, default=None, help="the time (seconds since the epoch) to be done by")
     job.add_argument("reproduce_args", nargs="*")
     args = p.parse_args(argv)

@@ -122,6 +122,76 @@ def test_estimates_from_the_measured_rate_then_from_finished_runs(tmp_path):
         2 * (500 * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES))
 
 
+def test_a_finished_run_at_two_threads_counts_its_minutes_on_both_cores(tmp_path):
+    cost_files(tmp_path)
+    finished = run("standard", 1, 30.0, minutes=64.0) | {"precision": "fp32"}  # 65 wall minutes
+    write(tmp_path / "reproduce_cpu_standard_seed1.json", {"settings": {"recipe": "cpu", "max_updates": 1000},
+                                                          "environment": {"threads": 2}, "runs": [finished]})
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path) == pytest.approx(130.0)
+    planned = 1000 * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path) == pytest.approx(2 * planned)
+    write(tmp_path / "reproduce_cpu_standard_seed1.json", {"settings": {"recipe": "cpu", "max_updates": 1000},
+                                                          "environment": {"threads": "1"}, "runs": [finished]})
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path) == pytest.approx(65.0)
+
+
+def train_records(steps: range, seconds: dict[int, float]) -> list[dict]:
+    """Train records at `steps` whose trainer clock advances by seconds[step] at each (a validation or a slower
+    call in between), with a validation record every 250 updates."""
+    records, clock = [], 0.0
+    for step in steps:
+        clock += seconds.get(step, 50.0)
+        records.append({"type": "train", "step": step, "elapsed_s": clock})
+        if step % 250 == 0:
+            records.append({"type": "valid", "step": step, "bleu": 10.0})
+    return records
+
+
+def test_a_trainings_pace_is_its_present_calls_over_its_last_updates():
+    # 1 s an update (50 s per 50) and a validation's 30 s after 750; the call that ended at update 600 ran at 3 s
+    records = train_records(range(50, 1001, 50), {**{s: 150.0 for s in range(50, 601, 50)}, 800: 80.0})
+    assert reproduce_runner.seconds_per_update(records, since=600) == pytest.approx((7 * 50 + 30) / 350)
+    assert reproduce_runner.seconds_per_update(records, since=0) == pytest.approx((2 * 150 + 8 * 50 + 30) / 500)
+    assert reproduce_runner.seconds_per_update(records, since=800) is None  # 200 updates: no validation yet
+    assert reproduce_runner.seconds_per_update(records[:5], since=0) is None  # updates 50 to 250
+    assert reproduce_runner.seconds_per_update([], since=0) is None
+
+
+def test_status_tells_a_training_run_at_its_pace_from_a_paused_one(tmp_path, a_training_process, capsys):
+    cost_files(tmp_path)
+    write(tmp_path / "reproduce_cpu_curve.json", {"chosen_updates": 3000})
+    work = tmp_path / "w"
+    records = train_records(range(50, 1001, 50), {})  # 1 s an update
+    training_folder(work, "weighted/seed1", records, a_training_process)
+    (work / "runs" / "weighted" / "seed1" / "segments.jsonl").write_text(json.dumps({"to_step": 297}) + "\n")
+    training_folder(work, "mute/seed1", records, 2 ** 22 + 7)  # its training ended with the runner
+    rows = {r["run"]: r for r in reproduce_runner.plan_status(tmp_path, work, seeds=(1,), precision="fp32")["runs"]}
+    assert rows["weighted/seed1"]["training"] and not rows["mute/seed1"]["training"]
+    assert rows["weighted/seed1"]["minutes_left"] == pytest.approx(2000 / 60 + reproduce_cost.EVALUATION_MINUTES)
+    assert rows["mute/seed1"]["minutes_left"] == pytest.approx(
+        reproduce_cost.estimate_minutes("mute", 2000, "fp32", 3000, tmp_path))
+    assert reproduce_runner.main(["--work", str(work), "--out", str(tmp_path), "status"]) == 0
+    out = capsys.readouterr().out
+    assert "  running weighted/seed1: update 1000" in out and "  paused mute/seed1: update 1000" in out
+
+
+def test_start_gives_the_background_job_its_jobs_and_threads(tmp_path, monkeypatch):
+    launched = []
+    monkeypatch.setattr(reproduce_runner, "launch", lambda command, work: launched.append(command) or 1)
+    assert reproduce_runner.main(["--work", str(tmp_path), "start", "--jobs", "1", "--threads", "2"]) == 0
+    job = launched[0][launched[0].index("work"):]
+    assert job[:5] == ["work", "--jobs", "1", "--threads", "2"]
+    args = reproduce_runner.main.__globals__["argparse"].Namespace(jobs=1, threads=2, until=None, work=tmp_path,
+                                                                     out=tmp_path, reproduce_args=[])
+    ran = []
+    monkeypatch.setattr(reproduce_runner, "chosen_cpu_updates", lambda *a: 6250)
+    monkeypatch.setattr(reproduce_runner.subprocess, "run",
+                        lambda command, **kw: ran.append(command) or subprocess.CompletedProcess(command, 0))
+    assert reproduce_runner.work(args) == 0
+    command = ran[0]
+    assert command[command.index("--jobs") + 1] == "1" and command[command.index("--threads") + 1] == "2"
+
+
 def test_plan_status_counts_runs_done_running_and_left(tmp_path):
     cost_files(tmp_path)
     updates = 3000
@@ -167,7 +237,7 @@ def test_status_shows_a_running_runs_validation_beside_the_standard_model_at_tha
                if r["run"] == "mute/seed1")
     assert row["update"] == 600 and row["valid"] == {"step": 500, "bleu": 24.25, "standard_bleu": 25.5}
     assert reproduce_runner.main(["--work", str(tmp_path / "w"), "--out", str(tmp_path), "status"]) == 0
-    assert "running mute/seed1: update 600, validation BLEU 24.25 at 500 (standard, seed 1: 25.50)" in \
+    assert "paused mute/seed1: update 600, validation BLEU 24.25 at 500 (standard, seed 1: 25.50)" in \
         capsys.readouterr().out
     (train / "metrics.jsonl").write_text('{"type": "train", "step": 100, "loss": 5.0}\n')  # before its first validation
     row = next(r for r in reproduce_runner.plan_status(tmp_path, tmp_path / "w", seeds=(1,), precision="fp32")["runs"]
@@ -190,6 +260,9 @@ def training_folder(work: Path, run: str, records: list[dict], pid: int | None) 
 def a_training_process():
     """A live process whose command line names `train`, as `multibranch train`'s does."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "train"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while b"train" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)  # Popen can return before the new command line is in place
     yield proc.pid
     proc.kill()
     proc.wait()
