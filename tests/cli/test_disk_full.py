@@ -244,8 +244,8 @@ def test_train_log_on_a_full_disk_stops_with_one_error(tmp_path):
 
 def test_ctrl_c_during_a_checkpoint_save_finishes_the_save_then_exits_130(run_dir, tiny_data, tmp_path, monkeypatch,
                                                                          capsys):
-    """SIGINT arriving while last.pt is written: the save completes (the progress is kept), then the
-    same clean 'interrupted' exit as during the steps."""
+    """SIGINT arriving while last.pt is written at the end of the run's validation: the save completes (the progress
+    is kept), then the same clean exit as between updates, which says where to resume."""
     run = resumed_copy(run_dir, tmp_path)
     real_save = torch.save
     sent = []
@@ -260,7 +260,7 @@ def test_ctrl_c_during_a_checkpoint_save_finishes_the_save_then_exits_130(run_di
     assert main(["train", "--data", str(tiny_data), "--out", str(run), "--resume", "--max-steps", "4",
                  "--no-progress", "--threads", "1"]) == 130
     err = one_error_line(capsys)
-    assert err == "multibranch train: interrupted"
+    assert err == "multibranch train: interrupted at update 4; continue with --resume"
     assert torch.load(run / "last.pt", weights_only=True)["training"]["state"]["step"] == 4  # saved whole
     assert not temporaries(run)
 

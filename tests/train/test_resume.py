@@ -169,3 +169,81 @@ def _kill_at_first_save(victim, run_dir: Path) -> Path:
     victim.communicate()
     assert victim.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     return first_save
+
+
+def _validations(run: Path) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if r["type"] == "valid"]
+
+
+def _step_checkpoints(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").glob("*.pt"))
+
+
+@pytest.mark.parametrize("max_steps", [12, 7], ids=["at-a-validation-update", "at-the-last-update"])
+def test_an_interrupt_during_a_validation_saves_it_as_due_and_the_resume_validates_first(tiny_data, tmp_path,
+                                                                                      monkeypatch, max_steps):
+    """Ctrl-C or SIGTERM while update 6 is validated (validations every 6; or the last update's, 7): last.pt is
+    saved at that update with its validation due, and the resumed run validates there before it goes on: the same
+    validations, step checkpoints and losses as the uninterrupted run."""
+    from multibranch.interrupts import Terminated
+    from multibranch.train.trainer import Trainer
+
+    cfg = {"max_steps": max_steps, "valid_every": 6, "log_every": 1, "deterministic": True}
+    train(tiny_experiment(**cfg), RunOptions(tiny_data, tmp_path / "straight", device="cpu", progress=False))
+    stopped_at = 6 if max_steps == 12 else 7
+    real = Trainer.validate
+
+    def interrupted_at_its_update(self):
+        result = real(self)
+        if self.state.step == stopped_at:  # the validation's work is done, its record not written, when it comes
+            raise Terminated
+        return result
+
+    monkeypatch.setattr(Trainer, "validate", interrupted_at_its_update)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt, match=f"interrupted at update {stopped_at}; continue with --resume"):
+        train(tiny_experiment(**cfg), RunOptions(tiny_data, run, device="cpu", progress=False))
+    saved = load_checkpoint(run / "last.pt")
+    assert saved["meta"]["step"] == stopped_at and saved["training"]["state"]["validation_due"]
+    assert [step for step, _ in _validations(run)] == ([] if stopped_at == 6 else [6])
+    assert _step_checkpoints(run) == ([] if stopped_at == 6 else ["step_00000006.pt"])
+    monkeypatch.setattr(Trainer, "validate", real)
+    train(tiny_experiment(**cfg), RunOptions(tiny_data, run, device="cpu", progress=False, resume=True))
+    assert _validations(run) == _validations(tmp_path / "straight")
+    assert [step for step, _ in _validations(run)] == ([6, 12] if max_steps == 12 else [6, 7])
+    assert _train_losses(run) == _train_losses(tmp_path / "straight")
+    assert _step_checkpoints(run) == _step_checkpoints(tmp_path / "straight")
+    assert not load_checkpoint(run / "last.pt")["training"]["state"]["validation_due"]
+
+
+def test_a_signal_held_through_a_validation_updates_own_update_saves_it_with_the_validation_due(tiny_data, tmp_path,
+                                                                                              monkeypatch):
+    """A signal that came during update 6 acts when the update is done, before its validation begins: last.pt is
+    saved at 6 with the validation due (it was not saved at all before)."""
+    import contextlib
+
+    from multibranch.interrupts import Terminated
+    from multibranch.train import trainer as trainer_module
+
+    real = trainer_module.deferred_interrupt
+    entered = []
+
+    @contextlib.contextmanager
+    def signal_held_through_the_sixth_update():
+        entered.append(1)
+        with real():
+            yield
+        if len(entered) == 6:  # each update holds the signals once (no save before update 6)
+            raise Terminated
+
+    monkeypatch.setattr(trainer_module, "deferred_interrupt", signal_held_through_the_sixth_update)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt, match="interrupted at update 6; continue with --resume"):
+        train(tiny_experiment(max_steps=8, valid_every=6), RunOptions(tiny_data, run, device="cpu", progress=False))
+    saved = load_checkpoint(run / "last.pt")
+    assert saved["meta"]["step"] == 6 and saved["training"]["state"]["validation_due"]
+    monkeypatch.setattr(trainer_module, "deferred_interrupt", real)
+    train(tiny_experiment(max_steps=8, valid_every=6), RunOptions(tiny_data, run, device="cpu", progress=False,
+                                                                 resume=True))
+    assert [step for step, _ in _validations(run)] == [6, 8]

@@ -162,6 +162,7 @@ class TrainState:
     elapsed: float = 0.0
     last_valid: dict[str, Any] = field(default_factory=dict)
     length_buckets: int | None = None  # fixed batch shapes in use (kept so a resume batches the same way)
+    validation_due: bool = False  # saved by an interrupt before this update's validation was recorded: it comes first
 
 
 def _comparable_train(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -627,6 +628,7 @@ class Trainer:
         rngs = D.all_gather_objects(rng_state(), self.dist)
         windows = D.all_gather_objects(self._window_state(), self.dist)
         if not self.dist.is_main:
+            self._saved_at, self._saving = self.state.step, False
             return
         model = unwrap(self.model)
         weights = self.ema.model_state(model) if self.ema is not None else model.state_dict()
@@ -647,6 +649,7 @@ class Trainer:
             kept = sorted((self.run_dir / "checkpoints").glob("step_*.pt"))
             for old in kept[: max(len(kept) - self.cfg.train.keep_last, 0)]:
                 old.unlink()
+            self._saved_at = self.state.step
         self._saving = False
 
     # ---- the loop --------------------------------------------------------------------------------
@@ -666,9 +669,23 @@ class Trainer:
         return None
 
     def _validate_and_save(self, start: float) -> None:
-        t = self.cfg.train
+        self._validating = True  # until the save: an interrupt saves last.pt with the validation due
         result = self.validate() if (self.task.has_valid and self.dist.is_main) else {}
         result = D.broadcast_object(result, self.dist)
+        with deferred_interrupt():  # the validation's record, the state and the save go together
+            self._saving = True  # a second signal stops them part way: nothing more is saved then
+            improved = self._record_validation(result)
+            self.state.validation_due = self._validating = False
+            self.state.elapsed += time.perf_counter() - start
+            self.save(improved)
+        self._run_callbacks(result, improved)
+        if self.opts.plots and self.dist.is_main:
+            self._plot()
+
+    def _record_validation(self, result: dict[str, Any]) -> bool:
+        """Log a validation's `result` (metrics.jsonl, train.log) and keep its best and patience in the state;
+        whether it is the best so far."""
+        t = self.cfg.train
         improved = False
         if result:
             name = next((n for n in (t.best_metric, self.task.best_metric) if n != "loss" and n in result), "loss")
@@ -690,12 +707,7 @@ class Trainer:
                      " | new best" if improved else "")
             for src, hyp, ref in samples:
                 log.debug("  src: %s\n  hyp: %s\n  ref: %s", src, hyp, ref)
-        self.state.elapsed += time.perf_counter() - start
-        self.save(improved)
-        self._saved_at = self.state.step
-        self._run_callbacks(result, improved)
-        if self.opts.plots and self.dist.is_main:
-            self._plot()
+        return improved
 
     def _run_callbacks(self, result: dict[str, Any], improved: bool) -> None:
         """The run's callbacks (main process) after a validation and its save; True from any stops every process."""
@@ -733,9 +745,12 @@ class Trainer:
                  "on (one per batch shape)" if self.graphs else f"off ({self._graphs_blocker() or 'train.graphs=off'})")
         shown: dict[str, str] = {}
         start = time.perf_counter()
-        stop = self._stop_reason(start)
-        self._saving = self._mid_update = False
+        self._saving = self._mid_update = self._validating = False
         try:
+            if s.validation_due:  # an interrupt stopped this update's validation: it comes before the next update
+                self._validate_and_save(start)
+                start = time.perf_counter()
+            stop = self._stop_reason(start)
             with self._progress_bar() as progress:
                 while stop is None:
                     if t.max_epochs is not None and s.epoch > t.max_epochs:
@@ -779,15 +794,17 @@ class Trainer:
         return s
 
     def _stop_on_interrupt(self, interrupt: KeyboardInterrupt, start: float) -> None:
-        """Ctrl-C or SIGTERM between updates: save last.pt (unless it is current) and raise the interrupt
-        again, saying where to resume. Nothing is saved where the state is not whole (a second signal
-        during an update, or one that stopped a save or a validation: the previous last.pt stays) nor with several
-        processes (each would have to stop at the same update to save together)."""
+        """Ctrl-C or SIGTERM between updates or during a validation: save last.pt (unless it is current) and raise
+        the interrupt again, saying where to resume. Where the update's validation was not recorded yet, last.pt
+        says it is due, and the resumed run validates before its next update, as the uninterrupted run did.
+        Nothing is saved where the state is not whole (a second signal during an update, or one that stopped a
+        save: the previous last.pt stays), before the first update, nor with several processes (each would have
+        to stop at the same update to save together)."""
         s = self.state
-        if self._mid_update or self._saving or self.dist.world_size > 1:
+        if self._mid_update or self._saving or self.dist.world_size > 1 or s.step == 0:
             return
-        if s.step % self.cfg.train.valid_every == 0 and self._saved_at != s.step:
-            return  # stopped before this update's validation was recorded: an exact resume goes back to last.pt
+        if self._validating or (s.step % self.cfg.train.valid_every == 0 and self._saved_at != s.step):
+            s.validation_due = True
         if self._saved_at != s.step:
             self._save_to_resume(start)
         log.info("training interrupted at update %d; last.pt saved", s.step)
@@ -805,7 +822,6 @@ class Trainer:
         keeps step checkpoints at the updates the uninterrupted run does, so `average --last N` averages the same."""
         self.state.elapsed += time.perf_counter() - start
         self.save(improved=False, numbered=False)
-        self._saved_at = self.state.step
 
     @staticmethod
     def _empty_window() -> dict[str, float]:
