@@ -24,8 +24,8 @@ and every training stops by then.
 `status` prints the runs done, started (training now or paused until the runner resumes them; with a run's last
 validation BLEU, and the finished standard model's of its seed at that update) and left, the minutes a training
 run needs at its own pace here, and the hours of one core the ones left need.
-`stop` ends the job (its trainings save a checkpoint to resume from), once no training is validating (a
-stop during a validation saves nothing; at most --wait-validation seconds). Then `python bench/reproduce_report.py
+`stop` ends the job (its trainings save a checkpoint to resume from; one stopped during a validation does that
+validation first when it resumes). Then `python bench/reproduce_report.py
 --docs docs/reproduction.md` rebuilds the table.
 """
 
@@ -130,27 +130,6 @@ def work(args: argparse.Namespace) -> int:
     return subprocess.run(command + args.reproduce_args, env=env, cwd=ROOT).returncode
 
 
-def validating(work: Path) -> list[str]:
-    """The runs (SYSTEM/seedK) whose training is validating now: its last record is the training record of an
-    update that validates (a multiple of train.valid_every), whose validation record has not come yet. A stop
-    then saves nothing, and the run resumes from its previous checkpoint."""
-    import yaml
-
-    busy = []
-    for train_dir in sorted((work / "runs").glob("*/seed*/train")):
-        if (train_dir.parent / "trained.json").is_file() or not training_process_alive(train_dir):
-            continue  # trained (scored and analysed now), or not being trained
-        records = metrics_records(train_dir)
-        try:
-            valid_every = yaml.safe_load((train_dir / "config.yaml").read_text(encoding="utf-8"))["train"]["valid_every"]
-        except (OSError, KeyError, TypeError, yaml.YAMLError):
-            continue  # not started: nothing to wait for
-        last = records[-1] if records else None
-        if last and last.get("type") == "train" and last.get("step") and last["step"] % valid_every == 0:
-            busy.append(f"{train_dir.parent.parent.name}/{train_dir.parent.name}")
-    return busy
-
-
 def training_process_alive(train_dir: Path) -> bool:
     """Whether the process named in the run's lock file (`multibranch train` writes "process PID" into
     RUN/.train.lock while it trains) is alive and a training. Read, never locked: a lock taken here could refuse a training
@@ -168,16 +147,6 @@ def stop(args: argparse.Namespace) -> int:
     if pid is None:
         print("no runner is going")
         return 0
-    deadline = time.monotonic() + args.wait_validation
-    busy = validating(args.work)
-    if busy:
-        print(f"waiting for the validation of {', '.join(busy)} to end (a stop during a validation saves nothing)")
-    while busy and time.monotonic() < deadline:
-        time.sleep(2)
-        busy = validating(args.work)
-    if busy:
-        print(f"still validating after {args.wait_validation:g} s: {', '.join(busy)}; these resume from their "
-              "previous checkpoint")
     os.killpg(pid, signal.SIGTERM)  # the harness and its trainings: each training saves a checkpoint first
     deadline = time.monotonic() + args.wait
     while group_alive(pid) and time.monotonic() < deadline:
@@ -381,9 +350,6 @@ def main(argv: list[str] | None = None) -> int:
     halt = sub.add_parser("stop", help="stop the runner")
     halt.add_argument("--wait", type=float, default=120.0, help="seconds its trainings get to save a checkpoint "
                       "and end before they are killed (default: 120)")
-    halt.add_argument("--wait-validation", type=float, default=300.0, help="seconds to wait, before stopping, for "
-                      "the trainings that are validating to finish (a stop during a validation saves nothing; "
-                      "default: 300)")
     job = sub.add_parser("work", help="what the background job runs (in the foreground; `start` runs it)")
     job.add_argument("--jobs", type=int, default=2)
     job.add_argument("--threads", type=int, default=1)

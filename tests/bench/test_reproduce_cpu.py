@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -266,44 +265,6 @@ def a_training_process():
     yield proc.pid
     proc.kill()
     proc.wait()
-
-
-def test_a_training_is_validating_after_the_training_record_of_an_update_that_validates(tmp_path, a_training_process):
-    work = tmp_path / "w"
-    training_folder(work, "mat/seed1", [{"type": "train", "step": 450}, {"type": "train", "step": 500}],
-                    a_training_process)  # validating update 500
-    training_folder(work, "mute/seed1", [{"type": "train", "step": 500}, {"type": "valid", "step": 500}],
-                    a_training_process)  # validated: training on
-    training_folder(work, "weighted/seed1", [{"type": "train", "step": 450}], a_training_process)  # between
-    training_folder(work, "muse/seed1", [{"type": "train", "step": 500}], 2 ** 22 + 7)  # stopped there earlier
-    training_folder(work, "drophead/seed1", [{"type": "train", "step": 500}], os.getpid())  # a pid, not a training
-    trained = training_folder(work, "standard/seed1", [{"type": "train", "step": 500}], a_training_process)
-    (trained.parent / "trained.json").write_text("{}")
-    assert reproduce_runner.validating(work) == ["mat/seed1"]
-
-
-def test_stop_waits_for_a_validation_to_end_first(tmp_path, a_training_process, capsys):
-    work = tmp_path / "w"
-    train = training_folder(work, "mat/seed1", [{"type": "train", "step": 500}], a_training_process)
-    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    (work / "runner.pid").write_text(f"{runner.pid}\n")
-
-    def validation_ends() -> None:
-        time.sleep(1.5)
-        with (train / "metrics.jsonl").open("a") as log:
-            log.write(json.dumps({"type": "valid", "step": 500, "bleu": 20.0}) + "\n")
-        log_ended.append(time.monotonic())
-
-    log_ended: list[float] = []
-    thread = threading.Thread(target=validation_ends)
-    thread.start()
-    assert reproduce_runner.main(["--work", str(work), "stop", "--wait", "10"]) == 0
-    stopped = time.monotonic()
-    thread.join()
-    assert log_ended and stopped >= log_ended[0]  # the SIGTERM came after the validation's record
-    assert runner.wait(timeout=10) == -signal.SIGTERM
-    out = capsys.readouterr().out
-    assert "waiting for the validation of mat/seed1 to end" in out and "stopped the runner" in out
 
 
 @pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling on this kernel")
