@@ -158,6 +158,13 @@ class ResultsFile:
             return "GPU"
         return "CPU" if env.get("device") == "cpu" or "gpu" in env else None
 
+    def threads(self) -> int | None:
+        """The threads each of the call's runs trained with (its environment's), None when unrecorded."""
+        try:
+            return int(self.environment["threads"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
     def date(self) -> str | None:
         """The call's date: environment.date when recorded, else the latest segment start of its runs."""
         if self.environment.get("date"):
@@ -279,8 +286,10 @@ def merge(files: list[ResultsFile]) -> Merged:
                          f"the finished record of {old['results_file']} is kept")
                     continue
                 note(f"{key} is in {old['results_file']} and {file.label}: the record of {file.label} is used")
-            merged.runs[key] = {**record, "results_file": file.label, "jobs": file.settings.get("jobs"),
-                                "device": file.device}
+            trained_alone = bool(record.get("trained_by"))  # the validation curve's run, taken over: trained alone
+            merged.runs[key] = {**record, "results_file": file.label,
+                                "jobs": 1 if trained_alone else file.settings.get("jobs"),
+                                "threads": record.get("train_threads") or file.threads(), "device": file.device}
             merged.sources[key] = file
         for row in file.data.get("rows") or []:
             target = merged.rows.setdefault(row["system"], {})
@@ -374,6 +383,7 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
         "updates_to_best_valid": mean_sd([r["best_valid_step"] for r in runs if r.get("best_valid_step")]),
         "train_minutes": mean_sd([r["train_minutes"] for r in runs if r.get("train_minutes") is not None]),
         "jobs": sorted({r["jobs"] for r in runs if r.get("jobs") is not None}),
+        "threads": sorted({r["threads"] for r in runs if r.get("threads") is not None}),
         "results_files": sorted({r["results_file"] for r in runs if r.get("results_file")}),
         "test_bleu": mean_sd([r["test"]["avg"]["bleu"] for r in runs]),
         "test_chrf": mean_sd([r["test"]["avg"]["chrf"] for r in runs if r["test"]["avg"].get("chrf") is not None]),
@@ -529,8 +539,10 @@ def table_cells(summary: dict[str, Any]) -> list[str]:
     if summary["updates_to_best_valid"]["mean"] is not None:
         updates += f" (best at {summary['updates_to_best_valid']['mean']:,.0f})"
     minutes = fmt(summary["train_minutes"], 1)
+    threads = summary.get("threads") or []
     if minutes != DASH and summary["jobs"]:
-        minutes += f" (jobs {'/'.join(str(j) for j in summary['jobs'])})"
+        minutes += f" (jobs {'/'.join(str(j) for j in summary['jobs'])}" + (
+            f", {'/'.join(str(t) for t in threads)} threads" if threads and threads != [1] else "") + ")"
     paper = summary.get("paper_delta_bleu")
     return [name, params, seeds_cell(summary), updates, minutes,
             fmt(summary["test_bleu"]), fmt(summary["delta_bleu_to_standard"], sign=True), p_cell(summary),
@@ -581,7 +593,8 @@ def files_line(files: list[ResultsFile]) -> str:
     parts = []
     for file in files:
         env = file.environment
-        facts = [env.get("gpu") or f"device {env.get('device') or 'unknown'}"]
+        facts = [env.get("gpu") or (f"CPU {env['cpu']} ({', '.join(env.get('cpu_flags') or []) or 'flags unknown'})"
+                                    if env.get("cpu") else f"device {env.get('device') or 'unknown'}")]
         if env.get("commit"):
             facts.append(f"commit {env['commit'][:10]}" + (" with local changes" if env.get("commit_dirty") else ""))
         if file.date():
@@ -595,7 +608,8 @@ LEGEND = ("Test BLEU and chrF: sacreBLEU on test_2016_flickr, the average of the
           "against those standard models, first over the seeds together (each resample of test scored on every "
           "seed and the scores averaged; from two seeds on), then sacreBLEU's, one per seed. Updates to "
           "stop: where early stopping or the cap ended training (best at: the update of the best validation "
-          "BLEU). {minutes}: training minutes per run; with jobs N, N runs shared one {device}. Paper's Δ: the "
+          "BLEU). {minutes}: training minutes per run; with jobs N, N runs shared one {device} (at one thread each "
+          "where no threads are given; the machines differ: see the results files above). Paper's Δ: the "
           "paper's own gain on its own data and shape.")
 
 

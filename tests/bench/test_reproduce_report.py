@@ -196,8 +196,28 @@ def test_the_minutes_are_labelled_by_the_device_the_runs_trained_on(tmp_path):
         assert header.split(" | ")[4] == label, header
         assert proc.stdout.splitlines()[0] == header  # the table on stdout too
         legend, capital = " ".join(doc.read_text().split()), label[0].upper() + label[1:]
-        assert f"{capital}: training minutes per run; with jobs N, N runs shared {shared}." in legend
+        assert f"{capital}: training minutes per run; with jobs N, N runs shared {shared} (at one thread" in legend
         assert ("GPU" in label) == ("GPU minutes" in legend)
+
+
+def test_a_cpu_calls_machine_and_threads_are_named_beside_its_minutes(tmp_path):
+    """Minutes from machines of different speeds and thread counts side by side: the results files name each CPU
+    and its flags, and a row whose runs trained at more than one thread says how many."""
+    one_thread = results(STANDARD)
+    one_thread["environment"] = {"device": "cpu", "cpu": "AMD EPYC", "cpu_flags": ["avx2"], "threads": 1}
+    two_threads = results(DROPHEAD, [DROPHEAD_ROW])
+    two_threads["environment"] = {"device": "cpu", "cpu": "Intel Xeon", "cpu_flags": ["avx2", "avx512f"],
+                                  "threads": "2"}
+    two_threads["settings"]["jobs"] = 1
+    doc = tmp_path / "reproduction.md"
+    doc.write_text(f"{START}\n{END}\n", encoding="utf-8")
+    proc = report(write(tmp_path / "r_amd.json", one_thread), write(tmp_path / "r_intel.json", two_threads),
+                  "--docs", doc)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(doc.read_text().split())
+    assert "`r_amd.json` (CPU AMD EPYC (avx2)" in text and "`r_intel.json` (CPU Intel Xeon (avx2, avx512f)" in text
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in doc.read_text().splitlines() if line.startswith("| ")}
+    assert rows["| drophead"][4].endswith("(jobs 1, 2 threads)") and rows["| standard"][4].endswith("(jobs 3)")
 
 
 def heads(role: str, layer: int, importance: list[float]) -> dict[str, Any]:
