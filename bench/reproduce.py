@@ -64,7 +64,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's mul
 
 from bench.common import cpu_model, multi30k_dir  # noqa: E402
 from bench.reproduce_analyses import AnalysisSettings, analyses_for, run_analyses  # noqa: E402
-from bench.reproduce_cost import cpu_flags, cpu_precision, estimate_minutes  # noqa: E402
+from bench.reproduce_cost import cpu_flags, cpu_precision, estimate_minutes, this_cpu  # noqa: E402
 from bench.reproduce_report import markdown_table, mean_sd, system_summary  # noqa: E402
 from bench.reproduce_systems import (  # noqa: E402
     CURVE_FILE,
@@ -503,7 +503,7 @@ class Harness:
         a = self.args
         if a.recipe != "cpu" or self.run_environment().get("gpu"):
             return None
-        return estimate_minutes(run.system, a.max_updates - step, cpu_precision(a.amp), a.max_updates)
+        return estimate_minutes(run.system, a.max_updates - step, cpu_precision(a.amp), a.max_updates, cpu=this_cpu())
 
     @staticmethod
     def current_step(train_dir: Path) -> int:

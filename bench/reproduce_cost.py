@@ -90,8 +90,9 @@ def finished_runs(precision: str, max_updates: int, folder: Path = RESULTS) -> l
         settings = data.get("settings") or {}
         if settings.get("recipe") != "cpu" or settings.get("tiny") or settings.get("max_updates") != max_updates:
             continue
-        threads = run_threads(data.get("environment") or {})
-        runs += [{**r, "threads": threads} for r in data.get("runs", []) if r.get("status") == "done"
+        environment = data.get("environment") or {}
+        threads, cpu = run_threads(environment), (environment.get("cpu"), tuple(environment.get("cpu_flags") or ()))
+        runs += [{**r, "threads": threads, "cpu": cpu} for r in data.get("runs", []) if r.get("status") == "done"
                  and r.get("precision") == precision
                  and not r.get("trained_by")]  # the validation curve's run trained at its own threads
     return runs
@@ -111,11 +112,18 @@ def core_minutes(run: dict[str, Any]) -> float:
     return run["wall_minutes"] * run.get("threads", 1)
 
 
+def this_cpu() -> tuple[str, tuple[str, ...]]:
+    """This machine's CPU as results files record it: its model name and the flags of CPU_FLAGS it has."""
+    return cpu_model(), tuple(cpu_flags())
+
+
 def estimate_minutes(system: str, updates: int, precision: str, max_updates: int,
-                     folder: Path = RESULTS) -> float | None:
+                     folder: Path = RESULTS, cpu: tuple[str, tuple[str, ...]] | None = None) -> float | None:
     """Minutes a one-thread run of `system` needs for `updates` more updates and its evaluation, or None when
-    nothing was measured for it."""
+    nothing was measured for it. With `cpu` (`this_cpu()`), the runs finished on that CPU alone calibrate the
+    estimate where there are any: CPUs differ in speed by more than twice."""
     done = finished_runs(precision, max_updates, folder)
+    done = [r for r in done if r["cpu"] == cpu] or done
     mine = [core_minutes(r) for r in done if r["system"] == system and r.get("wall_minutes")]
     if mine and updates >= max_updates:
         return max(mine)

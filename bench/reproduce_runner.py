@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from bench.reproduce_cost import EVALUATION_MINUTES, cpu_precision, estimate_minutes  # noqa: E402
+from bench.reproduce_cost import EVALUATION_MINUTES, cpu_precision, estimate_minutes, this_cpu  # noqa: E402
 from bench.reproduce_systems import RECIPES, chosen_cpu_updates  # noqa: E402
 from multibranch.atomic import atomic_write_text  # noqa: E402
 
@@ -234,6 +234,7 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
     updates = chosen_cpu_updates(results / "reproduce_cpu_curve.json")
     precision = precision or cpu_precision(recipe.defaults["amp"])
     curve_seed = curve_run_seed(results / "reproduce_cpu_curve.json") if updates else None
+    cpu = this_cpu() if work is not None else None  # the machine's own status; the docs' plan is the same anywhere
     rows = []
     for seed in seeds:
         for system in recipe.table_systems:
@@ -248,7 +249,7 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
             else:
                 state = "running" if step or (folder is not None and (folder / "train").is_dir()) else "left"
             minutes = None if state == "done" or updates is None else estimate_minutes(
-                system, updates - (step or 0), precision, updates, results)
+                system, updates - (step or 0), precision, updates, results, cpu)
             scoring = state == "running" and (folder / "trained.json").is_file()  # trained; scored and analysed now
             training = state == "running" and not scoring and training_process_alive(folder / "train")
             pace = seconds_per_update(records, call_began_at(folder)) if training else None

@@ -134,6 +134,24 @@ def test_a_finished_run_at_two_threads_counts_its_minutes_on_both_cores(tmp_path
     assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path) == pytest.approx(65.0)
 
 
+def test_the_runs_finished_on_this_cpu_calibrate_its_estimates(tmp_path):
+    cost_files(tmp_path)
+    amd, intel = ("AMD EPYC", ("avx2",)), ("Intel Xeon", ("avx2", "avx512f"))
+    for seed, (cpu, minutes) in enumerate(((amd, 129.0), (intel, 31.5)), start=1):  # 130 and 32.5 wall minutes
+        write(tmp_path / f"reproduce_cpu_standard_seed{seed}.json",
+              {"settings": {"recipe": "cpu", "max_updates": 1000},
+               "environment": {"threads": 1, "cpu": cpu[0], "cpu_flags": list(cpu[1])},
+               "runs": [run("standard", seed, 30.0, minutes=minutes) | {"precision": "fp32"}]})
+    planned = 1000 * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES
+    # 65 minutes planned for standard: the AMD run took twice that, the Intel one half
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path) == pytest.approx(2 * planned)
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path, amd) == pytest.approx(2 * planned)
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path, intel) == pytest.approx(planned / 2)
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, intel) == pytest.approx(32.5)
+    other = ("Intel Xeon", ("avx2",))  # no run finished on it: every run counts
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, other) == pytest.approx(130.0)
+
+
 def train_records(steps: range, seconds: dict[int, float]) -> list[dict]:
     """Train records at `steps` whose trainer clock advances by seconds[step] at each (a validation or a slower
     call in between), with a validation record every 250 updates."""
