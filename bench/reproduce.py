@@ -499,11 +499,13 @@ class Harness:
         return out
 
     def estimate_minutes(self, run: Run, step: int) -> float | None:
-        """Wall minutes `run` still needs on this CPU (bench/reproduce_cost.py), None where unknown (a GPU)."""
+        """Wall minutes `run` still needs on this CPU at --threads (bench/reproduce_cost.py; at one thread where
+        --threads is unset, which trains at more), None where unknown (a GPU)."""
         a = self.args
         if a.recipe != "cpu" or self.run_environment().get("gpu"):
             return None
-        return estimate_minutes(run.system, a.max_updates - step, cpu_precision(a.amp), a.max_updates, cpu=this_cpu())
+        return estimate_minutes(run.system, a.max_updates - step, cpu_precision(a.amp), a.max_updates, cpu=this_cpu(),
+                                threads=a.threads or 1)
 
     @staticmethod
     def current_step(train_dir: Path) -> int:

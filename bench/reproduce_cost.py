@@ -10,10 +10,10 @@ work on the machine does not enter it; the wall seconds are kept beside), the pa
 (CPU model and flags, precision, load). bf16 is the precision where the CPU computes it natively (the recipe's
 `amp: auto`), else fp32.
 
-`estimate_minutes` turns it into the minutes a whole run takes: a finished run of the same system and
-precision in bench/results says it exactly (its training and evaluation wall minutes); otherwise the measured
-rate times the updates, times the overhead that finished runs of other systems show (validation, evaluation
-and analyses over pure training), else times OVERHEAD, plus EVALUATION_MINUTES.
+`estimate_minutes` turns it into the wall minutes a whole run takes at a given number of threads: a finished
+run of the same system, precision and threads in bench/results says it exactly (its training and evaluation wall
+minutes); otherwise the plan (the measured rate times the updates times OVERHEAD, plus EVALUATION_MINUTES) times
+the ratio of actual to planned minutes that finished runs of other systems show, where there are any.
 """
 
 from __future__ import annotations
@@ -91,25 +91,27 @@ def finished_runs(precision: str, max_updates: int, folder: Path = RESULTS) -> l
         if settings.get("recipe") != "cpu" or settings.get("tiny") or settings.get("max_updates") != max_updates:
             continue
         environment = data.get("environment") or {}
-        threads, cpu = run_threads(environment), (environment.get("cpu"), tuple(environment.get("cpu_flags") or ()))
+        threads, cpu = run_threads(environment) or 1, (environment.get("cpu"), tuple(environment.get("cpu_flags") or ()))
         runs += [{**r, "threads": threads, "cpu": cpu} for r in data.get("runs", []) if r.get("status") == "done"
                  and r.get("precision") == precision
                  and not r.get("trained_by")]  # the validation curve's run trained at its own threads
     return runs
 
 
-def run_threads(environment: dict[str, Any]) -> int:
-    """The threads each run of a results file trained with (its environment's `threads`; 1 where unset)."""
+def run_threads(environment: dict[str, Any]) -> int | None:
+    """The threads each run of a results file trained with (its environment's `threads`), None where unset."""
     try:
-        return max(1, int(environment.get("threads") or 1))
+        return max(1, int(environment.get("threads")))
     except (TypeError, ValueError):
-        return 1
+        return None
 
 
-def core_minutes(run: dict[str, Any]) -> float:
-    """A finished run's wall minutes times its threads: what it would take on one core, at most (a run at more
-    threads is not that many times faster), so that runs at two threads do not shrink the plan of one-thread runs."""
-    return run["wall_minutes"] * run.get("threads", 1)
+def minutes_at(run: dict[str, Any], threads: int) -> float:
+    """A finished run's wall minutes as a run at `threads` threads would take them, at most: as many where it ran at
+    no more threads (more threads are not slower), times t / `threads` where it ran at t > `threads` (fewer threads
+    are at most that many times slower). At one thread, its core-minutes: so that runs at two threads do not shrink
+    the plan of one-thread runs."""
+    return run["wall_minutes"] * max(1.0, run.get("threads", 1) / threads)
 
 
 def this_cpu() -> tuple[str, tuple[str, ...]]:
@@ -117,23 +119,29 @@ def this_cpu() -> tuple[str, tuple[str, ...]]:
     return cpu_model(), tuple(cpu_flags())
 
 
-def estimate_minutes(system: str, updates: int, precision: str, max_updates: int,
-                     folder: Path = RESULTS, cpu: tuple[str, tuple[str, ...]] | None = None) -> float | None:
-    """Minutes a one-thread run of `system` needs for `updates` more updates and its evaluation, or None when
-    nothing was measured for it. With `cpu` (`this_cpu()`), the runs finished on that CPU alone calibrate the
-    estimate where there are any: CPUs differ in speed by more than twice."""
+def planned_minutes(rate: float, updates: int) -> float:
+    """The plan of a run from its measured one-thread seconds per update, before any run has finished."""
+    return updates * rate * OVERHEAD / 60 + EVALUATION_MINUTES
+
+
+def estimate_minutes(system: str, updates: int, precision: str, max_updates: int, folder: Path = RESULTS,
+                     cpu: tuple[str, tuple[str, ...]] | None = None, threads: int = 1) -> float | None:
+    """Wall minutes a run of `system` at `threads` threads needs for `updates` more updates and its evaluation, or
+    None when nothing was measured for it. With `cpu` (`this_cpu()`), the runs finished on that CPU alone calibrate
+    the estimate where there are any (CPUs differ in speed by more than twice), and of those the runs at `threads`
+    threads where there are any."""
     done = finished_runs(precision, max_updates, folder)
     done = [r for r in done if r["cpu"] == cpu] or done
-    mine = [core_minutes(r) for r in done if r["system"] == system and r.get("wall_minutes")]
+    done = [r for r in done if r["threads"] == threads] or done
+    mine = [minutes_at(r, threads) for r in done if r["system"] == system and r.get("wall_minutes")]
     if mine and updates >= max_updates:
         return max(mine)
     rates = load_rates(precision, folder)
     if system not in rates:
         return None
-    ratios = [core_minutes(r) / (max_updates * rates[r["system"]] / 60 + EVALUATION_MINUTES)
+    ratios = [minutes_at(r, threads) / planned_minutes(rates[r["system"]], max_updates)
               for r in done if r["system"] in rates and r.get("wall_minutes")]
-    overhead = max(ratios) if ratios else 1.0
-    return overhead * (updates * rates[system] * OVERHEAD / 60 + EVALUATION_MINUTES)
+    return (max(ratios) if ratios else 1.0) * planned_minutes(rates[system], updates)
 
 
 # ---- the measurement -------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's multibranch (no torch needed)
 
 from bench.common import multi30k_dir  # noqa: E402
+from bench.reproduce_cost import run_threads  # noqa: E402
 from bench.reproduce_systems import (  # noqa: E402
     MAT_SYSTEMS,
     PAPER_BASELINES,
@@ -160,10 +161,7 @@ class ResultsFile:
 
     def threads(self) -> int | None:
         """The threads each of the call's runs trained with (its environment's), None when unrecorded."""
-        try:
-            return int(self.environment["threads"])
-        except (KeyError, TypeError, ValueError):
-            return None
+        return run_threads(self.environment)
 
     def date(self) -> str | None:
         """The call's date: environment.date when recorded, else the latest segment start of its runs."""

@@ -22,8 +22,9 @@ nothing. With --hours, no run starts that its estimate (bench/reproduce_cost.py)
 and every training stops by then.
 
 `status` prints the runs done, started (training now or paused until the runner resumes them; with a run's last
-validation BLEU, and the finished standard model's of its seed at that update) and left, the minutes a training
-run needs at its own pace here, and the hours of one core the ones left need.
+validation BLEU, and the finished standard model's of its seed at that update) and left, the minutes a started
+run needs at the runner's threads (at its own pace here once it has trained 250 updates in its present call), and
+the hours of one core the ones left need.
 `stop` ends the job (its trainings save a checkpoint to resume from; one stopped during a validation does that
 validation first when it resumes). Then `python bench/reproduce_report.py
 --docs docs/reproduction.md` rebuilds the table.
@@ -226,10 +227,10 @@ def standard_valid_bleu(results: Path, seed: int, step: int) -> float | None:
 
 
 def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[int, ...] = SEEDS,
-                precision: str | None = None) -> dict[str, Any]:
+                precision: str | None = None, threads: int = 1) -> dict[str, Any]:
     """Every run of the CPU recipe's table: done (its results file is in `results`), running (started: its training
-    folder is in `work`; `scoring` once its training has finished) or left, and the minutes each one left needs at
-    `precision` (this CPU's)."""
+    folder is in `work`; `scoring` once its training has finished) or left, the wall minutes each one left needs at
+    `precision` (this CPU's) and `threads` threads, and the hours of one core they need together."""
     recipe = RECIPES["cpu"]
     updates = chosen_cpu_updates(results / "reproduce_cpu_curve.json")
     precision = precision or cpu_precision(recipe.defaults["amp"])
@@ -248,15 +249,18 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
                 state, step = "trained", updates
             else:
                 state = "running" if step or (folder is not None and (folder / "train").is_dir()) else "left"
-            minutes = None if state == "done" or updates is None else estimate_minutes(
-                system, updates - (step or 0), precision, updates, results, cpu)
+            minutes = core_minutes = None
+            if state != "done" and updates is not None:
+                minutes, core_minutes = (estimate_minutes(system, updates - (step or 0), precision, updates, results,
+                                                          cpu, t) for t in (threads, 1))
             scoring = state == "running" and (folder / "trained.json").is_file()  # trained; scored and analysed now
             training = state == "running" and not scoring and training_process_alive(folder / "train")
             pace = seconds_per_update(records, call_began_at(folder)) if training else None
             if pace is not None:  # its own pace, on this machine, at its threads and load, validations included
                 minutes = (updates - (step or 0)) * pace / 60 + EVALUATION_MINUTES
+                core_minutes = minutes * threads
             row = {"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes,
-                   "scoring": scoring, "training": training, "valid": None}
+                   "core_minutes_left": core_minutes, "scoring": scoring, "training": training, "valid": None}
             valid = last_validation(records) if state == "running" else None
             if valid is not None:
                 row["valid"] = {"step": valid["step"], "bleu": valid["bleu"],
@@ -266,7 +270,7 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
     unknown = [r["run"] for r in left if r["minutes_left"] is None]
     return {"updates": updates, "precision": precision, "runs": rows,
             "done": len(rows) - len(left), "left": len(left),
-            "core_hours_left": sum(r["minutes_left"] or 0 for r in left) / 60, "not_estimated": unknown}
+            "core_hours_left": sum(r["core_minutes_left"] or 0 for r in left) / 60, "not_estimated": unknown}
 
 
 def seconds_per_update(records: list[dict[str, Any]] | None, since: int = 0, span: int = 500) -> float | None:
@@ -305,9 +309,19 @@ def curve_run_seed(path: Path) -> int | None:
     return data.get("seed", 1) if data.get("system", "standard") == "standard" else None
 
 
+def runner_threads(pid: int | None) -> int:
+    """The --threads of each run of the runner `pid` (its command line's; 1 where it has none or is not going)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        return max(1, int(command[command.index("--threads") + 1]))
+    except (OSError, ValueError, IndexError):
+        return 1
+
+
 def status(args: argparse.Namespace) -> int:
-    plan = plan_status(args.out, args.work)
     pid = running_pid(args.work)
+    threads = runner_threads(pid) if pid else 1
+    plan = plan_status(args.out, args.work, threads=threads)
     if args.json:
         print(json.dumps({**plan, "runner_pid": pid}, indent=1))
         return 0
@@ -331,7 +345,8 @@ def status(args: argparse.Namespace) -> int:
                 doing += f", validation BLEU {valid['bleu']:.2f} at {valid['step']}" + (
                     f" (standard, seed {seed}: {valid['standard_bleu']:.2f})" if valid["standard_bleu"] is not None
                     and not row["run"].startswith("standard/") else "")
-            print(f"  {how} {row['run']}: {doing}, about {row['minutes_left'] or 0:.0f} minutes left")
+            print(f"  {how} {row['run']}: {doing}, about {row['minutes_left'] or 0:.0f} minutes left"
+                  + (f" at {threads} threads" if threads > 1 else ""))
     return 0
 
 

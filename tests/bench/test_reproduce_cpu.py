@@ -105,51 +105,69 @@ def cost_files(folder: Path) -> None:
 def test_estimates_from_the_measured_rate_then_from_finished_runs(tmp_path):
     cost_files(tmp_path)
     updates = 1000
-    # nothing finished: rate x updates x OVERHEAD, plus the evaluation
-    expected = 1000 * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES
-    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", updates, tmp_path) == pytest.approx(expected)
+    # nothing finished: rate x updates x OVERHEAD, plus the evaluation (standard: 57.5 + 15; mute: 115 + 15)
+    assert reproduce_cost.OVERHEAD == 1.15 and reproduce_cost.EVALUATION_MINUTES == 15.0
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", updates, tmp_path) == pytest.approx(130.0)
     assert reproduce_cost.estimate_minutes("weighted", 1000, "fp32", updates, tmp_path) is None
     # bf16 never measured: the fp32 rates
-    assert reproduce_cost.estimate_minutes("mute", 1000, "bf16", updates, tmp_path) == pytest.approx(expected)
-    # a finished standard run took 130 minutes where 50 + 15 were planned: twice the plan for the others too
-    finished = run("standard", 1, 30.0, minutes=129.0) | {"precision": "fp32"}
+    assert reproduce_cost.estimate_minutes("mute", 1000, "bf16", updates, tmp_path) == pytest.approx(130.0)
+    # a finished standard run took 145 minutes where 72.5 were planned: twice the plan for the others too
+    finished = run("standard", 1, 30.0, minutes=144.0) | {"precision": "fp32"}
     write(tmp_path / "reproduce_cpu_standard_seed1.json",
           {"settings": {"recipe": "cpu", "max_updates": updates}, "runs": [finished]})
-    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", updates, tmp_path) == pytest.approx(130.0)
-    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", updates, tmp_path) == pytest.approx(2 * expected)
-    assert reproduce_cost.estimate_minutes("mute", 500, "fp32", updates, tmp_path) == pytest.approx(
-        2 * (500 * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES))
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", updates, tmp_path) == pytest.approx(145.0)
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", updates, tmp_path) == pytest.approx(260.0)
+    assert reproduce_cost.estimate_minutes("mute", 500, "fp32", updates, tmp_path) == pytest.approx(2 * 72.5)
 
 
 def test_a_finished_run_at_two_threads_counts_its_minutes_on_both_cores(tmp_path):
     cost_files(tmp_path)
-    finished = run("standard", 1, 30.0, minutes=64.0) | {"precision": "fp32"}  # 65 wall minutes
+    finished = run("standard", 1, 30.0, minutes=71.5) | {"precision": "fp32"}  # 72.5 wall minutes
     write(tmp_path / "reproduce_cpu_standard_seed1.json", {"settings": {"recipe": "cpu", "max_updates": 1000},
                                                           "environment": {"threads": 2}, "runs": [finished]})
-    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path) == pytest.approx(130.0)
-    planned = 1000 * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES
-    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path) == pytest.approx(2 * planned)
+    # at one thread: twice its wall minutes (a one-thread run is at most that much slower)
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path) == pytest.approx(145.0)
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path) == pytest.approx(260.0)
+    # at two threads, as it ran
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, threads=2) == pytest.approx(72.5)
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path, threads=2) == pytest.approx(130.0)
     write(tmp_path / "reproduce_cpu_standard_seed1.json", {"settings": {"recipe": "cpu", "max_updates": 1000},
                                                           "environment": {"threads": "1"}, "runs": [finished]})
-    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path) == pytest.approx(65.0)
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path) == pytest.approx(72.5)
+    # a one-thread run does not promise a two-thread run to be faster
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, threads=2) == pytest.approx(72.5)
+
+
+def finished_on(folder: Path, seed: int, cpu: tuple[str, tuple[str, ...]], threads: int, wall_minutes: float) -> None:
+    """A finished standard run of `seed` (1,000 updates) on `cpu` at `threads` threads that took `wall_minutes`."""
+    write(folder / f"reproduce_cpu_standard_seed{seed}.json",
+          {"settings": {"recipe": "cpu", "max_updates": 1000},
+           "environment": {"threads": threads, "cpu": cpu[0], "cpu_flags": list(cpu[1])},
+           "runs": [run("standard", seed, 30.0, minutes=wall_minutes - 1.0) | {"precision": "fp32"}]})
 
 
 def test_the_runs_finished_on_this_cpu_calibrate_its_estimates(tmp_path):
     cost_files(tmp_path)
     amd, intel = ("AMD EPYC", ("avx2",)), ("Intel Xeon", ("avx2", "avx512f"))
-    for seed, (cpu, minutes) in enumerate(((amd, 129.0), (intel, 31.5)), start=1):  # 130 and 32.5 wall minutes
-        write(tmp_path / f"reproduce_cpu_standard_seed{seed}.json",
-              {"settings": {"recipe": "cpu", "max_updates": 1000},
-               "environment": {"threads": 1, "cpu": cpu[0], "cpu_flags": list(cpu[1])},
-               "runs": [run("standard", seed, 30.0, minutes=minutes) | {"precision": "fp32"}]})
-    planned = 1000 * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES
-    # 65 minutes planned for standard: the AMD run took twice that, the Intel one half
-    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path) == pytest.approx(2 * planned)
-    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path, amd) == pytest.approx(2 * planned)
-    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path, intel) == pytest.approx(planned / 2)
-    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, intel) == pytest.approx(32.5)
+    finished_on(tmp_path, 1, amd, 1, 145.0)  # 72.5 minutes planned for standard: the AMD took twice that,
+    finished_on(tmp_path, 2, intel, 1, 36.25)  # the Intel half
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path) == pytest.approx(260.0)
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path, amd) == pytest.approx(260.0)
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path, intel) == pytest.approx(65.0)
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, intel) == pytest.approx(36.25)
     other = ("Intel Xeon", ("avx2",))  # no run finished on it: every run counts
-    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, other) == pytest.approx(130.0)
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, other) == pytest.approx(145.0)
+
+
+def test_the_runs_at_the_same_threads_calibrate_the_estimates_at_those_threads(tmp_path):
+    cost_files(tmp_path)
+    intel = ("Intel Xeon", ("avx2", "avx512f"))
+    finished_on(tmp_path, 1, intel, 2, 43.5)  # 0.6 of the one-thread plan
+    finished_on(tmp_path, 2, intel, 1, 72.5)  # the plan
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path, intel, threads=2) == pytest.approx(78.0)
+    assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path, intel, threads=1) == pytest.approx(130.0)
+    assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, intel, threads=2) == pytest.approx(
+        43.5)
 
 
 def train_records(steps: range, seconds: dict[int, float]) -> list[dict]:
@@ -190,6 +208,34 @@ def test_status_tells_a_training_run_at_its_pace_from_a_paused_one(tmp_path, a_t
     assert reproduce_runner.main(["--work", str(work), "--out", str(tmp_path), "status"]) == 0
     out = capsys.readouterr().out
     assert "  running weighted/seed1: update 1000" in out and "  paused mute/seed1: update 1000" in out
+
+
+def test_status_gives_a_started_runs_minutes_at_the_runners_threads(tmp_path, capsys):
+    cost_files(tmp_path)
+    write(tmp_path / "reproduce_cpu_curve.json", {"chosen_updates": 1000})
+    finished_on(tmp_path, 2, reproduce_cost.this_cpu(), 2, 43.5)  # at two threads: 0.6 of the one-thread plan
+    work = tmp_path / "w"
+    training_folder(work, "mute/seed1", train_records(range(50, 501, 50), {}), None)  # paused at update 500
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "work", "--jobs", "1",
+                               "--threads", "2"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while b"--threads" not in Path(f"/proc/{runner.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (work / "runner.pid").write_text(f"{runner.pid}\n")
+        assert reproduce_runner.runner_threads(runner.pid) == 2
+        assert reproduce_runner.main(["--work", str(work), "--out", str(tmp_path), "status", "--json"]) == 0
+        rows = {r["run"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+        # 500 mute updates: 57.5 + 15 planned at one thread, 0.6 of it at two, and twice that on one core
+        assert rows["mute/seed1"]["minutes_left"] == pytest.approx(43.5)
+        assert rows["mute/seed1"]["core_minutes_left"] == pytest.approx(87.0)
+        assert reproduce_runner.main(["--work", str(work), "--out", str(tmp_path), "status"]) == 0
+        assert "  paused mute/seed1: update 500, validation BLEU 10.00 at 500, about 44 minutes left at 2 threads" in (
+            capsys.readouterr().out)
+    finally:
+        runner.kill()
+        runner.wait()
+    assert reproduce_runner.runner_threads(runner.pid) == 1  # gone
 
 
 def test_start_gives_the_background_job_its_jobs_and_threads(tmp_path, monkeypatch):
