@@ -10,10 +10,11 @@ work on the machine does not enter it; the wall seconds are kept beside), the pa
 (CPU model and flags, precision, load). bf16 is the precision where the CPU computes it natively (the recipe's
 `amp: auto`), else fp32.
 
-`estimate_minutes` turns it into the wall minutes a whole run takes at a given number of threads: a finished
-run of the same system, precision and threads in bench/results says it exactly (its training and evaluation wall
-minutes); otherwise the plan (the measured rate times the updates times OVERHEAD, plus EVALUATION_MINUTES) times
-the ratio of actual to planned minutes that finished runs of other systems show, where there are any.
+`Estimator` (`estimate_minutes` for one run) turns it into the wall minutes a whole run takes at a given number
+of threads: a finished run of the same system, precision and threads in bench/results says it exactly (its
+training and evaluation wall minutes); otherwise the plan (the measured rate times the updates times OVERHEAD,
+plus EVALUATION_MINUTES) times the ratio of actual to planned minutes that finished runs of other systems show,
+where there are any.
 """
 
 from __future__ import annotations
@@ -124,24 +125,37 @@ def planned_minutes(rate: float, updates: int) -> float:
     return updates * rate * OVERHEAD / 60 + EVALUATION_MINUTES
 
 
+class Estimator:
+    """Run-time estimates at `precision` for runs of `max_updates` updates, from the rates and finished runs in
+    `folder`, read once (a plan asks for every run of the table)."""
+
+    def __init__(self, precision: str, max_updates: int, folder: Path = RESULTS):
+        self.max_updates = max_updates
+        self.finished = finished_runs(precision, max_updates, folder)
+        self.rates = load_rates(precision, folder)
+
+    def minutes(self, system: str, updates: int, cpu: tuple[str, tuple[str, ...]] | None = None,
+                threads: int = 1) -> float | None:
+        """Wall minutes a run of `system` at `threads` threads needs for `updates` more updates and its evaluation,
+        or None when nothing was measured for it. With `cpu` (`this_cpu()`), the runs finished on that CPU alone
+        calibrate the estimate where there are any (CPUs differ in speed by more than twice), and of those the runs
+        at `threads` threads where there are any."""
+        done = [r for r in self.finished if r["cpu"] == cpu] or self.finished
+        done = [r for r in done if r["threads"] == threads] or done
+        mine = [minutes_at(r, threads) for r in done if r["system"] == system and r.get("wall_minutes")]
+        if mine and updates >= self.max_updates:
+            return max(mine)
+        if system not in self.rates:
+            return None
+        ratios = [minutes_at(r, threads) / planned_minutes(self.rates[r["system"]], self.max_updates)
+                  for r in done if r["system"] in self.rates and r.get("wall_minutes")]
+        return (max(ratios) if ratios else 1.0) * planned_minutes(self.rates[system], updates)
+
+
 def estimate_minutes(system: str, updates: int, precision: str, max_updates: int, folder: Path = RESULTS,
                      cpu: tuple[str, tuple[str, ...]] | None = None, threads: int = 1) -> float | None:
-    """Wall minutes a run of `system` at `threads` threads needs for `updates` more updates and its evaluation, or
-    None when nothing was measured for it. With `cpu` (`this_cpu()`), the runs finished on that CPU alone calibrate
-    the estimate where there are any (CPUs differ in speed by more than twice), and of those the runs at `threads`
-    threads where there are any."""
-    done = finished_runs(precision, max_updates, folder)
-    done = [r for r in done if r["cpu"] == cpu] or done
-    done = [r for r in done if r["threads"] == threads] or done
-    mine = [minutes_at(r, threads) for r in done if r["system"] == system and r.get("wall_minutes")]
-    if mine and updates >= max_updates:
-        return max(mine)
-    rates = load_rates(precision, folder)
-    if system not in rates:
-        return None
-    ratios = [minutes_at(r, threads) / planned_minutes(rates[r["system"]], max_updates)
-              for r in done if r["system"] in rates and r.get("wall_minutes")]
-    return (max(ratios) if ratios else 1.0) * planned_minutes(rates[system], updates)
+    """`Estimator.minutes` of one run."""
+    return Estimator(precision, max_updates, folder).minutes(system, updates, cpu, threads)
 
 
 # ---- the measurement -------------------------------------------------------------------------------------

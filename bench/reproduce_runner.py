@@ -45,7 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from bench.reproduce_cost import EVALUATION_MINUTES, cpu_precision, estimate_minutes, this_cpu  # noqa: E402
+from bench.reproduce_cost import EVALUATION_MINUTES, Estimator, cpu_precision, this_cpu  # noqa: E402
 from bench.reproduce_systems import RECIPES, chosen_cpu_updates  # noqa: E402
 from multibranch.atomic import atomic_write_text  # noqa: E402
 
@@ -236,6 +236,7 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
     precision = precision or cpu_precision(recipe.defaults["amp"])
     curve_seed = curve_run_seed(results / "reproduce_cpu_curve.json") if updates else None
     cpu = this_cpu() if work is not None else None  # the machine's own status; the docs' plan is the same anywhere
+    estimator = Estimator(precision, updates, results) if updates is not None else None
     rows = []
     for seed in seeds:
         for system in recipe.table_systems:
@@ -250,9 +251,8 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
             else:
                 state = "running" if step or (folder is not None and (folder / "train").is_dir()) else "left"
             minutes = core_minutes = None
-            if state != "done" and updates is not None:
-                minutes, core_minutes = (estimate_minutes(system, updates - (step or 0), precision, updates, results,
-                                                          cpu, t) for t in (threads, 1))
+            if estimator is not None and state != "done":
+                minutes, core_minutes = (estimator.minutes(system, updates - (step or 0), cpu, t) for t in (threads, 1))
             scoring = state == "running" and (folder / "trained.json").is_file()  # trained; scored and analysed now
             training = state == "running" and not scoring and training_process_alive(folder / "train")
             pace = seconds_per_update(records, call_began_at(folder)) if training else None
