@@ -107,12 +107,12 @@ def run_threads(environment: dict[str, Any]) -> int | None:
         return None
 
 
-def minutes_at(run: dict[str, Any], threads: int) -> float:
-    """A finished run's wall minutes as a run at `threads` threads would take them, at most: as many where it ran at
-    no more threads (more threads are not slower), times t / `threads` where it ran at t > `threads` (fewer threads
-    are at most that many times slower). At one thread, its core-minutes: so that runs at two threads do not shrink
-    the plan of one-thread runs."""
-    return run["wall_minutes"] * max(1.0, run.get("threads", 1) / threads)
+def at_threads(minutes: float, ran_at: int, threads: int) -> float:
+    """Wall minutes a finished run at `ran_at` threads took, as a run at `threads` threads would take them, at most:
+    as many where it ran at no more threads (more threads are not slower), times ran_at / `threads` where it ran at
+    more (fewer threads are at most that many times slower). At one thread, its core-minutes: so that runs at two
+    threads do not shrink the plan of one-thread runs."""
+    return minutes * max(1.0, ran_at / threads)
 
 
 def this_cpu() -> tuple[str, tuple[str, ...]]:
@@ -140,16 +140,34 @@ class Estimator:
         or None when nothing was measured for it. With `cpu` (`this_cpu()`), the runs finished on that CPU alone
         calibrate the estimate where there are any (CPUs differ in speed by more than twice), and of those the runs
         at `threads` threads where there are any."""
-        done = [r for r in self.finished if r["cpu"] == cpu] or self.finished
-        done = [r for r in done if r["threads"] == threads] or done
-        mine = [minutes_at(r, threads) for r in done if r["system"] == system and r.get("wall_minutes")]
+        done = self.calibrating(cpu, threads)
+        mine = [at_threads(r["wall_minutes"], r["threads"], threads) for r in done
+                if r["system"] == system and r.get("wall_minutes")]
         if mine and updates >= self.max_updates:
             return max(mine)
+        if updates <= 0:
+            return self.evaluation_minutes(system, cpu, threads)
         if system not in self.rates:
             return None
-        ratios = [minutes_at(r, threads) / planned_minutes(self.rates[r["system"]], self.max_updates)
+        ratios = [at_threads(r["wall_minutes"], r["threads"], threads)
+                  / planned_minutes(self.rates[r["system"]], self.max_updates)
                   for r in done if r["system"] in self.rates and r.get("wall_minutes")]
         return (max(ratios) if ratios else 1.0) * planned_minutes(self.rates[system], updates)
+
+    def evaluation_minutes(self, system: str, cpu: tuple[str, tuple[str, ...]] | None = None, threads: int = 1) -> float:
+        """Wall minutes of a run's scoring and analyses after its training (they differ by system: the pruning
+        curve's decodes take the longest): the most the calibrating runs of `system` took, else of any system,
+        else EVALUATION_MINUTES."""
+        done = [r for r in self.calibrating(cpu, threads) if r.get("wall_minutes") and r.get("train_minutes")]
+        done = [r for r in done if r["system"] == system] or done
+        scaled = [at_threads(r["wall_minutes"] - r["train_minutes"], r["threads"], threads) for r in done]
+        return max(scaled, default=EVALUATION_MINUTES)
+
+    def calibrating(self, cpu: tuple[str, tuple[str, ...]] | None, threads: int) -> list[dict[str, Any]]:
+        """The finished runs that calibrate estimates for `cpu` at `threads`: those on that CPU where there are any,
+        and of those the ones at `threads` threads where there are any."""
+        done = [r for r in self.finished if r["cpu"] == cpu] or self.finished
+        return [r for r in done if r["threads"] == threads] or done
 
 
 def estimate_minutes(system: str, updates: int, precision: str, max_updates: int, folder: Path = RESULTS,

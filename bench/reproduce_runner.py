@@ -45,7 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from bench.reproduce_cost import EVALUATION_MINUTES, Estimator, cpu_precision, this_cpu  # noqa: E402
+from bench.reproduce_cost import Estimator, cpu_precision, this_cpu  # noqa: E402
 from bench.reproduce_systems import RECIPES, chosen_cpu_updates  # noqa: E402
 from multibranch.atomic import atomic_write_text  # noqa: E402
 
@@ -256,8 +256,8 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
             scoring = state == "running" and (folder / "trained.json").is_file()  # trained; scored and analysed now
             training = state == "running" and not scoring and training_process_alive(folder / "train")
             pace = seconds_per_update(records, call_began_at(folder)) if training else None
-            if pace is not None:  # its own pace, on this machine, at its threads and load, validations included
-                minutes = (updates - (step or 0)) * pace / 60 + EVALUATION_MINUTES
+            if pace is not None and estimator is not None:  # its own pace here, at its threads, validations included
+                minutes = (updates - (step or 0)) * pace / 60 + estimator.evaluation_minutes(system, cpu, threads)
                 core_minutes = minutes * threads
             row = {"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes,
                    "core_minutes_left": core_minutes, "scoring": scoring, "training": training, "valid": None}

@@ -138,12 +138,15 @@ def test_a_finished_run_at_two_threads_counts_its_minutes_on_both_cores(tmp_path
     assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, threads=2) == pytest.approx(72.5)
 
 
-def finished_on(folder: Path, seed: int, cpu: tuple[str, tuple[str, ...]], threads: int, wall_minutes: float) -> None:
-    """A finished standard run of `seed` (1,000 updates) on `cpu` at `threads` threads that took `wall_minutes`."""
-    write(folder / f"reproduce_cpu_standard_seed{seed}.json",
+def finished_on(folder: Path, seed: int, cpu: tuple[str, tuple[str, ...]], threads: int, wall_minutes: float,
+                system: str = "standard", evaluation: float = 1.0) -> None:
+    """A finished run of `system` and `seed` (1,000 updates) on `cpu` at `threads` threads that took `wall_minutes`,
+    the last `evaluation` of them to score and analyse it."""
+    record = run(system, seed, 30.0, minutes=wall_minutes - evaluation) | {"precision": "fp32",
+                                                                            "wall_minutes": wall_minutes}
+    write(folder / f"reproduce_cpu_{system}_seed{seed}.json",
           {"settings": {"recipe": "cpu", "max_updates": 1000},
-           "environment": {"threads": threads, "cpu": cpu[0], "cpu_flags": list(cpu[1])},
-           "runs": [run("standard", seed, 30.0, minutes=wall_minutes - 1.0) | {"precision": "fp32"}]})
+           "environment": {"threads": threads, "cpu": cpu[0], "cpu_flags": list(cpu[1])}, "runs": [record]})
 
 
 def test_the_runs_finished_on_this_cpu_calibrate_its_estimates(tmp_path):
@@ -168,6 +171,20 @@ def test_the_runs_at_the_same_threads_calibrate_the_estimates_at_those_threads(t
     assert reproduce_cost.estimate_minutes("mute", 1000, "fp32", 1000, tmp_path, intel, threads=1) == pytest.approx(130.0)
     assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, intel, threads=2) == pytest.approx(
         43.5)
+
+
+def test_a_runs_scoring_and_analyses_are_estimated_from_the_finished_runs_of_its_system(tmp_path):
+    cost_files(tmp_path)
+    intel = ("Intel Xeon", ("avx2", "avx512f"))
+    assert reproduce_cost.Estimator("fp32", 1000, tmp_path).evaluation_minutes("standard", intel, 2) == 15.0
+    finished_on(tmp_path, 1, intel, 2, 43.5, evaluation=1.0)
+    finished_on(tmp_path, 1, intel, 2, 50.0, system="drophead", evaluation=6.0)  # the pruning curve's decodes
+    estimator = reproduce_cost.Estimator("fp32", 1000, tmp_path)
+    assert estimator.evaluation_minutes("standard", intel, 2) == pytest.approx(1.0)
+    assert estimator.evaluation_minutes("drophead", intel, 2) == pytest.approx(6.0)
+    assert estimator.evaluation_minutes("mute", intel, 2) == pytest.approx(6.0)  # none of its own: the most of any
+    assert estimator.evaluation_minutes("drophead", intel, 1) == pytest.approx(12.0)  # on one core, at most twice
+    assert estimator.minutes("drophead", 0, intel, 2) == pytest.approx(6.0)  # trained: only its scoring is left
 
 
 def train_records(steps: range, seconds: dict[int, float]) -> list[dict]:
