@@ -437,7 +437,7 @@ class Harness:
             reason = self.stop_reason(train_dir) if ended else "interrupted or failed"
             segment = {"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(began)),
                        "wall_s": time.time() - began, "from_step": step, "to_step": self.current_step(train_dir),
-                       "resume": resume, "stop": reason, "jobs": a.jobs, "device": a.device}
+                       "resume": resume, "stop": reason, "jobs": a.jobs, "threads": a.threads, "device": a.device}
             with (folder / "segments.jsonl").open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(segment) + "\n")
         say(f"{run.key}: update {segment['to_step']}, {reason} ({segment['wall_s']:.0f} s)")

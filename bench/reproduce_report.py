@@ -284,15 +284,28 @@ def merge(files: list[ResultsFile]) -> Merged:
                          f"the finished record of {old['results_file']} is kept")
                     continue
                 note(f"{key} is in {old['results_file']} and {file.label}: the record of {file.label} is used")
-            trained_alone = bool(record.get("trained_by"))  # the validation curve's run, taken over: trained alone
-            merged.runs[key] = {**record, "results_file": file.label,
-                                "jobs": 1 if trained_alone else file.settings.get("jobs"),
-                                "threads": record.get("train_threads") or file.threads(), "device": file.device}
+            merged.runs[key] = {**record, "results_file": file.label, **run_sharing(record, file),
+                                "device": file.device}
             merged.sources[key] = file
         for row in file.data.get("rows") or []:
             target = merged.rows.setdefault(row["system"], {})
             target.update({k: v for k, v in row.items() if v is not None and v != {} and v != []})
     return merged
+
+
+def run_sharing(record: dict[str, Any], file: ResultsFile) -> dict[str, list[int]]:
+    """The runs side by side ("jobs") and threads each training call of a run had: from its segments where they
+    say (a run resumed by calls of another runner setting trained at more than one), else the results file's
+    settings; the validation curve's run, taken over, trained alone at its own threads."""
+    if record.get("trained_by"):
+        threads = record.get("train_threads")
+        return {"jobs": [1], "threads": [int(threads)] if threads else []}
+    segments = [s for s in record.get("segments") or [] if isinstance(s, dict)]
+    jobs = {s["jobs"] for s in segments if isinstance(s.get("jobs"), int)} or {file.settings.get("jobs")}
+    threads = {s["threads"] for s in segments if isinstance(s.get("threads"), int)}
+    if not threads or any(s.get("threads") is None for s in segments):  # calls that did not record theirs
+        threads.add(file.threads())
+    return {"jobs": sorted(j for j in jobs if j is not None), "threads": sorted(t for t in threads if t is not None)}
 
 
 def systems_present(merged: Merged) -> list[str]:
@@ -380,8 +393,8 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
         "updates": mean_sd([r["updates"] for r in runs if r.get("updates") is not None]),
         "updates_to_best_valid": mean_sd([r["best_valid_step"] for r in runs if r.get("best_valid_step")]),
         "train_minutes": mean_sd([r["train_minutes"] for r in runs if r.get("train_minutes") is not None]),
-        "jobs": sorted({r["jobs"] for r in runs if r.get("jobs") is not None}),
-        "threads": sorted({r["threads"] for r in runs if r.get("threads") is not None}),
+        "jobs": sorted({j for r in runs for j in r.get("jobs") or []}),
+        "threads": sorted({t for r in runs for t in r.get("threads") or []}),
         "results_files": sorted({r["results_file"] for r in runs if r.get("results_file")}),
         "test_bleu": mean_sd([r["test"]["avg"]["bleu"] for r in runs]),
         "test_chrf": mean_sd([r["test"]["avg"]["chrf"] for r in runs if r["test"]["avg"].get("chrf") is not None]),
@@ -607,7 +620,9 @@ LEGEND = ("Test BLEU and chrF: sacreBLEU on test_2016_flickr, the average of the
           "seed and the scores averaged; from two seeds on), then sacreBLEU's, one per seed. Updates to "
           "stop: where early stopping or the cap ended training (best at: the update of the best validation "
           "BLEU). {minutes}: training minutes per run; with jobs N, N runs shared one {device} (at one thread each "
-          "where no threads are given; the machines differ: see the results files above). Paper's Δ: the "
+          "where no threads are given; the machines differ: see the results files above); a run resumed by calls "
+          "of another setting gives each (jobs 1/2), with the threads its calls recorded, else those of the call "
+          "that finished it. Paper's Δ: the "
           "paper's own gain on its own data and shape.")
 
 

@@ -104,7 +104,7 @@ def test_without_its_row_mat_takes_the_rho_of_its_combination_else_its_grid(tmp_
 
 def test_the_later_file_wins_a_run_both_hold_and_a_note_says_so(tmp_path):
     first = write(tmp_path / "reproduce_h100_2.json", results([*STANDARD, *DROPHEAD], [DROPHEAD_ROW]))
-    changed = run("drophead", 2, 35.0)  # retrained in a later call
+    changed = run("drophead", 2, 35.0) | {"segments": [{"jobs": 1}]}  # retrained in a later call, alone
     unfinished = run("standard", 1, 0.0, status="unfinished")  # planned again, not finished: the old one stays
     second = write(tmp_path / "reproduce_h100_10.json", results([changed, unfinished], jobs=1))
     out = tmp_path / "rows.json"
@@ -205,7 +205,7 @@ def test_a_cpu_calls_machine_and_threads_are_named_beside_its_minutes(tmp_path):
     and its flags, and a row whose runs trained at more than one thread says how many."""
     one_thread = results(STANDARD)
     one_thread["environment"] = {"device": "cpu", "cpu": "AMD EPYC", "cpu_flags": ["avx2"], "threads": 1}
-    two_threads = results(DROPHEAD, [DROPHEAD_ROW])
+    two_threads = results([{**r, "segments": [{"jobs": 1}]} for r in DROPHEAD], [DROPHEAD_ROW])
     two_threads["environment"] = {"device": "cpu", "cpu": "Intel Xeon", "cpu_flags": ["avx2", "avx512f"],
                                   "threads": "2"}
     two_threads["settings"]["jobs"] = 1
@@ -218,6 +218,24 @@ def test_a_cpu_calls_machine_and_threads_are_named_beside_its_minutes(tmp_path):
     assert "`r_amd.json` (CPU AMD EPYC (avx2)" in text and "`r_intel.json` (CPU Intel Xeon (avx2, avx512f)" in text
     rows = {line.split(" | ")[0]: line.split(" | ") for line in doc.read_text().splitlines() if line.startswith("| ")}
     assert rows["| drophead"][4].endswith("(jobs 1, 2 threads)") and rows["| standard"][4].endswith("(jobs 3)")
+
+
+@pytest.mark.parametrize("segments, cell", [
+    ([{"jobs": 2}, {"jobs": 1}], "(jobs 1/2, 2 threads)"),  # calls that did not record their threads
+    ([{"jobs": 2, "threads": 1}, {"jobs": 1, "threads": 2}], "(jobs 1/2, 1/2 threads)"),
+    ([{"jobs": 1, "threads": 2}, {"jobs": 1, "threads": 2}], "(jobs 1, 2 threads)"),
+])
+def test_a_run_resumed_by_calls_of_another_setting_gives_each(tmp_path, segments, cell):
+    """A run trained partly beside another run and partly alone at two threads says both beside its minutes."""
+    calls = results(STANDARD + [{**r, "segments": segments} for r in DROPHEAD], [DROPHEAD_ROW])
+    calls["environment"] = {"device": "cpu", "cpu": "Intel Xeon", "threads": 2}
+    calls["settings"]["jobs"] = 1
+    doc = tmp_path / "reproduction.md"
+    doc.write_text(f"{START}\n{END}\n", encoding="utf-8")
+    proc = report(write(tmp_path / "r.json", calls), "--docs", doc)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in doc.read_text().splitlines() if line.startswith("| ")}
+    assert rows["| drophead"][4].endswith(cell)
 
 
 def heads(role: str, layer: int, importance: list[float]) -> dict[str, Any]:
