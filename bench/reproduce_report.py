@@ -633,7 +633,7 @@ def wrap(paragraph: str) -> str:
 
 def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: list[tuple[str, str]],
                 merged: Merged | None = None) -> str:
-    """The text between the markers: the files merged, the table, its legend, the dominant-head table, the runs
+    """The text between the markers: the files merged, the table, its legend, the dominant-head and length tables, the runs
     trained on both kinds of device, and the figures (link, caption); NO_RESULTS while no file holds a finished
     run."""
     recipe = merged.recipe if merged is not None else "iwslt"
@@ -651,9 +651,9 @@ def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: l
                            "seed with p < 0.05, over the seeds together where two or more are paired, else on each; "
                            "the opposite: a loss on every seed, as significant; else not visible at this shape):"),
                       "", *verdicts, ""]
-        dominant = dominant_table(table_runs(merged))
-        if dominant:
-            parts += [dominant, ""]
+        for table in (dominant_table(table_runs(merged)), length_table(table_runs(merged))):
+            if table:
+                parts += [table, ""]
         both = device_agreement(merged)
         if both:
             parts += [both, ""]
@@ -740,6 +740,43 @@ def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
               "mean over the layers of each kind, mean ± sd over seeds):")
     return "\n".join([wrap(header), "", "| system | seeds | " + " | ".join(DOMINANT_ROLES.values()) + " |",
                       "|" + "---|" * (2 + len(DOMINANT_ROLES)), *lines])
+
+
+def length_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
+    """MUSE's Fig. 3 as numbers: test BLEU per source-length bucket of each LENGTH_SYSTEMS system (mean ± sd over
+    seeds), and in brackets its Δ to the standard model of the same seeds (from the lengths analysis)."""
+    def buckets_of(system: str) -> dict[int, dict[str, dict[str, Any]]]:
+        found = {}
+        for run in runs.get(system, []):
+            report = analysis(run, "lengths")
+            if report and report.get("models"):
+                found[run["seed"]] = {b["label"]: b for b in report["models"][0]["buckets"]}
+        return found
+
+    standard = buckets_of("standard")
+    systems = [(system, per_seed) for system in LENGTH_SYSTEMS if (per_seed := buckets_of(system))]
+    if not systems:
+        return None
+    first = next(iter(systems[0][1].values()))
+    labels = list(first)
+    lines = []
+    for system, per_seed in systems:
+        cells = []
+        for label in labels:
+            scores = [b[label]["bleu"] for b in per_seed.values() if b.get(label, {}).get("bleu") is not None]
+            cell = fmt(mean_sd(scores))
+            deltas = [b[label]["bleu"] - standard[seed][label]["bleu"] for seed, b in per_seed.items()
+                      if system != "standard" and seed in standard and b.get(label, {}).get("bleu") is not None
+                      and standard[seed].get(label, {}).get("bleu") is not None]
+            if deltas:
+                cell += f" ({fmt(mean_sd(deltas), sign=True)})"
+            cells.append(cell)
+        lines.append(f"| {system} | {len(per_seed)} | " + " | ".join(cells) + " |")
+    header = ("Test BLEU by source length in subword tokens (MUSE, Fig. 3; each bucket's test sentences beside its "
+              "label; mean ± sd over seeds, and in brackets the Δ to the standard model of the same seeds):")
+    columns = [f"{label} ({first[label].get('sentences', '?')})" for label in labels]
+    return "\n".join([wrap(header), "", "| system | seeds | " + " | ".join(columns) + " |",
+                      "|" + "---|" * (2 + len(labels)), *lines])
 
 
 def device_agreement(merged: Merged) -> str | None:

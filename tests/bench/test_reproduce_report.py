@@ -294,6 +294,20 @@ def test_figure_data_against_hand_computed_numbers(tmp_path):
     assert importance["cross"]["mean"] == pytest.approx([4.0, 4.0, 4.0])
 
 
+def test_the_length_table_gives_each_buckets_bleu_and_its_delta_to_the_standard_model_of_the_same_seed(tmp_path):
+    from bench.reproduce_report import length_table
+
+    runs = table_runs(merge([load_results(write(tmp_path / "r.json", analysed_results()))]))
+    table = length_table(runs)
+    assert table is not None
+    lines = table.splitlines()
+    assert "| system | seeds | 1-8 (10) | >8 (20) |" in lines
+    # standard: 35 in both seeds for 1-8, 29 and 30 for >8; muse (seed 1 only): 36 and 30, against seed 1's 35 and 29
+    assert f"| standard | 2 | 35.00 ± 0.00 | 29.50 ± {statistics.stdev([29.0, 30.0]):.2f} |" in lines
+    assert "| muse | 1 | 36.00 (+1.00) | 30.00 (+1.00) |" in lines
+    assert length_table({"drophead": runs["drophead"]}) is None  # no lengths analysis: no table
+
+
 def test_the_pruning_figure_colours_each_system_as_every_other_figure_does(tmp_path):
     from matplotlib.colors import to_rgba
 
