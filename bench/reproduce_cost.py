@@ -11,10 +11,10 @@ work on the machine does not enter it; the wall seconds are kept beside), the pa
 `amp: auto`), else fp32.
 
 `Estimator` (`estimate_minutes` for one run) turns it into the wall minutes a whole run takes at a given number
-of threads: a finished run of the same system, precision and threads in bench/results says it exactly (its
-training and evaluation wall minutes); otherwise the plan (the measured rate times the updates times OVERHEAD,
-plus EVALUATION_MINUTES) times the ratio of actual to planned minutes that finished runs of other systems show,
-where there are any.
+of threads: a finished run of the same system, precision and threads in bench/results says it (its training wall
+minutes, in proportion to the updates left, and its evaluation's); otherwise the plan (the measured rate times
+the updates times OVERHEAD, plus EVALUATION_MINUTES) times the ratio of actual to planned minutes that finished
+runs of other systems show, where there are any.
 """
 
 from __future__ import annotations
@@ -141,12 +141,14 @@ class Estimator:
         calibrate the estimate where there are any (CPUs differ in speed by more than twice), and of those the runs
         at `threads` threads where there are any."""
         done = self.calibrating(cpu, threads)
-        mine = [at_threads(r["wall_minutes"], r["threads"], threads) for r in done
-                if r["system"] == system and r.get("wall_minutes")]
-        if mine and updates >= self.max_updates:
-            return max(mine)
         if updates <= 0:
             return self.evaluation_minutes(system, cpu, threads)
+        mine = [r for r in done if r["system"] == system and r.get("wall_minutes")]
+        if mine:  # its own finished runs: their training minutes for the part left, then their evaluation
+            fraction = min(1.0, updates / self.max_updates)
+            return max(at_threads(r.get("train_minutes") or r["wall_minutes"], r["threads"], threads) * fraction
+                       + at_threads(r["wall_minutes"] - (r.get("train_minutes") or r["wall_minutes"]), r["threads"],
+                                    threads) for r in mine)
         if system not in self.rates:
             return None
         ratios = [at_threads(r["wall_minutes"], r["threads"], threads)

@@ -185,6 +185,10 @@ def test_a_runs_scoring_and_analyses_are_estimated_from_the_finished_runs_of_its
     assert estimator.evaluation_minutes("mute", intel, 2) == pytest.approx(6.0)  # none of its own: the most of any
     assert estimator.evaluation_minutes("drophead", intel, 1) == pytest.approx(12.0)  # on one core, at most twice
     assert estimator.minutes("drophead", 0, intel, 2) == pytest.approx(6.0)  # trained: only its scoring is left
+    # a run resumed part way: its system's training minutes for the updates left, then the same scoring; never
+    # more than the whole run
+    assert estimator.minutes("drophead", 1000, intel, 2) == pytest.approx(50.0)
+    assert estimator.minutes("drophead", 250, intel, 2) == pytest.approx(44.0 / 4 + 6.0)
 
 
 def train_records(steps: range, seconds: dict[int, float]) -> list[dict]:
