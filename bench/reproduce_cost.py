@@ -115,6 +115,12 @@ def at_threads(minutes: float, ran_at: int, threads: int) -> float:
     return minutes * max(1.0, ran_at / threads)
 
 
+def split_minutes(run: dict[str, Any]) -> tuple[float, float]:
+    """A finished run's wall minutes as (training, scoring and analyses); all training where it has no split."""
+    training = run.get("train_minutes") or run["wall_minutes"]
+    return training, run["wall_minutes"] - training
+
+
 def this_cpu() -> tuple[str, tuple[str, ...]]:
     """This machine's CPU as results files record it: its model name and the flags of CPU_FLAGS it has."""
     return cpu_model(), tuple(cpu_flags())
@@ -146,9 +152,11 @@ class Estimator:
         mine = [r for r in done if r["system"] == system and r.get("wall_minutes")]
         if mine:  # its own finished runs: their training minutes for the part left, then their evaluation
             fraction = min(1.0, updates / self.max_updates)
-            return max(at_threads(r.get("train_minutes") or r["wall_minutes"], r["threads"], threads) * fraction
-                       + at_threads(r["wall_minutes"] - (r.get("train_minutes") or r["wall_minutes"]), r["threads"],
-                                    threads) for r in mine)
+            estimates = []
+            for run in mine:
+                training, evaluation = split_minutes(run)
+                estimates.append(at_threads(training * fraction + evaluation, run["threads"], threads))
+            return max(estimates)
         if system not in self.rates:
             return None
         ratios = [at_threads(r["wall_minutes"], r["threads"], threads)
@@ -162,8 +170,7 @@ class Estimator:
         else EVALUATION_MINUTES."""
         done = [r for r in self.calibrating(cpu, threads) if r.get("wall_minutes") and r.get("train_minutes")]
         done = [r for r in done if r["system"] == system] or done
-        scaled = [at_threads(r["wall_minutes"] - r["train_minutes"], r["threads"], threads) for r in done]
-        return max(scaled, default=EVALUATION_MINUTES)
+        return max((at_threads(split_minutes(r)[1], r["threads"], threads) for r in done), default=EVALUATION_MINUTES)
 
     def calibrating(self, cpu: tuple[str, tuple[str, ...]] | None, threads: int) -> list[dict[str, Any]]:
         """The finished runs that calibrate estimates for `cpu` at `threads`: those on that CPU where there are any,
