@@ -651,13 +651,14 @@ def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: l
                            "seed with p < 0.05, over the seeds together where two or more are paired, else on each; "
                            "the opposite: a loss on every seed, as significant; else not visible at this shape):"),
                       "", *verdicts, ""]
-        for table in (dominant_table(table_runs(merged)), length_table(table_runs(merged))):
+        runs = table_runs(merged)
+        for table in (dominant_table(runs), length_table(runs)):
             if table:
                 parts += [table, ""]
         both = device_agreement(merged)
         if both:
             parts += [both, ""]
-        adopted = adopted_runs(table_runs(merged))
+        adopted = adopted_runs(runs)
         if adopted:
             parts += [wrap(adopted), ""]
     for link, caption in figures:
