@@ -743,19 +743,21 @@ def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
                       "|" + "---|" * (2 + len(DOMINANT_ROLES)), *lines])
 
 
+def length_buckets(runs: dict[str, list[dict[str, Any]]], system: str) -> dict[int, dict[str, dict[str, Any]]]:
+    """Each seed of `system` that has the lengths analysis: its buckets by label, in the analysis' order."""
+    found = {}
+    for run in runs.get(system, []):
+        report = analysis(run, "lengths")
+        if report and report.get("models"):
+            found[run["seed"]] = {b["label"]: b for b in report["models"][0]["buckets"]}
+    return found
+
+
 def length_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
     """MUSE's Fig. 3 as numbers: test BLEU per source-length bucket of each LENGTH_SYSTEMS system (mean ± sd over
     seeds), and in brackets its Δ to the standard model of the same seeds (from the lengths analysis)."""
-    def buckets_of(system: str) -> dict[int, dict[str, dict[str, Any]]]:
-        found = {}
-        for run in runs.get(system, []):
-            report = analysis(run, "lengths")
-            if report and report.get("models"):
-                found[run["seed"]] = {b["label"]: b for b in report["models"][0]["buckets"]}
-        return found
-
-    standard = buckets_of("standard")
-    systems = [(system, per_seed) for system in LENGTH_SYSTEMS if (per_seed := buckets_of(system))]
+    standard = length_buckets(runs, "standard")
+    systems = [(system, per_seed) for system in LENGTH_SYSTEMS if (per_seed := length_buckets(runs, system))]
     if not systems:
         return None
     first = next(iter(systems[0][1].values()))
@@ -876,11 +878,10 @@ def lengths_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None
     buckets: list[dict[str, Any]] = []
     models = []
     for system in LENGTH_SYSTEMS:
-        reports = [r for r in (analysis(run, "lengths") for run in runs.get(system, [])) if r and r.get("models")]
-        if not reports:
+        per_seed = list(length_buckets(runs, system).values())
+        if not per_seed:
             continue
-        buckets = buckets or reports[0]["buckets"]
-        per_seed = [{b["label"]: b for b in report["models"][0]["buckets"]} for report in reports]
+        buckets = buckets or [{k: b.get(k) for k in ("label", "low", "high")} for b in per_seed[0].values()]
         rows = []
         for bucket in buckets:
             scores = [p[bucket["label"]]["bleu"] for p in per_seed
@@ -888,7 +889,7 @@ def lengths_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None
             sentences = next((p[bucket["label"]].get("sentences") for p in per_seed if bucket["label"] in p), 0)
             rows.append({"label": bucket["label"], "bleu": mean(scores) if scores else None,
                          "sentences": sentences})
-        models.append({"label": seeds_label(system, len(reports)), "buckets": rows})
+        models.append({"label": seeds_label(system, len(per_seed)), "buckets": rows})
     return {"buckets": buckets, "models": models} if models else None
 
 
