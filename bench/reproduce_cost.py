@@ -14,7 +14,8 @@ work on the machine does not enter it; the wall seconds are kept beside), the pa
 of threads: a finished run of the same system, precision and threads in bench/results says it (its training wall
 minutes, in proportion to the updates left, and its evaluation's); otherwise the plan (the measured rate times
 the updates times OVERHEAD, plus EVALUATION_MINUTES) times the ratio of actual to planned minutes that finished
-runs of other systems show, where there are any.
+runs of other systems show, where there are any: the median of each CPU's runs, the slowest CPU's where there
+are several (`slowest_median`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -145,7 +147,7 @@ class Estimator:
         """Wall minutes a run of `system` at `threads` threads needs for `updates` more updates and its evaluation,
         or None when nothing was measured for it. With `cpu` (`this_cpu()`), the runs finished on that CPU alone
         calibrate the estimate where there are any (CPUs differ in speed by more than twice), and of those the runs
-        at `threads` threads where there are any."""
+        at `threads` threads where there are any. What they say is taken by `slowest_median`."""
         done = self.calibrating(cpu, threads)
         if updates <= 0:
             return self.evaluation_minutes(system, cpu, threads)
@@ -155,14 +157,14 @@ class Estimator:
             estimates = []
             for run in mine:
                 training, evaluation = split_minutes(run)
-                estimates.append(at_threads(training * fraction + evaluation, run["threads"], threads))
-            return max(estimates)
+                estimates.append((run["cpu"], at_threads(training * fraction + evaluation, run["threads"], threads)))
+            return slowest_median(estimates)
         if system not in self.rates:
             return None
-        ratios = [at_threads(r["wall_minutes"], r["threads"], threads)
-                  / planned_minutes(self.rates[r["system"]], self.max_updates)
+        ratios = [(r["cpu"], at_threads(r["wall_minutes"], r["threads"], threads)
+                   / planned_minutes(self.rates[r["system"]], self.max_updates))
                   for r in done if r["system"] in self.rates and r.get("wall_minutes")]
-        return (max(ratios) if ratios else 1.0) * planned_minutes(self.rates[system], updates)
+        return (slowest_median(ratios) if ratios else 1.0) * planned_minutes(self.rates[system], updates)
 
     def evaluation_minutes(self, system: str, cpu: tuple[str, tuple[str, ...]] | None = None, threads: int = 1) -> float:
         """Wall minutes of a run's scoring and analyses after its training (they differ by system: the pruning
@@ -177,6 +179,15 @@ class Estimator:
         and of those the ones at `threads` threads where there are any."""
         done = [r for r in self.finished if r["cpu"] == cpu] or self.finished
         return [r for r in done if r["threads"] == threads] or done
+
+
+def slowest_median(values: list[tuple[Any, float]]) -> float:
+    """The largest of the medians of (cpu, value) pairs per CPU: one run slowed by other work on its machine does
+    not lengthen every estimate, and a plan for no CPU in particular holds on the slowest one seen."""
+    per_cpu: dict[Any, list[float]] = {}
+    for cpu, value in values:
+        per_cpu.setdefault(cpu, []).append(value)
+    return max(statistics.median(group) for group in per_cpu.values())
 
 
 def estimate_minutes(system: str, updates: int, precision: str, max_updates: int, folder: Path = RESULTS,

@@ -173,6 +173,17 @@ def test_the_runs_at_the_same_threads_calibrate_the_estimates_at_those_threads(t
         43.5)
 
 
+def test_one_run_slowed_by_other_work_does_not_lengthen_every_estimate(tmp_path):
+    cost_files(tmp_path)
+    intel = ("Intel Xeon", ("avx2", "avx512f"))
+    for seed, minutes in ((1, 36.25), (2, 43.5), (3, 87.0)):  # 0.5, 0.6 and 1.2 of standard's 72.5 planned
+        finished_on(tmp_path, seed, intel, 2, minutes)
+    estimator = reproduce_cost.Estimator("fp32", 1000, tmp_path)
+    assert estimator.minutes("mute", 1000, intel, 2) == pytest.approx(0.6 * 130.0)  # the median ratio
+    assert estimator.minutes("standard", 1000, intel, 2) == pytest.approx(43.5)  # its own runs' median
+    assert estimator.minutes("standard", 500, intel, 2) == pytest.approx(42.5 / 2 + 1.0)
+
+
 def test_a_runs_scoring_and_analyses_are_estimated_from_the_finished_runs_of_its_system(tmp_path):
     cost_files(tmp_path)
     intel = ("Intel Xeon", ("avx2", "avx512f"))
