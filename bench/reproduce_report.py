@@ -54,9 +54,9 @@ from bench.common import multi30k_dir  # noqa: E402
 from bench.reproduce_cost import run_threads  # noqa: E402
 from bench.reproduce_systems import (  # noqa: E402
     MAT_SYSTEMS,
-    PAPER_BASELINES,
     PAPER_CLAIMS,
     RECIPES,
+    SECOND_BASELINES,
     SYSTEMS,
     attention_branches,
     grid_of,
@@ -376,13 +376,13 @@ def recorded_p_value(run: dict[str, Any], standard: dict[str, Any] | None) -> fl
 
 def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: dict[int, dict[str, Any]],
                    row: dict[str, Any] | None = None, p_values: dict[int, float | None] | None = None,
-                   paper_baseline_by_seed: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+                   second_baseline_by_seed: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One table row: statistics over the finished `runs` of `system` (one per seed), paired by seed with
     `standard_by_seed` (seed -> the standard model's run). `row`: the merged results row (parameters, rho,
     paper_claim); `p_values`: seed -> p computed elsewhere, used where the runs record none. mean ± sd are
     statistics.fmean / stdev (sd None for one seed); BLEU and chrF of the averaged checkpoint on test.
-    `paper_baseline_by_seed`: the runs of the system's PAPER_BASELINES row, for a second Δ against the baseline
-    the paper measured its gain from (`paper_baseline`)."""
+    `second_baseline_by_seed`: the runs of the system's SECOND_BASELINES row, for a second Δ against it (the
+    baseline the paper measured its gain from, or the row a combination adds to: `second_baseline`)."""
     row = row or {}
     runs = sorted((r for r in runs if is_done(r)), key=lambda r: r["seed"])
     claim = row.get("paper_claim") or PAPER_CLAIMS.get(system) or {}
@@ -401,7 +401,7 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
         "test_bleu_best_ckpt": mean_sd([r["test"]["best"]["bleu"] for r in runs
                                         if (r["test"].get("best") or {}).get("bleu") is not None]),
         "delta_bleu_to_standard": None, "p_values": [], "pooled_p_value": None,
-        "paper_delta_bleu": claim.get("delta_bleu"), "paper_claim": claim or None, "paper_baseline": None,
+        "paper_delta_bleu": claim.get("delta_bleu"), "paper_claim": claim or None, "second_baseline": None,
     }
     if system == "standard":
         return summary
@@ -414,10 +414,11 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
             p, origin = p_values[r["seed"]], "computed"
         summary["p_values"].append({"seed": r["seed"], "p_value": p, "from": origin})
     summary["pooled_p_value"] = pooled_p_value(paired, standard_by_seed)
-    base = paper_baseline_by_seed or {}
+    base = second_baseline_by_seed or {}
     against = [r for r in runs if r["seed"] in base]
     if against:
-        summary["paper_baseline"] = {"system": PAPER_BASELINES[system], "delta_bleu": paired_delta(against, base),
+        other, why = SECOND_BASELINES[system]
+        summary["second_baseline"] = {"system": other, "why": why, "delta_bleu": paired_delta(against, base),
                                      "p_value": pooled_p_value(against, base, fewest=1)}
     return summary
 
@@ -525,8 +526,8 @@ def summaries(merged: Merged, ref: Path | None) -> list[dict[str, Any]]:
         row = {**merged.rows.get(system, {})}
         if system in MAT_SYSTEMS:
             row["rho"] = chosen_rho(system, merged)
-        paper_baseline = {r["seed"]: r for r in runs.get(PAPER_BASELINES.get(system, ""), [])}
-        out.append(system_summary(system, mine, standard, row, computed.get(system), paper_baseline))
+        other = {r["seed"]: r for r in runs.get(SECOND_BASELINES.get(system, ("",))[0], [])}
+        out.append(system_summary(system, mine, standard, row, computed.get(system), other))
     return out
 
 
@@ -711,12 +712,12 @@ def verdict_line(summary: dict[str, Any]) -> str | None:
     partial = f" so far ({seeds} of {PLANNED_SEEDS} seeds)" if seeds < PLANNED_SEEDS else ""
     line = (f"- `{summary['system']}`: Δ {fmt(summary['delta_bleu_to_standard'], sign=True)} BLEU ({p_text}): "
             f"**{found}**{partial}. The paper: {claim}.")
-    other = summary.get("paper_baseline")
+    other = summary.get("second_baseline")
     if other:
         p_other = other["p_value"]
         other_p_text = DASH if p_other is None else f"{p_other['p_value']:.3f}"
         together = ", seeds together" if p_other and len(p_other["seeds"]) > 1 else ""
-        line += (f" Against `{other['system']}`, the baseline layout of the paper's own comparison: Δ "
+        line += (f" Against `{other['system']}`, {other['why']}: Δ "
                  f"{fmt(other['delta_bleu'], sign=True)} BLEU (p {other_p_text}{together}; seeds "
                  f"{', '.join(map(str, other['delta_bleu']['seeds']))}).")
     return line

@@ -142,8 +142,13 @@ CPU_PRESETS = {"standard": "transformer-tiny", "standard-prenorm": "transformer-
 # the layout of the MUTE paper's models, its baseline's included (OpenNMT-py); the `mute*` presets have it too, with
 # relative positions on top
 ONMT_LAYOUT = {"norm": "pre", "activation_dropout": 0.1}
-# the systems whose Δ the report also gives against another baseline than `standard`: the paper's own layout
-PAPER_BASELINES = {"mute": "standard-prenorm", "mute-bias": "standard-prenorm", "mute-bias-seq": "standard-prenorm"}
+# the systems whose Δ the report also gives against another row than `standard`: that row, and what it is to them
+SECOND_BASELINES: dict[str, tuple[str, str]] = {
+    **{system: ("standard-prenorm", "the baseline layout of the paper's own comparison")
+       for system in ("mute", "mute-bias", "mute-bias-seq")},
+    "mat-drophead": ("mat", "MAT alone, to which it adds Scheduled DropHead"),
+    "drophead-constant": ("drophead", "the V schedule the paper's ablation compares it with"),
+}
 
 
 def system_delta(system: str, max_updates: int, rho: float | None = None, *, tiny: bool = False,

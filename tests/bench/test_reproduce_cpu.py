@@ -540,15 +540,35 @@ def test_mute_is_also_compared_with_the_paper_baseline_layout(tmp_path):
         mine_stats.append(stats(mine_right))
     merged = merge([load_results(write(tmp_path / "reproduce_cpu_a.json", cpu_results(records)))])
     rows = {r["system"]: r for r in summaries(merged, None)}
-    other = rows["mute-bias-seq"]["paper_baseline"]
+    other = rows["mute-bias-seq"]["second_baseline"]
     expected = paired_bootstrap_replicates(base_stats, mine_stats, samples=BOOTSTRAP_SAMPLES)["p_value"]
     assert other["system"] == "standard-prenorm" and other["delta_bleu"]["values"] == [2.5, 3.5]
     assert other["p_value"] == {"p_value": pytest.approx(expected), "seeds": [1, 2]}
     assert rows["mute-bias-seq"]["delta_bleu_to_standard"]["values"] == [1.5, 2.5]
-    assert rows["standard-prenorm"]["paper_baseline"] is None and rows["standard"]["paper_baseline"] is None
+    assert rows["standard-prenorm"]["second_baseline"] is None and rows["standard"]["second_baseline"] is None
     line = verdict_line(rows["mute-bias-seq"])
     assert line.endswith(f"Against `standard-prenorm`, the baseline layout of the paper's own comparison: Δ +3.00 ± 0.71 "
                          f"BLEU (p {expected:.3f}, seeds together; seeds 1, 2).")
+
+
+def test_the_combination_is_also_compared_with_mat_alone(tmp_path):
+    """MAT + DropHead against `mat` of the same seed: what Scheduled DropHead adds to MAT, beside its Δ to
+    `standard`; a system without a second baseline row gets none."""
+    from bench.reproduce_report import BOOTSTRAP_SAMPLES, load_results, verdict_line
+
+    standard, mat, combined = run("standard", 1, 30.0), run("mat", 1, 31.0), run("mat-drophead", 1, 31.75)
+    mat["test"]["avg"]["bleu_sentence_stats"] = stats(10)
+    combined["test"]["avg"]["bleu_sentence_stats"] = stats(16)
+    merged = merge([load_results(write(tmp_path / "reproduce_cpu_a.json", cpu_results([standard, mat, combined])))])
+    rows = {r["system"]: r for r in summaries(merged, None)}
+    other = rows["mat-drophead"]["second_baseline"]
+    expected = paired_bootstrap_replicates([stats(10)], [stats(16)], samples=BOOTSTRAP_SAMPLES)["p_value"]
+    assert other["system"] == "mat" and other["delta_bleu"]["values"] == [0.75]
+    assert other["p_value"] == {"p_value": pytest.approx(expected), "seeds": [1]}
+    assert rows["mat-drophead"]["delta_bleu_to_standard"]["values"] == [1.75]
+    assert rows["mat"]["second_baseline"] is None
+    assert verdict_line(rows["mat-drophead"]).endswith(
+        f"Against `mat`, MAT alone, to which it adds Scheduled DropHead: Δ +0.75 BLEU (p {expected:.3f}; seeds 1).")
 
 
 def test_the_standard_models_training_does_not_read_the_update_cap(tiny_data, tmp_path):
