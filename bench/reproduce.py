@@ -65,7 +65,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's mul
 from bench.common import cpu_model, multi30k_dir  # noqa: E402
 from bench.reproduce_analyses import AnalysisSettings, analyses_for, run_analyses  # noqa: E402
 from bench.reproduce_cost import cpu_flags, cpu_precision, estimate_minutes, this_cpu  # noqa: E402
-from bench.reproduce_report import markdown_table, mean_sd, system_summary  # noqa: E402
+from bench.reproduce_report import markdown_table  # noqa: E402
+from bench.reproduce_results import mean_sd, system_summary  # noqa: E402
 from bench.reproduce_systems import (  # noqa: E402
     CURVE_FILE,
     DEFAULT_RHO_GRID,

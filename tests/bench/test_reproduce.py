@@ -223,7 +223,7 @@ def test_cpu_recipe_tiny_writes_one_file_per_finished_run_and_skips_it_later(mul
     """The CPU recipe end to end at the plumbing size: each finished run has its own results file, with the
     precision it trained in and per-line BLEU statistics that give the report's paired bootstrap; a later call
     trains nothing that has its file."""
-    from bench.reproduce_report import load_results, merge, summaries
+    from bench.reproduce_results import load_results, merge, summaries
     from multibranch.evaluate.metrics import paired_bootstrap_statistics
 
     out = tmp_path / "out"

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from bench import reproduce, reproduce_cost, reproduce_runner
-from bench.reproduce_report import docs_region, merge, summaries, table_runs
+from bench.reproduce_report import docs_region
+from bench.reproduce_results import merge, summaries, table_runs
 from bench.reproduce_systems import CPU_PRESETS, ONMT_LAYOUT, RECIPES, system_delta
 from multibranch.config import deep_merge
 from multibranch.evaluate.metrics import paired_bootstrap_replicates, paired_bootstrap_statistics
@@ -409,7 +410,7 @@ def test_the_cpu_table_takes_p_values_from_line_statistics_and_shows_dominant_he
     first = write(tmp_path / "reproduce_cpu_a.json", cpu_results([standard, drophead]))
     gpu_standard = run("standard", 1, 30.6)
     second = write(tmp_path / "reproduce_cpu_b.json", cpu_results([gpu_standard], device="cuda"))
-    from bench.reproduce_report import load_results
+    from bench.reproduce_results import load_results
 
     merged = merge([load_results(first), load_results(second)])
     assert merged.recipe == "cpu" and list(merged.other_device) == ["standard/seed1"]
@@ -493,7 +494,8 @@ def test_a_p_value_over_the_seeds_together_decides_the_verdict_where_there_is_on
 
 
 def test_the_p_value_over_the_seeds_comes_from_every_seeds_line_statistics(tmp_path):
-    from bench.reproduce_report import BOOTSTRAP_SAMPLES, load_results, p_cell
+    from bench.reproduce_report import p_cell
+    from bench.reproduce_results import BOOTSTRAP_SAMPLES, load_results
 
     records, base_stats, mine_stats = [], [], []
     for seed, (base_right, mine_right) in enumerate([(10, 14), (12, 13), (11, 16)], start=1):
@@ -523,7 +525,8 @@ def test_the_p_value_over_the_seeds_comes_from_every_seeds_line_statistics(tmp_p
 def test_mute_is_also_compared_with_the_paper_baseline_layout(tmp_path):
     """The MUTE paper measures its gain against OpenNMT-py's layout, which its MUTE models share (pre-norm, ReLU
     dropout): `standard-prenorm` has it, and the report gives the mute rows' Δ against it beside the table's."""
-    from bench.reproduce_report import BOOTSTRAP_SAMPLES, load_results, verdict_line
+    from bench.reproduce_report import verdict_line
+    from bench.reproduce_results import BOOTSTRAP_SAMPLES, load_results
 
     for preset in ("mute-tiny", "mute-bias-tiny", "mute-bias-seq-tiny"):
         model = load_preset_dict(preset)["model"]
@@ -554,7 +557,8 @@ def test_mute_is_also_compared_with_the_paper_baseline_layout(tmp_path):
 def test_the_combination_is_also_compared_with_mat_alone(tmp_path):
     """MAT + DropHead against `mat` of the same seed: what Scheduled DropHead adds to MAT, beside its Δ to
     `standard`; a system without a second baseline row gets none."""
-    from bench.reproduce_report import BOOTSTRAP_SAMPLES, load_results, verdict_line
+    from bench.reproduce_report import verdict_line
+    from bench.reproduce_results import BOOTSTRAP_SAMPLES, load_results
 
     standard, mat, combined = run("standard", 1, 30.0), run("mat", 1, 31.0), run("mat-drophead", 1, 31.75)
     mat["test"]["avg"]["bleu_sentence_stats"] = stats(10)

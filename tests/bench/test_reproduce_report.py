@@ -16,21 +16,14 @@ from typing import Any
 
 import pytest
 
-from bench.reproduce_report import (
-    END,
-    START,
+from bench.reproduce_figures import (
     branch_importance_data,
-    chosen_rho,
-    default_files,
     draw_pruning_curves,
-    load_results,
-    main,
-    merge,
     pruning_curves_data,
     system_color,
-    system_summary,
-    table_runs,
 )
+from bench.reproduce_report import END, START, main
+from bench.reproduce_results import chosen_rho, default_files, load_results, merge, system_summary, table_runs
 from tests.helpers.reproduction import compared, results, run, write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -401,7 +394,7 @@ def test_the_report_reads_a_real_diversity_analysis_as_the_harness_records_it(ti
     import torch
 
     from bench.reproduce_analyses import condense
-    from bench.reproduce_report import diversity_data
+    from bench.reproduce_figures import diversity_data
     from multibranch.analysis.diversity import analyze_diversity
     from multibranch.checkpoint.format import save_checkpoint
     from multibranch.experiment import ExperimentConfig, resolve_config

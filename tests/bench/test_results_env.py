@@ -112,8 +112,9 @@ def test_every_bench_script_that_writes_results_records_its_amp():
         if script.name == "reproduce.py":  # drives the CLI only, so it records its own environment block
             assert '"amp": self.args.amp' in source and '"cpu": cpu_model()' in source
             continue
-        if script.name == "reproduce_report.py":  # reads reproduce.py's results, writes docs and figures only
-            assert "save_results(" not in source
+        if script.name in ("reproduce_report.py", "reproduce_results.py", "reproduce_figures.py"):
+            # read reproduce.py's results; write docs, figures and temporary files for sacreBLEU only
+            assert "save_results(" not in source and "write_json(RESULTS" not in source
             continue
         if script.name == "reproduce_runner.py":  # starts reproduce.py, which writes the results; writes none itself
             assert "save_results(" not in source and "write_json(" not in source
