@@ -1,6 +1,6 @@
 """The CPU recipe of the reproduction, built in the background at the lowest priority.
 
-    python bench/reproduce_runner.py start [--hours H] [--jobs 2] [--threads 1] [-- REPRODUCE_ARGS...]
+    python bench/reproduce_runner.py start [--hours H [--fill]] [--jobs 2] [--threads 1] [-- REPRODUCE_ARGS...]
     python bench/reproduce_runner.py status [--json]
     python bench/reproduce_runner.py stop
 
@@ -19,7 +19,8 @@ and every run's folder. A run whose folder is there resumes from its `last.pt`; 
 starts again from the beginning. Each finished run writes bench/results/reproduce_cpu_RUN_seedK.json (with
 the device, CPU model and flags, autocast, commit, threads and wall minutes); an unfinished run writes
 nothing. With --hours, no run starts that its estimate (bench/reproduce_cost.py) says would not finish in time,
-and every training stops by then.
+and every training stops by then; with --fill as well, once no run fits, the next runs train part way until
+then, to resume from their checkpoints the next time the runner goes (where runs/ is kept).
 
 `status` prints the runs done, started (training now or paused until the runner resumes them; with a run's last
 validation BLEU, and the finished standard model's of its seed at that update) and left, the minutes a started
@@ -88,7 +89,7 @@ def start(args: argparse.Namespace) -> int:
     command = [sys.executable, str(Path(__file__).resolve()), "--work", str(work), "--out", str(args.out), "work",
                "--jobs", str(args.jobs), "--threads", str(args.threads)]
     if args.hours is not None:
-        command += ["--until", f"{time.time() + 3600 * args.hours:.0f}"]
+        command += ["--until", f"{time.time() + 3600 * args.hours:.0f}"] + (["--fill"] if args.fill else [])
     pid = launch(command + ["--", *args.reproduce_args], work)
     print(f"the runner is going (pid {pid}, its own scheduling group at the lowest priority); log: "
           f"{work / 'runner.log'}")
@@ -122,13 +123,22 @@ def work(args: argparse.Namespace) -> int:
     command = [sys.executable, str(ROOT / "bench" / "reproduce.py"), "--recipe", "cpu", "--jobs", str(args.jobs),
                "--threads", str(args.threads), "--results-per-run", "--out", str(args.out), "--work", str(args.work),
                "--name", NAME, "--device", "cpu", "--max-updates", str(chosen_cpu_updates())]
-    if args.until is not None:
+    if args.until is None:
+        return subprocess.run(command + args.reproduce_args, env=env, cwd=ROOT).returncode
+    code = 0
+    for whole_runs in (True, False) if args.fill else (True,):  # the runs that fit, then the next ones part way
         minutes = (args.until - time.time()) / 60
         if minutes < 1:
             print("no time left for a run", flush=True)
-            return 0
-        command += ["--budget", f"{minutes:.1f}", "--whole-runs"]
-    return subprocess.run(command + args.reproduce_args, env=env, cwd=ROOT).returncode
+            return code
+        if not whole_runs:
+            print(f"[{time.strftime('%H:%M:%S')}] no run fits the {minutes:.0f} minutes left: the next ones train "
+                  "part way until then", flush=True)
+        budget = ["--budget", f"{minutes:.1f}"] + (["--whole-runs"] if whole_runs else [])
+        code = subprocess.run(command + budget + args.reproduce_args, env=env, cwd=ROOT).returncode
+        if code != 0:
+            return code
+    return code
 
 
 def training_process_alive(train_dir: Path) -> bool:
@@ -358,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     go = sub.add_parser("start", help="start the background runner")
     go.add_argument("--hours", type=float, default=None, help="start no run that would not finish within H hours, "
                     "and stop every training by then (default: run until the table is complete)")
+    go.add_argument("--fill", action="store_true", help="with --hours: once no run fits the time left, train the "
+                    "next ones part way until then (they resume from their checkpoints next time)")
     go.add_argument("--jobs", type=int, default=2, help="runs side by side (default: 2)")
     go.add_argument("--threads", type=int, default=1, help="threads of each run (default: 1)")
     go.add_argument("reproduce_args", nargs="*", help="after --: more bench/reproduce.py options")
@@ -370,8 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     job.add_argument("--jobs", type=int, default=2)
     job.add_argument("--threads", type=int, default=1)
     job.add_argument("--until", type=float, default=None, help="the time (seconds since the epoch) to be done by")
+    job.add_argument("--fill", action="store_true")
     job.add_argument("reproduce_args", nargs="*")
     args = p.parse_args(argv)
+    if getattr(args, "fill", False) and args.command == "start" and args.hours is None:
+        p.error("--fill needs --hours")
     args.work, args.out = args.work.resolve(), args.out.resolve()
     return {"start": start, "status": status, "stop": stop, "work": work}[args.command](args)
 

@@ -288,6 +288,32 @@ def test_start_gives_the_background_job_its_jobs_and_threads(tmp_path, monkeypat
     assert command[command.index("--jobs") + 1] == "1" and command[command.index("--threads") + 1] == "2"
 
 
+def test_fill_trains_the_next_runs_part_way_once_no_run_fits(tmp_path, monkeypatch):
+    launched = []
+    monkeypatch.setattr(reproduce_runner, "launch", lambda command, work: launched.append(command) or 1)
+    assert reproduce_runner.main(["--work", str(tmp_path), "start", "--hours", "2", "--fill"]) == 0
+    assert "--fill" in launched[0] and "--until" in launched[0]
+    with pytest.raises(SystemExit):  # nothing to fill without a deadline
+        reproduce_runner.main(["--work", str(tmp_path), "start", "--fill"])
+    monkeypatch.setattr(reproduce_runner, "chosen_cpu_updates", lambda *a: 6250)
+    namespace = reproduce_runner.main.__globals__["argparse"].Namespace
+
+    def calls(fill: bool, code: int = 0) -> list[list[str]]:
+        ran = []
+        monkeypatch.setattr(reproduce_runner.subprocess, "run",
+                            lambda command, **kw: ran.append(command) or subprocess.CompletedProcess(command, code))
+        args = namespace(jobs=1, threads=2, until=time.time() + 3600, fill=fill, work=tmp_path, out=tmp_path,
+                         reproduce_args=[])
+        assert reproduce_runner.work(args) == code
+        return ran
+
+    whole, part = calls(fill=True)  # the runs that fit, then the next ones until the deadline
+    assert "--whole-runs" in whole and "--whole-runs" not in part
+    assert 59 < float(part[part.index("--budget") + 1]) <= 60
+    assert ["--whole-runs" in command for command in calls(fill=False)] == [True]
+    assert len(calls(fill=True, code=3)) == 1  # a failed call is not followed by another
+
+
 def test_plan_status_counts_runs_done_running_and_left(tmp_path):
     cost_files(tmp_path)
     updates = 3000
