@@ -319,13 +319,38 @@ def curve_run_seed(path: Path) -> int | None:
     return data.get("seed", 1) if data.get("system", "standard") == "standard" else None
 
 
+def runner_command(pid: int | None) -> list[str]:
+    """The command line of the runner `pid` ([] where it is not going)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
 def runner_threads(pid: int | None) -> int:
     """The --threads of each run of the runner `pid` (its command line's; 1 where it has none or is not going)."""
+    command = runner_command(pid)
     try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         return max(1, int(command[command.index("--threads") + 1]))
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
         return 1
+
+
+def runner_deadline(pid: int | None) -> str:
+    """', until HH:MM' (and what it does once no run fits, with --fill) for a runner started with --hours, else ''."""
+    command = runner_command(pid)
+    try:
+        until = float(command[command.index("--until") + 1])
+    except (ValueError, IndexError):
+        return ""
+    options = command[:command.index("--")] if "--" in command else command  # not bench/reproduce.py's
+    fill = " (then the next runs part way)" if "--fill" in options else ""
+    return f", until {time.strftime('%H:%M', time.localtime(until))}{fill}"
+
+
+def clock_after(minutes: float) -> str:
+    """The local time `minutes` from now, HH:MM."""
+    return time.strftime("%H:%M", time.localtime(time.time() + 60 * minutes))
 
 
 def status(args: argparse.Namespace) -> int:
@@ -335,7 +360,7 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**plan, "runner_pid": pid}, indent=1))
         return 0
-    print(f"runner: {'going, pid ' + str(pid) if pid else 'not going'}")
+    print(f"runner: {f'going, pid {pid}{runner_deadline(pid)}' if pid else 'not going'}")
     if plan["updates"] is None:
         curve = progress(args.work / "curve" / "train")
         print(f"CPU recipe: the number of updates is not chosen yet; the runner measures the standard model's "
@@ -356,7 +381,9 @@ def status(args: argparse.Namespace) -> int:
                     f" (standard, seed {seed}: {valid['standard_bleu']:.2f})" if valid["standard_bleu"] is not None
                     and not row["run"].startswith("standard/") else "")
             print(f"  {how} {row['run']}: {doing}, about {row['minutes_left'] or 0:.0f} minutes left"
-                  + (f" at {threads} threads" if threads > 1 else ""))
+                  + (f" at {threads} threads" if threads > 1 else "")
+                  + (f" (done about {clock_after(row['minutes_left'])})" if row["training"] and row["minutes_left"]
+                     else ""))
     return 0
 
 

@@ -238,9 +238,16 @@ def test_status_tells_a_training_run_at_its_pace_from_a_paused_one(tmp_path, a_t
     assert rows["weighted/seed1"]["minutes_left"] == pytest.approx(2000 / 60 + reproduce_cost.EVALUATION_MINUTES)
     assert rows["mute/seed1"]["minutes_left"] == pytest.approx(
         reproduce_cost.estimate_minutes("mute", 2000, "fp32", 3000, tmp_path))
+    before = time.time()
     assert reproduce_runner.main(["--work", str(work), "--out", str(tmp_path), "status"]) == 0
+    after = time.time()
     out = capsys.readouterr().out
     assert "  running weighted/seed1: update 1000" in out and "  paused mute/seed1: update 1000" in out
+    running, paused = (next(line for line in out.splitlines() if f" {run}: " in line)
+                       for run in ("weighted/seed1", "mute/seed1"))
+    left = rows["weighted/seed1"]["minutes_left"]
+    later = {time.strftime("%H:%M", time.localtime(now + 60 * left)) for now in (before, after)}
+    assert running.rsplit("(done about ", 1)[1].rstrip(")") in later and "done about" not in paused
 
 
 def test_status_gives_a_started_runs_minutes_at_the_runners_threads(tmp_path, capsys):
@@ -312,6 +319,25 @@ def test_fill_trains_the_next_runs_part_way_once_no_run_fits(tmp_path, monkeypat
     assert 59 < float(part[part.index("--budget") + 1]) <= 60
     assert ["--whole-runs" in command for command in calls(fill=False)] == [True]
     assert len(calls(fill=True, code=3)) == 1  # a failed call is not followed by another
+
+
+def test_status_says_until_when_a_runner_started_with_hours_goes(tmp_path, capsys):
+    until = time.mktime((2026, 11, 30, 5, 29, 0, 0, 0, -1))
+    for extra, said in (([], "until 05:29\n"), (["--fill"], "until 05:29 (then the next runs part way)\n")):
+        runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "work", "--jobs", "1",
+                                   "--until", f"{until:.0f}", *extra, "--"], start_new_session=True)
+        try:
+            deadline = time.monotonic() + 10
+            while b"--until" not in Path(f"/proc/{runner.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert reproduce_runner.runner_deadline(runner.pid).endswith(said.strip())
+            (tmp_path / "runner.pid").write_text(f"{runner.pid}\n")
+            assert reproduce_runner.main(["--work", str(tmp_path), "--out", str(tmp_path), "status"]) == 0
+            assert capsys.readouterr().out.startswith(f"runner: going, pid {runner.pid}, {said}")
+        finally:
+            runner.kill()
+            runner.wait()
+    assert reproduce_runner.runner_deadline(runner.pid) == ""  # gone
 
 
 def test_plan_status_counts_runs_done_running_and_left(tmp_path):
