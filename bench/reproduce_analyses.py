@@ -40,7 +40,7 @@ ANALYSES: dict[str, tuple[str, ...]] = {
     # the CPU recipe's own systems
     # mat gets the pruning curve too: the baseline of mat-drophead's (8 heads per attention, drop-branch on)
     "mat": ("pruning",), "mat-proximal": ("importance",), "mat-drophead": ("pruning",),
-    "drophead-constant": ("pruning",),
+    "drophead-constant": ("pruning",), "weighted-shared": ("gates",),
 }
 REPORT_FILES = {"pruning": "heads.json", "importance": "heads.json", "lengths": "lengths.json",
                 "gates": "gates.json", "diversity": "diversity.json"}

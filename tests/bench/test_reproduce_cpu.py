@@ -49,6 +49,25 @@ def test_the_recipes_schedules_plan_for_its_updates_and_the_combination_is_both(
     assert constant == {"schedule": "constant", "rate": 0.2}
     source = deep_merge(BASE, system_delta("mat-source", 3000, recipe="cpu")["model"])
     assert source["d_model"] == mat["d_model"] and source["encoder"]["attention_branches"] == 1
+    # the Weighted Transformer read with one full-width FFN shared by the branches: only ffn_mode differs
+    shared = system_delta("weighted-shared", 3000, recipe="cpu")["model"]
+    assert {side: {k: v for k, v in shared[side].items() if k != "ffn_mode"} for side in shared} == weighted
+    assert shared["encoder"]["ffn_mode"] == shared["decoder"]["ffn_mode"] == "shared"
+    assert load_preset_dict("weighted-tiny")["model"]["encoder"].get("ffn_mode", "split") == "split"
+
+
+def test_the_weighted_readings_have_the_same_parameters():
+    """`weighted` (an FFN of d_ff / M per branch) and `weighted-shared` (one FFN of d_ff for every branch) both
+    keep the standard model's FFN parameters."""
+    from multibranch.config import from_dict
+    from multibranch.models import ModelConfig, build_model
+
+    def parameters(system: str) -> int:
+        model = {**deep_merge(BASE, system_delta(system, 3000, recipe="cpu")["model"]),
+                 "src_vocab_size": 8000, "tgt_vocab_size": 8000}
+        return sum(p.numel() for p in build_model(from_dict(ModelConfig, model)).parameters())
+
+    assert parameters("weighted") == parameters("weighted-shared")
 
 
 def test_the_plan_goes_seed_by_seed_main_rows_first_and_refuses_other_recipes_systems(tmp_path, capsys):
@@ -60,7 +79,7 @@ def test_the_plan_goes_seed_by_seed_main_rows_first_and_refuses_other_recipes_sy
     others = ["standard-prenorm", "muse-simple", "mute", "mute-bias", "drophead-constant"]
     assert sorted(table) == sorted(main + others)
     assert plan == [f"{s}/seed{k}" for k in (1, 2) for s in main] + [f"{s}/seed{k}" for k in (1, 2) for s in others]
-    assert "mat-proximal" not in table  # a chain of two runs: only when asked for
+    assert "mat-proximal" not in table and "weighted-shared" not in table  # only when asked for
     assert reproduce.main([*args, "--systems", "mat-proximal", "--seeds", "1"]) == 0
     assert capsys.readouterr().out.split() == ["mat-source/seed1", "mat-proximal-rho0.2/seed1", "needs",
                                                "mat-source/seed1"]
