@@ -127,8 +127,19 @@ def table_cells(summary: dict[str, Any]) -> list[str]:
             f", {'/'.join(str(t) for t in threads)} threads" if threads and threads != [1] else "") + ")"
     paper = summary.get("paper_delta_bleu")
     return [name, params, seeds_cell(summary), updates, minutes,
-            fmt(summary["test_bleu"]), fmt(summary["delta_bleu_to_standard"], sign=True), p_cell(summary),
+            fmt(summary["test_bleu"]), delta_cell(summary), p_cell(summary),
             DASH if paper is None else f"{paper:+g}"]
+
+
+def delta_cell(summary: dict[str, Any]) -> str:
+    """'mean ± sd' of the Δ to standard, with the seeds it covers where they are fewer than the row's (a seed whose
+    standard model has not finished has no Δ yet): '-2.30 (seed 1)'."""
+    delta = summary["delta_bleu_to_standard"]
+    cell = fmt(delta, sign=True)
+    paired = (delta or {}).get("seeds") or []
+    if paired and len(paired) < len(summary["seeds"]):
+        cell += f" (seed{'s' if len(paired) > 1 else ''} {', '.join(map(str, paired))})"
+    return cell
 
 
 def p_cell(summary: dict[str, Any]) -> str:
@@ -186,7 +197,7 @@ def files_line(files: list[ResultsFile]) -> str:
 
 
 LEGEND = ("Test BLEU and chrF: sacreBLEU on test_2016_flickr, the average of the last checkpoints, mean ± sd over "
-          "seeds. Δ: the system's test BLEU minus the standard model's of the same seed. p: the paired bootstrap "
+          "seeds. Δ: the system's test BLEU minus the standard model's of the same seed (the seeds in brackets where not every seed of the row has one yet). p: the paired bootstrap "
           "against those standard models, first over the seeds together (each resample of test scored on every "
           "seed and the scores averaged; from two seeds on), then sacreBLEU's, one per seed. Updates to "
           "stop: where early stopping or the cap ended training (best at: the update of the best validation "

@@ -625,6 +625,21 @@ def test_mute_is_also_compared_with_the_paper_baseline_layout(tmp_path):
                          f"BLEU (p {expected:.3f}, seeds together; seeds 1, 2).")
 
 
+def test_a_delta_over_fewer_seeds_than_its_row_says_which(tmp_path):
+    """A seed whose standard model has not finished has no Δ yet: the row's Δ names the seeds it covers."""
+    from bench.reproduce_report import table_cells
+    from bench.reproduce_results import load_results
+
+    records = [run("standard", 1, 30.0), run("weighted", 1, 28.0), run("weighted", 2, 29.0)]
+    merged = merge([load_results(write(tmp_path / "reproduce_cpu_a.json", cpu_results(records)))])
+    rows = {r["system"]: r for r in summaries(merged, None)}
+    assert table_cells(rows["weighted"])[6] == "-2.00 (seed 1)"
+    records.append(run("standard", 2, 30.0))
+    merged = merge([load_results(write(tmp_path / "reproduce_cpu_a.json", cpu_results(records)))])
+    rows = {r["system"]: r for r in summaries(merged, None)}
+    assert table_cells(rows["weighted"])[6] == "-1.50 ± 0.71"
+
+
 def test_the_combination_is_also_compared_with_mat_alone(tmp_path):
     """MAT + DropHead against `mat` of the same seed: what Scheduled DropHead adds to MAT, beside its Δ to
     `standard`; a system without a second baseline row gets none."""
