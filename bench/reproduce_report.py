@@ -181,12 +181,17 @@ def markdown_table(rows: list[dict[str, Any]], device: str | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
+def cpu_label(model: str, flags: list[str] | tuple[str, ...] | None) -> str:
+    """'AMD EPYC (avx2)': a CPU model with the flags that decide its speed here."""
+    return f"{model} ({', '.join(flags or []) or 'flags unknown'})"
+
+
 def files_line(files: list[ResultsFile]) -> str:
     """'Results merged (...): `FILE` (GPU, commit C, date); ...'."""
     parts = []
     for file in files:
         env = file.environment
-        facts = [env.get("gpu") or (f"CPU {env['cpu']} ({', '.join(env.get('cpu_flags') or []) or 'flags unknown'})"
+        facts = [env.get("gpu") or (f"CPU {cpu_label(env['cpu'], env.get('cpu_flags'))}"
                                     if env.get("cpu") else f"device {env.get('device') or 'unknown'}")]
         if env.get("commit"):
             facts.append(f"commit {env['commit'][:10]}" + (" with local changes" if env.get("commit_dirty") else ""))
@@ -510,12 +515,28 @@ def plan_region(curve_link: str | None = None) -> str:
                 f"rows ({', '.join(f'`{s}`' for s in RECIPES['cpu'].main)}; trained first): "
                 f"{len(main_rows) - len(main_left)} of {len(main_rows)} runs done, about {main_hours:.0f} core-hours "
                 f"left at {precisions[0]}" + (f" (not estimated: {unknown} runs)" if unknown else "") + ". Done: "
-                + (", ".join(f"`{r}`" for r in done) if done else "none yet") + ".")
+                + (", ".join(f"`{r}`" for r in done) if done else "none yet") + "."
+                + per_cpu_hours(precisions[0], first["updates"]))
     costs = cost_table()
     priority = priority_paragraph()
     figure = f"\n![{CURVE_CAPTION}]({curve_link})\n" if curve_link else ""
     return ("\n" + wrap(text) + "\n" + figure + (f"\n{costs}" if costs else "")
             + (f"\n{priority}" if priority else "") + "\n")
+
+
+def per_cpu_hours(precision: str, updates: int, results: Path = RESULTS) -> str:
+    """' On each CPU with finished runs, ...: about X core-hours on A, Y on B.' where runs finished on more than
+    one CPU (the plan above takes the slowest one's pace), else ''."""
+    from bench.reproduce_cost import finished_runs
+    from bench.reproduce_runner import plan_status
+
+    cpus = sorted({run["cpu"] for run in finished_runs(precision, updates, results) if run["cpu"][0]})
+    if len(cpus) < 2:
+        return ""
+    hours = [f"about {plan_status(results, None, precision=precision, cpu=cpu)['core_hours_left']:.0f} on "
+             f"{cpu_label(*cpu)}" for cpu in cpus]
+    return (" At the pace of each CPU's own finished runs, the runs left need " + ", ".join(hours)
+            + f" (core-hours at {precision}).")
 
 
 PRIORITY_FILE = RESULTS / "runner_priority.json"

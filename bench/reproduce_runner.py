@@ -237,15 +237,18 @@ def standard_valid_bleu(results: Path, seed: int, step: int) -> float | None:
 
 
 def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[int, ...] = SEEDS,
-                precision: str | None = None, threads: int = 1) -> dict[str, Any]:
+                precision: str | None = None, threads: int = 1,
+                cpu: tuple[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
     """Every run of the CPU recipe's table: done (its results file is in `results`), running (started: its training
     folder is in `work`; `scoring` once its training has finished) or left, the wall minutes each one left needs at
-    `precision` (this CPU's) and `threads` threads, and the hours of one core they need together."""
+    `precision` (this CPU's) and `threads` threads, and the hours of one core they need together. The estimates
+    are calibrated on `cpu`'s finished runs where given, else on this machine's for its own status (`work`), else
+    on the slowest CPU's (the docs' plan, the same anywhere)."""
     recipe = RECIPES["cpu"]
     updates = chosen_cpu_updates(results / "reproduce_cpu_curve.json")
     precision = precision or cpu_precision(recipe.defaults["amp"])
     curve_seed = curve_run_seed(results / "reproduce_cpu_curve.json") if updates else None
-    cpu = this_cpu() if work is not None else None  # the machine's own status; the docs' plan is the same anywhere
+    cpu = cpu or (this_cpu() if work is not None else None)
     estimator = Estimator(precision, updates, results) if updates is not None else None
     rows = []
     for seed in seeds:

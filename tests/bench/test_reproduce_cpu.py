@@ -182,6 +182,22 @@ def test_the_runs_finished_on_this_cpu_calibrate_its_estimates(tmp_path):
     assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, other) == pytest.approx(145.0)
 
 
+def test_the_plan_gives_the_hours_left_at_each_cpus_pace_where_runs_finished_on_several(tmp_path):
+    from bench.reproduce_report import per_cpu_hours
+
+    cost_files(tmp_path)
+    write(tmp_path / "reproduce_cpu_curve.json", {"chosen_updates": 1000})
+    amd, intel = ("AMD EPYC", ("avx2",)), ("Intel Xeon", ("avx2", "avx512f"))
+    finished_on(tmp_path, 1, amd, 1, 145.0)  # twice standard's plan of 72.5 minutes
+    assert per_cpu_hours("fp32", 1000, tmp_path) == ""  # one CPU: the plan itself says it
+    finished_on(tmp_path, 2, intel, 1, 36.25)  # half of it
+    # left with a rate: standard/seed3 and mute seeds 1-3 (130 minutes planned each); the AMD at its own
+    # standard's 145 and twice mute's plan, the Intel at 36.25 and half of it
+    assert per_cpu_hours("fp32", 1000, tmp_path) == (
+        f" At the pace of each CPU's own finished runs, the runs left need about {(145 + 3 * 260) / 60:.0f} on "
+        f"AMD EPYC (avx2), about {(36.25 + 3 * 65) / 60:.0f} on Intel Xeon (avx2, avx512f) (core-hours at fp32).")
+
+
 def test_the_runs_at_the_same_threads_calibrate_the_estimates_at_those_threads(tmp_path):
     cost_files(tmp_path)
     intel = ("Intel Xeon", ("avx2", "avx512f"))
