@@ -117,9 +117,10 @@ def decoding_model(model: Any, precision: str) -> Any:
     return packed
 
 
-def run_isolated(module_args: list[str]) -> dict[str, Any]:
-    """Run `python bench/<script> ...` in a fresh process (its own peak RSS) and parse its last JSON line."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}  # this checkout's code
+def run_isolated(module_args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `python bench/<script> ...` in a fresh process (its own peak RSS; `env` added to this one's) and parse
+    its last JSON line."""
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}  # this checkout's code
     out = subprocess.run([sys.executable, *module_args], capture_output=True, text=True, env=env, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(module_args)} failed:\n{out.stderr[-3000:]}")

@@ -352,6 +352,24 @@ def doc_cpu_train_presets() -> list[str]:
         footnote("presets_speed_bf16", "presets_flops")
 
 
+def doc_cpu_train_malloc() -> list[str]:
+    result = load("malloc_speed_none")
+    by = rows_by_system(result)
+    twin = "+glibc-malloc"
+    rows = []
+    for name, row in by.items():
+        if name.endswith(twin):
+            continue
+        glibc = by[name + twin]
+        rounds = list(zip(row["tokens_per_s_all"], glibc["tokens_per_s_all"]))
+        faster = f"{sum(kept > default for kept, default in rounds)} of {len(rounds)}"
+        for label, r, wins in (("glibc's defaults", glibc, ""), ("freed blocks kept", row, faster)):
+            rows.append([name, label, f"{r['ms_per_update']:.0f}", f"{r['page_faults_per_update']:.0f}",
+                         f"{r['peak_rss_mb']:.0f}", f"{glibc['ms_per_update'] / r['ms_per_update']:.2f}x", wins])
+    return table(["preset", "malloc", "ms/update (median round)", "page faults/update", "peak RSS MB",
+                  "speed vs glibc's defaults", "rounds faster"], rows) + footnote("malloc_speed_none")
+
+
 def round_ratios(names: tuple[str, ...], ours: str, peer: str) -> list[float]:
     """Speed of ours / peer in every round of the named ct2_decode files (each round times both)."""
     ratios = []
@@ -547,6 +565,7 @@ def doc_serve_load() -> list[str]:
 DOC_TABLES = {
     "cpu-train": doc_cpu_train,
     "cpu-train-presets": doc_cpu_train_presets,
+    "cpu-train-malloc": doc_cpu_train_malloc,
     "cpu-decode-ct2": doc_cpu_decode_ct2,
     "cpu-decode-hf": doc_cpu_decode_hf,
     "cpu-decode-presets": doc_cpu_decode_presets,

@@ -17,12 +17,18 @@ transformer-base (Vaswani et al.: d=512, 8 heads, FFN 2048, 6+6 layers, dropout 
     python bench/train_speed.py [--steps 20] [--warmup 3] [--rounds 3] [--amp none|bf16] [--threads 2]
     python bench/train_speed.py --presets transformer-tiny mat-tiny weighted-tiny ... --max-tokens 2048 --amp bf16
     python bench/train_speed.py --device cuda --size base --amp bf16 --max-tokens 4096 16384 --rounds 2
+    python bench/train_speed.py --presets transformer-tiny mute-bias-seq-tiny --max-tokens 2048 --system-malloc
+
+`--system-malloc` adds a twin of every system, named `<system>+glibc-malloc`, that trains with glibc's own malloc
+settings (`MULTIBRANCH_MALLOC=0`; src/multibranch/malloc.py), in the same rounds; each row also reports the
+process's page faults per timed update.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -45,6 +51,7 @@ SYSTEMS = {
     "multibranch-eager": ["train.graphs=off"],  # every batch its own shape, eager (the path before graphs)
     "multibranch-mat2": ["model.encoder.attention_branches=2", "model.decoder.attention_branches=2"],
 }
+GLIBC_TWIN = "+glibc-malloc"  # a system's twin run with glibc's malloc settings (--system-malloc)
 
 
 def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_tokens: int | None,
@@ -87,16 +94,19 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
             for batch in batches[warmup:] * 2:
                 step(batch)
         sync()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         for batch in batches[warmup:]:
             step(batch)
         sync()
         seconds = time.perf_counter() - start
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         busy = device_busy(step, batches[warmup : warmup + profile_updates], cuda) if profile_updates else {}
         params = sum(p.numel() for p in trainer.model.parameters()) if system != "hf-marian" else _hf_params
         row = {"system": system, "tokens_per_s": tokens / seconds, "ms_per_update": 1000 * seconds / steps,
                "tokens": tokens, "updates": steps, "peak_rss_mb": peak_rss_mb(), "parameters": params, "amp": amp,
-               "device": device, "size": size, "max_tokens": max_tokens, **busy}
+               "device": device, "size": size, "max_tokens": max_tokens, "page_faults_per_update": faults / steps,
+               "malloc": trainer._malloc_note, **busy}
         if cuda:
             from torch.utils.flop_counter import FlopCounterMode
 
@@ -192,6 +202,8 @@ def main() -> None:
                              "seen (CUDA graphs captured, cuBLAS kernels chosen)")
     parser.add_argument("--profile-updates", type=int, default=0,
                         help="profile this many of the timed batches once more (torch.profiler): GPU busy time / wall")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help=f"also run every system with glibc's malloc settings (named <system>{GLIBC_TWIN})")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
@@ -201,6 +213,8 @@ def main() -> None:
         return
     multi30k_data()  # prepare once, outside the timed children
     systems = [f"preset:{p}" for p in args.presets] if args.presets else args.systems
+    if args.system_malloc:
+        systems = [name for system in systems for name in (system, system + GLIBC_TWIN)]
     cuda = args.device.startswith("cuda")
     matmul_tflops = measured_matmul_tflops() if cuda else None
     tables = []
@@ -239,12 +253,12 @@ def _compare(args: argparse.Namespace, systems: list[str], max_tokens: int | Non
     runs: dict[str, list[dict]] = {s: [] for s in systems}
     for _ in range(args.rounds):
         for system in systems:
-            cmd = ["bench/train_speed.py", "--child", system, "--steps", str(args.steps), "--warmup", str(args.warmup),
+            cmd = ["bench/train_speed.py", "--child", system.removesuffix(GLIBC_TWIN), "--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--amp", args.amp, "--threads", str(args.threads), "--device", args.device, "--size", args.size,
                    *(["--prewarm"] if args.prewarm else []), "--profile-updates", str(args.profile_updates)]
             if max_tokens:
                 cmd += ["--max-tokens", str(max_tokens)]
-            runs[system].append(run_isolated(cmd))
+            runs[system].append(run_isolated(cmd, {"MULTIBRANCH_MALLOC": "0"} if system.endswith(GLIBC_TWIN) else None))
             print(json.dumps(runs[system][-1]), flush=True)
     rows = []
     for system, results in runs.items():
@@ -274,13 +288,14 @@ def _print_table(rows: list[dict], max_tokens: int | None, peak_tflops: float | 
                   f"{100 * r['model_tflops_per_s'] / matmul_tflops:.1f}% | {r['peak_gpu_memory_mb']:.0f} | {busy} | "
                   f"{ratio} |")
         return
-    print(f"\n| system | params | target tok/s | ms/update | peak RSS MB | vs {ref_name} tok/s | vs {ref_name} RSS |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\n| system | params | target tok/s | ms/update | page faults/update | peak RSS MB | vs {ref_name} tok/s | "
+          f"vs {ref_name} RSS |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f}x" if hf else "-"
         rss = f"{r['peak_rss_mb'] / hf['peak_rss_mb']:.2f}x" if hf else "-"
         print(f"| {r['system']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_s']:.0f} | {r['ms_per_update']:.0f} | "
-              f"{r['peak_rss_mb']:.0f} | {ratio} | {rss} |")
+              f"{r['page_faults_per_update']:.0f} | {r['peak_rss_mb']:.0f} | {ratio} | {rss} |")
     if "multibranch" in base and "multibranch-mat2" in base:
         print(f"\nMAT N_a=2 update time / standard: "
               f"{base['multibranch-mat2']['ms_per_update'] / base['multibranch']['ms_per_update']:.2f}x")

@@ -64,6 +64,7 @@ from multibranch.experiment.training import RESUMABLE_CHANGES
 from multibranch.figures import run_plots
 from multibranch.hooks import ModuleHooks
 from multibranch.interrupts import deferred_interrupt
+from multibranch.malloc import keep_large_blocks
 from multibranch.train import distributed as D
 from multibranch.train.ema import WeightAverage
 from multibranch.train.gradients import FlatGradients, broadcast_from_first_process
@@ -194,6 +195,8 @@ class Trainer:
             torch.cuda.set_device(self.device)
         if tcfg.threads:
             torch.set_num_threads(tcfg.threads)
+        # freed activations reused rather than unmapped each update (multibranch/malloc.py)
+        self._malloc_note = keep_large_blocks() if self.device.type == "cpu" else None
         if tcfg.deterministic:
             torch.use_deterministic_algorithms(True)
         seed_everything(tcfg.seed + self.dist.rank)
@@ -743,6 +746,8 @@ class Trainer:
                  self.task.train_size, self.dist.world_size, self.device, torch.get_num_threads(), self.amp)
         log.info("batches: %s | CUDA graphs: %s", getattr(self, "_shapes_note", "each of its own shape"),
                  "on (one per batch shape)" if self.graphs else f"off ({self._graphs_blocker() or 'train.graphs=off'})")
+        if self._malloc_note:
+            log.info("%s", self._malloc_note)
         shown: dict[str, str] = {}
         start = time.perf_counter()
         self._saving = self._mid_update = self._validating = False
