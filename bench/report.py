@@ -370,6 +370,16 @@ def doc_cpu_train_malloc() -> list[str]:
                   "speed vs glibc's defaults", "rounds faster"], rows) + footnote("malloc_speed_none")
 
 
+def doc_cpu_train_dropout() -> list[str]:
+    labels = {"kernel": "multibranch, C++ kernel", "composed": "multibranch, PyTorch operations",
+              "torch": "PyTorch's `F.dropout`"}
+    rows = [[r["preset"], labels[r["variant"]], f"{r['ms_per_update']:.0f}", f"{r['speed_vs_torch']:.2f}x",
+             f"{r['faster_than_torch']} of {r['pairs']}" if r["variant"] != "torch" else ""]
+            for r in load("dropout_speed_none")["rows"]]
+    return table(["preset", "dropout", "ms/update (mean)", "speed vs `F.dropout` (median pair)",
+                  "updates faster than `F.dropout`"], rows) + footnote("dropout_speed_none")
+
+
 def round_ratios(names: tuple[str, ...], ours: str, peer: str) -> list[float]:
     """Speed of ours / peer in every round of the named ct2_decode files (each round times both)."""
     ratios = []
@@ -566,6 +576,7 @@ DOC_TABLES = {
     "cpu-train": doc_cpu_train,
     "cpu-train-presets": doc_cpu_train_presets,
     "cpu-train-malloc": doc_cpu_train_malloc,
+    "cpu-train-dropout": doc_cpu_train_dropout,
     "cpu-decode-ct2": doc_cpu_decode_ct2,
     "cpu-decode-hf": doc_cpu_decode_hf,
     "cpu-decode-presets": doc_cpu_decode_presets,

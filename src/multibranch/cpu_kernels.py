@@ -1,19 +1,22 @@
 """multibranch's CPU kernels (`csrc/`), compiled with PyTorch's `cpp_extension` on first use.
 
-A beam-search step composed of PyTorch operations pays per-operation overhead on many small tensors. These
-kernels do a step's small parts in one call each, fp32 on the CPU:
+A beam-search step composed of PyTorch operations pays per-operation overhead on many small tensors, and a
+training update's dropout several passes over large ones. These kernels do such parts in one call each, on the CPU
+(fp32; dropout in every floating type):
 
 - `csrc/decoder_attention.cpp`: a decoder step's self-attention over each hypothesis' own history and its
   cross-attention over a memory shared by a sentence's hypotheses (`modules/fused_attention.py`);
 - `csrc/beam_step.cpp`: a beam step's log-softmax normaliser per row and its best (score + token
   log-probability) candidates per sentence (`inference/beam.py`, `inference/candidates.py`);
 - `csrc/layer_norm.cpp`: a post-norm residual sublayer's LayerNorm(x + y) in one pass (`models/layers/common.py`);
+- `csrc/dropout.cpp`: dropout's forward or backward in one pass, its mask recomputed from a seed
+  (`modules/dropout.py`);
 - `csrc/bindings.cpp`: the Python module.
 
 The extension is built (a C++ compiler and ninja; the `ninja` package is a dependency) into PyTorch's
 extension cache (`TORCH_EXTENSIONS_DIR`) the first time it is needed, once per machine and source version
 (`BUILD_TIME`; a note on stderr says so while it runs, and how long it took). Where it cannot be built,
-`kernels()` returns None after one warning and decoding composes PyTorch operations as before;
+`kernels()` returns None after one warning and the callers compose PyTorch operations instead;
 `MULTIBRANCH_CPU_KERNELS=0` turns the kernels off.
 
 The build's directory is named by a hash of what the library depends on: the sources' contents, the flags, this
@@ -32,7 +35,7 @@ parent gone and does the same (`WATCH_PARENT`). The compiler's output goes to `B
 A build holds an OS file lock (`fcntl.flock`, released by the kernel when its process ends, however it ends), so a
 build killed midway never leaves a lock behind: the next process takes the lock, clears PyTorch's own `lock` file
 left by the killed build, and builds. A process that finds another one building says so on stderr and waits for it
-at most `MULTIBRANCH_CPU_KERNELS_WAIT` seconds (default 900), then decodes without the kernels (one warning).
+at most `MULTIBRANCH_CPU_KERNELS_WAIT` seconds (default 900), then goes on without the kernels (one warning).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ import torch
 from torch import Tensor
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("bindings.cpp", "decoder_attention.cpp", "beam_step.cpp", "layer_norm.cpp")]
+           for name in ("bindings.cpp", "decoder_attention.cpp", "beam_step.cpp", "layer_norm.cpp", "dropout.cpp")]
 # -ffast-math: vectorised expf (glibc's libmvec); compile flags only, so the library does not set
 # flush-to-zero for the whole process (tests/core/test_cpu_kernels.py checks)
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
@@ -80,7 +83,7 @@ SOURCE_COPY = "src"  # the sources, copied into the build directory (the build l
 BUILD_LOG = "multibranch.build.log"  # the build child's output (the compiler's messages when it fails)
 FAILED_MARK = "multibranch: the build failed:"  # in BUILD_LOG, the line before the build's error message
 # measured on 2-core AMD EPYC machines: 80-110 s idle, about 4.5 minutes busy with other work, 10.5 at a load of 12;
-# ninja compiles the four sources side by side, so more cores take about as long as the slowest source
+# ninja compiles the sources side by side, so more cores take about as long as the slowest source
 BUILD_TIME = "1.5-5 minutes, longer on a busy machine"
 STOP_GRACE_S = 10.0  # after SIGTERM, how long the build's group has to end before SIGKILL
 
@@ -283,8 +286,8 @@ def kernels() -> ModuleType | None:
             return _build(name, directory, lock)
     except Exception as error:  # noqa: BLE001 - any build failure means "decode without the kernels"
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        warnings.warn(f"multibranch's CPU kernels could not be built ({first_line}); decoding composes PyTorch "
-                      f"operations instead (set {ENV_SWITCH}=0 to skip the attempt)", stacklevel=2)
+        warnings.warn(f"multibranch's CPU kernels could not be built ({first_line}); PyTorch operations stand in "
+                      f"for them (set {ENV_SWITCH}=0 to skip the attempt)", stacklevel=2)
         return None
 
 

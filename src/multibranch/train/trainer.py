@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 import multibranch
+from multibranch import cpu_kernels
 from multibranch.atomic import (
     atomic_write_bytes,
     atomic_write_text,
@@ -740,6 +741,8 @@ class Trainer:
 
     def _train(self) -> TrainState:
         t, s = self.cfg.train, self.state
+        if self.device.type == "cpu":
+            cpu_kernels.kernels()  # dropout's: built now (the first time on a machine), not inside the first update
         n_params = sum(p.numel() for p in self.model.parameters())
         log.info("%s model: %s, %.2fM parameters | data: %d training examples | %d process(es) on %s, "
                  "%d thread(s), autocast %s", self.task.name, self.task.describe_model(), n_params / 1e6,
