@@ -4,12 +4,11 @@ PyTorch's CPU dropout draws one Bernoulli sample per element through the Mersenn
 the backward. Here each call draws one 64-bit seed from torch's default generator (so runs stay seedable and
 resume exactly), and element i is kept when lane i % 4 (16 bits) of the SplitMix64 output for word i // 4 of that
 seed, read as a signed integer, is at least round(p * 65536) - 32768 (`keep_mask`): the drop rate is p rounded
-to a multiple of 1/65536 (off by less than 1e-5);
-kept elements are scaled by 1 / (1 - p) as usual. The mask is a function of the seed and the position, so the
-backward recomputes it instead of storing it. The CPU kernel `csrc/dropout.cpp` does either pass in one sweep,
-several times faster than PyTorch's dropout; where it is not built, `keep_mask` computes the same stream with
-PyTorch operations: the same numbers, at about PyTorch's own dropout's speed.
-On other devices, and inside torch.compile, it defers to `F.dropout`.
+to a multiple of 1/65536 (off by less than 1e-5), and kept elements are scaled by 1 / (1 - p) as usual. The mask
+is a function of the seed and the position, so the backward recomputes it instead of storing it. The CPU kernel
+`csrc/dropout.cpp` does either pass in one sweep; where it is not built, `keep_mask` computes the same stream
+with PyTorch operations: the same numbers, at about PyTorch's own dropout's speed (docs/benchmarks.md). On
+other devices, and inside torch.compile, it defers to `F.dropout`.
 """
 
 from __future__ import annotations
@@ -82,4 +81,3 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, True)
     return _Dropout.apply(x, p)
-
