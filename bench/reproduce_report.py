@@ -43,6 +43,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's mul
 
 from bench.reproduce_figures import Figure, draw_curve, figure_data, write_png  # noqa: E402
 from bench.reproduce_results import (  # noqa: E402
+    FIT_SPAN,
     LENGTH_SYSTEMS,
     PRUNING_SYSTEMS,
     RECIPE_KEYS,
@@ -55,6 +56,7 @@ from bench.reproduce_results import (  # noqa: E402
     check_recipes,
     default_files,
     default_ref,
+    end_fit,
     length_buckets,
     load_results,
     mean_sd,
@@ -220,7 +222,7 @@ def wrap(paragraph: str) -> str:
 
 def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: list[tuple[str, str]],
                 merged: Merged | None = None) -> str:
-    """The text between the markers: the files merged, the table, its legend, the dominant-head and length tables, the runs
+    """The text between the markers: the files merged, the table, its legend, the fit, dominant-head and length tables, the runs
     trained on both kinds of device, and the figures (link, caption); NO_RESULTS while no file holds a finished
     run."""
     recipe = merged.recipe if merged is not None else "iwslt"
@@ -239,7 +241,7 @@ def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: l
                            "the opposite: a loss on every seed, as significant; else not visible at this shape):"),
                       "", *verdicts, ""]
         runs = table_runs(merged)
-        for table in (dominant_table(runs), length_table(runs)):
+        for table in (fit_table(runs), dominant_table(runs), length_table(runs)):
             if table:
                 parts += [table, ""]
         both = device_agreement(merged)
@@ -307,6 +309,33 @@ def verdict_line(summary: dict[str, Any]) -> str | None:
                  f"{fmt(other['delta_bleu'], sign=True)} BLEU (p {other_p_text}{together}; seeds "
                  f"{', '.join(map(str, other['delta_bleu']['seeds']))}).")
     return line
+
+
+def fit_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
+    """How well each system fits at the end of training (`end_fit`): training and validation NLL, mean ± sd over
+    seeds, and each one's Δ to the standard model of the same seeds; it tells a model that fits the training data
+    less well from one that fits it and generalises less."""
+    standard = {run["seed"]: fit for run in runs.get("standard", []) if (fit := end_fit(run))}
+    lines = []
+    for system, system_runs in runs.items():
+        fits = {run["seed"]: fit for run in system_runs if (fit := end_fit(run))}
+        if not fits:
+            continue
+        cells = [fmt(mean_sd([f[key] for f in fits.values()]), 3) for key in ("train_nll", "valid_nll")]
+        for key in ("train_nll", "valid_nll"):
+            deltas = [fit[key] - standard[seed][key] for seed, fit in fits.items() if seed in standard]
+            cells.append(DASH if system == "standard" else fmt(mean_sd(deltas), 3, sign=True))
+        lines.append(f"| {system} | {len(fits)} | " + " | ".join(cells) + " |")
+    if not lines:
+        return None
+    header = (f"The fit at the end of training: training NLL, the mean over the last {FIT_SPAN} updates, on training "
+              "batches with dropout and the system's own regularisers on (DropHead and drop-branch raise it); "
+              "validation NLL at the last validation, of the model itself, not the average of checkpoints; mean ± sd "
+              "over seeds, and the Δ to the standard model of the same seeds. A training NLL above the standard "
+              "model's with no regulariser to raise it: the model fits the training data less well; below it, with "
+              "the validation NLL above: the model overfits more:")
+    return "\n".join([wrap(header), "", "| system | seeds | training NLL | validation NLL | Δ training NLL | "
+                      "Δ validation NLL |", "|" + "---|" * 6, *lines])
 
 
 def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:

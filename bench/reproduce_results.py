@@ -461,6 +461,23 @@ def analysis(run: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 
 
+FIT_SPAN = 500  # the updates at the end of training whose training NLL `end_fit` averages
+
+
+def end_fit(run: dict[str, Any]) -> dict[str, float] | None:
+    """How well a run fits at the end of training: the mean training NLL over the last FIT_SPAN updates it logged
+    (on training batches, with dropout and the system's own regularisers on) and the validation NLL of its last
+    validation; None where its curve lacks either."""
+    curve = run.get("curve") or {}
+    train = [p for p in curve.get("train") or [] if p.get("nll") is not None and p.get("step") is not None]
+    valid = [p for p in curve.get("valid") or [] if p.get("nll") is not None and p.get("step") is not None]
+    if not train or not valid:
+        return None
+    last = max(p["step"] for p in train)
+    recent = [p["nll"] for p in train if p["step"] > last - FIT_SPAN]
+    return {"train_nll": statistics.fmean(recent), "valid_nll": max(valid, key=lambda p: p["step"])["nll"]}
+
+
 def length_buckets(runs: dict[str, list[dict[str, Any]]], system: str) -> dict[int, dict[str, dict[str, Any]]]:
     """Each seed of `system` that has the lengths analysis: its buckets by label, in the analysis' order."""
     found = {}

@@ -415,3 +415,26 @@ def test_the_report_reads_a_real_diversity_analysis_as_the_harness_records_it(ti
     (model_data,) = diversity_data(runs)
     assert model_data["label"] == "mute-bias-seq (1 seed)"
     assert model_data["layers"] == [pytest.approx(row) for row in report["layers"]]
+
+
+def fitted(system: str, seed: int, train_nll: list[tuple[int, float]], valid_nll: list[tuple[int, float]]) -> dict:
+    record = run(system, seed, 30.0)
+    record["curve"]["train"] = [{"step": step, "loss": nll + 1.0, "nll": nll} for step, nll in train_nll]
+    record["curve"]["valid"] = [{"step": step, "bleu": 30.0, "nll": nll} for step, nll in valid_nll]
+    return record
+
+
+def test_the_fit_table_averages_the_last_500_updates_and_takes_the_last_validation():
+    from bench.reproduce_report import fit_table
+
+    # standard seed 1: training NLL over updates 1000-2000 logged every 250; the last 500 (1750, 2000) average 1.1
+    standard = [fitted("standard", 1, [(1000, 3.0), (1250, 2.0), (1500, 1.5), (1750, 1.2), (2000, 1.0)],
+                       [(2000, 1.9), (1000, 2.5)]),  # validations out of order: the last step's counts
+                fitted("standard", 2, [(1750, 1.4), (2000, 1.2)], [(1000, 2.4), (2000, 2.1)])]
+    weighted = [fitted("weighted", 1, [(1750, 1.5), (2000, 1.3)], [(2000, 2.2)]),
+                fitted("weighted", 3, [(1750, 9.0), (2000, 9.0)], [(2000, 9.0)])]  # no standard seed 3: no Δ
+    lines = fit_table({"standard": standard, "weighted": weighted, "muse": [run("muse", 1, 30.0)]}).splitlines()
+    assert "| standard | 2 | 1.200 ± 0.141 | 2.000 ± 0.141 | – | – |" in lines  # (1.1, 1.3), (1.9, 2.1)
+    assert "| weighted | 2 | 5.200 ± 5.374 | 5.600 ± 4.808 | +0.300 | +0.300 |" in lines  # seed 1: 1.4 - 1.1, 2.2 - 1.9
+    assert not any(line.startswith("| muse ") for line in lines)  # its curve has no NLL: no row
+    assert fit_table({"muse": [run("muse", 1, 30.0)]}) is None
