@@ -222,9 +222,9 @@ def wrap(paragraph: str) -> str:
 
 def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: list[tuple[str, str]],
                 merged: Merged | None = None) -> str:
-    """The text between the markers: the files merged, the table, its legend, the fit, dominant-head and length tables, the runs
-    trained on both kinds of device, and the figures (link, caption); NO_RESULTS while no file holds a finished
-    run."""
+    """The text between the markers: the files merged, the table, its legend, the fit, dominant-head and length
+    tables, the runs trained on both kinds of device, and the figures (link, caption); NO_RESULTS while no file
+    holds a finished run."""
     recipe = merged.recipe if merged is not None else "iwslt"
     if not rows:
         return NO_RESULTS.get(recipe, NO_RESULTS["iwslt"])
