@@ -22,14 +22,13 @@ import argparse
 import contextlib
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.classify_quality import DATASETS, prepared, work_dir  # noqa: E402
-from bench.common import environment, peak_rss_mb, run_isolated, save_results  # noqa: E402
+from bench.common import environment, peak_rss_mb, run_isolated, save_results, trainer_and_batches  # noqa: E402
 
 SYSTEMS = ("hf-bert", "multibranch")
 
@@ -55,16 +54,10 @@ def child(system: str, preset: str, dataset: str, steps: int, warmup: int, amp: 
 
     torch.set_num_threads(threads)
     from multibranch.experiment import resolve_config
-    from multibranch.tasks import task_for_data
-    from multibranch.train.trainer import RunOptions, Trainer
 
     data = prepared(dataset, work_dir() / "classify" / f"{dataset}-prepare.log")
     cfg = resolve_config(preset, None, [f"train.amp={amp}", "train.max_steps=100000", "train.max_minutes=null"])
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, RunOptions(data_dir=data, run_dir=Path(tmp) / "run", progress=False), task_for_data)
-        batches = [trainer._collate(ix) for ix in trainer._epoch_batches(1)[: warmup + steps]]
-        if len(batches) < warmup + steps:
-            raise SystemExit(f"epoch 1 has only {len(batches)} batches; lower --steps/--warmup")
+    with trainer_and_batches(cfg, warmup + steps, data=data) as (trainer, batches):
         pad = cfg.model.pad_id
         if system == "hf-bert":
             num_labels = cfg.classifier.num_labels

@@ -1,5 +1,5 @@
-"""Shared helpers for the benchmarks: data location, the Hugging Face Marian peer's training update, peak
-memory, checkpoint sizes, the results files' environment block.
+"""Shared helpers for the benchmarks: data location, a trainer with its first batches, the Hugging Face Marian
+peer's training update, peak memory, checkpoint sizes, the results files' environment block.
 
 Benchmarks are not part of the test suite. They write JSON into bench/results/ and print a table; the
 numbers quoted in docs/benchmarks.md come from those files, with the command that made them. Every
@@ -14,7 +14,9 @@ import os
 import resource
 import subprocess
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,28 @@ def multi30k_data(vocab_size: int = 8000) -> Path:
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+@contextmanager
+def trainer_and_batches(cfg: Any, count: int, *, data: Path | None = None,
+                        device: str = "auto") -> Iterator[tuple[Any, list[Any]]]:
+    """A Trainer of the resolved config `cfg` on `data` (the prepared Multi30k by default), in a temporary run
+    folder removed afterwards, and its first `count` collated training batches in the order training takes them
+    (over as many epochs as that needs)."""
+    from multibranch.tasks import task_for_data
+    from multibranch.train.trainer import RunOptions, Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        options = RunOptions(data_dir=data or multi30k_data(), run_dir=Path(tmp) / "run", progress=False, device=device)
+        trainer = Trainer(cfg, options, task_for_data)
+        indices, epoch = [], 1
+        while len(indices) < count:  # large batches: an epoch may hold fewer than `count`
+            batches = trainer._epoch_batches(epoch)
+            if not batches:
+                raise SystemExit(f"{options.data_dir}: no training batches")
+            indices += batches
+            epoch += 1
+        yield trainer, [trainer._collate(ix) for ix in indices[:count]]
 
 
 def checkpoint_parameters(ckpt: Path) -> int:
@@ -120,7 +144,8 @@ def decoding_model(model: Any, precision: str) -> Any:
 def run_isolated(module_args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run `python bench/<script> ...` in a fresh process (its own peak RSS; `env` added to this one's) and parse
     its last JSON line."""
-    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}  # this checkout's code
+    code = os.pathsep.join([str(ROOT), str(ROOT / "src")])  # this checkout's code
+    env = {**os.environ, **(env or {}), "PYTHONPATH": code}
     out = subprocess.run([sys.executable, *module_args], capture_output=True, text=True, env=env, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(module_args)} failed:\n{out.stderr[-3000:]}")

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from bench.common import environment, multi30k_data, save_results  # noqa: E402
+from bench.common import environment, save_results, trainer_and_batches  # noqa: E402
 
 VARIANTS = ("kernel", "composed", "torch")
 
@@ -45,8 +44,6 @@ def measure(preset: str, updates: int, warmup: int, threads: int, max_tokens: in
     from multibranch import cpu_kernels
     from multibranch.experiment import resolve_config
     from multibranch.modules import dropout as module
-    from multibranch.tasks import task_for_data
-    from multibranch.train.trainer import RunOptions, Trainer
 
     torch.set_num_threads(threads)
     if cpu_kernels.kernels() is None:
@@ -55,11 +52,7 @@ def measure(preset: str, updates: int, warmup: int, threads: int, max_tokens: in
     setups = {"kernel": (ours, built), "composed": (ours, lambda: None), "torch": (_TorchDropout, built)}
     cfg = resolve_config(preset, None, ["train.amp=none", "train.valid_bleu=false", f"train.max_tokens={max_tokens}"])
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, RunOptions(data_dir=multi30k_data(), run_dir=Path(tmp) / "run", progress=False,
-                                                 device="cpu"),
-                          task_for_data)
-        batches = [trainer._collate(ix) for ix in trainer._epoch_batches(1)[: warmup + updates]]
+    with trainer_and_batches(cfg, warmup + updates, device="cpu") as (trainer, batches):
         try:
             for i, batch in enumerate(batches):
                 for name in VARIANTS:

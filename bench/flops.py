@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -20,19 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from bench.common import environment, multi30k_data, save_results  # noqa: E402
+from bench.common import environment, save_results, trainer_and_batches  # noqa: E402
 
 
 def update_flops(preset: str, batches: int) -> dict:
     """Mean FLOPs per update over the first `batches` batches of epoch 1 (the preset's own batch size)."""
     from multibranch.experiment import resolve_config
-    from multibranch.tasks import task_for_data
-    from multibranch.train.trainer import RunOptions, Trainer
 
     cfg = resolve_config(preset, None, ["train.amp=none", "train.max_steps=100000", "train.valid_bleu=false"])
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, RunOptions(data_dir=multi30k_data(), run_dir=Path(tmp) / "run", progress=False), task_for_data)
-        collated = [trainer._collate(ix) for ix in trainer._epoch_batches(1)[:batches]]
+    with trainer_and_batches(cfg, batches) as (trainer, collated):
         counter = FlopCounterMode(display=False)
         with counter:
             for batch in collated:

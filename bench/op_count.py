@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from bench.common import environment, multi30k_data, save_results  # noqa: E402
+from bench.common import environment, save_results, trainer_and_batches  # noqa: E402
 from bench.train_speed import SIZES, hf_step_fn  # noqa: E402
 
 
@@ -48,16 +47,11 @@ def by_operation(counts: dict[str, Counter[str]], units: int) -> dict[str, dict[
 def count(system: str, size: str, amp: str, batches: int, max_tokens: int) -> tuple[Counter[str], int]:
     """Operations of `batches` updates (after one warm-up update) of `system`, and the target tokens."""
     from multibranch.experiment import resolve_config
-    from multibranch.tasks import task_for_data
-    from multibranch.train.trainer import RunOptions, Trainer
 
     overrides = SIZES[size] + [f"train.amp={amp}", "train.max_steps=100000", "train.valid_bleu=false",
                                f"train.max_tokens={max_tokens}"]
     cfg = resolve_config("transformer-tiny", None, overrides)
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, RunOptions(data_dir=multi30k_data(), run_dir=Path(tmp) / "run", progress=False),
-                          task_for_data)
-        collated = [trainer._collate(ix) for ix in trainer._epoch_batches(1)[: batches + 1]]
+    with trainer_and_batches(cfg, batches + 1) as (trainer, collated):
         if system == "hf-marian":
             step = hf_step_fn(trainer, amp)
         else:

@@ -30,13 +30,19 @@ import argparse
 import json
 import resource
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import environment, multi30k_data, peak_rss_mb, run_isolated, save_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    environment,
+    multi30k_data,
+    peak_rss_mb,
+    run_isolated,
+    save_results,
+    trainer_and_batches,
+)
 
 SIZES = {
     "tiny": ["model.d_model=256", "model.heads=4", "model.ffn_dim=1024", "model.encoder_layers=3",
@@ -61,10 +67,7 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
     torch.set_num_threads(threads)
     cuda = device.startswith("cuda")
     from multibranch.experiment import resolve_config
-    from multibranch.tasks import task_for_data
-    from multibranch.train.trainer import RunOptions, Trainer
 
-    data = multi30k_data()
     common = [f"train.amp={amp}", "train.max_steps=100000", "train.valid_bleu=false"]
     if max_tokens:
         common.append(f"train.max_tokens={max_tokens}")
@@ -72,15 +75,7 @@ def child(system: str, steps: int, warmup: int, amp: str, threads: int, max_toke
         cfg = resolve_config(system.removeprefix("preset:"), None, common)
     else:
         cfg = resolve_config("transformer-tiny", None, SIZES[size] + SYSTEMS[system] + common)
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, RunOptions(data_dir=data, run_dir=Path(tmp) / "run", progress=False, device=device),
-                          task_for_data)
-        indices, epoch = [], 1
-        while len(indices) < warmup + steps:  # large budgets: an epoch of Multi30k may hold fewer batches
-            indices += trainer._epoch_batches(epoch)
-            epoch += 1
-        indices = indices[: warmup + steps]
-        batches = [trainer._collate(ix) for ix in indices]
+    with trainer_and_batches(cfg, warmup + steps, device=device) as (trainer, batches):
         tokens = sum(b.n_tgt_tokens for b in batches[warmup:])
         if system == "hf-marian":
             step = hf_step_fn(trainer, amp)
