@@ -14,8 +14,8 @@ work on the machine does not enter it; the wall seconds are kept beside), the pa
 of threads: a finished run of the same system, precision and threads in bench/results says it (its training wall
 minutes, in proportion to the updates left, and its evaluation's); otherwise the plan (the measured rate times
 the updates times OVERHEAD, plus EVALUATION_MINUTES) times the ratio of actual to planned minutes that finished
-runs of other systems show, where there are any: the median of each CPU's runs, the slowest CPU's where there
-are several (`slowest_median`).
+runs of other systems show, where there are any: the median of each CPU's RECENT latest runs (the code gets
+faster), the slowest CPU's where there are several (`slowest_median`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from bench.reproduce_systems import RECIPES, system_delta  # noqa: E402
 from multibranch.json_file import write_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
+RECENT = 3  # the finished runs that calibrate an estimate: the latest ones (the code gets faster, old runs lag)
 OVERHEAD = 1.15  # validation every 250 updates, at the rate of the first finished runs' before they existed
 EVALUATION_MINUTES = 15.0  # averaging, two test translations, the analyses (the pruning curve's ~50 decodes)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
@@ -95,10 +97,21 @@ def finished_runs(precision: str, max_updates: int, folder: Path = RESULTS) -> l
             continue
         environment = data.get("environment") or {}
         threads, cpu = run_threads(environment) or 1, (environment.get("cpu"), tuple(environment.get("cpu_flags") or ()))
-        runs += [{**r, "threads": threads, "cpu": cpu} for r in data.get("runs", []) if r.get("status") == "done"
-                 and r.get("precision") == precision
+        runs += [{**r, "threads": threads, "cpu": cpu, "finished": finished_at(r)} for r in data.get("runs", [])
+                 if r.get("status") == "done" and r.get("precision") == precision
                  and not r.get("trained_by")]  # the validation curve's run trained at its own threads
-    return runs
+    return sorted(runs, key=lambda r: r["finished"])
+
+
+def finished_at(run: dict[str, Any]) -> float:
+    """When a run's training ended (its last segment's start plus its wall seconds, on the clock of the machine
+    that ran it), as POSIX seconds; 0 where its segments do not say."""
+    segments = run.get("segments") or []
+    try:
+        last = segments[-1]
+        return datetime.fromisoformat(last["started"]).timestamp() + float(last.get("wall_s") or 0.0)
+    except (IndexError, KeyError, TypeError, ValueError):
+        return 0.0
 
 
 def run_threads(environment: dict[str, Any]) -> int | None:
@@ -151,7 +164,7 @@ class Estimator:
         done = self.calibrating(cpu, threads)
         if updates <= 0:
             return self.evaluation_minutes(system, cpu, threads)
-        mine = [r for r in done if r["system"] == system and r.get("wall_minutes")]
+        mine = latest([r for r in done if r["system"] == system and r.get("wall_minutes")])
         if mine:  # its own finished runs: their training minutes for the part left, then their evaluation
             fraction = min(1.0, updates / self.max_updates)
             estimates = []
@@ -161,9 +174,9 @@ class Estimator:
             return slowest_median(estimates)
         if system not in self.rates:
             return None
+        rated = latest([r for r in done if r["system"] in self.rates and r.get("wall_minutes")])
         ratios = [(r["cpu"], at_threads(r["wall_minutes"], r["threads"], threads)
-                   / planned_minutes(self.rates[r["system"]], self.max_updates))
-                  for r in done if r["system"] in self.rates and r.get("wall_minutes")]
+                   / planned_minutes(self.rates[r["system"]], self.max_updates)) for r in rated]
         return (slowest_median(ratios) if ratios else 1.0) * planned_minutes(self.rates[system], updates)
 
     def evaluation_minutes(self, system: str, cpu: tuple[str, tuple[str, ...]] | None = None, threads: int = 1) -> float:
@@ -171,14 +184,22 @@ class Estimator:
         curve's decodes take the longest): the most the calibrating runs of `system` took, else of any system,
         else EVALUATION_MINUTES."""
         done = [r for r in self.calibrating(cpu, threads) if r.get("wall_minutes") and r.get("train_minutes")]
-        done = [r for r in done if r["system"] == system] or done
+        done = latest([r for r in done if r["system"] == system] or done)
         return max((at_threads(split_minutes(r)[1], r["threads"], threads) for r in done), default=EVALUATION_MINUTES)
 
     def calibrating(self, cpu: tuple[str, tuple[str, ...]] | None, threads: int) -> list[dict[str, Any]]:
-        """The finished runs that calibrate estimates for `cpu` at `threads`: those on that CPU where there are any,
-        and of those the ones at `threads` threads where there are any."""
+        """The finished runs that calibrate estimates for `cpu` at `threads`, oldest first: those on that CPU where
+        there are any, and of those the ones at `threads` threads where there are any."""
         done = [r for r in self.finished if r["cpu"] == cpu] or self.finished
         return [r for r in done if r["threads"] == threads] or done
+
+
+def latest(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of finished runs (oldest first), each CPU's RECENT latest."""
+    per_cpu: dict[Any, list[dict[str, Any]]] = {}
+    for run in runs:
+        per_cpu.setdefault(run["cpu"], []).append(run)
+    return [run for group in per_cpu.values() for run in group[-RECENT:]]
 
 
 def slowest_median(values: list[tuple[Any, float]]) -> float:

@@ -159,11 +159,13 @@ def test_a_finished_run_at_two_threads_counts_its_minutes_on_both_cores(tmp_path
 
 
 def finished_on(folder: Path, seed: int, cpu: tuple[str, tuple[str, ...]], threads: int, wall_minutes: float,
-                system: str = "standard", evaluation: float = 1.0) -> None:
+                system: str = "standard", evaluation: float = 1.0, started: str | None = None) -> None:
     """A finished run of `system` and `seed` (1,000 updates) on `cpu` at `threads` threads that took `wall_minutes`,
-    the last `evaluation` of them to score and analyse it."""
+    the last `evaluation` of them to score and analyse it (its last segment `started` then, where given)."""
     record = run(system, seed, 30.0, minutes=wall_minutes - evaluation) | {"precision": "fp32",
                                                                             "wall_minutes": wall_minutes}
+    if started is not None:
+        record["segments"] = [{"started": started, "wall_s": 60.0 * (wall_minutes - evaluation), "jobs": 1}]
     write(folder / f"reproduce_cpu_{system}_seed{seed}.json",
           {"settings": {"recipe": "cpu", "max_updates": 1000},
            "environment": {"threads": threads, "cpu": cpu[0], "cpu_flags": list(cpu[1])}, "runs": [record]})
@@ -218,6 +220,27 @@ def test_one_run_slowed_by_other_work_does_not_lengthen_every_estimate(tmp_path)
     assert estimator.minutes("mute", 1000, intel, 2) == pytest.approx(0.6 * 130.0)  # the median ratio
     assert estimator.minutes("standard", 1000, intel, 2) == pytest.approx(43.5)  # its own runs' median
     assert estimator.minutes("standard", 500, intel, 2) == pytest.approx(42.5 / 2 + 1.0)
+
+
+def test_the_latest_finished_runs_calibrate_the_estimates_when_the_code_got_faster(tmp_path):
+    cost_files(tmp_path)
+    assert reproduce_cost.RECENT == 3
+    intel, amd = ("Intel Xeon", ("avx2", "avx512f")), ("AMD EPYC", ("avx2",))
+    # three slow runs (1.2 of standard's 72.5 planned), then three fast ones (0.5), finished in the order of their
+    # start dates, not of their file names
+    for seed, (minutes, started) in enumerate([(87.0, "2026-11-29T10:00:00"), (87.0, "2026-11-29T12:00:00"),
+                                               (36.25, "2026-11-30T08:00:00"), (87.0, "2026-11-29T14:00:00"),
+                                               (36.25, "2026-11-30T10:00:00"), (36.25, "2026-11-30T12:00:00")], 1):
+        finished_on(tmp_path, seed, intel, 2, minutes, started=started)
+    finished_on(tmp_path, 7, amd, 2, 145.0, started="2026-11-28T10:00:00")  # another CPU, older
+    estimator = reproduce_cost.Estimator("fp32", 1000, tmp_path)
+    assert estimator.minutes("standard", 1000, intel, 2) == pytest.approx(36.25)  # its own three latest runs
+    assert estimator.minutes("mute", 1000, intel, 2) == pytest.approx(0.5 * 130.0)  # their median ratio
+    # with no run on the CPU asked about, each CPU's latest three count, and the slowest CPU's median is taken
+    assert estimator.minutes("mute", 1000, ("Other", ()), 2) == pytest.approx(2.0 * 130.0)
+    assert estimator.minutes("standard", 1000, ("Other", ()), 2) == pytest.approx(145.0)
+    # the runs by when they finished, not by their file names
+    assert [r["seed"] for r in estimator.calibrating(intel, 2)] == [1, 2, 4, 3, 5, 6]
 
 
 def test_a_runs_scoring_and_analyses_are_estimated_from_the_finished_runs_of_its_system(tmp_path):
