@@ -45,6 +45,7 @@ from bench.reproduce_figures import Figure, draw_curve, figure_data, write_png  
 from bench.reproduce_results import (  # noqa: E402
     FIT_SPAN,
     LENGTH_SYSTEMS,
+    OFF_FRACTION,
     PRUNING_SYSTEMS,
     RECIPE_KEYS,
     RESULTS,
@@ -52,6 +53,7 @@ from bench.reproduce_results import (  # noqa: E402
     ReportError,
     ResultsFile,
     analysis,
+    branches_off,
     by_recipe,
     check_recipes,
     default_files,
@@ -222,9 +224,9 @@ def wrap(paragraph: str) -> str:
 
 def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: list[tuple[str, str]],
                 merged: Merged | None = None) -> str:
-    """The text between the markers: the files merged, the table, its legend, the fit, dominant-head and length
-    tables, the runs trained on both kinds of device, and the figures (link, caption); NO_RESULTS while no file
-    holds a finished run."""
+    """The text between the markers: the files merged, the table, its legend, the fit, branches-off, dominant-head
+    and length tables, the runs trained on both kinds of device, and the figures (link, caption); NO_RESULTS while
+    no file holds a finished run."""
     recipe = merged.recipe if merged is not None else "iwslt"
     if not rows:
         return NO_RESULTS.get(recipe, NO_RESULTS["iwslt"])
@@ -241,7 +243,7 @@ def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: l
                            "the opposite: a loss on every seed, as significant; else not visible at this shape):"),
                       "", *verdicts, ""]
         runs = table_runs(merged)
-        for table in (fit_table(runs), dominant_table(runs), length_table(runs)):
+        for table in (fit_table(runs), branches_off_table(runs), dominant_table(runs), length_table(runs)):
             if table:
                 parts += [table, ""]
         both = device_agreement(merged)
@@ -336,6 +338,31 @@ def fit_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
               "the validation NLL above: the model overfits more:")
     return "\n".join([wrap(header), "", "| system | seeds | training NLL | validation NLL | Δ training NLL | "
                       "Δ validation NLL |", "|" + "---|" * 6, *lines])
+
+
+def branches_off_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
+    """The Weighted Transformer's branches nearly switched off at the end of training (`branches_off`), per side:
+    mean ± sd over seeds of the count, out of the side's branches, and each seed's count."""
+    lines = []
+    for system, system_runs in runs.items():
+        per_seed = [found for run in system_runs if (found := branches_off(run))]
+        if not per_seed:
+            continue
+        cells = []
+        for side in ("encoder", "decoder"):
+            counts = [found[side] for found in per_seed if side in found]
+            off = [count for count, _ in counts]
+            cells.append(f"{fmt(mean_sd(off), 1)} of {counts[0][1]} ({', '.join(map(str, off))})" if counts else DASH)
+        lines.append(f"| {system} | {len(per_seed)} | " + " | ".join(cells) + " |")
+    if not lines:
+        return None
+    share = f"{OFF_FRACTION:g}"
+    header = (f"Weighted Transformer branches nearly switched off at the end of training: κ_i or α_i below {share} of "
+              "an equal share 1/M, so that the branch's head reaches the layer's output at less than that fraction "
+              "of an equal share (it is scaled by κ_i α_i); with α_i that small, the branch's FFN and κ_i get as "
+              "little gradient. Counted over the layers of each side; mean ± sd over seeds, each seed's count in "
+              "brackets:")
+    return "\n".join([wrap(header), "", "| system | seeds | encoder | decoder |", "|---|---|---|---|", *lines])
 
 
 def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:

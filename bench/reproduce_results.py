@@ -478,6 +478,23 @@ def end_fit(run: dict[str, Any]) -> dict[str, float] | None:
     return {"train_nll": statistics.fmean(recent), "valid_nll": max(valid, key=lambda p: p["step"])["nll"]}
 
 
+OFF_FRACTION = 0.1  # a Weighted Transformer branch weighed below this fraction of an equal share 1/M is nearly off
+
+
+def branches_off(run: dict[str, Any]) -> dict[str, tuple[int, int]] | None:
+    """The Weighted Transformer's branches nearly switched off at the end of a run, from its gates analysis: per
+    side ("encoder", "decoder"), how many branches have kappa_i or alpha_i below OFF_FRACTION / M, and how many
+    branches the side has; None without branch weights."""
+    weights = (analysis(run, "gates") or {}).get("branch_weights") or []
+    counts: dict[str, list[int]] = {}
+    for module in weights:
+        limit = OFF_FRACTION / len(module["alpha"])
+        side = counts.setdefault(module["side"], [0, 0])
+        side[0] += sum(k < limit or a < limit for k, a in zip(module["kappa"], module["alpha"], strict=True))
+        side[1] += len(module["alpha"])
+    return {side: (off, total) for side, (off, total) in counts.items()} or None
+
+
 def length_buckets(runs: dict[str, list[dict[str, Any]]], system: str) -> dict[int, dict[str, dict[str, Any]]]:
     """Each seed of `system` that has the lengths analysis: its buckets by label, in the analysis' order."""
     found = {}

@@ -438,3 +438,24 @@ def test_the_fit_table_averages_the_last_500_updates_and_takes_the_last_validati
     assert "| weighted | 2 | 5.200 ± 5.374 | 5.600 ± 4.808 | +0.300 | +0.300 |" in lines  # seed 1: 1.4 - 1.1, 2.2 - 1.9
     assert not any(line.startswith("| muse ") for line in lines)  # its curve has no NLL: no row
     assert fit_table({"muse": [run("muse", 1, 30.0)]}) is None
+
+
+def weighted_run(seed: int, modules: list[tuple[str, list[float], list[float]]]) -> dict:
+    weights = [{"name": f"{side}.layers.{i}.branched.weights", "side": side, "layer": i, "kappa": kappa,
+                "alpha": alpha} for i, (side, kappa, alpha) in enumerate(modules)]
+    return run("weighted", seed, 30.0, analyses={"gates": {"branch_weights": weights}})
+
+
+def test_the_branches_off_table_counts_branches_below_a_tenth_of_an_equal_share_per_side():
+    from bench.reproduce_report import branches_off_table
+
+    # M = 4: a branch is nearly off below 0.1 / 4 = 0.025, by its kappa or its alpha (counted once for both)
+    seed1 = weighted_run(1, [("encoder", [0.25] * 4, [0.25] * 4),
+                             ("decoder", [0.0, 0.3, 0.3, 0.4], [0.02, 0.3, 0.3, 0.38]),  # branch 0: both low: 1
+                             ("decoder", [0.5, 0.024, 0.25, 0.226], [0.3, 0.3, 0.01, 0.39])])  # 1 by kappa, 2 by alpha
+    seed2 = weighted_run(2, [("encoder", [0.7, 0.1, 0.1, 0.1], [0.025, 0.325, 0.325, 0.325]),  # 0.025 is not below
+                             ("decoder", [0.25] * 4, [0.25] * 4), ("decoder", [0.25] * 4, [0.25] * 4)])
+    lines = branches_off_table({"standard": [run("standard", 1, 30.0)], "weighted": [seed1, seed2]}).splitlines()
+    assert "| weighted | 2 | 0.0 ± 0.0 of 4 (0, 0) | 1.5 ± 2.1 of 8 (3, 0) |" in lines
+    assert not any(line.startswith("| standard ") for line in lines)  # no branch weights: no row
+    assert branches_off_table({"standard": [run("standard", 1, 30.0)]}) is None
