@@ -32,7 +32,7 @@ from multibranch.atomic import atomic_write_bytes  # noqa: E402
 MUTE_SYSTEMS = ("mute", "mute-bias", "mute-bias-seq")
 DIVERSITY_TITLES = {"att_pos": "Att Pos.", "att_sub": "Att Sub.", "ffn_sub": "FFN Sub."}
 ROLES = ("encoder_self", "decoder_self", "cross")
-KAPPA_ALPHA_LAYER = 1  # the paper's "second encoder layer"
+KAPPA_ALPHA_LAYER = 1  # the paper's "second encoder layer", and the decoder's layer of the same index
 KAPPA_ALPHA_WINDOW = 5  # moving-average window, in logged records
 
 
@@ -130,23 +130,26 @@ def diversity_data(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]
     return models or None
 
 
-KAPPA_ALPHA_KEY = re.compile(rf"^encoder\.layers\.{KAPPA_ALPHA_LAYER}\.(?:.+\.)?weights\.(kappa|alpha)\.(\d+)$")
+KAPPA_ALPHA_KEY = re.compile(
+    rf"^(encoder|decoder)\.layers\.{KAPPA_ALPHA_LAYER}\.(?:.+\.)?weights\.(kappa|alpha)\.(\d+)$")
 
 
 def kappa_alpha_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
-    """The Weighted Transformer's kappa/alpha of encoder layer KAPPA_ALPHA_LAYER over updates, from its lowest
-    seed that logged them: {"seed", "kappa": {branch: (steps, values)}, "alpha": {...}}."""
+    """The Weighted Transformer's kappa/alpha of layer KAPPA_ALPHA_LAYER of each side over updates, from its lowest
+    seed that logged them: {"seed", "sides": {side: {"kappa": {branch: (steps, values)}, "alpha": {...}}}}, the
+    sides in encoder, decoder order."""
     for run in runs.get("weighted", []):  # sorted by seed
-        series: dict[str, dict[int, tuple[list[int], list[float]]]] = {"kappa": {}, "alpha": {}}
+        sides: dict[str, dict[str, dict[int, tuple[list[int], list[float]]]]] = {}
         for record in (run.get("curve") or {}).get("kappa_alpha") or []:
             for key, value in record.items():
                 found = KAPPA_ALPHA_KEY.match(key)
                 if found and isinstance(value, (int, float)):
-                    steps, values = series[found.group(1)].setdefault(int(found.group(2)), ([], []))
+                    side = sides.setdefault(found.group(1), {"kappa": {}, "alpha": {}})
+                    steps, values = side[found.group(2)].setdefault(int(found.group(3)), ([], []))
                     steps.append(record["step"])
                     values.append(float(value))
-        if series["kappa"] or series["alpha"]:
-            return {"seed": run["seed"], **series}
+        if sides:
+            return {"seed": run["seed"], "sides": {s: sides[s] for s in ("encoder", "decoder") if s in sides}}
     return None
 
 
@@ -253,24 +256,27 @@ def draw_mute_diversity(models: list[dict[str, Any]]) -> Any:
 
 
 def draw_kappa_alpha(data: dict[str, Any]) -> Any:
-    """Two panels (kappa, alpha) against updates, one line per branch: moving average of KAPPA_ALPHA_WINDOW
-    records (solid) over the logged values (faint)."""
+    """One row per side, two panels (kappa, alpha) against updates, one line per branch: moving average of
+    KAPPA_ALPHA_WINDOW records (solid) over the logged values (faint)."""
     import matplotlib.pyplot as plt
 
     from multibranch.figures.curves import moving_average
 
-    fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.6), layout="constrained", sharex=True)
-    for ax, key in zip(axes, ("kappa", "alpha"), strict=True):
-        for branch, (steps, values) in sorted(data[key].items()):
-            line, = ax.plot(steps, moving_average(values, KAPPA_ALPHA_WINDOW), label=f"branch {branch + 1}")
-            ax.plot(steps, values, color=line.get_color(), alpha=0.25, linewidth=0.8)
-        ax.set_title(f"{'κ' if key == 'kappa' else 'α'} ({key})")
+    sides = data["sides"]
+    fig, axes = plt.subplots(len(sides), 2, figsize=(10.0, 3.2 * len(sides)), layout="constrained", sharex=True,
+                             squeeze=False)
+    for row, (side, series) in zip(axes, sides.items(), strict=True):
+        for ax, key in zip(row, ("kappa", "alpha"), strict=True):
+            for branch, (steps, values) in sorted(series[key].items()):
+                line, = ax.plot(steps, moving_average(values, KAPPA_ALPHA_WINDOW), label=f"branch {branch + 1}")
+                ax.plot(steps, values, color=line.get_color(), alpha=0.25, linewidth=0.8)
+            ax.set_title(f"{side} layer {KAPPA_ALPHA_LAYER + 1}: {'κ' if key == 'kappa' else 'α'} ({key})")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        row[0].set_ylabel("weight")
+    for ax in axes[-1]:
         ax.set_xlabel("updates")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0].set_ylabel("weight")
-    fig.suptitle(f"Weighted Transformer, encoder layer {KAPPA_ALPHA_LAYER + 1} (seed {data['seed']}; moving average of "
-                 f"{KAPPA_ALPHA_WINDOW} records)")
+    fig.suptitle(f"Weighted Transformer (seed {data['seed']}; moving average of {KAPPA_ALPHA_WINDOW} records)")
     return fig
 
 
@@ -335,7 +341,8 @@ FIGURES = (
            draw_bleu_by_length),
     Figure("mute_diversity.png", "MUTE unit diversity per encoder layer", lambda m, r: diversity_data(r),
            draw_mute_diversity),
-    Figure("kappa_alpha.png", "Weighted Transformer kappa and alpha of the second encoder layer during training",
+    Figure("kappa_alpha.png", "Weighted Transformer kappa and alpha of the second encoder and decoder layers during "
+           "training",
            lambda m, r: kappa_alpha_data(r), draw_kappa_alpha),
     Figure("mat_rho_grid.png", "validation BLEU over MAT's rho grid", lambda m, r: rho_grid_data(m), draw_rho_grid),
     Figure("mat_branch_importance.png", "MAT head importance summed per branch",

@@ -254,10 +254,25 @@ def diversity(base: float) -> dict[str, Any]:
 
 
 def kappa_alpha() -> list[dict[str, Any]]:
-    prefix = "encoder.layers.1.branched.weights"
+    prefix, decoder = "encoder.layers.1.branched.weights", "decoder.layers.1.branched.weights"
     return [{"step": 100 * k, f"{prefix}.kappa.0": 0.5 + k / 100, f"{prefix}.kappa.1": 0.5 - k / 100,
-             f"{prefix}.alpha.0": 0.4, f"{prefix}.alpha.1": 0.6, "encoder.layers.0.branched.weights.kappa.0": 1.0}
+             f"{prefix}.alpha.0": 0.4, f"{prefix}.alpha.1": 0.6, "encoder.layers.0.branched.weights.kappa.0": 1.0,
+             f"{decoder}.kappa.1": 1.0 - k / 10, "decoder.layers.2.branched.weights.alpha.0": 0.0}
             for k in range(1, 9)]
+
+
+def test_the_kappa_alpha_figure_takes_the_second_layer_of_each_side_from_the_lowest_seed_that_logged_them(tmp_path):
+    from bench.reproduce_figures import kappa_alpha_data
+
+    runs = table_runs(merge([load_results(write(tmp_path / "r.json", analysed_results()))]))
+    data = kappa_alpha_data(runs)  # seed 1 logged none: seed 2's
+    assert data["seed"] == 2 and list(data["sides"]) == ["encoder", "decoder"]
+    steps = [100 * k for k in range(1, 9)]
+    encoder, decoder = data["sides"]["encoder"], data["sides"]["decoder"]
+    assert encoder["kappa"][1] == (steps, pytest.approx([0.5 - k / 100 for k in range(1, 9)]))
+    assert encoder["alpha"] == {0: (steps, [0.4] * 8), 1: (steps, [0.6] * 8)}
+    assert decoder == {"kappa": {1: (steps, pytest.approx([1.0 - k / 10 for k in range(1, 9)]))}, "alpha": {}}
+    assert kappa_alpha_data({"weighted": [run("weighted", 1, 30.0)]}) is None
 
 
 def analysed_results() -> dict[str, Any]:
