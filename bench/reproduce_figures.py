@@ -272,7 +272,8 @@ def draw_kappa_alpha(data: dict[str, Any]) -> Any:
                 ax.plot(steps, values, color=line.get_color(), alpha=0.25, linewidth=0.8)
             ax.set_title(f"{side} layer {KAPPA_ALPHA_LAYER + 1}: {'κ' if key == 'kappa' else 'α'} ({key})")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            if series[key]:
+                ax.legend(fontsize=7)
         row[0].set_ylabel("weight")
     for ax in axes[-1]:
         ax.set_xlabel("updates")
