@@ -125,6 +125,8 @@ def table_cells(summary: dict[str, Any]) -> list[str]:
     if summary["updates_to_best_valid"]["mean"] is not None:
         updates += f" (best at {summary['updates_to_best_valid']['mean']:,.0f})"
     minutes = fmt(summary["train_minutes"], 1)
+    if len(summary["train_minutes"].get("values") or []) > 1 and not summary.get("train_minutes_comparable", True):
+        minutes = ", ".join(f"{m:,.1f}" for m in summary["train_minutes"]["values"])  # unlike minutes: not averaged
     threads = summary.get("threads") or []
     if minutes != DASH and summary["jobs"]:
         minutes += f" (jobs {'/'.join(str(j) for j in summary['jobs'])}" + (
@@ -206,15 +208,16 @@ def files_line(files: list[ResultsFile]) -> str:
 
 
 LEGEND = ("Test BLEU and chrF: sacreBLEU on test_2016_flickr, the average of the last checkpoints, mean ± sd over "
-          "seeds. Δ: the system's test BLEU minus the standard model's of the same seed (the seeds in brackets where not every seed of the row has one yet). p: the paired bootstrap "
-          "against those standard models, first over the seeds together (each resample of test scored on every "
-          "seed and the scores averaged; from two seeds on), then sacreBLEU's, one per seed. Updates to "
-          "stop: where early stopping or the cap ended training (best at: the update of the best validation "
-          "BLEU). {minutes}: training minutes per run; with jobs N, N runs shared one {device} (at one thread each "
-          "where no threads are given; the machines differ: see the results files above); a run resumed by calls "
-          "of another setting gives each (jobs 1/2), with the threads its calls recorded, else those of the call "
-          "that finished it. Paper's Δ: the "
-          "paper's own gain on its own data and shape.")
+          "seeds. Δ: the system's test BLEU minus the standard model's of the same seed (the seeds in brackets "
+          "where not every seed of the row has one yet). p: the paired bootstrap against those standard models, "
+          "first over the seeds together (each resample of test scored on every seed and the scores averaged; from "
+          "two seeds on), then sacreBLEU's, one per seed. Updates to stop: where early stopping or the cap ended "
+          "training (best at: the update of the best validation BLEU). {minutes}: training minutes per run (each "
+          "seed's, in seed order, where the row's runs trained on different machines or settings); with jobs N, N "
+          "runs shared one {device} (at one thread each where no threads are given; the machines differ: see the "
+          "results files above); a run resumed by calls of another setting gives each (jobs 1/2), with the threads "
+          "its calls recorded, else those of the call that finished it. Paper's Δ: the paper's own gain on its own "
+          "data and shape.")
 
 
 def wrap(paragraph: str) -> str:

@@ -80,6 +80,11 @@ class ResultsFile:
             return "GPU"
         return "CPU" if env.get("device") == "cpu" or "gpu" in env else None
 
+    @property
+    def machine(self) -> str | None:
+        """The GPU's or else the CPU's model name the call trained on; None when unrecorded."""
+        return self.environment.get("gpu") or self.environment.get("cpu")
+
     def threads(self) -> int | None:
         """The threads each of the call's runs trained with (its environment's), None when unrecorded."""
         return run_threads(self.environment)
@@ -206,7 +211,7 @@ def merge(files: list[ResultsFile]) -> Merged:
                     continue
                 note(f"{key} is in {old['results_file']} and {file.label}: the record of {file.label} is used")
             merged.runs[key] = {**record, "results_file": file.label, **run_sharing(record, file),
-                                "device": file.device}
+                                "device": file.device, "machine": file.machine}
             merged.sources[key] = file
         for row in file.data.get("rows") or []:
             target = merged.rows.setdefault(row["system"], {})
@@ -314,6 +319,8 @@ def system_summary(system: str, runs: list[dict[str, Any]], standard_by_seed: di
         "updates": mean_sd([r["updates"] for r in runs if r.get("updates") is not None]),
         "updates_to_best_valid": mean_sd([r["best_valid_step"] for r in runs if r.get("best_valid_step")]),
         "train_minutes": mean_sd([r["train_minutes"] for r in runs if r.get("train_minutes") is not None]),
+        "train_minutes_comparable": len({(r.get("machine"), tuple(r.get("jobs") or ()), tuple(r.get("threads") or ()))
+                                         for r in runs}) <= 1,
         "jobs": sorted({j for r in runs for j in r.get("jobs") or []}),
         "threads": sorted({t for r in runs for t in r.get("threads") or []}),
         "results_files": sorted({r["results_file"] for r in runs if r.get("results_file")}),

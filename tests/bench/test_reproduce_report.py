@@ -189,7 +189,8 @@ def test_the_minutes_are_labelled_by_the_device_the_runs_trained_on(tmp_path):
         assert header.split(" | ")[4] == label, header
         assert proc.stdout.splitlines()[0] == header  # the table on stdout too
         legend, capital = " ".join(doc.read_text().split()), label[0].upper() + label[1:]
-        assert f"{capital}: training minutes per run; with jobs N, N runs shared {shared} (at one thread" in legend
+        assert f"{capital}: training minutes per run (each seed's" in legend
+        assert f"with jobs N, N runs shared {shared} (at one thread" in legend
         assert ("GPU" in label) == ("GPU minutes" in legend)
 
 
@@ -211,6 +212,22 @@ def test_a_cpu_calls_machine_and_threads_are_named_beside_its_minutes(tmp_path):
     assert "`r_amd.json` (CPU AMD EPYC (avx2)" in text and "`r_intel.json` (CPU Intel Xeon (avx2, avx512f)" in text
     rows = {line.split(" | ")[0]: line.split(" | ") for line in doc.read_text().splitlines() if line.startswith("| ")}
     assert rows["| drophead"][4].endswith("(jobs 1, 2 threads)") and rows["| standard"][4].endswith("(jobs 3)")
+
+
+def test_a_rows_minutes_from_different_machines_are_given_per_seed_not_averaged(tmp_path):
+    """Seeds trained on CPUs of different speeds: no mean ± sd of unlike minutes, each seed's in seed order; a row
+    whose runs all trained on one machine at one setting keeps its mean ± sd."""
+    amd = results(STANDARD[:1] + DROPHEAD, [DROPHEAD_ROW])
+    amd["environment"] = {"device": "cpu", "cpu": "AMD EPYC", "threads": 1}
+    intel = results(STANDARD[1:])
+    intel["environment"] = {"device": "cpu", "cpu": "Intel Xeon", "threads": 1}
+    doc = tmp_path / "reproduction.md"
+    doc.write_text(f"{START}\n{END}\n", encoding="utf-8")
+    proc = report(write(tmp_path / "r_amd.json", amd), write(tmp_path / "r_intel.json", intel), "--docs", doc)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in doc.read_text().splitlines() if line.startswith("| ")}
+    assert rows["| standard"][4] == "10.0, 12.0, 14.0 (jobs 3)"
+    assert rows["| drophead"][4] == "10.0 ± 0.0 (jobs 3)"
 
 
 @pytest.mark.parametrize("segments, cell", [
