@@ -160,11 +160,17 @@ class Estimator:
         """Wall minutes a run of `system` at `threads` threads needs for `updates` more updates and its evaluation,
         or None when nothing was measured for it. With `cpu` (`this_cpu()`), the runs finished on that CPU alone
         calibrate the estimate where there are any (CPUs differ in speed by more than twice), and of those the runs
-        at `threads` threads where there are any. What they say is taken by `slowest_median`."""
+        at `threads` threads where there are any. The system's own runs count where they finished no earlier than
+        their CPU's RECENT latest runs (older ones may have run slower code), else the measured rate scaled by how
+        those latest runs compare with theirs. What they say is taken by `slowest_median`."""
         done = self.calibrating(cpu, threads)
         if updates <= 0:
             return self.evaluation_minutes(system, cpu, threads)
-        mine = latest([r for r in done if r["system"] == system and r.get("wall_minutes")])
+        timed = [r for r in done if r.get("wall_minutes")]
+        since: dict[Any, float] = {}
+        for r in latest(timed):
+            since[r["cpu"]] = min(since.get(r["cpu"], r["finished"]), r["finished"])
+        mine = latest([r for r in timed if r["system"] == system and r["finished"] >= since[r["cpu"]]])
         if mine:  # its own finished runs: their training minutes for the part left, then their evaluation
             fraction = min(1.0, updates / self.max_updates)
             estimates = []
@@ -174,7 +180,7 @@ class Estimator:
             return slowest_median(estimates)
         if system not in self.rates:
             return None
-        rated = latest([r for r in done if r["system"] in self.rates and r.get("wall_minutes")])
+        rated = latest([r for r in timed if r["system"] in self.rates])
         ratios = [(r["cpu"], at_threads(r["wall_minutes"], r["threads"], threads)
                    / planned_minutes(self.rates[r["system"]], self.max_updates)) for r in rated]
         return (slowest_median(ratios) if ratios else 1.0) * planned_minutes(self.rates[system], updates)

@@ -233,14 +233,19 @@ def test_the_latest_finished_runs_calibrate_the_estimates_when_the_code_got_fast
                                                (36.25, "2026-11-30T10:00:00"), (36.25, "2026-11-30T12:00:00")], 1):
         finished_on(tmp_path, seed, intel, 2, minutes, started=started)
     finished_on(tmp_path, 7, amd, 2, 145.0, started="2026-11-28T10:00:00")  # another CPU, older
+    # mute's own run, slow and older than the CPU's three latest runs: not what mute takes now
+    finished_on(tmp_path, 1, intel, 2, 300.0, system="mute", started="2026-11-29T16:00:00")
     estimator = reproduce_cost.Estimator("fp32", 1000, tmp_path)
     assert estimator.minutes("standard", 1000, intel, 2) == pytest.approx(36.25)  # its own three latest runs
     assert estimator.minutes("mute", 1000, intel, 2) == pytest.approx(0.5 * 130.0)  # their median ratio
+    # once it finished among them, its own run says what mute takes
+    finished_on(tmp_path, 1, intel, 2, 70.0, system="mute", started="2026-11-30T11:00:00")
+    assert reproduce_cost.Estimator("fp32", 1000, tmp_path).minutes("mute", 1000, intel, 2) == pytest.approx(70.0)
     # with no run on the CPU asked about, each CPU's latest three count, and the slowest CPU's median is taken
     assert estimator.minutes("mute", 1000, ("Other", ()), 2) == pytest.approx(2.0 * 130.0)
     assert estimator.minutes("standard", 1000, ("Other", ()), 2) == pytest.approx(145.0)
     # the runs by when they finished, not by their file names
-    assert [r["seed"] for r in estimator.calibrating(intel, 2)] == [1, 2, 4, 3, 5, 6]
+    assert [r["seed"] for r in estimator.calibrating(intel, 2) if r["system"] == "standard"] == [1, 2, 4, 3, 5, 6]
 
 
 def test_a_runs_scoring_and_analyses_are_estimated_from_the_finished_runs_of_its_system(tmp_path):
