@@ -167,9 +167,7 @@ class Estimator:
         if updates <= 0:
             return self.evaluation_minutes(system, cpu, threads)
         timed = [r for r in done if r.get("wall_minutes")]
-        since: dict[Any, float] = {}
-        for r in latest(timed):
-            since[r["cpu"]] = min(since.get(r["cpu"], r["finished"]), r["finished"])
+        since = {r["cpu"]: r["finished"] for r in reversed(latest(timed))}  # oldest of each CPU's latest: last write
         mine = latest([r for r in timed if r["system"] == system and r["finished"] >= since[r["cpu"]]])
         if mine:  # its own finished runs: their training minutes for the part left, then their evaluation
             fraction = min(1.0, updates / self.max_updates)

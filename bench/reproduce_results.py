@@ -81,9 +81,13 @@ class ResultsFile:
         return "CPU" if env.get("device") == "cpu" or "gpu" in env else None
 
     @property
-    def machine(self) -> str | None:
-        """The GPU's or else the CPU's model name the call trained on; None when unrecorded."""
-        return self.environment.get("gpu") or self.environment.get("cpu")
+    def machine(self) -> str | tuple[Any, ...] | None:
+        """What the call trained on: the GPU's name, else the CPU's model and flags (as run-time estimates tell
+        CPUs apart); None when unrecorded."""
+        env = self.environment
+        if env.get("gpu"):
+            return env["gpu"]
+        return (env["cpu"], tuple(env.get("cpu_flags") or ())) if env.get("cpu") else None
 
     def threads(self) -> int | None:
         """The threads each of the call's runs trained with (its environment's), None when unrecorded."""
