@@ -96,7 +96,7 @@ def finished_runs(precision: str, max_updates: int, folder: Path = RESULTS) -> l
         if settings.get("recipe") != "cpu" or settings.get("tiny") or settings.get("max_updates") != max_updates:
             continue
         environment = data.get("environment") or {}
-        threads, cpu = run_threads(environment) or 1, (environment.get("cpu"), tuple(environment.get("cpu_flags") or ()))
+        threads, cpu = run_threads(environment) or 1, recorded_cpu(environment)
         runs += [{**r, "threads": threads, "cpu": cpu, "finished": finished_at(r)} for r in data.get("runs", [])
                  if r.get("status") == "done" and r.get("precision") == precision
                  and not r.get("trained_by")]  # the validation curve's run trained at its own threads
@@ -112,6 +112,11 @@ def finished_at(run: dict[str, Any]) -> float:
         return datetime.fromisoformat(last["started"]).timestamp() + float(last.get("wall_s") or 0.0)
     except (IndexError, KeyError, TypeError, ValueError):
         return 0.0
+
+
+def recorded_cpu(environment: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
+    """The CPU a results file's runs trained on, as this_cpu() names one: its model and its flags of CPU_FLAGS."""
+    return environment.get("cpu"), tuple(environment.get("cpu_flags") or ())
 
 
 def run_threads(environment: dict[str, Any]) -> int | None:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # bench.* and this checkout's multibranch (no torch needed)
 
 from bench.common import multi30k_dir  # noqa: E402
-from bench.reproduce_cost import run_threads  # noqa: E402
+from bench.reproduce_cost import recorded_cpu, run_threads  # noqa: E402
 from bench.reproduce_systems import MAT_SYSTEMS, PAPER_CLAIMS, RECIPES, SECOND_BASELINES, SYSTEMS, grid_of  # noqa: E402
 from multibranch.evaluate.metrics import paired_bootstrap_replicates, paired_bootstrap_statistics  # noqa: E402
 from multibranch.json_file import read_json_object  # noqa: E402
@@ -87,7 +87,7 @@ class ResultsFile:
         env = self.environment
         if env.get("gpu"):
             return env["gpu"]
-        return (env["cpu"], tuple(env.get("cpu_flags") or ())) if env.get("cpu") else None
+        return recorded_cpu(env) if env.get("cpu") else None
 
     def threads(self) -> int | None:
         """The threads each of the call's runs trained with (its environment's), None when unrecorded."""
