@@ -303,6 +303,8 @@ class Harness:
             analysed_before = self.analyse(run, folder)
             if analysed_before and (not self.args.results_per_run or self.reported(run)):
                 return "skipped (done before)"  # its results file stays as it was written, commit and all
+            if not analysed_before and self.add_analyses(run, folder):
+                return "done (analyses added to its results file)"
             self.report_run(run)
             return "done (reported now)" if analysed_before else "done (analysed now)"
         if self.reported(run):
@@ -368,6 +370,26 @@ class Harness:
         path = self.write_results([run], {run.key: comparison} if comparison else None,
                                   name=self.run_results_name(run), save_hyps=False)
         say(f"{run.key}: wrote {path}")
+
+    def add_analyses(self, run: Run, folder: Path) -> bool:
+        """--results-per-run: put the analyses of a run reported before (made now, by an analysis it did not have
+        then) into its results file in OUT, which keeps the rest as it was: the commit, machine and minutes of the
+        call that trained and scored it. Each analysis records this call's commit. False where OUT has no
+        results file holding the run, finished."""
+        path = self.args.out / f"{self.run_results_name(run)}.json"
+        data = read_json(path) if self.args.results_per_run else None
+        records = [r for r in (data or {}).get("runs") or []
+                   if f"{Path(r.get('dir') or '').parent.name}/seed{r.get('seed')}" == run.key and r.get("status") == "done"]
+        analyses = read_json(folder / "analyses.json")
+        if len(records) != 1 or not isinstance(analyses, dict):
+            return False
+        commit = self.run_environment().get("commit")
+        known = records[0].get("analyses") or {}
+        records[0]["analyses"] = {name: value if known.get(name) == value else {**value, "commit": commit}
+                                  for name, value in analyses.items()}
+        write_json(path, data)
+        say(f"{run.key}: added its analyses to {path}")
+        return True
 
     def analyse(self, run: Run, folder: Path) -> bool:
         """The system's analyses on the averaged checkpoint (bench/reproduce_analyses.py), unless they are

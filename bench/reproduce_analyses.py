@@ -15,6 +15,9 @@ Which analysis each system gets (the paper that makes the claim, docs/papers.md)
   lengths     `analyze lengths`: BLEU by source length on test (MUSE Fig. 3: standard vs MUSE vs MUSE-simple).
   gates       `analyze gates`: MUSE's kernel-gate ratio, the Weighted Transformer's final kappa/alpha (the
               trajectories come from the run's metrics.jsonl).
+  replacement `analyze gates --data`: test BLEU of a Weighted Transformer with its learned kappa/alpha, with 1/M
+              each and with REPLACEMENT_DRAWS random points of the simplex (its Table 3: the learned weights
+              beat both).
   diversity   `analyze diversity`: MUTE's unit diversity (Att Pos., Att Sub., FFN Sub.) and unit weights on valid.
 """
 
@@ -34,17 +37,18 @@ ANALYSES: dict[str, tuple[str, ...]] = {
     "drophead": ("pruning",),
     "mat2": ("importance",), "mat3": ("importance",), "mat2-narrow": ("importance",),
     "mat3-narrow": ("importance",), "mat3-narrow-drophead": ("pruning",),
-    "weighted": ("gates",),
+    "weighted": ("gates", "replacement"),
     "mute": ("diversity",), "mute-bias": ("diversity",), "mute-bias-seq": ("diversity",),
     "muse": ("gates", "lengths"), "muse-simple": ("lengths",),
     # the CPU recipe's own systems
     # mat gets the pruning curve too: the baseline of mat-drophead's (8 heads per attention, drop-branch on)
     "mat": ("pruning",), "mat-proximal": ("importance",), "mat-drophead": ("pruning",),
-    "drophead-constant": ("pruning",), "weighted-shared": ("gates",),
+    "drophead-constant": ("pruning",), "weighted-shared": ("gates", "replacement"),
 }
 REPORT_FILES = {"pruning": "heads.json", "importance": "heads.json", "lengths": "lengths.json",
-                "gates": "gates.json", "diversity": "diversity.json"}
+                "gates": "gates.json", "replacement": "gates.json", "diversity": "diversity.json"}
 LENGTH_BUCKETS = "8,12,16,20,25"  # inclusive upper edges in subword tokens: Multi30k sentences are short
+REPLACEMENT_DRAWS = 3  # random kappa/alpha per run (the paper gives one number for "random")
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,9 @@ def command(name: str, ckpt: Path, data: Path, out: Path, settings: AnalysisSett
                 "--buckets", settings.length_buckets, *device, "--out", str(out), "--force"]
     if name == "gates":
         return ["analyze", "gates", "--ckpt", str(ckpt), "--out", str(out), "--force"]
+    if name == "replacement":
+        return ["analyze", "gates", "--ckpt", str(ckpt), "--data", str(data), "--split", "test", "--random-draws",
+                str(REPLACEMENT_DRAWS), *device, "--out", str(out), "--force"]
     if name == "diversity":
         return ["analyze", "diversity", "--ckpt", str(ckpt), "--data", str(data), "--split", "valid", *examples,
                 *device, "--out", str(out), "--force"]
@@ -84,6 +91,8 @@ def command(name: str, ckpt: Path, data: Path, out: Path, settings: AnalysisSett
 
 def condense(name: str, report: dict[str, Any]) -> dict[str, Any]:
     """What the results JSON keeps of a report: everything but paths and per-point head lists."""
+    if name == "replacement":  # the gates analysis keeps the weights themselves
+        return {k: v for k, v in report["replacement"].items() if k != "data"}
     kept = {k: v for k, v in report.items() if k not in ("checkpoint", "data")}
     if name in ("pruning", "importance") and kept.get("pruning_curve"):
         kept["pruning_curve"] = {**kept["pruning_curve"], "points": [

@@ -69,7 +69,7 @@ from bench.reproduce_results import (  # noqa: E402
     summaries,
     table_runs,
 )
-from bench.reproduce_systems import RECIPES  # noqa: E402
+from bench.reproduce_systems import RECIPES, WEIGHTED_REPLACEMENT_PAPER  # noqa: E402
 from multibranch.atomic import atomic_write_text  # noqa: E402
 from multibranch.json_file import write_json  # noqa: E402
 
@@ -246,7 +246,8 @@ def docs_region(files: list[ResultsFile], rows: list[dict[str, Any]], figures: l
                            "the opposite: a loss on every seed, as significant; else not visible at this shape):"),
                       "", *verdicts, ""]
         runs = table_runs(merged)
-        for table in (fit_table(runs), branches_off_table(runs), dominant_table(runs), length_table(runs)):
+        for table in (fit_table(runs), branches_off_table(runs), replacement_table(runs), dominant_table(runs),
+                      length_table(runs)):
             if table:
                 parts += [table, ""]
         both = device_agreement(merged)
@@ -366,6 +367,36 @@ def branches_off_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
               "little gradient. Counted over the layers of each side; mean ± sd over seeds, each seed's count in "
               "brackets:")
     return "\n".join([wrap(header), "", "| system | seeds | encoder | decoder |", "|---|---|---|---|", *lines])
+
+
+def replacement_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
+    """The Weighted Transformer's Table 3: test BLEU with the learned kappa/alpha and with them replaced at test
+    time by 1/M each and by random points of the simplex (the mean of a run's draws), mean ± sd over seeds, each
+    replacement's Δ to the learned weights of the same seed in brackets; the paper's numbers last."""
+    lines = []
+    for system, system_runs in runs.items():
+        per_seed = [found for run in system_runs if (found := analysis(run, "replacement"))]
+        if not per_seed:
+            continue
+        cells = [fmt(mean_sd([r["learned"]["bleu"] for r in per_seed]))]
+        for key in ("uniform", "random_mean"):
+            pairs = [(r[key]["bleu"], r["learned"]["bleu"]) for r in per_seed if r.get(key)]
+            deltas = [replaced - learned for replaced, learned in pairs]
+            cells.append(f"{fmt(mean_sd([replaced for replaced, _ in pairs]))} ({fmt(mean_sd(deltas), sign=True)})"
+                         if pairs else DASH)
+        lines.append(f"| {system} | {len(per_seed)} | " + " | ".join(cells) + " |")
+    if not lines:
+        return None
+    paper = WEIGHTED_REPLACEMENT_PAPER
+    lines.append(f"| the paper (newstest2013) | – | {paper['learned']:.1f} | {paper['uniform']:.1f} "
+                 f"({paper['uniform'] - paper['learned']:+.1f}) | {paper['random']:.1f} "
+                 f"({paper['random'] - paper['learned']:+.1f}) |")
+    header = ("Weighted Transformer weights replaced at test time (its Table 3): test BLEU with the learned κ/α, "
+              "with 1/M each, and with random points of the simplex (the mean of a run's draws), mean ± sd over seeds; "
+              "in brackets the Δ to the learned weights of the same seed. The paper: the learned weights cannot be "
+              "replaced by either:")
+    return "\n".join([wrap(header), "", "| system | seeds | learned | uniform | random |", "|---|---|---|---|---|",
+                      *lines])
 
 
 def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:

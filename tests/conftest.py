@@ -157,6 +157,27 @@ def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
     return run / "last.pt"
 
 
+@pytest.fixture(scope="module")
+def weighted_checkpoint(tiny_data, tmp_path_factory) -> Path:
+    """last.pt of a small Weighted Transformer trained for 20 updates on `tiny_data` (kappa/alpha trained too)."""
+    from multibranch.config import from_dict
+    from multibranch.experiment import ExperimentConfig
+    from multibranch.tasks import train
+    from multibranch.train.trainer import RunOptions
+
+    weighted = {"kind": "weighted", "kappa_alpha_lr": {"schedule": "inverse_sqrt", "lr": 0.05, "warmup": 2},
+                "freeze_last": 0}
+    model = {"d_model": 32, "heads": 4, "ffn_dim": 64, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.1,
+             "encoder": weighted, "decoder": weighted}
+    train_cfg = {"max_tokens": 600, "lr": {"schedule": "inverse_sqrt", "lr": 0.002, "warmup": 5}, "valid_every": 20,
+                 "log_every": 5, "valid_bleu": False, "max_steps": 20, "seed": 5, "deterministic": True}
+
+    run = tmp_path_factory.mktemp("weighted") / "run"
+    train(from_dict(ExperimentConfig, {"model": model, "train": train_cfg}),
+          RunOptions(tiny_data, run, device="cpu", progress=False))
+    return run / "last.pt"
+
+
 # ---- the tiny random translation model (translator and serve tests) -----------------------------------
 
 

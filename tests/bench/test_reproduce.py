@@ -92,6 +92,22 @@ def test_analyses_recorded_per_system_failures_kept_apart(tiny_checkpoint, tiny_
     assert "error" in muse["gates"] and "buckets" in muse["lengths"]
 
 
+def test_the_weighted_transformers_analyses_keep_its_weights_and_their_replacement_apart(
+        weighted_checkpoint, tiny_data, tmp_path):
+    """The Weighted Transformer's gates analysis keeps its kappa/alpha; its replacement analysis, the test split
+    scored with them learned, uniform and random (Table 3), without the data's path."""
+    def cli(args: list[str], log: Path) -> None:
+        if main(args) != 0:
+            raise RuntimeError(f"multibranch {' '.join(args[:2])} failed")
+
+    done = run_analyses("weighted", weighted_checkpoint, tiny_data, tmp_path, AnalysisSettings(), cli)
+    assert list(done) == ["gates", "replacement"] and done["gates"]["branch_weights"]
+    replaced = done["replacement"]
+    assert replaced["split"] == "test" and replaced["sentences"] == 24 and "data" not in replaced
+    assert [r["seed"] for r in replaced["random"]] == [1, 2, 3] and "branch_weights" not in replaced
+    assert set(replaced["learned"]) == set(replaced["uniform"]) == {"bleu", "chrf"}
+
+
 @pytest.mark.slow  # 70 s on 2 cores: the harness end to end (prepare, train, resume, skip); `.ci/run-slow` runs it
 @pytest.mark.multi30k
 def test_tiny_end_to_end_resume_and_skip(multi30k, tmp_path):

@@ -861,3 +861,26 @@ def test_sigterm_ends_the_harness_through_its_cleanup(tmp_path):
         "    print('cleaned up')\n", encoding="utf-8")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 128 + signal.SIGTERM and "cleaned up" in done.stdout
+
+
+def test_an_analysis_added_later_goes_into_the_runs_results_file_which_keeps_its_training_record(tmp_path, monkeypatch):
+    harness = _harness(tmp_path)
+    monkeypatch.setattr(harness, "run_environment", lambda: {"commit": "analysed-by"})
+    run_ = reproduce.Run("weighted", 1)
+    folder = harness.run_dir(run_)
+    folder.mkdir(parents=True)
+    gates = {"branch_weights": [{"kappa": [0.5, 0.5], "alpha": [0.5, 0.5]}], "wall_s": 2.0}
+    replacement = {"learned": {"bleu": 30.0}, "uniform": {"bleu": 29.0}, "wall_s": 60.0}
+    write(folder / "analyses.json", {"gates": gates, "replacement": replacement})
+    path = tmp_path / "out" / f"{harness.run_results_name(run_)}.json"
+    record = {"system": "weighted", "seed": 1, "dir": str(folder), "status": "done", "wall_minutes": 70.0,
+              "analyses": {"gates": gates}}
+    write(path, {"environment": {"commit": "trained-by", "threads": 2}, "runs": [record]})
+    assert harness.add_analyses(run_, folder)
+    data = json.loads(path.read_text())
+    assert data["environment"] == {"commit": "trained-by", "threads": 2}  # the training's, as written
+    (after,) = data["runs"]
+    assert after["wall_minutes"] == 70.0 and after["analyses"]["gates"] == gates  # no commit on what it had
+    assert after["analyses"]["replacement"] == {**replacement, "commit": "analysed-by"}
+    other = reproduce.Run("weighted", 2)  # no results file of its own: the caller writes one
+    assert not harness.add_analyses(other, harness.run_dir(other))

@@ -491,3 +491,22 @@ def test_the_branches_off_table_counts_branches_below_a_tenth_of_an_equal_share_
     assert "| weighted | 2 | 0.0 ± 0.0 of 4 (0, 0) | 1.5 ± 2.1 of 8 (3, 0) |" in lines
     assert not any(line.startswith("| standard ") for line in lines)  # no branch weights: no row
     assert branches_off_table({"standard": [run("standard", 1, 30.0)]}) is None
+
+
+def replaced_run(seed: int, learned: float, uniform: float, random: list[float]) -> dict:
+    replacement = {"learned": {"bleu": learned, "chrf": 50.0}, "uniform": {"bleu": uniform, "chrf": 50.0},
+                   "random": [{"seed": i + 1, "bleu": b, "chrf": 50.0} for i, b in enumerate(random)],
+                   "random_mean": {"bleu": sum(random) / len(random), "chrf": 50.0} if random else None}
+    return run("weighted", seed, learned, analyses={"replacement": replacement})
+
+
+def test_the_replacement_table_gives_each_replacements_bleu_and_its_delta_to_the_same_seeds_learned_weights():
+    from bench.reproduce_report import replacement_table
+
+    # seed 1: uniform -2, random (30 + 26) / 2 = 28, -6; seed 2: uniform -1, no random draws
+    weighted = [replaced_run(1, 34.0, 32.0, [30.0, 26.0]), replaced_run(2, 36.0, 35.0, [])]
+    lines = replacement_table({"standard": [run("standard", 1, 30.0)], "weighted": weighted}).splitlines()
+    assert "| weighted | 2 | 35.00 ± 1.41 | 33.50 ± 2.12 (-1.50 ± 0.71) | 28.00 (-6.00) |" in lines
+    assert "| the paper (newstest2013) | – | 24.8 | 23.4 (-1.4) | 21.1 (-3.7) |" in lines
+    assert not any(line.startswith("| standard ") for line in lines)
+    assert replacement_table({"standard": [run("standard", 1, 30.0)]}) is None

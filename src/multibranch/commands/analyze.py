@@ -6,7 +6,8 @@
         [--step 0.1] [--recompute] [--keep-one] [--no-curve] [--no-dominant] [--force]
     multibranch analyze lengths --ckpt A.pt [B.pt ...] [--label A B ...] --data PREPARED_DIR
         --out REPORT_DIR [--split test] [--buckets 15,30,45,60,75,90,105] [--max-sentences N] [--beam K] [--force]
-    multibranch analyze gates --ckpt X.pt --out REPORT_DIR [--ratio 3,15] [--force]
+    multibranch analyze gates --ckpt X.pt --out REPORT_DIR [--ratio 3,15] [--data PREPARED_DIR [--split test]
+        [--max-sentences N] [--random-draws 3] [--beam K] [--device D]] [--force]
     multibranch analyze attention --ckpt X.pt --out REPORT_DIR (--sentences 0,5 --data PREPARED_DIR [--split valid]
         | --text "raw source" ...) [--type cross] [--layers 0,5] [--heads 0,3 | --branch B] [--beam K] [--force]
     multibranch analyze diversity --ckpt X.pt --data PREPARED_DIR --out REPORT_DIR [--split valid]
@@ -99,6 +100,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="checkpoint to analyse")
     _report_folder(p)
     p.add_argument("--ratio", default="3,15", help="kernel sizes SMALL,LARGE of the gate ratio")
+    replaced = p.add_argument_group(
+        "test-time replacement (Weighted Transformer, Ahmed et al., 2017, Table 3)",
+        "with --data, a Weighted Transformer's split is translated with its learned kappa/alpha, with 1/M each and "
+        "with random points of the simplex, and each is scored (BLEU, chrF)")
+    replaced.add_argument("--data", default=None, help="the prepared data directory the model was trained on")
+    replaced.add_argument("--split", default="test", help="split translated (default: test)")
+    replaced.add_argument("--max-sentences", type=positive_int, default=None,
+                          help="translate only the first N sentences (default: all)")
+    replaced.add_argument("--random-draws", type=int, default=3,
+                          help="random replacements, seeds 1..N (default: 3; 0: none)")
+    _beam(replaced)
+    _device(replaced)
     p.set_defaults(analysis_run=_gates)
 
     about = ("MUTE unit diversity (Yan et al., 2020: Att Pos., Att Sub., FFN Sub.) per encoder layer, and the unit "
@@ -176,13 +189,19 @@ def _lengths(args: argparse.Namespace) -> int:
 
 def _gates(args: argparse.Namespace) -> int:
     from multibranch.analysis.gate_report import analyze_gates
+    from multibranch.analysis.replacement import ReplacementOptions
     from multibranch.errors import UserError
 
     parts = args.ratio.split(",")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
         raise UserError(f"--ratio {args.ratio!r} must be two kernel sizes SMALL,LARGE, e.g. 3,15")
+    if args.random_draws < 0:
+        raise UserError(f"--random-draws {args.random_draws}: give 0 or more")
+    options = ReplacementOptions(split=args.split, max_sentences=args.max_sentences, draws=args.random_draws,
+                                 beam=args.beam, device=args.device)
     try:
-        folder = analyze_gates(args.ckpt, args.out, (int(parts[0]), int(parts[1])), force=args.force)
+        folder = analyze_gates(args.ckpt, args.out, (int(parts[0]), int(parts[1])), force=args.force,
+                               data_dir=args.data, replacement=options)
     except ValueError as error:
         raise UserError(str(error)) from None
     print(f"wrote {folder.path}: {', '.join(folder.files)}")
