@@ -15,9 +15,9 @@ Which analysis each system gets (the paper that makes the claim, docs/papers.md)
   lengths     `analyze lengths`: BLEU by source length on test (MUSE Fig. 3: standard vs MUSE vs MUSE-simple).
   gates       `analyze gates`: MUSE's kernel-gate ratio, the Weighted Transformer's final kappa/alpha (the
               trajectories come from the run's metrics.jsonl).
-  replacement `analyze gates --data`: test BLEU of a Weighted Transformer with its learned kappa/alpha, with 1/M
-              each and with REPLACEMENT_DRAWS random points of the simplex (its Table 3: the learned weights
-              beat both).
+  replacement `analyze gates --data --per-module`: test BLEU of a Weighted Transformer with its learned
+              kappa/alpha, with 1/M each and with REPLACEMENT_DRAWS random points of the simplex (its Table 3: the
+              learned weights beat both), and with 1/M in one module at a time.
   diversity   `analyze diversity`: MUTE's unit diversity (Att Pos., Att Sub., FFN Sub.) and unit weights on valid.
 """
 
@@ -82,7 +82,7 @@ def command(name: str, ckpt: Path, data: Path, out: Path, settings: AnalysisSett
         return ["analyze", "gates", "--ckpt", str(ckpt), "--out", str(out), "--force"]
     if name == "replacement":
         return ["analyze", "gates", "--ckpt", str(ckpt), "--data", str(data), "--split", "test", "--random-draws",
-                str(REPLACEMENT_DRAWS), *device, "--out", str(out), "--force"]
+                str(REPLACEMENT_DRAWS), "--per-module", *device, "--out", str(out), "--force"]
     if name == "diversity":
         return ["analyze", "diversity", "--ckpt", str(ckpt), "--data", str(data), "--split", "valid", *examples,
                 *device, "--out", str(out), "--force"]

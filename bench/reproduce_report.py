@@ -391,12 +391,44 @@ def replacement_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:
     lines.append(f"| the paper (newstest2013) | – | {paper['learned']:.1f} | {paper['uniform']:.1f} "
                  f"({paper['uniform'] - paper['learned']:+.1f}) | {paper['random']:.1f} "
                  f"({paper['random'] - paper['learned']:+.1f}) |")
+    per_module = module_replacement_lines(runs)
+    if per_module:
+        lines += ["", wrap("1/M in one module at a time, the other modules' weights learned: the Δ test BLEU to the "
+                           "learned weights of the same seed, mean ± sd over seeds:"), "", *per_module]
     header = ("Weighted Transformer weights replaced at test time (its Table 3): test BLEU with the learned κ/α, "
               "with 1/M each, and with random points of the simplex (the mean of a run's draws), mean ± sd over seeds; "
               "in brackets the Δ to the learned weights of the same seed. The paper: the learned weights cannot be "
               "replaced by either:")
     return "\n".join([wrap(header), "", "| system | seeds | learned | uniform | random |", "|---|---|---|---|---|",
                       *lines])
+
+
+def module_replacement_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The table of 1/M in one module at a time: a row per system, a column per module (in model order)."""
+    rows: dict[str, dict[str, list[float]]] = {}
+    for system, system_runs in runs.items():
+        for run in system_runs:
+            found = analysis(run, "replacement") or {}
+            for module in found.get("uniform_per_module") or []:
+                deltas = rows.setdefault(system, {}).setdefault(module["name"], [])
+                deltas.append(module["bleu"] - found["learned"]["bleu"])
+    if not rows:
+        return []
+    names = list(dict.fromkeys(name for modules in rows.values() for name in modules))
+    lines = ["| system | " + " | ".join(module_label(name) for name in names) + " |", "|" + "---|" * (1 + len(names))]
+    for system, modules in rows.items():
+        lines.append(f"| {system} | " + " | ".join(fmt(mean_sd(modules.get(name, [])), sign=True) for name in names)
+                     + " |")
+    return lines
+
+
+def module_label(name: str) -> str:
+    """'decoder.layers.1.branched.weights' -> 'decoder 1' (the module's own name after it where not `branched`)."""
+    parts = name.removesuffix(".weights").split(".")
+    if len(parts) < 3 or parts[1] != "layers":
+        return name
+    rest = ".".join(parts[3:])
+    return f"{parts[0]} {parts[2]}" + (f" {rest}" if rest and rest != "branched" else "")
 
 
 def dominant_table(runs: dict[str, list[dict[str, Any]]]) -> str | None:

@@ -21,10 +21,14 @@ from multibranch.tasks.translation.translator import Translator
 SENTENCES = 12
 
 
-def independent_scores(ckpt: Path, data_dir: Path, mode: str | None, seed: int = 0) -> dict[str, float]:
-    """Scores of a freshly loaded model with its weights replaced by `mode` (None: the learned ones)."""
+def independent_scores(ckpt: Path, data_dir: Path, mode: str | None, seed: int = 0,
+                       module: str | None = None) -> dict[str, float]:
+    """Scores of a freshly loaded model with its weights replaced by `mode` (None: the learned ones), in every
+    module or in `module` alone."""
     loaded = load_model(ckpt, "cpu")
-    if mode is not None:
+    if module is not None:
+        dict(loaded.model.named_modules())[module].replace_(mode)
+    elif mode is not None:
         replace_branch_weights(loaded.model, mode, seed=seed)
     data = PreparedData.load(data_dir)
     split = data.split("valid")
@@ -39,7 +43,7 @@ def test_the_cli_scores_learned_uniform_and_random_weights_as_independently_repl
         weighted_checkpoint, tiny_data, tmp_path):
     out = tmp_path / "report"
     argv = ["analyze", "gates", "--ckpt", str(weighted_checkpoint), "--out", str(out), "--data", str(tiny_data),
-            "--split", "valid", "--max-sentences", str(SENTENCES), "--random-draws", "2", "--beam", "1"]
+            "--split", "valid", "--max-sentences", str(SENTENCES), "--random-draws", "2", "--per-module", "--beam", "1"]
     assert main(argv) == 0
     replaced = json.loads((out / "gates.json").read_text())["replacement"]
     assert (replaced["split"], replaced["sentences"]) == ("valid", SENTENCES)
@@ -52,6 +56,12 @@ def test_the_cli_scores_learned_uniform_and_random_weights_as_independently_repl
     for row, scores in zip(replaced["random"], draws, strict=True):
         assert {k: row[k] for k in scores} == pytest.approx(scores, abs=1e-9)
     assert replaced["random_mean"]["chrf"] == pytest.approx(sum(d["chrf"] for d in draws) / 2)
+    names = [name for name, m in load_model(weighted_checkpoint, "cpu").model.named_modules()
+             if isinstance(m, BranchWeights)]
+    assert [m["name"] for m in replaced["uniform_per_module"]] == names and len(names) == 4
+    for row in replaced["uniform_per_module"]:
+        scores = independent_scores(weighted_checkpoint, tiny_data, "uniform", module=row["name"])
+        assert {k: row[k] for k in scores} == pytest.approx(scores, abs=1e-9), row["name"]
     # the replacements change the translations: otherwise the comparison above could not tell them apart
     assert len({round(s["chrf"], 6) for s in (expected["learned"], expected["uniform"], *draws)}) > 1
     assert "replaced at test time" in (out / "index.md").read_text()
@@ -64,7 +74,8 @@ def test_the_model_keeps_its_own_weights_after_the_replacements(weighted_checkpo
     assert not all(torch.allclose(p, torch.full_like(p, 1 / p.numel())) for p in before)  # trained off 1/M
     split = PreparedData.load(tiny_data).split("valid")
     replacement_scores(loaded.model, PreparedData.load(tiny_data).tokenizer(), split.raw_src_lines()[:4],
-                       split.raw_tgt_lines()[:4], loaded.config.decode, ReplacementOptions(draws=1, beam=1))
+                       split.raw_tgt_lines()[:4], loaded.config.decode,
+                       ReplacementOptions(draws=1, beam=1, per_module=True))
     after = [p.detach() for m in loaded.model.modules() if isinstance(m, BranchWeights) for p in (m.kappa, m.alpha)]
     assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
 

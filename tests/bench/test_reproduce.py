@@ -106,6 +106,7 @@ def test_the_weighted_transformers_analyses_keep_its_weights_and_their_replaceme
     assert replaced["split"] == "test" and replaced["sentences"] == 24 and "data" not in replaced
     assert [r["seed"] for r in replaced["random"]] == [1, 2, 3] and "branch_weights" not in replaced
     assert set(replaced["learned"]) == set(replaced["uniform"]) == {"bleu", "chrf"}
+    assert [m["name"] for m in replaced["uniform_per_module"]] == [m["name"] for m in done["gates"]["branch_weights"]]
 
 
 @pytest.mark.slow  # 70 s on 2 cores: the harness end to end (prepare, train, resume, skip); `.ci/run-slow` runs it

@@ -493,10 +493,13 @@ def test_the_branches_off_table_counts_branches_below_a_tenth_of_an_equal_share_
     assert branches_off_table({"standard": [run("standard", 1, 30.0)]}) is None
 
 
-def replaced_run(seed: int, learned: float, uniform: float, random: list[float]) -> dict:
+def replaced_run(seed: int, learned: float, uniform: float, random: list[float],
+                 per_module: dict[str, float] | None = None) -> dict:
     replacement = {"learned": {"bleu": learned, "chrf": 50.0}, "uniform": {"bleu": uniform, "chrf": 50.0},
                    "random": [{"seed": i + 1, "bleu": b, "chrf": 50.0} for i, b in enumerate(random)],
                    "random_mean": {"bleu": sum(random) / len(random), "chrf": 50.0} if random else None}
+    if per_module:
+        replacement["uniform_per_module"] = [{"name": name, "bleu": b, "chrf": 50.0} for name, b in per_module.items()]
     return run("weighted", seed, learned, analyses={"replacement": replacement})
 
 
@@ -510,3 +513,15 @@ def test_the_replacement_table_gives_each_replacements_bleu_and_its_delta_to_the
     assert "| the paper (newstest2013) | – | 24.8 | 23.4 (-1.4) | 21.1 (-3.7) |" in lines
     assert not any(line.startswith("| standard ") for line in lines)
     assert replacement_table({"standard": [run("standard", 1, 30.0)]}) is None
+    assert not any(line.startswith("| system | encoder") for line in lines)  # no run replaced one module alone
+
+
+def test_the_replacement_table_gives_each_modules_delta_when_it_alone_takes_uniform_weights():
+    from bench.reproduce_report import replacement_table
+
+    encoder, decoder = "encoder.layers.0.branched.weights", "decoder.layers.1.branched.weights"
+    weighted = [replaced_run(1, 34.0, 1.0, [1.0], {encoder: 33.0, decoder: 4.0}),  # -1, -30
+                replaced_run(2, 36.0, 1.0, [1.0], {encoder: 34.0, decoder: 2.0})]  # -2, -34
+    lines = replacement_table({"weighted": weighted}).splitlines()
+    assert "| system | encoder 0 | decoder 1 |" in lines
+    assert "| weighted | -1.50 ± 0.71 | -32.00 ± 2.83 |" in lines

@@ -91,6 +91,10 @@ def write_report(report: dict[str, Any], out: str | Path, force: bool) -> Report
         if replaced["random_mean"]:
             mean = replaced["random_mean"]
             lines.append(f"| random (mean) | {mean['bleu']:.2f} | {mean['chrf']:.2f} |")
+        if replaced.get("uniform_per_module"):
+            lines += ["", "1/M in one module at a time, the others learned:", "", "| module | BLEU | chrF |",
+                      "|---|---:|---:|"]
+            lines += [f"| {m['name']} | {m['bleu']:.2f} | {m['chrf']:.2f} |" for m in replaced["uniform_per_module"]]
         lines += ["", f"BLEU: `{replaced['signatures']['bleu']}`", ""]
     if report["unit_weights"]:
         folder.write_png("unit_weights.png", plots.unit_weights_plot(report["unit_weights"]))

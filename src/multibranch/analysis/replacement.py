@@ -1,20 +1,23 @@
 """The Weighted Transformer's learned weights replaced at test time (its Table 3,
 docs/papers.md#weighted-ablations): a split translated with the learned kappa/alpha, with 1/M each ("uniform")
 and with random points of the simplex ("random": one seeded Dirichlet(1) draw per vector and draw), each scored
-with sacreBLEU. The paper: learned 24.8, random 21.1, uniform 23.4 BLEU (newstest2013 En-De).
+with sacreBLEU. The paper: learned 24.8, random 21.1, uniform 23.4 BLEU (newstest2013 En-De). With
+`per_module`, also 1/M in one module at a time, the others learned: which modules' weights the model cannot do
+without.
 
     replacement_scores(model, tokenizer, sources, references, ReplacementOptions(draws=3))
     -> {"sentences", "signatures": {"bleu", "chrf"}, "decode", "learned": {"bleu", "chrf"}, "uniform": {...},
-        "random": [{"seed", "bleu", "chrf"}, ...], "random_mean": {"bleu", "chrf"}}
+        "random": [{"seed", "bleu", "chrf"}, ...], "random_mean": {"bleu", "chrf"},
+        "uniform_per_module": [{"name", "bleu", "chrf"}, ...] (per_module; names as analysis/mixing.py's)}
 
-The model's own kappa/alpha are put back afterwards, also when a translation fails.
+The model's own kappa/alpha are put back after each replacement, also when a translation fails.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +40,7 @@ class ReplacementOptions:
     draws: int = 3  # random replacements, seeds 1..draws
     beam: int | None = None  # None: the checkpoint's decode.beam
     device: str = "cpu"
+    per_module: bool = False  # also 1/M in one module at a time
 
 
 @contextmanager
@@ -70,14 +74,20 @@ def replacement_scores(model: nn.Module, tokenizer: Any, sources: list[str], ref
         signatures.update({metric: result[metric]["signature"] for metric in METRICS})
         return {metric: float(result[metric]["score"]) for metric in METRICS}
 
-    with weights_restored(model):
-        learned = scored()
-        replace_branch_weights(model, "uniform")
-        uniform = scored()
-        random = []
-        for seed in range(1, options.draws + 1):
-            replace_branch_weights(model, "random", seed=seed)
-            random.append({"seed": seed, **scored()})
+    def scored_with(replace: Callable[[], object]) -> dict[str, float]:
+        with weights_restored(model):
+            replace()
+            return scored()
+
+    learned = scored()
+    uniform = scored_with(lambda: replace_branch_weights(model, "uniform"))
+    random = [{"seed": seed, **scored_with(lambda seed=seed: replace_branch_weights(model, "random", seed=seed))}
+              for seed in range(1, options.draws + 1)]
     mean = {metric: statistics.fmean(r[metric] for r in random) for metric in METRICS} if random else None
-    return {"sentences": len(sources), "signatures": signatures, "decode": dataclasses.asdict(decode),
-            "learned": learned, "uniform": uniform, "random": random, "random_mean": mean}
+    report = {"sentences": len(sources), "signatures": signatures, "decode": dataclasses.asdict(decode),
+              "learned": learned, "uniform": uniform, "random": random, "random_mean": mean}
+    if options.per_module:
+        report["uniform_per_module"] = [
+            {"name": name, **scored_with(lambda module=module: module.replace_("uniform"))}
+            for name, module in model.named_modules() if isinstance(module, BranchWeights)]
+    return report

@@ -7,7 +7,7 @@
     multibranch analyze lengths --ckpt A.pt [B.pt ...] [--label A B ...] --data PREPARED_DIR
         --out REPORT_DIR [--split test] [--buckets 15,30,45,60,75,90,105] [--max-sentences N] [--beam K] [--force]
     multibranch analyze gates --ckpt X.pt --out REPORT_DIR [--ratio 3,15] [--data PREPARED_DIR [--split test]
-        [--max-sentences N] [--random-draws 3] [--beam K] [--device D]] [--force]
+        [--max-sentences N] [--random-draws 3] [--per-module] [--beam K] [--device D]] [--force]
     multibranch analyze attention --ckpt X.pt --out REPORT_DIR (--sentences 0,5 --data PREPARED_DIR [--split valid]
         | --text "raw source" ...) [--type cross] [--layers 0,5] [--heads 0,3 | --branch B] [--beam K] [--force]
     multibranch analyze diversity --ckpt X.pt --data PREPARED_DIR --out REPORT_DIR [--split valid]
@@ -110,6 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="translate only the first N sentences (default: all)")
     replaced.add_argument("--random-draws", type=int, default=3,
                           help="random replacements, seeds 1..N (default: 3; 0: none)")
+    replaced.add_argument("--per-module", action="store_true",
+                          help="also 1/M in one module at a time, the others learned (one translation per module)")
     _beam(replaced)
     _device(replaced)
     p.set_defaults(analysis_run=_gates)
@@ -198,7 +200,7 @@ def _gates(args: argparse.Namespace) -> int:
     if args.random_draws < 0:
         raise UserError(f"--random-draws {args.random_draws}: give 0 or more")
     options = ReplacementOptions(split=args.split, max_sentences=args.max_sentences, draws=args.random_draws,
-                                 beam=args.beam, device=args.device)
+                                 beam=args.beam, device=args.device, per_module=args.per_module)
     try:
         folder = analyze_gates(args.ckpt, args.out, (int(parts[0]), int(parts[1])), force=args.force,
                                data_dir=args.data, replacement=options)
