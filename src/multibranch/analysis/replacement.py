@@ -57,7 +57,8 @@ def weights_restored(model: nn.Module) -> Iterator[None]:
 
 def replacement_scores(model: nn.Module, tokenizer: Any, sources: list[str], references: list[str],
                        decode: DecodeConfig, options: ReplacementOptions) -> dict[str, Any]:
-    """BLEU and chrF of `sources` translated with the learned, uniform and `options.draws` random kappa/alpha.
+    """BLEU and chrF of `sources` translated with the learned, uniform and `options.draws` random kappa/alpha (and
+    with `options.per_module`, uniform ones in each module alone).
 
     ValueError when `model` has no kappa/alpha (not a Weighted Transformer) or the line counts differ."""
     if not any(isinstance(m, BranchWeights) for m in model.modules()):
