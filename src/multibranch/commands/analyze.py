@@ -105,11 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with --data, a Weighted Transformer's split is translated with its learned kappa/alpha, with 1/M each and "
         "with random points of the simplex, and each is scored (BLEU, chrF)")
     replaced.add_argument("--data", default=None, help="the prepared data directory the model was trained on")
-    replaced.add_argument("--split", default="test", help="split translated (default: test)")
+    replaced.add_argument("--split", default="test", help="split translated")
     replaced.add_argument("--max-sentences", type=positive_int, default=None,
                           help="translate only the first N sentences (default: all)")
     replaced.add_argument("--random-draws", type=int, default=3,
-                          help="random replacements, seeds 1..N (default: 3; 0: none)")
+                          help="random replacements, seeds 1..N (0: none)")
     replaced.add_argument("--per-module", action="store_true",
                           help="also 1/M in one module at a time, the others learned (one translation per module)")
     _beam(replaced)
