@@ -13,6 +13,7 @@ import torch
 
 from multibranch.analysis.replacement import ReplacementOptions, replacement_scores
 from multibranch.cli import main
+from multibranch.experiment import ExperimentConfig
 from multibranch.loading.checkpoint import load_model
 from multibranch.modules.simplex import BranchWeights, replace_branch_weights
 from multibranch.tasks.translation.dataset import PreparedData
@@ -81,16 +82,19 @@ def test_the_model_keeps_its_own_weights_after_the_replacements(weighted_checkpo
 
 
 def test_replacing_weights_a_model_does_not_have_is_one_clear_error(tiny_data, tmp_path, capsys):
+    from multibranch.checkpoint.format import save_checkpoint
     from multibranch.experiment import resolve_config
     from multibranch.models import build_model
-    from tests.analysis.test_analysis_gates import save, tiny_model
+    from tests.helpers.models import noisy_model
 
     muse = dataclasses.replace(resolve_config("muse-tiny").model, src_vocab_size=200, tgt_vocab_size=200)
-    ckpt = save(build_model(muse).eval(), tmp_path / "muse.pt")
+    ckpt = tmp_path / "muse.pt"
+    save_checkpoint(ckpt, {"config": ExperimentConfig(model=muse).to_dict(), "model": build_model(muse).state_dict(),
+                           "meta": {}})
     out = tmp_path / "report"
     assert main(["analyze", "gates", "--ckpt", str(ckpt), "--out", str(out), "--data", str(tiny_data)]) == 2
     err = capsys.readouterr().err
     assert "no Weighted Transformer kappa/alpha" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
     with pytest.raises(ValueError, match="no Weighted Transformer"):
-        replacement_scores(tiny_model("transformer-tiny"), None, ["a"], ["b"], None, ReplacementOptions())
+        replacement_scores(noisy_model(20, 0.0, 1), None, ["a"], ["b"], None, ReplacementOptions())
