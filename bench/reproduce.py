@@ -128,6 +128,11 @@ class Run:
 # ---- small helpers ---------------------------------------------------------------------------------
 
 
+def recorded_run_key(record: dict[str, Any]) -> str:
+    """The Run.key of a results file's run record: its work folder's name and its seed ("weighted/seed1")."""
+    return f"{Path(record['dir']).parent.name}/seed{record['seed']}"
+
+
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
@@ -353,7 +358,7 @@ class Harness:
                     continue  # curve and cost files, translations
                 if training(data["settings"]) != mine:
                     continue
-                found.update(f"{Path(r['dir']).parent.name}/seed{r['seed']}" for r in data.get("runs") or []
+                found.update(recorded_run_key(r) for r in data.get("runs") or []
                              if r.get("status") == "done" and r.get("dir") and r.get("seed") is not None)
         return found
 
@@ -379,7 +384,7 @@ class Harness:
         path = self.args.out / f"{self.run_results_name(run)}.json"
         data = read_json(path) if self.args.results_per_run else None
         records = [r for r in (data or {}).get("runs") or []
-                   if f"{Path(r.get('dir') or '').parent.name}/seed{r.get('seed')}" == run.key and r.get("status") == "done"]
+                   if r.get("dir") and recorded_run_key(r) == run.key and r.get("status") == "done"]
         analyses = read_json(folder / "analyses.json")
         if len(records) != 1 or not isinstance(analyses, dict):
             return False
