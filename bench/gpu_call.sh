@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call (CALL_MINUTES, default 9.3) for a GPU machine lent for a few minutes that keeps nothing afterwards:
-# first the checks of the GPU paths that no GPU has run yet (about 3 minutes), then the reproduction with every
+# first the checks of the GPU paths that no GPU has run yet (about 3.5 minutes), then the reproduction with every
 # minute left: what is left of the CPU recipe's table first, then the IWSLT recipe.
 #
 #   1. env: nvidia-smi, torch, CUDA
@@ -13,7 +13,9 @@
 #      multibranch-eager and Hugging Face MarianMTModel, 5 updates profiled (GPU busy / wall)
 #   4. the CPU recipe (docs/reproduction.md#the-cpu-recipe): its number of updates first when bench/results has
 #      none chosen yet (bench/reproduce_curve.py on the GPU), then every run of its table that bench/results does not
-#      hold yet, CPU_JOBS (8) side by side, with their analyses; CPU_MINUTES (default: all that is left) of the call
+#      hold yet, CPU_JOBS (3) side by side, with their analyses; CPU_MINUTES (default: all that is left) of the call.
+#      On an H200 the runs share the GPU almost without gain: 2 side by side trained 44-49 updates/s each, 3 about
+#      29, 8 about 15: 3 finish a run of 6,250 updates in about 4 minutes with scoring, 8 none in 6 minutes
 #   5. bench/reproduce.py at the IWSLT recipe: SYSTEMS (default `standard`) x SEEDS (1 2 3), JOBS (3) runs side by
 #      side on the GPU, with the papers' analyses of every finished run, for the rest of the call
 #
@@ -75,7 +77,7 @@ if [ -z "${SKIP_CHECKS:-}" ]; then
   echo "pytest (moving average, cuda) rc=$? $(tail -n 1 "$OUT/checks.log")" >> "$OUT/progress.log"
 
   stamp speed
-  timeout "${SPEED_TIMEOUT:-110}" python3 bench/train_speed.py --device "$DEVICE" --size "${SPEED_SIZE:-base}" \
+  timeout "${SPEED_TIMEOUT:-150}" python3 bench/train_speed.py --device "$DEVICE" --size "${SPEED_SIZE:-base}" \
     --amp bf16 --systems multibranch multibranch-eager hf-marian --max-tokens 4096 --steps 20 --warmup 3 --prewarm \
     --profile-updates 5 --rounds 1 --threads 4 --name gpu_call_train_speed >> "$OUT/checks.log" 2>&1
   echo "train_speed rc=$?" >> "$OUT/progress.log"
@@ -94,7 +96,7 @@ if [ -z "${SKIP_CPU_RECIPE:-}" ]; then
   cpu_budget=${CPU_MINUTES:-$(left_minutes)}
   stamp "CPU recipe: the runs bench/results does not hold (budget $cpu_budget minutes)"
   timeout "$(python3 -c "print(int(max(30, $cpu_budget * 60 + 20)))")" python3 bench/reproduce.py --recipe cpu \
-    --device "$DEVICE" --data "$DATA" --work runs/reproduce-cpu --jobs "${CPU_JOBS:-8}" --budget "$cpu_budget" \
+    --device "$DEVICE" --data "$DATA" --work runs/reproduce-cpu --jobs "${CPU_JOBS:-3}" --budget "$cpu_budget" \
     --skip-reported --out "$OUT" --name reproduce_cpu --set "train.graphs=$GRAPHS" \
     --set "decode.fixed_shapes=$FIXED_SHAPES" >> "$OUT/reproduce.log" 2>&1
   echo "reproduce (cpu recipe) rc=$?" >> "$OUT/progress.log"
