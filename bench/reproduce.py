@@ -334,7 +334,7 @@ class Harness:
         """--results-per-run or --skip-reported: whether a results file in OUT or bench/results holds this run
         finished, trained to the same settings (a run that an earlier call reported, on this machine or another,
         whose work folder has gone with its machine, is not trained again)."""
-        if not (self.args.results_per_run or self.args.skip_reported):
+        if not (self.args.results_per_run or self.args.skip_reported) or run.key in self.args.again:
             return False
         if self._reported is None:
             self._reported = self.reported_runs()
@@ -842,9 +842,10 @@ class Harness:
 
     def main(self) -> int:
         a = self.args
+        runs = self.plan()
+        self.check_again(runs)
         self.work.mkdir(parents=True, exist_ok=True)
         a.out.mkdir(parents=True, exist_ok=True)
-        runs = self.plan()
         if a.dry_run:
             for run in runs:
                 needs = ", ".join(n.key for n in run.needs)
@@ -876,6 +877,16 @@ class Harness:
         self.print_table(read_json(path))
         say(f"wrote {path}")
         return 1 if any(run.status in ("failed",) for run in runs) else 0
+
+    def check_again(self, runs: list[Run]) -> None:
+        """--again: each key names a planned run, and no results file of this call's own would be overwritten."""
+        planned = {run.key for run in runs}
+        for key in self.args.again:
+            if key not in planned:
+                sys.exit(f"--again {key}: not a run of this call ({', '.join(sorted(planned))})")
+            path = self.args.out / f"{self.run_results_name(next(r for r in runs if r.key == key))}.json"
+            if self.args.results_per_run and path.exists():
+                sys.exit(f"--again {key}: {path} holds it already; training it again would replace that record")
 
     def print_table(self, result: dict[str, Any]) -> None:
         a = self.args
@@ -948,6 +959,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-reported", action="store_true", help="do not train a run that a results file in OUT "
                    "or bench/results holds finished, trained to the same settings (as --results-per-run does), "
                    "while writing one OUT/NAME.json")
+    p.add_argument("--again", nargs="+", default=[], metavar="RUN/seedK", help="with --results-per-run or "
+                   "--skip-reported: train these runs even where a results file holds them finished, e.g. a run "
+                   "a GPU reported, trained again on the CPU (the report sets the two devices' scores side by side)")
     p.add_argument("--save-hyps", action="store_true", help="also write OUT/NAME_hyps.json: every finished run's "
                    "test translations (averaged and best checkpoint)")
     p.add_argument("--no-analyses", dest="analyses", action="store_false", help="skip the papers' analyses of "
@@ -976,6 +990,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_updates is None and not (args.dry_run or args.prepare_only):
         p.error("the CPU recipe's number of updates is not chosen yet: bench/reproduce_curve.py measures it on the "
                 "standard model's validation curve (or give --max-updates)")
+    if args.again and not (args.results_per_run or args.skip_reported):
+        p.error("--again needs --results-per-run or --skip-reported (without them every run is trained anyway)")
     if args.reserve is None:
         args.reserve = 0.0 if args.tiny else (2.5 if args.analyses else 1.5)
     if args.threads is None and args.tiny:

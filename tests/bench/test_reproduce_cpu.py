@@ -117,6 +117,39 @@ def test_a_run_reported_to_the_same_settings_is_not_trained_again(tmp_path):
     assert not harness().reported(standard)
 
 
+
+def test_again_trains_a_run_another_device_reported_and_never_replaces_a_results_file(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--recipe", "cpu", "--max-updates", "3000", "--out", str(out), "--work", str(tmp_path / "w")]
+
+    def harness(*more: str) -> reproduce.Harness:
+        return reproduce.Harness(reproduce.parse_args([*args, "--results-per-run", *more]))
+
+    done = {"system": "mat", "seed": 2, "status": "done", "dir": "/g/runs/mat/seed2"}
+    gpu = {"settings": {**harness().settings(), "overrides": ["train.graphs=auto"]}, "runs": [done]}
+    write(out / "reproduce_cpu_h200_1.json", gpu)
+    mat = reproduce.Run("mat", 2)
+    assert harness().reported(mat)
+    assert not harness("--again", "mat/seed2").reported(mat)
+    assert harness("--again", "mat/seed2").reported(reproduce.Run("mat", 1)) is False  # never reported at all
+    write(out / "reproduce_cpu_h200_1.json", {**gpu, "runs": [done, {**done, "seed": 1, "dir": "/g/runs/mat/seed1"}]})
+    assert harness("--again", "mat/seed2").reported(reproduce.Run("mat", 1))  # only the runs named
+    # refused before anything is written: a run the call does not plan, a results file of its own already there,
+    # and --again without the options that skip reported runs
+    for more, message in [(["--again", "mat/seed9"], "not a run of this call"),
+                          (["--again", "mat/seed2", "--work", str(tmp_path / "w2")], None)]:
+        if message is None:
+            write(out / "reproduce_cpu_mat_seed2.json", gpu)
+            message = "holds it already"
+        with pytest.raises(SystemExit) as stop:
+            reproduce.main([*args, "--results-per-run", "--systems", "mat", "--seeds", "2", *more])
+        assert message in str(stop.value.code)
+        assert not (tmp_path / "w").exists() and not (tmp_path / "w2").exists()
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main([*args, "--again", "mat/seed2"])
+    assert stop.value.code == 2 and "needs --results-per-run" in capsys.readouterr().err
+
 def cost_files(folder: Path) -> None:
     write(folder / "reproduce_cpu_cost_fp32.json", {"rows": [{"system": "standard", "seconds_per_update": 3.0},
                                                              {"system": "mute", "seconds_per_update": 6.0}]})
