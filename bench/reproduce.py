@@ -66,7 +66,7 @@ from bench.common import cpu_model, multi30k_dir  # noqa: E402
 from bench.reproduce_analyses import AnalysisSettings, analyses_for, run_analyses  # noqa: E402
 from bench.reproduce_cost import cpu_flags, cpu_precision, estimate_minutes, this_cpu  # noqa: E402
 from bench.reproduce_report import markdown_table  # noqa: E402
-from bench.reproduce_results import mean_sd, system_summary  # noqa: E402
+from bench.reproduce_results import ENGINE_SETTINGS, mean_sd, reported_run_keys, run_key, system_summary  # noqa: E402
 from bench.reproduce_systems import (  # noqa: E402
     CURVE_FILE,
     DEFAULT_RHO_GRID,
@@ -90,10 +90,6 @@ TINY_DEFAULTS = {"train_lines": 300, "valid_lines": 40, "test_lines": 40, "vocab
                  "valid_every": 10, "patience": 3, "average_last": 3, "log_every": 5, "analysis_sentences": 40}
 
 FINISHED_REASONS = ("reached max_steps", "no improvement", "reached max_epochs")
-# the settings that decide how a run trains and is scored: a reported run counts for a call with the same ones
-RUN_SETTINGS = ("recipe", "tiny", "max_updates", "patience", "valid_every", "valid_sentences", "average_last",
-                "warmup", "lr", "overrides", "analyses")
-ENGINE_SETTINGS = ("train.graphs=", "decode.fixed_shapes=")  # how a run is computed, not what it trains
 
 _print_lock = threading.Lock()
 
@@ -126,11 +122,6 @@ class Run:
 
 
 # ---- small helpers ---------------------------------------------------------------------------------
-
-
-def recorded_run_key(record: dict[str, Any]) -> str:
-    """The Run.key of a results file's run record: its work folder's name and its seed ("weighted/seed1")."""
-    return f"{Path(record['dir']).parent.name}/seed{record['seed']}"
 
 
 def read_json(path: Path) -> Any:
@@ -345,22 +336,7 @@ class Harness:
     def reported_runs(self) -> set[str]:
         """The keys (RUN/seedK) of the finished runs in OUT's and bench/results' results files of this recipe and
         settings (the engine choices train.graphs and decode.fixed_shapes aside: they train the same model)."""
-        def training(settings: dict[str, Any]) -> dict[str, Any]:
-            sets = [o for o in settings.get("overrides") or [] if not o.startswith(ENGINE_SETTINGS)]
-            return {**{key: settings.get(key) for key in RUN_SETTINGS}, "overrides": sets}
-
-        mine = training(self.settings())
-        found: set[str] = set()
-        for folder in dict.fromkeys([self.args.out, RESULTS]):
-            for path in sorted(folder.glob("reproduce*.json")):
-                data = read_json(path) if not path.name.endswith("_hyps.json") else None
-                if not isinstance(data, dict) or not isinstance(data.get("settings"), dict):
-                    continue  # curve and cost files, translations
-                if training(data["settings"]) != mine:
-                    continue
-                found.update(recorded_run_key(r) for r in data.get("runs") or []
-                             if r.get("status") == "done" and r.get("dir") and r.get("seed") is not None)
-        return found
+        return reported_run_keys([self.args.out, RESULTS], self.settings())
 
     def report_run(self, run: Run) -> None:
         """--results-per-run: write OUT/NAME_RUN_seedK.json (and its _hyps.json) for a finished run."""
@@ -384,7 +360,7 @@ class Harness:
         path = self.args.out / f"{self.run_results_name(run)}.json"
         data = read_json(path) if self.args.results_per_run else None
         records = [r for r in (data or {}).get("runs") or []
-                   if r.get("dir") and recorded_run_key(r) == run.key and r.get("status") == "done"]
+                   if r.get("dir") and run_key(r) == run.key and r.get("status") == "done"]
         analyses = read_json(folder / "analyses.json")
         if len(records) != 1 or not isinstance(analyses, dict):
             return False

@@ -179,7 +179,38 @@ def run_name(record: dict[str, Any]) -> str:
 
 
 def run_key(record: dict[str, Any]) -> str:
+    """The harness's key of a results file's run record: its work folder's name and its seed ("weighted/seed1")."""
     return f"{run_name(record)}/seed{record['seed']}"
+
+
+# the settings that decide how a run trains and is scored: a reported run counts for a call with the same ones
+RUN_SETTINGS = ("recipe", "tiny", "max_updates", "patience", "valid_every", "valid_sentences", "average_last",
+                "warmup", "lr", "overrides", "analyses")
+ENGINE_SETTINGS = ("train.graphs=", "decode.fixed_shapes=")  # how a run is computed, not what it trains
+
+
+def training_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The RUN_SETTINGS of a results file's settings block (or of a call's arguments), engine choices left out."""
+    sets = [o for o in settings.get("overrides") or [] if not o.startswith(ENGINE_SETTINGS)]
+    return {**{key: settings.get(key) for key in RUN_SETTINGS}, "overrides": sets}
+
+
+def reported_run_keys(folders: list[Path], settings: dict[str, Any]) -> set[str]:
+    """The keys (RUN/seedK) of the finished runs that the results files in `folders` hold, trained to the same
+    training settings as `settings`: a file per run, or a GPU call's one file for all its runs."""
+    mine = training_settings(settings)
+    found: set[str] = set()
+    for folder in dict.fromkeys(folders):
+        for path in sorted(folder.glob("reproduce*.json")):
+            if path.name.endswith("_hyps.json"):  # translations
+                continue
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not isinstance(data.get("settings"), dict):
+                continue  # curve and cost files
+            if training_settings(data["settings"]) == mine:
+                found.update(run_key(r) for r in data.get("runs") or []
+                             if r.get("status") == "done" and r.get("dir") and r.get("seed") is not None)
+    return found
 
 
 @dataclass

@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from bench.reproduce_cost import Estimator, cpu_precision, this_cpu  # noqa: E402
+from bench.reproduce_results import reported_run_keys  # noqa: E402
 from bench.reproduce_systems import RECIPES, chosen_cpu_updates  # noqa: E402
 from multibranch.atomic import atomic_write_text  # noqa: E402
 
@@ -236,6 +237,14 @@ def standard_valid_bleu(results: Path, seed: int, step: int) -> float | None:
     return None
 
 
+def reported_cpu_runs(results: Path, updates: int) -> set[str]:
+    """The runs of the CPU recipe that `results` holds finished, trained to the settings the runner trains to: in a
+    file of their own or in a GPU call's one file (what `bench/reproduce.py --results-per-run` does not train again)."""
+    from bench.reproduce import parse_args  # imported here: it loads the analyses
+
+    return reported_run_keys([results], vars(parse_args(["--recipe", "cpu", "--max-updates", str(updates)])))
+
+
 def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[int, ...] = SEEDS,
                 precision: str | None = None, threads: int = 1,
                 cpu: tuple[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
@@ -250,14 +259,14 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
     curve_seed = curve_run_seed(results / "reproduce_cpu_curve.json") if updates else None
     cpu = cpu or (this_cpu() if work is not None else None)
     estimator = Estimator(precision, updates, results) if updates is not None else None
+    reported = reported_cpu_runs(results, updates) if updates is not None else set()
     rows = []
     for seed in seeds:
         for system in recipe.table_systems:
-            path = results / f"{NAME}_{system}_seed{seed}.json"
             folder = work / "runs" / system / f"seed{seed}" if work else None
             records = metrics_records(folder / "train") if folder else None
             step = progress(folder / "train", records) if folder else None
-            if path.is_file():
+            if f"{system}/seed{seed}" in reported:
                 state, step = "done", updates
             elif system == "standard" and seed == curve_seed:  # the validation curve's run: trained, to be scored
                 state, step = "trained", updates

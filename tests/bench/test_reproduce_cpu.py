@@ -13,12 +13,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench import reproduce, reproduce_cost, reproduce_runner
 from bench.reproduce_report import docs_region
-from bench.reproduce_results import merge, summaries, table_runs
+from bench.reproduce_results import merge, summaries, table_runs, training_settings
 from bench.reproduce_systems import CPU_PRESETS, ONMT_LAYOUT, RECIPES, system_delta
 from multibranch.config import deep_merge
 from multibranch.evaluate.metrics import paired_bootstrap_replicates, paired_bootstrap_statistics
@@ -191,6 +192,11 @@ def test_a_finished_run_at_two_threads_counts_its_minutes_on_both_cores(tmp_path
     assert reproduce_cost.estimate_minutes("standard", 1000, "fp32", 1000, tmp_path, threads=2) == pytest.approx(72.5)
 
 
+def cpu_settings(updates: int) -> dict[str, Any]:
+    """The settings block of the runner's own calls (the CPU recipe's defaults) at `updates`."""
+    return training_settings(vars(reproduce.parse_args(["--recipe", "cpu", "--max-updates", str(updates)])))
+
+
 def finished_on(folder: Path, seed: int, cpu: tuple[str, tuple[str, ...]], threads: int, wall_minutes: float,
                 system: str = "standard", evaluation: float = 1.0, started: str | None = None) -> None:
     """A finished run of `system` and `seed` (1,000 updates) on `cpu` at `threads` threads that took `wall_minutes`,
@@ -200,7 +206,7 @@ def finished_on(folder: Path, seed: int, cpu: tuple[str, tuple[str, ...]], threa
     if started is not None:
         record["segments"] = [{"started": started, "wall_s": 60.0 * (wall_minutes - evaluation), "jobs": 1}]
     write(folder / f"reproduce_cpu_{system}_seed{seed}.json",
-          {"settings": {"recipe": "cpu", "max_updates": 1000},
+          {"settings": cpu_settings(1000),
            "environment": {"threads": threads, "cpu": cpu[0], "cpu_flags": list(cpu[1])}, "runs": [record]})
 
 
@@ -440,15 +446,26 @@ def test_plan_status_counts_runs_done_running_and_left(tmp_path):
     cost_files(tmp_path)
     updates = 3000
     write(tmp_path / "reproduce_cpu_curve.json", {"chosen_updates": updates})
-    write(tmp_path / "reproduce_cpu_standard_seed1.json", {"settings": {"recipe": "cpu"}, "runs": []})
+    settings = cpu_settings(updates)
+    done = {"system": "standard", "seed": 1, "status": "done", "dir": "/w/runs/standard/seed1"}
+    write(tmp_path / "reproduce_cpu_standard_seed1.json", {"settings": settings, "runs": [done]})
+    # a GPU call's one file: its finished runs count, its unfinished ones do not; a file of other settings does not
+    write(tmp_path / "reproduce_cpu_h200_1.json", {
+        "settings": {**settings, "overrides": ["train.graphs=auto"]},
+        "runs": [{**done, "system": "muse", "dir": "/g/runs/muse/seed1"},
+                 {**done, "system": "weighted", "dir": "/g/runs/weighted/seed1", "status": "unfinished"}]})
+    write(tmp_path / "reproduce_cpu_longer.json", {"settings": {**settings, "max_updates": updates + 1},
+                                                   "runs": [{**done, "system": "mat", "dir": "/l/runs/mat/seed1"}]})
     metrics = tmp_path / "w" / "runs" / "mute" / "seed1" / "train" / "metrics.jsonl"
     metrics.parent.mkdir(parents=True)
     metrics.write_text('{"type": "train", "step": 100}\n{"type": "valid", "step": 250}\n')
     plan = reproduce_runner.plan_status(tmp_path, tmp_path / "w", seeds=(1,), precision="fp32")
     states = {r["run"]: r for r in plan["runs"]}
     assert states["standard/seed1"]["state"] == "done" and states["mute/seed1"]["state"] == "running"
+    assert states["muse/seed1"]["state"] == "done"
+    assert states["weighted/seed1"]["state"] == states["mat/seed1"]["state"] == "left"
     assert states["mute/seed1"]["update"] == 250 and not states["mute/seed1"]["scoring"]
-    assert plan["done"] == 1 and plan["left"] == len(RECIPES["cpu"].table_systems) - 1
+    assert plan["done"] == 2 and plan["left"] == len(RECIPES["cpu"].table_systems) - 2
     mute_left = (updates - 250) * 6.0 * reproduce_cost.OVERHEAD / 60 + reproduce_cost.EVALUATION_MINUTES
     assert states["mute/seed1"]["minutes_left"] == pytest.approx(mute_left)
     assert "weighted/seed1" in plan["not_estimated"] and "standard/seed1" not in plan["not_estimated"]
