@@ -15,7 +15,8 @@
 #      none chosen yet (bench/reproduce_curve.py on the GPU), then every run of its table that bench/results does not
 #      hold yet, CPU_JOBS (3) side by side, with their analyses; CPU_MINUTES (default: all that is left) of the call.
 #      On an H200 the runs share the GPU almost without gain: 2 side by side trained 44-49 updates/s each, 3 about
-#      29, 8 about 15: 3 finish a run of 6,250 updates in about 4 minutes with scoring, 8 none in 6 minutes
+#      29, 8 about 15: 3 finish a run of 6,250 updates in about 4 minutes with scoring, 8 none in 6 minutes.
+#      CPU_RESERVE (1.2) minutes of it are kept for scoring and the analyses, which took at most 51 s there
 #   5. bench/reproduce.py at the IWSLT recipe: SYSTEMS (default `standard`) x SEEDS (1 2 3), JOBS (3) runs side by
 #      side on the GPU, with the papers' analyses of every finished run, for the rest of the call
 #
@@ -97,6 +98,7 @@ if [ -z "${SKIP_CPU_RECIPE:-}" ]; then
   stamp "CPU recipe: the runs bench/results does not hold (budget $cpu_budget minutes)"
   timeout "$(python3 -c "print(int(max(30, $cpu_budget * 60 + 20)))")" python3 bench/reproduce.py --recipe cpu \
     --device "$DEVICE" --data "$DATA" --work runs/reproduce-cpu --jobs "${CPU_JOBS:-3}" --budget "$cpu_budget" \
+    --reserve "${CPU_RESERVE:-1.2}" \
     --skip-reported --out "$OUT" --name reproduce_cpu --set "train.graphs=$GRAPHS" \
     --set "decode.fixed_shapes=$FIXED_SHAPES" >> "$OUT/reproduce.log" 2>&1
   echo "reproduce (cpu recipe) rc=$?" >> "$OUT/progress.log"
