@@ -237,6 +237,9 @@ def standard_valid_bleu(results: Path, seed: int, step: int) -> float | None:
     return None
 
 
+DONE = ("done", "again")  # a run trained here again (`--again`) has its results already
+
+
 def reported_cpu_runs(results: Path, updates: int) -> set[str]:
     """The runs of the CPU recipe that `results` holds finished, trained to the settings the runner trains to: in a
     file of their own or in a GPU call's one file (what `bench/reproduce.py --results-per-run` does not train again)."""
@@ -266,29 +269,33 @@ def plan_status(results: Path = RESULTS, work: Path | None = None, seeds: tuple[
             folder = work / "runs" / system / f"seed{seed}" if work else None
             records = metrics_records(folder / "train") if folder else None
             step = progress(folder / "train", records) if folder else None
-            if f"{system}/seed{seed}" in reported:
+            if f"{system}/seed{seed}" in reported and folder is not None and \
+                    training_process_alive(folder / "train"):  # reported, and trained here again (--again)
+                state = "again"
+            elif f"{system}/seed{seed}" in reported:
                 state, step = "done", updates
             elif system == "standard" and seed == curve_seed:  # the validation curve's run: trained, to be scored
                 state, step = "trained", updates
             else:
                 state = "running" if step or (folder is not None and (folder / "train").is_dir()) else "left"
             minutes = core_minutes = None
-            if estimator is not None and state != "done":
+            if estimator is not None and state not in DONE:
                 minutes, core_minutes = (estimator.minutes(system, updates - (step or 0), cpu, t) for t in (threads, 1))
-            scoring = state == "running" and (folder / "trained.json").is_file()  # trained; scored and analysed now
-            training = state == "running" and not scoring and training_process_alive(folder / "train")
+            started = state in ("running", "again")
+            scoring = started and (folder / "trained.json").is_file()  # trained; scored and analysed now
+            training = started and not scoring and training_process_alive(folder / "train")
             pace = seconds_per_update(records, call_began_at(folder)) if training else None
             if pace is not None and estimator is not None:  # its own pace here, at its threads, validations included
                 minutes = (updates - (step or 0)) * pace / 60 + estimator.evaluation_minutes(system, cpu, threads)
                 core_minutes = minutes * threads
             row = {"run": f"{system}/seed{seed}", "state": state, "update": step, "minutes_left": minutes,
                    "core_minutes_left": core_minutes, "scoring": scoring, "training": training, "valid": None}
-            valid = last_validation(records) if state == "running" else None
+            valid = last_validation(records) if started else None
             if valid is not None:
                 row["valid"] = {"step": valid["step"], "bleu": valid["bleu"],
                                 "standard_bleu": standard_valid_bleu(results, seed, valid["step"])}
             rows.append(row)
-    left = [r for r in rows if r["state"] != "done"]
+    left = [r for r in rows if r["state"] not in DONE]
     unknown = [r["run"] for r in left if r["minutes_left"] is None]
     return {"updates": updates, "precision": precision, "runs": rows,
             "done": len(rows) - len(left), "left": len(left),
@@ -383,8 +390,9 @@ def status(args: argparse.Namespace) -> int:
           f"{plan['left']} left, about {plan['core_hours_left']:.1f} core-hours left at {plan['precision']} here"
           + (f" (not estimated: {', '.join(plan['not_estimated'])})" if plan["not_estimated"] else ""))
     for row in plan["runs"]:
-        if row["state"] == "running":
+        if row["state"] in ("running", "again"):
             how = "running" if row["training"] or row["scoring"] else "paused"
+            again = " again (its results came from another device)" if row["state"] == "again" else ""
             doing = "scoring and analyses" if row["scoring"] else f"update {row['update'] or 0}"
             valid = row["valid"]
             if valid is not None and not row["scoring"]:
@@ -392,7 +400,7 @@ def status(args: argparse.Namespace) -> int:
                 doing += f", validation BLEU {valid['bleu']:.2f} at {valid['step']}" + (
                     f" (standard, seed {seed}: {valid['standard_bleu']:.2f})" if valid["standard_bleu"] is not None
                     and not row["run"].startswith("standard/") else "")
-            print(f"  {how} {row['run']}: {doing}, about {row['minutes_left'] or 0:.0f} minutes left"
+            print(f"  {how} {row['run']}{again}: {doing}, about {row['minutes_left'] or 0:.0f} minutes left"
                   + (f" at {threads} threads" if threads > 1 else "")
                   + (f" (done about {clock_after(row['minutes_left'])})" if row["training"] and row["minutes_left"]
                      else ""))

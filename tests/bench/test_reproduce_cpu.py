@@ -352,6 +352,29 @@ def test_status_tells_a_training_run_at_its_pace_from_a_paused_one(tmp_path, a_t
     assert running.rsplit("(done about ", 1)[1].rstrip(")") in later and "done about" not in paused
 
 
+
+def test_status_shows_a_reported_run_trained_here_again_and_counts_it_done(tmp_path, a_training_process, capsys):
+    cost_files(tmp_path)
+    write(tmp_path / "reproduce_cpu_curve.json", {"chosen_updates": 3000})
+    done = {"system": "mute", "seed": 1, "status": "done", "dir": "/g/runs/mute/seed1"}
+    write(tmp_path / "reproduce_cpu_h200_1.json", {"settings": cpu_settings(3000), "runs": [
+        done, {**done, "system": "muse", "dir": "/g/runs/muse/seed1"}]})
+    work = tmp_path / "w"
+    records = train_records(range(50, 1001, 50), {})
+    training_folder(work, "mute/seed1", records, a_training_process)  # `--again mute/seed1` training it
+    training_folder(work, "muse/seed1", records, None)
+    plan = reproduce_runner.plan_status(tmp_path, work, seeds=(1,), precision="fp32")
+    rows = {r["run"]: r for r in plan["runs"]}
+    assert rows["mute/seed1"]["state"] == "again" and rows["mute/seed1"]["training"]
+    assert rows["muse/seed1"]["state"] == "done"  # its folder is the GPU call's leftover: nothing trains it
+    assert plan["done"] == 2 and "mute/seed1" not in plan["not_estimated"]
+    assert plan["core_hours_left"] == pytest.approx(sum(r["core_minutes_left"] or 0 for r in plan["runs"]
+                                                        if r["state"] not in ("done", "again")) / 60)
+    assert reproduce_runner.main(["--work", str(work), "--out", str(tmp_path), "status"]) == 0
+    out = capsys.readouterr().out
+    assert "  running mute/seed1 again (its results came from another device): update 1000" in out
+    assert "muse/seed1" not in out
+
 def test_status_gives_a_started_runs_minutes_at_the_runners_threads(tmp_path, capsys):
     cost_files(tmp_path)
     write(tmp_path / "reproduce_cpu_curve.json", {"chosen_updates": 1000})
