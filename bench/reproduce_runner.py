@@ -25,7 +25,8 @@ then, to resume from their checkpoints the next time the runner goes (where runs
 `status` prints the runs done, started (training now or paused until the runner resumes them; with a run's last
 validation BLEU, and the finished standard model's of its seed at that update) and left, the minutes a started
 run needs at the runner's threads (at its own pace here once it has trained 250 updates in its present call), and
-the hours of one core the ones left need.
+the hours of one core the ones left need. A run another device reported that the runner trains again here
+(`start ... -- --again RUN/seedK`) counts as done and is shown while it trains.
 `stop` ends the job (its trainings save a checkpoint to resume from; one stopped during a validation does that
 validation first when it resumes). Then `python bench/reproduce_report.py
 --docs docs/reproduction.md` rebuilds the table.
