@@ -856,11 +856,11 @@ class Harness:
 
     def check_again(self, runs: list[Run]) -> None:
         """--again: each key names a planned run, and no results file of this call's own would be overwritten."""
-        planned = {run.key for run in runs}
+        planned = {run.key: run for run in runs}
         for key in self.args.again:
             if key not in planned:
                 sys.exit(f"--again {key}: not a run of this call ({', '.join(sorted(planned))})")
-            path = self.args.out / f"{self.run_results_name(next(r for r in runs if r.key == key))}.json"
+            path = self.args.out / f"{self.run_results_name(planned[key])}.json"
             if self.args.results_per_run and path.exists():
                 sys.exit(f"--again {key}: {path} holds it already; training it again would replace that record")
 
